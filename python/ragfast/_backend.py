@@ -1,0 +1,142 @@
+"""Backend registry for ragfast ops.
+
+Every op has up to three implementations with one signature: ``ref`` (plain torch/numpy, the
+oracle and fallback), ``cpp`` (``ragfast._C``) and ``triton`` (``ragfast.kernels``). The op
+modules register them here; :func:`resolve` picks one per call.
+
+Choice order: the ``backend=`` argument of the call, then ``RAGFAST_BACKEND``, then the default
+for the data's device (triton for CUDA tensors, cpp for CPU ones), falling back to ``ref`` when
+the preferred one is not available for that op.
+"""
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+from typing import Any, Callable
+
+BACKENDS = ("ref", "cpp", "triton")
+
+# op name -> backend name -> implementation
+_REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
+
+
+class BackendError(RuntimeError):
+    """A requested backend is unknown or not available for an op."""
+
+
+def register(op: str, backend: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register ``fn`` as the ``backend`` implementation of ``op``."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
+    _REGISTRY.setdefault(op, {})[backend] = fn
+    return fn
+
+
+@functools.lru_cache(maxsize=None)
+def _cpp_module():
+    try:
+        return importlib.import_module("ragfast._C")
+    except ImportError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_status() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        return False, f"triton not importable ({type(exc).__name__})"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return True, "interpreter (TRITON_INTERPRET=1)"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return True, f"cuda ({torch.cuda.get_device_name(0)})"
+    except Exception:
+        pass
+    return False, "no GPU (set TRITON_INTERPRET=1 to run kernels on the CPU)"
+
+
+def available() -> dict[str, bool]:
+    """Which backends can run on this machine."""
+    return {"ref": True, "cpp": _cpp_module() is not None, "triton": _triton_status()[0]}
+
+
+def _env_backend() -> str | None:
+    env = os.environ.get("RAGFAST_BACKEND", "").strip().lower()
+    if not env:
+        return None
+    if env not in BACKENDS:
+        raise BackendError(f"RAGFAST_BACKEND={env!r} is not one of {', '.join(BACKENDS)}")
+    return env
+
+
+def _ensure_ops_loaded() -> None:
+    # Importing ragfast.ops registers every op's implementations.
+    importlib.import_module("ragfast.ops")
+
+
+def default_backend(op: str, device: str = "cpu") -> str:
+    """The backend ``op`` uses when the call names none."""
+    _ensure_ops_loaded()
+    impls = _REGISTRY.get(op, {})
+    avail = available()
+    env = _env_backend()
+    if env is not None:
+        return env
+    prefs = ("triton", "cpp", "ref") if device.startswith("cuda") else ("cpp", "ref")
+    for b in prefs:
+        if b in impls and avail[b]:
+            return b
+    return "ref"
+
+
+def resolve(op: str, backend: str | None = None, device: str = "cpu") -> tuple[str, Callable[..., Any]]:
+    """Return ``(backend_name, implementation)`` for one call of ``op``.
+
+    Raises
+    ------
+    BackendError
+        When the named backend does not exist, is not available here, or has no
+        implementation of this op.
+    """
+    _ensure_ops_loaded()
+    impls = _REGISTRY.get(op)
+    if not impls:
+        raise BackendError(f"unknown op {op!r}; known: {sorted(_REGISTRY)}")
+    name = (backend or "").lower() or default_backend(op, device)
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r} for {op}; expected one of {BACKENDS}")
+    if name not in impls:
+        raise BackendError(f"op {op!r} has no {name!r} implementation (has: {sorted(impls)})")
+    if not available()[name]:
+        why = _triton_status()[1] if name == "triton" else "ragfast._C did not import (no compiler at install?)"
+        raise BackendError(f"backend {name!r} is not available here: {why}")
+    return name, impls[name]
+
+
+def backends() -> dict[str, Any]:
+    """Say which op backends are available and which one each op uses.
+
+    Returns
+    -------
+    dict
+        ``available``: backend -> bool; ``ops``: op -> {"implementations": [...],
+        "default": backend}; ``override``: the ``RAGFAST_BACKEND`` value or None;
+        ``triton``: why triton is or is not usable; ``build``: ``ragfast._C.build_info()``
+        or None.
+    """
+    _ensure_ops_loaded()
+    c = _cpp_module()
+    return {
+        "available": available(),
+        "override": _env_backend(),
+        "triton": _triton_status()[1],
+        "build": dict(c.build_info()) if c is not None else None,
+        "ops": {
+            op: {"implementations": sorted(impls), "default": default_backend(op)}
+            for op, impls in sorted(_REGISTRY.items())
+        },
+    }

@@ -1,0 +1,83 @@
+"""The ``ragfast`` command line. Each area adds its commands from ``ragfast.commands.<area>``."""
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+import ragfast
+from ragfast.errors import RagfastError
+
+app = typer.Typer(
+    name="ragfast",
+    help="Fast, batched, cost-measured multi-round RAG (Search-R1, S2G stopping, StepGap, RELOOP).",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+# Each module defines register(app); listed explicitly so a broken one fails loudly in tests.
+COMMAND_MODULES = ("ragfast.commands.data",)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"ragfast {ragfast.__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
+                                           help="Print the version and exit."),
+) -> None:
+    """ragfast: run and cost-measure multi-round RAG methods on the same questions."""
+
+
+@app.command("backends")
+def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
+    """Say which op backends (ref, cpp, triton) are available and which one each op uses."""
+    info = ragfast.backends()
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    from rich.table import Table
+
+    out = Console()
+    out.print(f"available: {info['available']}  (RAGFAST_BACKEND override: {info['override']})")
+    out.print(f"triton: {info['triton']}")
+    if info["build"]:
+        b = info["build"]
+        out.print(f"_C build: openmp={b['openmp']} threads={b['max_threads']} isa={','.join(b['isa'])}")
+    t = Table(title="ops")
+    t.add_column("op")
+    t.add_column("implementations")
+    t.add_column("default")
+    for op, d in info["ops"].items():
+        t.add_row(op, ", ".join(d["implementations"]), d["default"])
+    out.print(t)
+
+
+for _mod in COMMAND_MODULES:
+    importlib.import_module(_mod).register(app)
+
+
+def main() -> None:
+    """Entry point: run the app, turning ragfast's own errors into one clear line."""
+    try:
+        app()
+    except RagfastError as exc:
+        console.print(f"[bold red]error:[/] {exc}")
+        sys.exit(2)
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted; finished results are on disk (use --resume)[/]")
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,254 @@
+"""The cost ledger: one record stream for every component's compute.
+
+Every component (reasoner, encoder, search, judge, nli, other) records what it spent: calls,
+input tokens (computed fresh vs served from a KV cache), output tokens, FLOPs, wall seconds,
+device seconds (CUDA events) and bytes scanned by search. Batched calls are split per question
+so that totals equal the sums of the per-question records exactly.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+COMPONENTS = ("reasoner", "encoder", "search", "judge", "nli", "other")
+_NUMERIC = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
+            "device_seconds", "bytes_scanned")
+
+
+@dataclass
+class CostRecord:
+    """What one component spent on one question (or on no question: ``question_id=None``)."""
+
+    component: str
+    question_id: str | None = None
+    calls: int = 0
+    input_tokens: int = 0  # computed fresh
+    cached_tokens: int = 0  # served from a KV / prefix cache
+    output_tokens: int = 0
+    flops: float = 0.0
+    seconds: float = 0.0
+    device_seconds: float = 0.0
+    bytes_scanned: int = 0
+
+    def __post_init__(self) -> None:
+        if self.component not in COMPONENTS:
+            raise ValueError(f"unknown cost component {self.component!r}; expected one of {COMPONENTS}")
+
+
+def _empty() -> dict[str, float]:
+    return {k: 0 for k in _NUMERIC}
+
+
+class Timer:
+    """Wall-clock (and, on CUDA, device) seconds of a ``with`` block."""
+
+    def __init__(self, device: str | None = None):
+        self.device = device or "cpu"
+        self.seconds = 0.0
+        self.device_seconds = 0.0
+
+    def __enter__(self) -> "Timer":
+        self._events = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events = (start, end)
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._events is not None:
+            import torch
+
+            self._events[1].record()
+            torch.cuda.synchronize()
+            self.device_seconds = self._events[0].elapsed_time(self._events[1]) / 1e3
+        self.seconds = time.perf_counter() - self._t0
+
+
+class CostLedger:
+    """Collects :class:`CostRecord` s from every component; thread-safe."""
+
+    def __init__(self) -> None:
+        self.records: list[CostRecord] = []
+        self.batches: dict[str, int] = defaultdict(int)
+        self._lock = threading.Lock()
+
+    # -- recording ---------------------------------------------------------------------------
+    def add(self, component: str, question_id: str | None = None, **values: float) -> CostRecord:
+        """Record one component call (``calls`` defaults to 1)."""
+        values.setdefault("calls", 1)
+        rec = CostRecord(component=component, question_id=question_id, **values)
+        with self._lock:
+            self.records.append(rec)
+        return rec
+
+    def add_batch(
+        self,
+        component: str,
+        question_ids: Sequence[str | None],
+        *,
+        seconds: float = 0.0,
+        device_seconds: float = 0.0,
+        input_tokens: Sequence[int] | None = None,
+        cached_tokens: Sequence[int] | None = None,
+        output_tokens: Sequence[int] | None = None,
+        flops: Sequence[float] | None = None,
+        bytes_scanned: Sequence[int] | None = None,
+        calls: Sequence[int] | None = None,
+    ) -> None:
+        """Record one batched call covering several questions.
+
+        Token, FLOP and byte counts are given per question. The batch's seconds are split in
+        proportion to the FLOPs (or, without FLOPs, to the tokens; else evenly), so that the
+        per-question records add up to the measured time exactly.
+
+        Parameters
+        ----------
+        component : str
+            One of :data:`COMPONENTS`.
+        question_ids : sequence of str
+            One entry per item of the batch (repeats allowed: their costs add up).
+        """
+        n = len(question_ids)
+        if n == 0:
+            return
+
+        def col(v: Sequence[float] | None, name: str) -> list[float]:
+            if v is None:
+                return [0] * n
+            if len(v) != n:
+                raise ValueError(f"{component}: {name} has {len(v)} entries for {n} questions")
+            return list(v)
+
+        inp, cac, out = col(input_tokens, "input_tokens"), col(cached_tokens, "cached_tokens"), col(output_tokens, "output_tokens")
+        fl, by = col(flops, "flops"), col(bytes_scanned, "bytes_scanned")
+        ca = col(calls, "calls") if calls is not None else [1] * n
+        weights = fl if sum(fl) > 0 else [a + b + c for a, b, c in zip(inp, cac, out)]
+        tot = float(sum(weights))
+        share = [w / tot for w in weights] if tot > 0 else [1.0 / n] * n
+        recs = [
+            CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
+                       output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
+                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]))
+            for i, qid in enumerate(question_ids)
+        ]
+        with self._lock:
+            self.records.extend(recs)
+            self.batches[component] += 1
+
+    @contextlib.contextmanager
+    def timer(self, device: str | None = None) -> Iterator[Timer]:
+        """Time a block: ``with ledger.timer() as t: ...`` then pass ``t.seconds`` on."""
+        t = Timer(device)
+        with t:
+            yield t
+
+    def merge(self, other: "CostLedger") -> None:
+        """Append every record of ``other`` (e.g. from a worker process)."""
+        with self._lock:
+            self.records.extend(other.records)
+            for k, v in other.batches.items():
+                self.batches[k] += v
+
+    # -- reading -----------------------------------------------------------------------------
+    def totals(self) -> dict[str, dict[str, float]]:
+        """Per-component sums plus a ``"total"`` row."""
+        out: dict[str, dict[str, float]] = {}
+        for r in self.records:
+            row = out.setdefault(r.component, _empty())
+            for k in _NUMERIC:
+                row[k] += getattr(r, k)
+        total = _empty()
+        for c, row in out.items():
+            row["batches"] = self.batches.get(c, 0)
+            row["tokens"] = row["input_tokens"] + row["cached_tokens"] + row["output_tokens"]
+            for k in _NUMERIC:
+                total[k] += row[k]
+        total["tokens"] = total["input_tokens"] + total["cached_tokens"] + total["output_tokens"]
+        total["batches"] = sum(self.batches.values())
+        ordered = {c: out[c] for c in COMPONENTS if c in out}
+        ordered["total"] = total
+        return ordered
+
+    def per_question(self) -> dict[str, dict[str, dict[str, float]]]:
+        """question id -> component -> sums (records without a question are left out)."""
+        out: dict[str, dict[str, dict[str, float]]] = {}
+        for r in self.records:
+            if r.question_id is None:
+                continue
+            row = out.setdefault(r.question_id, {}).setdefault(r.component, _empty())
+            for k in _NUMERIC:
+                row[k] += getattr(r, k)
+        return out
+
+    def for_question(self, question_id: str) -> dict[str, dict[str, float]]:
+        """One question's costs by component (what a trajectory's ``cost`` field holds)."""
+        out: dict[str, dict[str, float]] = {}
+        for r in self.records:
+            if r.question_id == question_id:
+                row = out.setdefault(r.component, _empty())
+                for k in _NUMERIC:
+                    row[k] += getattr(r, k)
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"totals": self.totals(), "per_question": self.per_question()}
+
+    def save(self, path: str | Path) -> None:
+        """Write every record as one JSON line."""
+        with open(path, "w", encoding="utf-8") as f:
+            for r in self.records:
+                f.write(json.dumps(asdict(r)) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> "CostLedger":
+        led = cls()
+        names = {f.name for f in fields(CostRecord)}
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    d = json.loads(line)
+                    led.records.append(CostRecord(**{k: v for k, v in d.items() if k in names}))
+        return led
+
+    def table(self, title: str = "cost by component"):
+        """A rich Table of :meth:`totals`."""
+        from rich.table import Table
+
+        t = Table(title=title)
+        for h in ("component", "calls", "batches", "fresh tok", "cached tok", "out tok", "GFLOPs", "seconds", "MB scanned"):
+            t.add_column(h, justify="right" if h != "component" else "left")
+        for c, r in self.totals().items():
+            t.add_row(c, f"{int(r['calls'])}", f"{int(r['batches'])}", f"{int(r['input_tokens'])}",
+                      f"{int(r['cached_tokens'])}", f"{int(r['output_tokens'])}", f"{r['flops'] / 1e9:.2f}",
+                      f"{r['seconds']:.3f}", f"{r['bytes_scanned'] / 1e6:.1f}")
+        return t
+
+
+def sum_cost_dicts(dicts: Iterable[dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    """Add up per-question cost dicts (component -> field -> value)."""
+    out: dict[str, dict[str, float]] = {}
+    for d in dicts:
+        for comp, row in d.items():
+            acc = out.setdefault(comp, _empty())
+            for k, v in row.items():
+                acc[k] = acc.get(k, 0) + v
+    return out
+
+
+# forward_flops lives in ragfast.flops (analytic transformer FLOPs); re-exported here because
+# the ledger is where callers look for it.
+def forward_flops(config: Any, input_lengths: Sequence[int], past_lengths: Sequence[int] | None = None) -> float:
+    """Analytic matmul + attention FLOPs of one forward pass; see :func:`ragfast.flops.forward_flops`."""
+    from ragfast.flops import forward_flops as _ff
+
+    return _ff(config, input_lengths, past_lengths)

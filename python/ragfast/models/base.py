@@ -1,0 +1,81 @@
+"""The two model interfaces every pipeline talks to: :class:`Generator` and :class:`Judge`.
+
+Each concrete model says what fills its slot (``describe()``) and whether its outputs mean
+anything (``meaningful``): a scripted agent or a random-weight model only exercises the compute
+path, and every report says so.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, Sequence
+
+import numpy as np
+
+from ragfast.cost import CostLedger
+from ragfast.types import State
+
+
+class Generator(ABC):
+    """A batched text generator (the reasoner slot, and the LLM stages of StepGap/RELOOP).
+
+    Sessions let a multi-turn loop continue each trajectory from its previous state (a KV
+    cache, where the backend has one) instead of re-encoding the whole prompt every turn:
+    ``start`` opens one session per id, ``generate`` appends generated text to each session and
+    returns it, ``append`` adds observation text, ``end`` frees the session.
+    ``complete`` is the stateless one-shot call.
+    """
+
+    #: Short name of what fills the slot, e.g. "scripted evidence oracle" or a model path.
+    name: str = "generator"
+    #: False when the outputs only exercise the compute path (scripted, random weights).
+    meaningful: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__}
+
+    @abstractmethod
+    def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
+        """Open one session per id with its (already templated) prompt text."""
+
+    @abstractmethod
+    def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
+                 ledger: CostLedger | None = None) -> list[str]:
+        """Continue each session greedily until a stop string, EOS or the token budget.
+
+        The returned text includes the stop string that ended it, and is appended to the
+        session.
+        """
+
+    @abstractmethod
+    def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
+        """Append text (e.g. an ``<information>`` observation) to each session."""
+
+    @abstractmethod
+    def end(self, ids: Sequence[str]) -> None:
+        """Close sessions and free their caches."""
+
+    def complete(self, prompts: Sequence[str], *, stop: Sequence[str] = (), max_new_tokens: int = 256,
+                 ledger: CostLedger | None = None, question_ids: Sequence[str] | None = None) -> list[str]:
+        """Stateless batched completion of raw prompts."""
+        ids = [f"_complete_{i}" for i in range(len(prompts))]
+        self.start(ids, prompts)
+        try:
+            return self.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)
+        finally:
+            self.end(ids)
+
+
+class Judge(ABC):
+    """Scores retrieval states: higher means "stop now, the evidence is sufficient"."""
+
+    name: str = "judge"
+    meaningful: bool = True
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__}
+
+    @abstractmethod
+    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *,
+                    ledger: CostLedger | None = None,
+                    question_ids: Sequence[str] | None = None) -> np.ndarray:
+        """One STOP score per state (float64; NaN where a state cannot be scored)."""
