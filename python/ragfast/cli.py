@@ -22,7 +22,9 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 # Each module defines register(app); listed explicitly so a broken one fails loudly in tests.
-COMMAND_MODULES = ("ragfast.commands.data",)
+COMMAND_MODULES = (
+    "ragfast.commands.data",
+)
 
 
 def _version(value: bool) -> None:
