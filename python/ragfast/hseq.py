@@ -1,0 +1,813 @@
+"""HSEQ: one reversible hierarchical sequence of segments over text, tables and knowledge graphs.
+
+Every source becomes a flat sequence of segments ``(id, level, parent, content, meta)``:
+
+- text: ``document -> paragraph -> sentence``. Paragraphs and sentences partition the text
+  exactly (each one keeps its trailing whitespace), so ``content`` is always the exact source
+  slice ``text[start:end]`` and joining the paragraphs gives the text back byte for byte.
+- TAT-QA tables: ``document -> table -> row -> cell`` plus ``document -> paragraph -> sentence``
+  for the linked paragraphs. Cells keep their coordinates ``(row, col)``, their column header
+  and their row header; empty cells are segments too, so the table comes back unchanged.
+- knowledge graphs: ``entity -> triple``. Each triple hangs under its head entity and keeps its
+  input position, so the triple list comes back in input order.
+
+:class:`HSeq` stores the sequence column-wise (numpy arrays for level codes, parents, row/col,
+char offsets and KG ids; a Python list for the contents) so that structural neighbours
+(parent, children, siblings, same row, same column) are index operations over whole arrays of
+segments at once. :class:`KGraph` holds per-relation CSR adjacency (forward and inverse) over
+entity ids, so a relation hop over a frontier of entities is a few numpy gathers.
+
+Offsets are Python string indices (code points), not UTF-8 bytes.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ragfast.errors import DataError
+
+__all__ = [
+    "LEVELS",
+    "METAQA_RELATIONS",
+    "Segment",
+    "HSeq",
+    "KGraph",
+    "from_text",
+    "from_tatqa",
+    "from_triples",
+    "to_source",
+    "split_sentences",
+    "gather_csr",
+]
+
+#: Segment levels; :attr:`HSeq.level` stores the index into this tuple.
+LEVELS = ("document", "paragraph", "sentence", "table", "row", "cell", "entity", "triple")
+_LV = {name: i for i, name in enumerate(LEVELS)}
+
+#: The nine relations of the MetaQA movie knowledge base (every head is a movie).
+METAQA_RELATIONS = ("directed_by", "written_by", "starred_actors", "release_year", "in_language",
+                    "has_tags", "has_genre", "has_imdb_votes", "has_imdb_rating")
+
+
+@dataclass
+class Segment:
+    """One HSEQ segment.
+
+    Attributes
+    ----------
+    id : str
+        Unique within its sequence, e.g. ``"doc1/p0/s2"``, ``"tbl/r3/c1"``, ``"kg/t17"``.
+    level : str
+        One of :data:`LEVELS`.
+    parent : str or None
+        Id of the parent segment (None for a root).
+    content : str
+        Text of the segment (for text levels the exact source slice).
+    meta : dict
+        Offsets (``start``, ``end``), coordinates (``row``, ``col``), headers, uids, the
+        source document id, the triple index, whatever the adapter keeps.
+    """
+
+    id: str
+    level: str
+    parent: str | None
+    content: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+# CSR helpers
+# ---------------------------------------------------------------------------------------------
+def gather_csr(indptr: np.ndarray, indices: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Concatenate the CSR rows ``rows`` without a Python loop.
+
+    Parameters
+    ----------
+    indptr, indices : ndarray
+        A CSR structure (``indices[indptr[r]:indptr[r+1]]`` is row ``r``).
+    rows : ndarray of int
+        Rows to gather; negative entries gather nothing.
+
+    Returns
+    -------
+    values : ndarray
+        The gathered entries, row after row.
+    owner : ndarray
+        For each value, the position in ``rows`` it came from.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    ok = rows >= 0
+    starts = np.where(ok, indptr[np.where(ok, rows, 0)], 0)
+    ends = np.where(ok, indptr[np.where(ok, rows, 0) + 1], 0)
+    lengths = ends - starts
+    total = int(lengths.sum())
+    if total == 0:
+        return indices[:0].copy(), np.zeros(0, dtype=np.int64)
+    owner = np.repeat(np.arange(len(rows), dtype=np.int64), lengths)
+    # position within each row: a global arange minus the start offset of its run
+    run_start = np.cumsum(lengths) - lengths
+    pos = np.arange(total, dtype=np.int64) - np.repeat(run_start, lengths) + np.repeat(starts, lengths)
+    return indices[pos], owner
+
+
+def _group(keys: np.ndarray, n_keys: int) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over ``keys`` (values in ``[0, n_keys)``; negatives dropped): rows = key, entries = positions."""
+    keys = np.asarray(keys, dtype=np.int64)
+    pos = np.nonzero(keys >= 0)[0]
+    k = keys[pos]
+    order = np.argsort(k, kind="stable")
+    counts = np.bincount(k, minlength=n_keys)
+    indptr = np.zeros(n_keys + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    return indptr, pos[order].astype(np.int64)
+
+
+# ---------------------------------------------------------------------------------------------
+# validation
+# ---------------------------------------------------------------------------------------------
+def _check_str(s: Any, where: str, *, allow_empty: bool = True) -> str:
+    if not isinstance(s, str):
+        raise DataError(f"{where}: expected a string, got {type(s).__name__} ({s!r:.60})")
+    if not allow_empty and not s.strip():
+        raise DataError(f"{where}: empty string")
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        # Lone surrogates come from bad decoding upstream; offsets over them would not survive
+        # a write to disk, so refuse them here with the position.
+        raise DataError(f"{where}: invalid unicode (lone surrogate {s[exc.start]!r} at index {exc.start}); "
+                        "decode the source as UTF-8 first") from None
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# sentence splitting
+# ---------------------------------------------------------------------------------------------
+# A sentence ends at . ! ? (optionally followed by closing quotes/brackets) before whitespace and
+# an upper-case letter, digit or opening quote. Common abbreviations are not ends.
+_SENT_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
+_ABBREV = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|vs|etc|Inc|Ltd|Co|Corp|No|U\.S|e\.g|i\.e|approx|Jan|Feb|Mar|Apr|"
+                     r"Jun|Jul|Aug|Sep|Sept|Oct|Nov|Dec)|\b[A-Z])\.$")
+
+
+def split_sentences(text: str) -> list[tuple[int, int]]:
+    """Split ``text`` into sentence spans that partition it exactly.
+
+    Each span keeps the whitespace after its sentence, so ``"".join(text[s:e] for s, e in
+    spans) == text``. An empty text gives no spans.
+    """
+    if not text:
+        return []
+    spans = []
+    start = 0
+    for m in _SENT_END.finditer(text):
+        end_punct = m.start() + 1
+        if _ABBREV.search(text[max(start, end_punct - 12):end_punct]):
+            continue
+        spans.append((start, m.end()))
+        start = m.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+def _paragraph_spans(text: str) -> list[tuple[int, int]]:
+    """Paragraphs = runs of text up to and including their newline run; they partition the text."""
+    if not text:
+        return []
+    spans = []
+    start = 0
+    for m in re.finditer(r"\n+", text):
+        # a leading newline run joins the first paragraph, a trailing one the last
+        if m.start() > start and m.end() < len(text):
+            spans.append((start, m.end()))
+            start = m.end()
+    if start < len(text):
+        spans.append((start, len(text)))
+    return spans
+
+
+# ---------------------------------------------------------------------------------------------
+# the columnar container
+# ---------------------------------------------------------------------------------------------
+class HSeq:
+    """A columnar hierarchical sequence of segments.
+
+    Columns (one entry per segment, all numpy arrays of the same length ``n`` except
+    ``contents`` / ``ids`` / ``meta``, which are Python lists):
+
+    ``level`` (int8 code into :data:`LEVELS`), ``parent`` (int64 row of the parent, -1 for a
+    root), ``doc`` (int32 index of the source in :attr:`sources`), ``row`` / ``col`` (int32 cell
+    coordinates; a row segment has ``row`` set and ``col=-1``), ``start`` / ``end`` (int64 char
+    offsets into the source text; for a TAT-QA paragraph or its sentences the offsets are into
+    that paragraph's text), ``head`` / ``rel`` / ``tail`` (int64 KG ids, with ``tail`` also
+    the entity id of an entity segment), ``tidx`` (int64 triple input index).
+
+    ``sources`` keeps one small dict per source with what the segments alone do not hold
+    (the kind, the document id and title, the table uid, key orders), which :func:`to_source`
+    needs to rebuild the input exactly.
+    """
+
+    _INT_COLS = ("level", "parent", "doc", "row", "col", "start", "end", "head", "rel", "tail", "tidx")
+    _DTYPES = {"level": np.int8, "doc": np.int32, "row": np.int32, "col": np.int32}
+
+    def __init__(self, ids: list[str], contents: list[str], meta: list[dict[str, Any]],
+                 sources: list[dict[str, Any]], **cols: np.ndarray):
+        n = len(ids)
+        if len(contents) != n or len(meta) != n:
+            raise ValueError("ids, contents and meta must have one entry per segment")
+        self.ids = ids
+        self.contents = contents
+        self.meta = meta
+        self.sources = sources
+        for c in self._INT_COLS:
+            a = cols.get(c)
+            a = np.full(n, -1, dtype=self._DTYPES.get(c, np.int64)) if a is None else \
+                np.asarray(a, dtype=self._DTYPES.get(c, np.int64))
+            if a.shape != (n,):
+                raise ValueError(f"column {c} has shape {a.shape}, expected ({n},)")
+            setattr(self, c, a)
+        self._id_index: dict[str, int] | None = None
+        self._children: tuple[np.ndarray, np.ndarray] | None = None
+        self._columns: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.kg: KGraph | None = None
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def concat(cls, parts: Sequence["HSeq"]) -> "HSeq":
+        """Join several sequences (e.g. the ten contexts of a HotpotQA question) into one.
+
+        Parent rows and source indices are shifted; segment ids must stay unique.
+        """
+        if not parts:
+            return cls([], [], [], [])
+        ids: list[str] = []
+        contents: list[str] = []
+        meta: list[dict[str, Any]] = []
+        sources: list[dict[str, Any]] = []
+        cols: dict[str, list[np.ndarray]] = {c: [] for c in cls._INT_COLS}
+        off = 0
+        for p in parts:
+            ids += p.ids
+            contents += p.contents
+            meta += p.meta
+            for c in cls._INT_COLS:
+                a = getattr(p, c).astype(np.int64)
+                if c == "parent":
+                    a = np.where(a >= 0, a + off, -1)
+                elif c == "doc":
+                    a = np.where(a >= 0, a + len(sources), -1)
+                cols[c].append(a)
+            sources += p.sources
+            off += len(p)
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            dup = next(i for i in ids if i in seen or seen.add(i))
+            raise DataError(f"HSeq.concat: duplicate segment id {dup!r} (give each source a distinct doc id)")
+        return cls(ids, contents, meta, sources, **{c: np.concatenate(v) for c, v in cols.items()})
+
+    # -- basic access ------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __repr__(self) -> str:
+        counts = np.bincount(self.level.astype(np.int64), minlength=len(LEVELS)) if len(self) else np.zeros(len(LEVELS))
+        parts = ", ".join(f"{LEVELS[i]}={int(c)}" for i, c in enumerate(counts) if c)
+        return f"HSeq({len(self)} segments: {parts}; {len(self.sources)} sources)"
+
+    def index(self, seg_id: str) -> int:
+        """Row of the segment with id ``seg_id``."""
+        if self._id_index is None:
+            self._id_index = {s: i for i, s in enumerate(self.ids)}
+        try:
+            return self._id_index[seg_id]
+        except KeyError:
+            raise DataError(f"no segment with id {seg_id!r} in this sequence") from None
+
+    def level_name(self, i: int) -> str:
+        return LEVELS[int(self.level[i])]
+
+    def segment(self, i: int) -> Segment:
+        """Row ``i`` as a :class:`Segment` (meta gains the coordinates and offsets it has)."""
+        i = int(i)
+        m = dict(self.meta[i])
+        m["doc_id"] = self.sources[int(self.doc[i])]["id"] if self.doc[i] >= 0 else None
+        for c in ("row", "col", "start", "end", "tidx"):
+            v = int(getattr(self, c)[i])
+            if v >= 0:
+                m[c] = v
+        p = int(self.parent[i])
+        return Segment(self.ids[i], LEVELS[int(self.level[i])], self.ids[p] if p >= 0 else None, self.contents[i], m)
+
+    def segments(self) -> list[Segment]:
+        return [self.segment(i) for i in range(len(self))]
+
+    def __iter__(self) -> Iterator[Segment]:
+        for i in range(len(self)):
+            yield self.segment(i)
+
+    def where(self, *levels: str) -> np.ndarray:
+        """Rows whose level is one of ``levels``."""
+        for lv in levels:
+            if lv not in _LV:
+                raise ValueError(f"unknown level {lv!r}; expected one of {LEVELS}")
+        return np.nonzero(np.isin(self.level, [_LV[lv] for lv in levels]))[0]
+
+    # -- structural neighbours (vectorised) --------------------------------------------------
+    def parents(self, rows: np.ndarray) -> np.ndarray:
+        """Parent row of each row (-1 for roots and for -1 inputs)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        return np.where(rows >= 0, self.parent[np.where(rows >= 0, rows, 0)], -1)
+
+    def _child_csr(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._children is None:
+            self._children = _group(self.parent, len(self))
+        return self._children
+
+    def children(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Children of each row: ``(child_rows, owner)`` with ``owner`` the position in ``rows``."""
+        indptr, idx = self._child_csr()
+        return gather_csr(indptr, idx, rows)
+
+    def siblings(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Other children of each row's parent: ``(sibling_rows, owner)`` (self excluded)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        sib, owner = self.children(self.parents(rows))
+        keep = sib != rows[owner]
+        return sib[keep], owner[keep]
+
+    def same_row(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Other cells of each cell's table row (non-cells get nothing)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        is_cell = self.level[rows] == _LV["cell"]
+        sib, owner = self.siblings(np.where(is_cell, rows, -1))
+        return sib, owner
+
+    def _col_csr(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if self._columns is None:
+            cells = self.where("cell")
+            # key = (table row, col), table = grandparent of a cell
+            table = self.parents(self.parents(cells))
+            key = np.full(len(self), -1, dtype=np.int64)
+            ncol = int(self.col[cells].max()) + 1 if len(cells) else 1
+            key[cells] = table * ncol + self.col[cells]
+            uniq, inv = np.unique(key[cells], return_inverse=True) if len(cells) else (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            gid = np.full(len(self), -1, dtype=np.int64)
+            gid[cells] = inv
+            indptr, idx = _group(gid, len(uniq))
+            self._columns = (gid, indptr, idx)
+        return self._columns
+
+    def same_column(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Other cells of each cell's table column (non-cells get nothing)."""
+        rows = np.asarray(rows, dtype=np.int64)
+        gid, indptr, idx = self._col_csr()
+        vals, owner = gather_csr(indptr, idx, gid[rows])
+        keep = vals != rows[owner]
+        return vals[keep], owner[keep]
+
+    def expand(self, rows: np.ndarray, kinds: Iterable[str] = ("parent", "children", "siblings", "row", "column")
+               ) -> np.ndarray:
+        """The union of the chosen structural neighbours of ``rows`` (sorted, unique, ``rows`` excluded).
+
+        ``kinds`` is any of ``parent``, ``children``, ``siblings``, ``row``, ``column``.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        out = []
+        for k in kinds:
+            if k == "parent":
+                p = self.parents(rows)
+                out.append(p[p >= 0])
+            elif k == "children":
+                out.append(self.children(rows)[0])
+            elif k == "siblings":
+                out.append(self.siblings(rows)[0])
+            elif k == "row":
+                out.append(self.same_row(rows)[0])
+            elif k == "column":
+                out.append(self.same_column(rows)[0])
+            else:
+                raise ValueError(f"unknown neighbour kind {k!r}; expected parent, children, siblings, row, column")
+        if not out:
+            return np.zeros(0, dtype=np.int64)
+        u = np.unique(np.concatenate(out))
+        return u[~np.isin(u, rows)]
+
+
+# ---------------------------------------------------------------------------------------------
+# knowledge graph
+# ---------------------------------------------------------------------------------------------
+class KGraph:
+    """Entity ids, relation ids and per-relation CSR adjacency in both directions.
+
+    Parameters
+    ----------
+    entities : list of str
+        Entity names; the id of an entity is its position.
+    relations : list of str
+        Relation names; the id of a relation is its position.
+    head, rel, tail : ndarray of int64
+        One entry per triple.
+    """
+
+    def __init__(self, entities: list[str], relations: list[str], head: np.ndarray, rel: np.ndarray,
+                 tail: np.ndarray):
+        self.entities = entities
+        self.relations = relations
+        self.entity_id = {e: i for i, e in enumerate(entities)}
+        self.relation_id = {r: i for i, r in enumerate(relations)}
+        self.head = np.asarray(head, dtype=np.int64)
+        self.rel = np.asarray(rel, dtype=np.int64)
+        self.tail = np.asarray(tail, dtype=np.int64)
+        n = len(entities)
+        # one CSR per (relation, direction) over all entities; entries = triple rows, so a hop
+        # can also report which triples it walked through (provenance)
+        self._fwd: list[tuple[np.ndarray, np.ndarray]] = []
+        self._inv: list[tuple[np.ndarray, np.ndarray]] = []
+        for r in range(len(relations)):
+            sel = np.where(self.rel == r, self.head, -1)
+            self._fwd.append(_group(sel, n))
+            sel = np.where(self.rel == r, self.tail, -1)
+            self._inv.append(_group(sel, n))
+
+    @classmethod
+    def from_triples(cls, triples: Sequence[tuple[str, str, str]], relations: Sequence[str] | None = None) -> "KGraph":
+        return from_triples(triples, relations=relations).kg  # type: ignore[return-value]
+
+    def __len__(self) -> int:
+        return len(self.head)
+
+    def ids(self, names: Sequence[str]) -> np.ndarray:
+        """Entity ids of ``names`` (-1 for unknown names)."""
+        return np.asarray([self.entity_id.get(n, -1) for n in names], dtype=np.int64)
+
+    def relation(self, name: str) -> int:
+        try:
+            return self.relation_id[name]
+        except KeyError:
+            raise DataError(f"unknown relation {name!r}; this graph has {', '.join(self.relations)}") from None
+
+    def hop_triples(self, entity_ids: np.ndarray, relation: str, *, inverse: bool = False
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Triples leaving each entity along ``relation``.
+
+        Returns ``(triple_rows, owner)``: forward hops follow head -> tail, inverse hops tail -> head.
+        """
+        r = self.relation(relation)
+        indptr, idx = (self._inv if inverse else self._fwd)[r]
+        return gather_csr(indptr, idx, np.asarray(entity_ids, dtype=np.int64))
+
+    def hop(self, entity_ids: np.ndarray, relation: str, *, inverse: bool = False) -> np.ndarray:
+        """Entities reached from ``entity_ids`` in one ``relation`` hop (sorted, unique)."""
+        t, _ = self.hop_triples(entity_ids, relation, inverse=inverse)
+        return np.unique((self.head if inverse else self.tail)[t])
+
+    def hop_counts(self, weights: np.ndarray, relation: str, *, inverse: bool = False) -> np.ndarray:
+        """Propagate path counts one hop: ``out[e]`` = sum of ``weights[h]`` over edges h -> e.
+
+        ``weights`` is a dense vector over all entities (e.g. a one-hot topic entity); after
+        several hops ``out[e]`` counts the relation paths from the start to ``e``.
+        """
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (len(self.entities),):
+            raise ValueError(f"weights must have shape ({len(self.entities)},), got {weights.shape}")
+        src = np.nonzero(weights)[0]
+        t, owner = self.hop_triples(src, relation, inverse=inverse)
+        dst = (self.head if inverse else self.tail)[t]
+        return np.bincount(dst, weights=weights[src][owner], minlength=len(self.entities))
+
+    def out_relations(self, entity_id: int) -> list[str]:
+        """Relations for which the entity is a head."""
+        return [r for i, r in enumerate(self.relations)
+                if self._fwd[i][0][entity_id + 1] > self._fwd[i][0][entity_id]]
+
+    def in_relations(self, entity_id: int) -> list[str]:
+        """Relations for which the entity is a tail."""
+        return [r for i, r in enumerate(self.relations)
+                if self._inv[i][0][entity_id + 1] > self._inv[i][0][entity_id]]
+
+
+# ---------------------------------------------------------------------------------------------
+# adapters
+# ---------------------------------------------------------------------------------------------
+class _Builder:
+    """Row-wise accumulation of segments for one adapter call."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.contents: list[str] = []
+        self.meta: list[dict[str, Any]] = []
+        self.cols: dict[str, list[int]] = {c: [] for c in HSeq._INT_COLS}
+
+    def add(self, seg_id: str, level: str, parent: int, content: str, meta: dict[str, Any] | None = None,
+            **cols: int) -> int:
+        self.ids.append(seg_id)
+        self.contents.append(content)
+        self.meta.append(meta or {})
+        self.cols["level"].append(_LV[level])
+        self.cols["parent"].append(parent)
+        for c in HSeq._INT_COLS[2:]:
+            self.cols[c].append(cols.get(c, -1))
+        return len(self.ids) - 1
+
+    def build(self, sources: list[dict[str, Any]]) -> HSeq:
+        return HSeq(self.ids, self.contents, self.meta, sources,
+                    **{c: np.asarray(v, dtype=np.int64) for c, v in self.cols.items()})
+
+
+def _add_text(b: _Builder, prefix: str, parent: int, text: str, base_level: str,
+              sentences: Sequence[str] | None, where: str) -> None:
+    """Paragraph and sentence segments of ``text`` under ``parent`` (offsets relative to ``text``)."""
+    if sentences is not None:
+        # Caller-given sentence boundaries (HotpotQA's own, which its supporting facts index):
+        # they must tile the text exactly; newlines inside them still start paragraphs.
+        sents = [_check_str(s, f"{where}: sentence {i}") for i, s in enumerate(sentences)]
+        if "".join(sents) != text:
+            raise DataError(f"{where}: the given sentences do not concatenate to the text")
+        spans, pos = [], 0
+        for s in sents:
+            spans.append((pos, pos + len(s)))
+            pos += len(s)
+        para_spans = [(0, len(text))] if text else []
+        sent_by_para = [spans] if text else []
+    else:
+        para_spans = _paragraph_spans(text)
+        sent_by_para = [[(ps + s, ps + e) for s, e in split_sentences(text[ps:pe])] for ps, pe in para_spans]
+    for pi, ((ps, pe), sspans) in enumerate(zip(para_spans, sent_by_para)):
+        p = b.add(f"{prefix}/p{pi}", base_level, parent, text[ps:pe], None, doc=0, start=ps, end=pe)
+        for si, (ss, se) in enumerate(sspans):
+            b.add(f"{prefix}/p{pi}/s{si}", "sentence", p, text[ss:se], {"sent_index": si}, doc=0, start=ss, end=se)
+
+
+def from_text(doc_id: str, title: str, text: str, *, sentences: Sequence[str] | None = None) -> HSeq:
+    """Turn a text document into ``document -> paragraph -> sentence`` segments.
+
+    Parameters
+    ----------
+    doc_id : str
+        Document id; prefixes every segment id (``"{doc_id}/p0/s1"``).
+    title : str
+        Document title (the document segment's content).
+    text : str
+        The text. Paragraphs break after newline runs; sentences after ``.!?`` followed by
+        whitespace and a capital/digit (common abbreviations excepted).
+    sentences : sequence of str, optional
+        Use these sentence boundaries instead of the splitter (they must concatenate to
+        ``text`` exactly), e.g. HotpotQA's, which its supporting facts index; they then form
+        one paragraph.
+
+    Returns
+    -------
+    HSeq
+        Segments whose ``start``/``end`` offsets index ``text``; :func:`to_source` rebuilds
+        ``{"id": doc_id, "title": title, "text": text}`` exactly.
+
+    Raises
+    ------
+    DataError
+        Non-string fields, an empty id, invalid unicode (lone surrogates), sentences that do not
+        tile the text.
+    """
+    where = f"text document {doc_id!r}"
+    _check_str(doc_id, f"{where}: id", allow_empty=False)
+    _check_str(title, f"{where}: title")
+    _check_str(text, f"{where}: text")
+    b = _Builder()
+    root = b.add(doc_id, "document", -1, title, {"title": title}, doc=0, start=0, end=len(text))
+    _add_text(b, doc_id, root, text, "paragraph", sentences, where)
+    return b.build([{"kind": "text", "id": doc_id, "title": title, "length": len(text)}])
+
+
+def _header_rows(table: list[list[str]]) -> int:
+    """How many leading rows are headers: row 0, then rows whose first cell is empty (TAT-QA style)."""
+    n = 1
+    while n < len(table) - 1 and not table[n][0].strip():
+        n += 1
+    return n
+
+
+def from_tatqa(doc: dict[str, Any], doc_id: str | None = None) -> HSeq:
+    """Turn one TAT-QA document (table + linked paragraphs) into segments.
+
+    Layout: ``document -> table -> row -> cell`` and ``document -> paragraph -> sentence``.
+    Cells keep ``row``/``col``, ``meta["col_header"]`` (the non-empty header-row cells of that
+    column, joined) and ``meta["row_header"]`` (the row's first cell). Empty cells are kept.
+
+    Parameters
+    ----------
+    doc : dict
+        ``{"table": {"uid", "table": [[str, ...], ...]}, "paragraphs": [{"uid", "order",
+        "text"}, ...], ...}`` (the ``questions`` are not part of the evidence and are ignored).
+    doc_id : str, optional
+        Defaults to the table uid.
+
+    Returns
+    -------
+    HSeq
+        :func:`to_source` gives ``{"id", "table", "paragraphs"}`` whose ``table`` and
+        ``paragraphs`` equal the input's (every key, every cell, in order).
+
+    Raises
+    ------
+    DataError
+        Missing table/paragraphs, a ragged table (rows of different lengths), a non-string
+        cell, a paragraph without text, invalid unicode.
+    """
+    if not isinstance(doc, dict):
+        raise DataError(f"TAT-QA document: expected a dict, got {type(doc).__name__}")
+    tab = doc.get("table")
+    if not isinstance(tab, dict) or "table" not in tab:
+        raise DataError("TAT-QA document: missing 'table': {'uid': ..., 'table': [[...]]}")
+    grid = tab["table"]
+    paras = doc.get("paragraphs")
+    if paras is None or not isinstance(paras, list):
+        raise DataError("TAT-QA document: missing 'paragraphs' list")
+    doc_id = doc_id or str(tab.get("uid") or "tatqa")
+    where = f"TAT-QA document {doc_id!r}"
+    if not isinstance(grid, list) or not grid or not all(isinstance(r, list) for r in grid):
+        raise DataError(f"{where}: the table must be a non-empty list of rows (lists of cell strings)")
+    width = len(grid[0])
+    for ri, r in enumerate(grid):
+        if len(r) != width:
+            raise DataError(f"{where}: ragged table: row {ri} has {len(r)} cells but row 0 has {width}")
+        for ci, c in enumerate(r):
+            _check_str(c, f"{where}: cell ({ri}, {ci})")
+    nh = _header_rows(grid)
+    col_header = [" ".join(grid[r][c].strip() for r in range(nh) if grid[r][c].strip()) for c in range(width)]
+    b = _Builder()
+    root = b.add(doc_id, "document", -1, "", {"kind": "tatqa"}, doc=0)
+    t = b.add(f"{doc_id}/table", "table", root, " | ".join(h for h in col_header if h),
+              {"uid": tab.get("uid"), "header_rows": nh}, doc=0)
+    for ri, r in enumerate(grid):
+        rs = b.add(f"{doc_id}/table/r{ri}", "row", t, " | ".join(r), {"header": ri < nh}, doc=0, row=ri)
+        for ci, c in enumerate(r):
+            b.add(f"{doc_id}/table/r{ri}/c{ci}", "cell", rs, c,
+                  {"col_header": col_header[ci], "row_header": r[0].strip(), "header": ri < nh}, doc=0, row=ri, col=ci)
+    para_keys = []
+    for pi, p in enumerate(paras):
+        if not isinstance(p, dict) or "text" not in p:
+            raise DataError(f"{where}: paragraph {pi} has no 'text'")
+        text = _check_str(p["text"], f"{where}: paragraph {pi} text")
+        para_keys.append(list(p))
+        pm = {k: v for k, v in p.items() if k != "text"}
+        ps = b.add(f"{doc_id}/p{pi}", "paragraph", root, text, {"para_index": pi, **pm}, doc=0, start=0, end=len(text))
+        for si, (ss, se) in enumerate(split_sentences(text)):
+            b.add(f"{doc_id}/p{pi}/s{si}", "sentence", ps, text[ss:se], {"sent_index": si, "para_index": pi},
+                  doc=0, start=ss, end=se)
+    src = {"kind": "tatqa", "id": doc_id, "table_keys": [k for k in tab if k != "table"],
+           "table_meta": {k: v for k, v in tab.items() if k != "table"}, "para_keys": para_keys, "width": width}
+    return b.build([src])
+
+
+def from_triples(triples: Iterable[Sequence[str]], *, relations: Sequence[str] | None = None,
+                 doc_id: str = "kg") -> HSeq:
+    """Turn ``(head, relation, tail)`` triples into ``entity -> triple`` segments plus a :class:`KGraph`.
+
+    Entities appear in first-mention order (head before tail); each triple hangs under its
+    head entity and keeps its input index (``tidx``). The graph is on ``HSeq.kg``.
+
+    Parameters
+    ----------
+    triples : iterable of (str, str, str)
+        E.g. MetaQA's ``head|relation|tail`` lines split on ``|``.
+    relations : sequence of str, optional
+        The allowed relation names (e.g. :data:`METAQA_RELATIONS`); a triple with another
+        relation is an error. Without it any non-empty relation name is accepted.
+    doc_id : str
+        Prefix of the segment ids.
+
+    Raises
+    ------
+    DataError
+        A triple that is not three strings, an empty field, an unknown relation, invalid
+        unicode (each error names the triple index).
+    """
+    allowed = set(relations) if relations is not None else None
+    ent: dict[str, int] = {}
+    rel: dict[str, int] = {}
+    heads, rels, tails = [], [], []
+    for i, t in enumerate(triples):
+        if isinstance(t, str) or len(t) != 3:
+            raise DataError(f"triple {i}: expected (head, relation, tail), got {t!r:.80}")
+        h, r, tl = t
+        for name, v in (("head", h), ("relation", r), ("tail", tl)):
+            _check_str(v, f"triple {i} {name}", allow_empty=False)
+        if allowed is not None and r not in allowed:
+            raise DataError(f"triple {i}: unknown relation {r!r}; allowed: {', '.join(sorted(allowed))}")
+        heads.append(ent.setdefault(h, len(ent)))
+        rels.append(rel.setdefault(r, len(rel)))
+        tails.append(ent.setdefault(tl, len(ent)))
+    names = list(ent)
+    rel_names = list(rel)
+    H, R, T = (np.asarray(x, dtype=np.int64) for x in (heads, rels, tails))
+    ne, nt = len(names), len(H)
+    # Rows 0..ne-1 are entities, ne.. are triples: built column-wise, no per-segment Python objects.
+    ids = [f"{doc_id}/e{i}" for i in range(ne)] + [f"{doc_id}/t{i}" for i in range(nt)]
+    contents = names + [f"{names[h]} {rel_names[r].replace('_', ' ')} {names[tl]}" for h, r, tl in zip(heads, rels, tails)]
+    neg_e, neg_t = np.full(ne, -1, np.int64), np.full(nt, -1, np.int64)
+    cols = {
+        "level": np.concatenate([np.full(ne, _LV["entity"]), np.full(nt, _LV["triple"])]),
+        "parent": np.concatenate([neg_e, H]),
+        "doc": np.zeros(ne + nt, np.int64),
+        "head": np.concatenate([neg_e, H]),
+        "rel": np.concatenate([neg_e, R]),
+        "tail": np.concatenate([np.arange(ne, dtype=np.int64), T]),
+        "tidx": np.concatenate([neg_e, np.arange(nt, dtype=np.int64)]),
+    }
+    seq = HSeq(ids, contents, [{} for _ in range(ne + nt)],
+               [{"kind": "triples", "id": doc_id, "n_entities": ne}], **cols)
+    seq.kg = KGraph(names, rel_names, H, R, T)
+    return seq
+
+
+# ---------------------------------------------------------------------------------------------
+# reversal
+# ---------------------------------------------------------------------------------------------
+def _rebuild_text(seq: HSeq, rows: np.ndarray, src: dict[str, Any]) -> dict[str, Any]:
+    paras = rows[seq.level[rows] == _LV["paragraph"]]
+    text = "".join(seq.contents[i] for i in paras[np.argsort(seq.start[paras], kind="stable")])
+    if len(text) != src["length"]:
+        raise DataError(f"source {src['id']!r}: segments cover {len(text)} of {src['length']} characters "
+                        "(a paragraph segment is missing)")
+    return {"id": src["id"], "title": src["title"], "text": text}
+
+
+def _rebuild_tatqa(seq: HSeq, rows: np.ndarray, src: dict[str, Any]) -> dict[str, Any]:
+    cells = rows[seq.level[rows] == _LV["cell"]]
+    nrows = int(seq.row[cells].max()) + 1 if len(cells) else 0
+    grid: list[list[str | None]] = [[None] * src["width"] for _ in range(nrows)]
+    for i in cells:
+        grid[int(seq.row[i])][int(seq.col[i])] = seq.contents[i]
+    if any(c is None for r in grid for c in r):
+        raise DataError(f"source {src['id']!r}: a table cell segment is missing")
+    table = {**src["table_meta"], "table": grid}
+    # restore the input's key order ("uid" first in TAT-QA) so even json.dumps matches
+    table = {k: table[k] for k in (src["table_keys"] + ["table"]) if k in table} | table
+    paras = rows[seq.level[rows] == _LV["paragraph"]]
+    out_p = []
+    for i in sorted(paras.tolist(), key=lambda i: seq.meta[i]["para_index"]):
+        m = seq.meta[i]
+        full = {k: v for k, v in m.items() if k != "para_index"}
+        full["text"] = seq.contents[i]
+        out_p.append({k: full[k] for k in src["para_keys"][m["para_index"]]})
+    return {"id": src["id"], "table": table, "paragraphs": out_p}
+
+
+def _rebuild_triples(seq: HSeq, rows: np.ndarray, src: dict[str, Any]) -> list[tuple[str, str, str]]:
+    tr = rows[seq.level[rows] == _LV["triple"]]
+    tr = tr[np.argsort(seq.tidx[tr], kind="stable")]
+    if seq.kg is None:
+        raise DataError(f"source {src['id']!r}: the sequence has lost its knowledge graph")
+    ents, rels = seq.kg.entities, seq.kg.relations
+    return [(ents[h], rels[r], ents[t]) for h, r, t in zip(seq.head[tr].tolist(), seq.rel[tr].tolist(),
+                                                            seq.tail[tr].tolist())]
+
+
+def to_source(segments: HSeq, doc: int | str | None = None) -> Any:
+    """Rebuild the original source of a sequence exactly.
+
+    Parameters
+    ----------
+    segments : HSeq
+        A sequence from :func:`from_text`, :func:`from_tatqa` or :func:`from_triples` (or a
+        :meth:`HSeq.concat` of several).
+    doc : int or str, optional
+        Which source of a concatenated sequence (position or document id); required when there
+        are several.
+
+    Returns
+    -------
+    dict or list
+        ``{"id", "title", "text"}`` for a text; ``{"id", "table", "paragraphs"}`` for a TAT-QA
+        document; the list of ``(head, relation, tail)`` tuples, in input order, for triples.
+    """
+    if not isinstance(segments, HSeq):
+        raise DataError(f"to_source expects an HSeq, got {type(segments).__name__}")
+    if not segments.sources:
+        raise DataError("to_source: the sequence has no sources")
+    if doc is None:
+        if len(segments.sources) > 1:
+            raise DataError(f"to_source: the sequence holds {len(segments.sources)} sources; pass doc= (index or id)")
+        d = 0
+    elif isinstance(doc, str):
+        matches = [i for i, s in enumerate(segments.sources) if s["id"] == doc]
+        if not matches:
+            raise DataError(f"to_source: no source with id {doc!r}")
+        d = matches[0]
+    else:
+        d = int(doc)
+        if not 0 <= d < len(segments.sources):
+            raise DataError(f"to_source: doc {d} out of range (0..{len(segments.sources) - 1})")
+    src = segments.sources[d]
+    rows = np.nonzero(segments.doc == d)[0]
+    kind = src["kind"]
+    if kind == "text":
+        return _rebuild_text(segments, rows, src)
+    if kind == "tatqa":
+        return _rebuild_tatqa(segments, rows, src)
+    if kind == "triples":
+        return _rebuild_triples(segments, rows, src)
+    raise DataError(f"to_source: unknown source kind {kind!r}")
