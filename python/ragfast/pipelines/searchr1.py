@@ -1,0 +1,609 @@
+"""The Search-R1 loop: batched multi-turn search and reasoning, exactly as the reference runs it.
+
+Protocol (PeterGriffinJin/Search-R1, ``search_r1/llm_agent/generation.py`` and
+``scripts/nq_hotpotqa/evaluate.sh``; summarised in PROTOCOLS.md):
+
+1. the user message is :func:`build_prompt` (question stripped, "?" appended), sent through the
+   reasoner's chat template with ``add_generation_prompt=True`` when it has one, raw otherwise;
+2. each turn, greedy generation stops after the first ``</search>`` or ``</answer>`` (or EOS, or
+   ``max_new_tokens``); the action is the first match of ``<(search|answer)>(.*?)</\\1>``;
+3. a search retrieves ``topk`` documents; the observation ``\\n\\n<information>Doc 1(Title: ..)
+   ..</information>\\n\\n`` is truncated to ``max_obs_tokens`` tokens and appended; anything that is
+   neither action gets the fixed invalid-action observation;
+4. after ``max_turns`` turns, trajectories still running get one last generation with search
+   disabled (a search there is not executed);
+5. the answer is the content of the last ``<answer>`` block of the response (never the prompt's
+   example); EM and F1 use :mod:`ragfast.metrics`.
+
+Every turn is ONE batched generator call and ONE batched retrieval call over all active
+trajectories; the active set shrinks as trajectories answer.
+
+Hooks for pipelines built on top of this loop (S2G stopping, StepGap repairs)
+--------------------------------------------------------------------------------
+Pass ``hooks=[fn, ...]`` to :class:`SearchR1Loop`. After every search-enabled turn, once the
+turn's observations are appended, each hook is called as ``fn(ctx)`` with a
+:class:`TurnContext` whose ``active`` list holds the trajectories that are still running. A hook
+may, for any subset of them:
+
+- ``ctx.force_answer(items, reason)``: stop searching; the next turn is the final answer-only
+  generation (search disabled), and ``stop_reason`` becomes ``reason`` (e.g. ``"judge"``). An
+  optional ``text`` is appended to the session first (e.g. a nudge towards answering).
+- ``ctx.finish(items, reason)``: stop now, without another generation.
+- ``ctx.search(items, queries, reason=...)``: run one extra batched retrieval and append its
+  observations (e.g. a StepGap repair search). Each extra search is recorded as its own turn
+  with ``extra["injected"] = reason`` and counts against ``max_turns``.
+- ``ctx.append(items, texts)``: append any other text to the sessions (e.g. a retraction).
+
+Everything a hook spends should go to ``ctx.ledger`` with the item's ``qid``: it is split per
+question and per turn like the loop's own costs. ``item.traj`` (a :class:`~ragfast.types.Trajectory`)
+gives the turns so far and ``item.traj.states()`` the retrieval states.
+"""
+from __future__ import annotations
+
+import dataclasses
+import random
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+from ragfast.cost import CostLedger, _NUMERIC
+from ragfast.errors import ConfigError, DataError
+from ragfast.types import Question, Trajectory, Turn
+
+__all__ = [
+    "PROMPT_TEMPLATE",
+    "INVALID_OBSERVATION",
+    "STOP",
+    "SearchR1Config",
+    "SearchR1Loop",
+    "TurnContext",
+    "ActiveTrajectory",
+    "build_prompt",
+    "parse_action",
+    "format_docs",
+    "format_observation",
+    "truncate_whitespace_tokens",
+    "run_searchr1",
+]
+
+# Byte-for-byte the prompt Search-R1 checkpoints were trained on (PeterGriffinJin/Search-R1,
+# scripts/data_process/nq_search.py, make_prefix, template_type "base"), typo "as your want"
+# included: a trained checkpoint's behaviour depends on the exact string.
+PROMPT_TEMPLATE = (
+    "Answer the given question. You must conduct reasoning inside <think> and </think> first every time you "
+    "get new information. After reasoning, if you find you lack some knowledge, you can call a search engine "
+    "by <search> query </search> and it will return the top searched results between <information> and "
+    "</information>. You can search as many times as your want. If you find no further external knowledge "
+    "needed, you can directly provide the answer inside <answer> and </answer>, without detailed "
+    "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
+)
+
+# Byte-for-byte the reference's observation for an unparseable action
+# (PeterGriffinJin/Search-R1, search_r1/llm_agent/generation.py, execute_predictions).
+INVALID_OBSERVATION = (
+    "\nMy previous action is invalid. If I want to search, I should put the query between <search> and "
+    "</search>. If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+#: Generation stops after the first of these (reference: postprocess_predictions cuts there).
+STOP = ("</search>", "</answer>")
+
+# The reference's action pattern (generation.py, postprocess_predictions): first match, DOTALL.
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+
+
+@dataclass
+class SearchR1Config:
+    """Settings of the Search-R1 loop; the defaults are the reference evaluation's.
+
+    Parameters
+    ----------
+    max_turns : int
+        Generation turns with search enabled (reference: 4). Injected hook searches count too.
+    topk : int
+        Documents per search (reference: 3).
+    max_new_tokens : int
+        New tokens per turn (reference: 500).
+    max_obs_tokens : int
+        Observation length cap in reasoner tokens (reference: 500).
+    prompt_budget : int
+        Context cap in tokens (reference: 4096). Enforced by generators that hold token ids
+        (``HFGenerator(max_context=...)``); the CLI passes it on.
+    batch_size : int
+        Questions run together through one multi-turn loop.
+    seed : int
+        Seeds Python, numpy and torch before a run; generators that sample take it too.
+    exclude_read : bool
+        Skip documents a trajectory already read (False in the reference).
+    """
+
+    max_turns: int = 4
+    topk: int = 3
+    max_new_tokens: int = 500
+    max_obs_tokens: int = 500
+    prompt_budget: int = 4096
+    batch_size: int = 64
+    seed: int = 0
+    exclude_read: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_turns", "topk", "max_new_tokens", "max_obs_tokens", "prompt_budget", "batch_size"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ConfigError(f"SearchR1Config.{name} must be an int, got {type(v).__name__}")
+        if self.max_turns < 0:
+            raise ConfigError(f"SearchR1Config.max_turns must be >= 0, got {self.max_turns}")
+        for name in ("topk", "max_new_tokens", "max_obs_tokens", "prompt_budget", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"SearchR1Config.{name} must be >= 1, got {getattr(self, name)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def build_prompt(question: str | Question) -> str:
+    """The raw user message of the first turn, before any chat template.
+
+    Parameters
+    ----------
+    question : str or Question
+        The question; it is stripped and gets a trailing "?" when it has none (as in the
+        reference's data preparation).
+
+    Raises
+    ------
+    DataError
+        When the question is empty.
+    """
+    q = question.question if isinstance(question, Question) else question
+    if not isinstance(q, str):
+        raise DataError(f"build_prompt expects a question string, got {type(q).__name__}")
+    q = q.strip()
+    if not q:
+        raise DataError("build_prompt: empty question")
+    if not q.endswith("?"):
+        q += "?"
+    return PROMPT_TEMPLATE.format(question=q)
+
+
+def parse_action(text: str) -> tuple[str, str | None]:
+    """The action of one generated turn.
+
+    Returns
+    -------
+    (action, content)
+        ``("search", query)`` or ``("answer", answer)`` from the first
+        ``<(search|answer)>(.*?)</\\1>`` match (content stripped), else ``("invalid", None)``.
+    """
+    m = _ACTION.search(text or "")
+    if m is None:
+        return "invalid", None
+    return m.group(1), m.group(2).strip()
+
+
+def _split_contents(contents: str) -> tuple[str, str]:
+    # Reference: title = first line of contents, text = the remaining lines joined by "\n".
+    lines = contents.split("\n")
+    return lines[0], "\n".join(lines[1:])
+
+
+def format_docs(docs: Sequence[Any]) -> str:
+    """``Doc {i}(Title: {title}) {text}\\n`` per document, i from 1 (reference: _passages2string).
+
+    Parameters
+    ----------
+    docs : sequence of Hit, dict or str
+        Hits (their ``document["contents"]``), corpus rows with ``contents``, or raw contents.
+    """
+    out = []
+    for i, d in enumerate(docs, 1):
+        if isinstance(d, str):
+            contents = d
+        elif isinstance(d, dict):
+            contents = d.get("contents", d.get("document", {}).get("contents", ""))
+        else:
+            contents = d.document.get("contents", "")
+        title, text = _split_contents(contents)
+        out.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(out)
+
+
+def format_observation(docs: Sequence[Any]) -> str:
+    """The observation appended after a search: ``\\n\\n<information>{docs.strip()}</information>\\n\\n``."""
+    return f"\n\n<information>{format_docs(docs).strip()}</information>\n\n"
+
+
+def truncate_whitespace_tokens(text: str, max_tokens: int) -> str:
+    """Cut ``text`` after its first ``max_tokens`` whitespace-separated tokens.
+
+    The stand-in tokenizer for generators without one (the scripted agent): the original
+    spacing is kept up to the cut.
+    """
+    if max_tokens < 0:
+        raise ValueError("max_tokens must be >= 0")
+    if max_tokens == 0:
+        return ""
+    n = 0
+    for m in re.finditer(r"\S+", text):
+        n += 1
+        if n == max_tokens:
+            return text[: m.end()]
+    return text
+
+
+@dataclass
+class ActiveTrajectory:
+    """One running trajectory inside the loop (what hooks see).
+
+    Attributes
+    ----------
+    traj : Trajectory
+        The record being built (turns so far).
+    question : Question
+        The question, with its gold answers.
+    turns_used : int
+        Search-enabled generations plus injected searches; the trajectory gets its final
+        answer-only generation once this reaches ``max_turns``.
+    final : bool
+        The next generation is the final one (search disabled).
+    final_reason : str
+        ``stop_reason`` recorded when the final generation runs.
+    done : bool
+        Finished; no more generation.
+    response : list of str
+        Generated text and observations in order: the "response" the answer is taken from.
+    """
+
+    traj: Trajectory
+    question: Question
+    turns_used: int = 0
+    final: bool = False
+    final_reason: str = "max_turns"
+    done: bool = False
+    response: list[str] = field(default_factory=list)
+    read_ids: list[str] = field(default_factory=list)
+
+    @property
+    def qid(self) -> str:
+        return self.traj.id
+
+
+class TurnContext:
+    """What a hook gets after each turn: the running trajectories and ways to steer them.
+
+    Attributes
+    ----------
+    turn : int
+        Index of the loop iteration that just ran (0-based).
+    active : list of ActiveTrajectory
+        Trajectories still running after this turn.
+    loop : SearchR1Loop
+        The loop (``loop.generator``, ``loop.retriever``, ``loop.config``).
+    ledger : CostLedger
+        Where hooks record their own costs (per question id).
+    """
+
+    def __init__(self, loop: "SearchR1Loop", turn: int, active: list[ActiveTrajectory], ledger: CostLedger):
+        self.loop = loop
+        self.turn = turn
+        self.active = active
+        self.ledger = ledger
+
+    def force_answer(self, items: Iterable[ActiveTrajectory], reason: str, text: str | Sequence[str] | None = None) -> None:
+        """Send ``items`` to the final answer-only generation next turn, recording ``reason``.
+
+        Parameters
+        ----------
+        items : iterable of ActiveTrajectory
+        reason : str
+            Becomes the trajectory's ``stop_reason`` (e.g. ``"judge"``).
+        text : str or sequence of str, optional
+            Appended to each session before the final generation (one string for all, or one
+            per item).
+        """
+        items = [it for it in items if not it.done]
+        if text is not None:
+            texts = [text] * len(items) if isinstance(text, str) else list(text)
+            self.append(items, texts)
+        for it in items:
+            it.final = True
+            it.final_reason = reason
+
+    def finish(self, items: Iterable[ActiveTrajectory], reason: str) -> None:
+        """Stop ``items`` now, without another generation; ``stop_reason`` = ``reason``."""
+        for it in items:
+            if not it.done:
+                it.done = True
+                it.traj.stop_reason = reason
+
+    def search(self, items: Sequence[ActiveTrajectory], queries: Sequence[str], *, reason: str) -> list[list[Any]]:
+        """One extra batched retrieval for ``items``; observations are appended to their sessions.
+
+        Each search is recorded as a turn with ``action="search"`` and ``extra["injected"] =
+        reason``, and counts against ``max_turns``.
+
+        Returns
+        -------
+        list of list of Hit
+        """
+        items = list(items)
+        if len(items) != len(queries):
+            raise ValueError(f"TurnContext.search: {len(items)} items but {len(queries)} queries")
+        if not items:
+            return []
+        turns = []
+        for it, q in zip(items, queries):
+            t = Turn(index=len(it.traj.turns), generated="", action="search", content=q,
+                     extra={"injected": reason})
+            it.traj.turns.append(t)
+            it.turns_used += 1
+            turns.append(t)
+        return self.loop._retrieve_and_observe(items, turns, list(queries), self.ledger)
+
+    def append(self, items: Sequence[ActiveTrajectory], texts: Sequence[str]) -> None:
+        """Append raw text to each item's session (and to its response)."""
+        items = list(items)
+        if len(items) != len(texts):
+            raise ValueError(f"TurnContext.append: {len(items)} items but {len(texts)} texts")
+        if not items:
+            return
+        self.loop.generator.append([it.qid for it in items], list(texts))
+        for it, tx in zip(items, texts):
+            it.response.append(tx)
+            if it.traj.turns:
+                it.traj.turns[-1].extra.setdefault("appended", []).append(tx)
+
+
+Hook = Callable[[TurnContext], None]
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % (2**32))
+    except ImportError:
+        pass
+    # Only seed torch when something already loaded it: the scripted path never imports torch.
+    if "torch" in sys.modules:
+        sys.modules["torch"].manual_seed(seed)
+
+
+def _round_cost(row: dict[str, float]) -> dict[str, float]:
+    return {k: (round(v, 9) if isinstance(v, float) else v) for k, v in row.items()}
+
+
+class SearchR1Loop:
+    """Runs Search-R1 over batches of questions.
+
+    Parameters
+    ----------
+    generator : ragfast.models.Generator
+        The reasoner. Optional capabilities used when present: ``format_prompt(user_text)``
+        (chat template), ``truncate_tokens(texts, n)`` (observation cap in its own tokens; else
+        whitespace tokens), ``bind_questions(questions)`` (oracle scripts that need the gold
+        answers) and ``mark_final(ids)`` (scripts that must be told the next turn is the
+        answer-only one; real models get no such signal, as in the reference).
+    retriever : ragfast.retrieval.Retriever
+        Batched top-k search.
+    config : SearchR1Config, optional
+    ledger : CostLedger, optional
+        Receives every cost record of the run (reasoner, encoder, search, hooks).
+    hooks : sequence of callables, optional
+        Called as ``hook(ctx)`` after each search-enabled turn; see the module docstring.
+
+    Examples
+    --------
+    >>> loop = SearchR1Loop(gen, retriever, SearchR1Config(max_turns=4, topk=3))  # doctest: +SKIP
+    >>> trajs = loop.run(questions, on_finish=writer_callback)  # doctest: +SKIP
+    """
+
+    def __init__(self, generator: Any, retriever: Any, config: SearchR1Config | None = None, *,
+                 ledger: CostLedger | None = None, hooks: Sequence[Hook] = ()):
+        self.generator = generator
+        self.retriever = retriever
+        self.config = config or SearchR1Config()
+        self.ledger = ledger if ledger is not None else CostLedger()
+        self.hooks = list(hooks)
+
+    # -- public ------------------------------------------------------------------------------
+    def run(self, questions: Sequence[Question], *, on_finish: Callable[[Trajectory], None] | None = None,
+            skip_ids: Iterable[str] = ()) -> list[Trajectory]:
+        """Run every question (except ``skip_ids``) in batches of ``config.batch_size``.
+
+        Parameters
+        ----------
+        questions : sequence of Question
+        on_finish : callable, optional
+            Called with each trajectory as soon as it finishes (e.g. to write it to disk).
+        skip_ids : iterable of str
+            Question ids already done (resume).
+
+        Returns
+        -------
+        list of Trajectory
+            In the order of ``questions`` (skipped ones left out).
+
+        Raises
+        ------
+        DataError
+            On duplicate question ids or questions without gold answers.
+        """
+        _seed_everything(self.config.seed)
+        skip = {str(s) for s in skip_ids}
+        seen: set[str] = set()
+        for q in questions:
+            if not isinstance(q, Question):
+                raise DataError(f"SearchR1Loop.run expects ragfast.types.Question items, got {type(q).__name__}")
+            if q.id in seen:
+                raise DataError(f"duplicate question id {q.id!r}: ids key sessions, costs and results")
+            seen.add(q.id)
+            if not q.golden_answers:
+                raise DataError(f"question {q.id!r} has no golden answers")
+        todo = [q for q in questions if q.id not in skip]
+        bs = self.config.batch_size
+        out: list[Trajectory] = []
+        for i in range(0, len(todo), bs):
+            out.extend(self.run_batch(todo[i:i + bs], on_finish=on_finish))
+        return out
+
+    def run_batch(self, questions: Sequence[Question], *,
+                  on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
+        """Run one batch of questions through the whole multi-turn loop together."""
+        cfg = self.config
+        gen = self.generator
+        led = CostLedger()  # the batch's own records: per-turn costs are the records added per turn
+        items = [ActiveTrajectory(Trajectory(id=q.id, question=q.question, golden_answers=list(q.golden_answers),
+                                             supporting_titles=list(q.supporting_titles)), q)
+                 for q in questions]
+        if not items:
+            return []
+        ids = [it.qid for it in items]
+        if hasattr(gen, "bind_questions"):
+            gen.bind_questions(list(questions))
+        user = [build_prompt(q) for q in questions]
+        fmt = getattr(gen, "format_prompt", None)
+        prompts = [fmt(u) for u in user] if fmt else user
+        gen.start(ids, prompts)
+        try:
+            turn = 0
+            while True:
+                act = [it for it in items if not it.done]
+                if not act:
+                    break
+                n_rec = len(led.records)
+                for it in act:
+                    if it.turns_used >= cfg.max_turns and not it.final:
+                        it.final, it.final_reason = True, "max_turns"
+                finals = [it for it in act if it.final]
+                if finals and hasattr(gen, "mark_final"):
+                    gen.mark_final([it.qid for it in finals])
+                texts = gen.generate([it.qid for it in act], stop=STOP, max_new_tokens=cfg.max_new_tokens, ledger=led)
+                if len(texts) != len(act):
+                    raise RuntimeError(f"generator returned {len(texts)} texts for {len(act)} sessions")
+                searchers, s_turns, s_queries = [], [], []
+                invalid = []
+                new_turns: list[tuple[ActiveTrajectory, Turn]] = []
+                for it, text in zip(act, texts):
+                    action, content = parse_action(text)
+                    t = Turn(index=len(it.traj.turns), generated=text, action=action, content=content)
+                    it.traj.turns.append(t)
+                    it.response.append(text)
+                    new_turns.append((it, t))
+                    if it.final:
+                        # Reference: the last rollout runs with do_search=False; a search is not
+                        # executed, an invalid action still gets the invalid observation.
+                        if action == "search":
+                            t.action, t.extra["search_disabled"] = "none", True
+                        elif action == "invalid":
+                            t.observation = INVALID_OBSERVATION
+                        it.done = True
+                        it.traj.stop_reason = it.final_reason
+                        continue
+                    it.turns_used += 1
+                    if action == "answer":
+                        it.done = True
+                        it.traj.stop_reason = "answer"
+                    elif action == "search":
+                        searchers.append(it)
+                        s_turns.append(t)
+                        s_queries.append(content)
+                    else:
+                        invalid.append((it, t))
+                if searchers:
+                    self._retrieve_and_observe(searchers, s_turns, s_queries, led)
+                if invalid:
+                    for it, t in invalid:
+                        t.observation = INVALID_OBSERVATION
+                        it.response.append(INVALID_OBSERVATION)
+                    gen.append([it.qid for it, _ in invalid], [INVALID_OBSERVATION] * len(invalid))
+                running = [it for it in act if not it.done]
+                if self.hooks and running:
+                    ctx = TurnContext(self, turn, running, led)
+                    for hook in self.hooks:
+                        hook(ctx)
+                        ctx.active = [it for it in ctx.active if not it.done]
+                self._attach_turn_costs(new_turns, led, n_rec)
+                finished = [it for it in act if it.done]
+                if finished:
+                    gen.end([it.qid for it in finished])
+                for it in finished:
+                    self._finalise(it, led)
+                    if on_finish is not None:
+                        on_finish(it.traj)
+                turn += 1
+        except BaseException:
+            # Free every session still open before the error propagates (a crash must not leak caches).
+            open_ids = [it.qid for it in items if not it.done]
+            if open_ids:
+                try:
+                    gen.end(open_ids)
+                except Exception:
+                    pass
+            self.ledger.merge(led)
+            raise
+        self.ledger.merge(led)
+        return [it.traj for it in items]
+
+    # -- internals ---------------------------------------------------------------------------
+    def _retrieve_and_observe(self, items: list[ActiveTrajectory], turns: list[Turn], queries: list[str],
+                              led: CostLedger) -> list[list[Any]]:
+        cfg = self.config
+        exclude = [list(it.read_ids) for it in items] if cfg.exclude_read else None
+        hits = self.retriever.search(queries, cfg.topk, exclude=exclude, ledger=led,
+                                     question_ids=[it.qid for it in items])
+        if len(hits) != len(items):
+            raise RuntimeError(f"retriever returned {len(hits)} result lists for {len(items)} queries")
+        obs = [format_observation(h) for h in hits]
+        trunc = getattr(self.generator, "truncate_tokens", None)
+        if trunc is not None:
+            obs = trunc(obs, cfg.max_obs_tokens)
+        else:
+            obs = [truncate_whitespace_tokens(o, cfg.max_obs_tokens) for o in obs]
+        for it, t, h, o in zip(items, turns, hits, obs):
+            t.retrieved_ids = [str(x.id) for x in h]
+            t.retrieved_titles = [x.title for x in h]
+            t.scores = [float(x.score) for x in h]
+            t.observation = o
+            it.response.append(o)
+            it.read_ids.extend(t.retrieved_ids)
+        self.generator.append([it.qid for it in items], obs)
+        return hits
+
+    @staticmethod
+    def _attach_turn_costs(new_turns: list[tuple[ActiveTrajectory, Turn]], led: CostLedger, start: int) -> None:
+        # Records added since `start` belong to this turn (generation, retrieval, hooks).
+        per_q: dict[str, dict[str, dict[str, float]]] = {}
+        for r in led.records[start:]:
+            if r.question_id is None:
+                continue
+            row = per_q.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in _NUMERIC})
+            for k in _NUMERIC:
+                row[k] += getattr(r, k)
+        for it, t in new_turns:
+            t.extra["cost"] = {c: _round_cost(v) for c, v in per_q.get(it.qid, {}).items()}
+
+    def _finalise(self, it: ActiveTrajectory, led: CostLedger) -> None:
+        from ragfast.metrics import exact_match, extract_answer, f1, sub_exact_match
+
+        tr = it.traj
+        # The answer is the last <answer> of the response (generated text and observations),
+        # never the prompt's "<answer> Beijing </answer>" example.
+        tr.answer = extract_answer("".join(it.response))
+        tr.em = exact_match(tr.answer, tr.golden_answers)
+        tr.f1 = f1(tr.answer, tr.golden_answers)
+        tr.extra["sub_em"] = sub_exact_match(tr.answer, tr.golden_answers)
+        tr.extra["turns_used"] = it.turns_used
+        tr.cost = {c: _round_cost(v) for c, v in led.for_question(tr.id).items()}
+
+
+def run_searchr1(questions: Sequence[Question], generator: Any, retriever: Any,
+                 config: SearchR1Config | None = None, *, ledger: CostLedger | None = None,
+                 hooks: Sequence[Hook] = (), on_finish: Callable[[Trajectory], None] | None = None,
+                 skip_ids: Iterable[str] = ()) -> list[Trajectory]:
+    """Convenience wrapper: ``SearchR1Loop(generator, retriever, config, ...).run(questions)``."""
+    loop = SearchR1Loop(generator, retriever, config, ledger=ledger, hooks=hooks)
+    return loop.run(questions, on_finish=on_finish, skip_ids=skip_ids)
