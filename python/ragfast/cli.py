@@ -23,6 +23,7 @@ console = Console(stderr=True)
 
 # Each module defines register(app); listed explicitly so a broken one fails loudly in tests.
 COMMAND_MODULES = (
+    "ragfast.commands.stepgap",
     "ragfast.commands.data",
 )
 
