@@ -1,0 +1,650 @@
+"""Dense indexes (ragfast's flat kernel, faiss), sharding, and the dense retriever.
+
+``DenseIndex`` has one interface over two backends:
+
+* ``flat``: exact inner-product search with :func:`ragfast.ops.topk_ip.topk_ip`, the corpus
+  stored as fp32, fp16, bf16 or int8 (:func:`ragfast.ops.topk_ip.quantize`). Saved as one
+  ``.npy`` matrix that loads memory-mapped, so processes serving the same index share the
+  page cache instead of each holding a copy.
+* ``faiss``: any index-factory string (``Flat``, ``HNSW32``, ``IVF4096,PQ64`` ...) with the
+  inner-product metric, trained when it needs training, sharded over all GPUs when faiss-gpu
+  sees GPUs. A plain faiss file, e.g. Search-R1's ``e5_Flat.index``, loads as it is.
+
+``ShardedIndex`` splits a flat index into row ranges and merges their top-k exactly.
+``DenseRetriever`` joins an :class:`~ragfast.retrieval.encoder.Encoder`, an index and a corpus
+into a :class:`~ragfast.retrieval.base.Retriever`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ragfast.errors import ConfigError, DataError
+from ragfast.retrieval.base import Hit, Retriever
+
+__all__ = ["DenseIndex", "ShardedIndex", "DenseRetriever", "build_default_retriever", "STORAGE_BYTES"]
+
+#: Bytes per stored element of each flat storage dtype (int8 adds per-row scale and sums).
+STORAGE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
+_FORMAT = "ragfast-dense-index/1"
+
+
+def _as_query_tensor(queries: Any, dim: int):
+    import torch
+
+    q = queries if isinstance(queries, torch.Tensor) else torch.as_tensor(np.asarray(queries))
+    if q.ndim == 1:
+        q = q.unsqueeze(0)
+    if q.ndim != 2:
+        raise DataError(f"queries must be a [B, d] matrix, got shape {tuple(q.shape)}")
+    if q.shape[1] != dim:
+        raise DataError(f"query dimension {q.shape[1]} does not match the index dimension {dim}")
+    if not q.is_floating_point():
+        raise DataError(f"queries must be floating point, got {q.dtype}")
+    q = q.to(torch.float32).contiguous()
+    if q.numel() and not torch.isfinite(q).all():
+        raise DataError("queries contain NaN or infinite values")
+    return q
+
+
+def _check_k(k: int, n: int) -> int:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise ValueError(f"k must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    if k > n:
+        raise ValueError(f"k={k} exceeds the number of indexed vectors ({n})")
+    return int(k)
+
+
+def _check_exclude(exclude: Sequence[Sequence[int]] | None, b: int) -> list[list[int]] | None:
+    if exclude is None:
+        return None
+    if len(exclude) != b:
+        raise ValueError(f"exclude has {len(exclude)} lists for {b} queries")
+    return [[int(x) for x in ex] for ex in exclude]
+
+
+def _split_evenly(total: int, n: int) -> list[int]:
+    """Integers summing to ``total`` exactly, as even as possible over ``n`` items."""
+    base, rem = divmod(int(total), n)
+    return [base + (1 if i < rem else 0) for i in range(n)]
+
+
+def _record(ledger, question_ids, b: int, seconds: float, bytes_total: int, flops_per_query: float = 0.0) -> None:
+    if ledger is None or b == 0:
+        return
+    qids = list(question_ids) if question_ids is not None else [None] * b
+    if len(qids) != b:
+        raise ValueError(f"{len(qids)} question ids for {b} queries")
+    # One batched scan reads the corpus once for all its queries; each question is charged an
+    # equal share so the per-question bytes add up to what was read.
+    ledger.add_batch("search", qids, seconds=seconds, bytes_scanned=_split_evenly(bytes_total, b),
+                     flops=[float(flops_per_query)] * b)
+
+
+class DenseIndex:
+    """Top-k inner-product search over a matrix of vectors.
+
+    Build with :meth:`build`, or :meth:`load` a saved index (a ragfast directory or any faiss
+    index file). Row ids are positions ``0..N-1`` in the order the vectors were given (the
+    corpus order).
+
+    Parameters
+    ----------
+    backend : {"flat", "faiss"}
+    vectors : np.ndarray, optional
+        float32 ``[N, d]`` (flat backend; may be a memory map).
+    faiss_index : faiss.Index, optional
+        (faiss backend).
+    storage : {"fp32", "fp16", "bf16", "int8"}
+        Flat storage dtype.
+    kernel_backend : str, optional
+        ``ref`` / ``cpp`` / ``triton`` for :func:`~ragfast.ops.topk_ip.topk_ip` (default: its own choice).
+    """
+
+    def __init__(self, backend: str, *, vectors: np.ndarray | None = None, faiss_index: Any = None,
+                 storage: str = "fp32", kernel_backend: str | None = None, factory: str | None = None,
+                 search_params: dict[str, Any] | None = None, gpus: bool | str = "auto"):
+        if backend not in ("flat", "faiss"):
+            raise ConfigError(f"unknown index backend {backend!r}; expected 'flat' or 'faiss'")
+        self.backend = backend
+        self.kernel_backend = kernel_backend
+        self.search_params = dict(search_params or {})
+        self._gpu_index = None
+        if backend == "flat":
+            if storage not in STORAGE_BYTES:
+                raise ConfigError(f"unknown storage {storage!r}; expected one of {', '.join(STORAGE_BYTES)}")
+            if vectors is None:
+                raise ValueError("the flat backend needs vectors")
+            self.storage = storage
+            self.vectors = vectors
+            self.ntotal, self.dim = int(vectors.shape[0]), int(vectors.shape[1])
+            self.factory = "flat"
+            self._stored = self._make_stored()
+        else:
+            if faiss_index is None:
+                raise ValueError("the faiss backend needs a faiss index")
+            import faiss
+
+            self.storage = "faiss"
+            self.vectors = None
+            self.faiss_index = faiss_index
+            self.ntotal, self.dim = int(faiss_index.ntotal), int(faiss_index.d)
+            self.factory = factory or type(faiss.downcast_index(faiss_index)).__name__
+            if faiss_index.metric_type != faiss.METRIC_INNER_PRODUCT:
+                raise ConfigError(f"faiss index metric is {faiss_index.metric_type}, expected inner product "
+                                  f"(METRIC_INNER_PRODUCT={faiss.METRIC_INNER_PRODUCT})")
+            if self.search_params:
+                ps = faiss.ParameterSpace()
+                for key, val in self.search_params.items():
+                    try:
+                        ps.set_index_parameter(faiss_index, key, val)
+                    except RuntimeError as exc:
+                        raise ConfigError(f"faiss index {self.factory} has no search parameter {key!r}") from exc
+            self._maybe_gpu(gpus)
+
+    # -- construction ------------------------------------------------------------------------
+    @classmethod
+    def build(cls, embeddings: Any, backend: str = "flat", *, storage: str = "fp32", factory: str = "Flat",
+              search_params: dict[str, Any] | None = None, kernel_backend: str | None = None,
+              train_size: int = 262144, gpus: bool | str = "auto", progress: bool = False,
+              seed: int = 0) -> "DenseIndex":
+        """Index a ``[N, d]`` float32 matrix.
+
+        Parameters
+        ----------
+        embeddings : np.ndarray or torch.Tensor
+            One row per corpus passage, in corpus order.
+        backend : {"flat", "faiss"}
+            ``flat`` is ragfast's exact kernel; ``faiss`` builds ``factory``.
+        storage : {"fp32", "fp16", "bf16", "int8"}
+            Flat storage dtype.
+        factory : str
+            faiss index-factory string (``Flat``, ``HNSW32``, ``IVF4096,PQ64``, ...).
+        search_params : dict, optional
+            faiss search-time parameters, e.g. ``{"nprobe": 64}`` or ``{"efSearch": 128}``.
+        train_size : int
+            Vectors sampled to train a faiss index that needs training.
+        gpus : bool or "auto"
+            Shard a faiss index over all GPUs (needs faiss-gpu); "auto" does so when GPUs exist.
+        progress : bool
+            Show a progress bar while adding to a faiss index.
+        """
+        emb = _as_matrix(embeddings)
+        if backend == "flat":
+            return cls("flat", vectors=emb, storage=storage, kernel_backend=kernel_backend)
+        if backend != "faiss":
+            raise ConfigError(f"unknown index backend {backend!r}; expected 'flat' or 'faiss'")
+        import faiss
+
+        n, d = emb.shape
+        try:
+            index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+        except RuntimeError as exc:
+            raise ConfigError(f"faiss cannot build index factory {factory!r}: {str(exc).splitlines()[0]}") from exc
+        if not index.is_trained:
+            rng = np.random.default_rng(seed)
+            sel = np.sort(rng.choice(n, size=min(n, train_size), replace=False))
+            try:
+                index.train(np.ascontiguousarray(emb[sel], dtype=np.float32))
+            except RuntimeError as exc:
+                raise ConfigError(f"training faiss {factory!r} on {len(sel)} vectors failed: "
+                                  f"{str(exc).splitlines()[0]} (too few vectors for this many centroids?)") from exc
+        from rich.progress import Progress
+
+        step = 65536
+        with Progress(disable=not progress) as bar:
+            task = bar.add_task(f"adding to faiss {factory}", total=n)
+            for s in range(0, n, step):
+                index.add(np.ascontiguousarray(emb[s:s + step], dtype=np.float32))
+                bar.advance(task, min(step, n - s))
+        return cls("faiss", faiss_index=index, factory=factory, search_params=search_params, gpus=gpus)
+
+    def _make_stored(self):
+        import torch
+
+        import warnings
+
+        with warnings.catch_warnings():
+            # A read-only memory map: torch warns it is not writable; the index never writes it.
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(np.asarray(self.vectors))
+        if self.storage == "fp32":
+            return t
+        from ragfast.ops.topk_ip import quantize
+
+        return quantize(t, dtype=self.storage)
+
+    def _maybe_gpu(self, gpus: bool | str) -> None:
+        import faiss
+
+        if gpus is False or not hasattr(faiss, "index_cpu_to_all_gpus"):
+            if gpus is True:
+                raise ConfigError("gpus=True needs faiss-gpu; this faiss build has no GPU support")
+            return
+        ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+        if ngpu == 0:
+            if gpus is True:
+                raise ConfigError("gpus=True but faiss sees no GPU")
+            return
+        co = faiss.GpuMultipleClonerOptions()
+        co.shard = True  # split rows over the GPUs: each holds 1/G of the vectors
+        co.useFloat16 = False  # keep exact fp32 scores, as the methods were measured
+        self._gpu_index = faiss.index_cpu_to_all_gpus(self.faiss_index, co=co)
+
+    # -- facts -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.ntotal
+
+    def bytes_per_search(self) -> int:
+        """Bytes one batched search reads from the stored vectors (the whole corpus, once)."""
+        if self.backend == "flat":
+            if self.storage == "fp32":
+                return self.ntotal * self.dim * 4
+            return int(self._stored.scan_bytes)  # codes plus per-row scale/sums
+        import faiss
+
+        idx = faiss.downcast_index(self.faiss_index)
+        code = getattr(idx, "code_size", 4 * self.dim)
+        if isinstance(idx, faiss.IndexIVF):
+            # Each query visits nprobe of nlist lists: the expected share of codes it reads.
+            return int(self.ntotal * idx.code_size * min(1.0, idx.nprobe / max(1, idx.nlist)))
+        if "HNSW" in type(idx).__name__:
+            return 0  # a graph walk touches a data-dependent set of vectors; not estimated
+        return int(self.ntotal * code)
+
+    def describe(self) -> dict[str, Any]:
+        """Backend, factory/storage, size and dimension."""
+        d = {"backend": self.backend, "factory": self.factory, "storage": self.storage, "ntotal": self.ntotal,
+             "dim": self.dim}
+        if self.backend == "faiss":
+            d["gpu_sharded"] = self._gpu_index is not None
+            if self.search_params:
+                d["search_params"] = self.search_params
+        else:
+            d["kernel_backend"] = self.kernel_backend or "auto"
+        return d
+
+    # -- search ------------------------------------------------------------------------------
+    def search(self, queries: Any, k: int, *, exclude: Sequence[Sequence[int]] | None = None,
+               min_score: float | None = None, ledger=None, question_ids: Sequence[str] | None = None):
+        """Top-k rows by inner product.
+
+        Parameters
+        ----------
+        queries : torch.Tensor or np.ndarray
+            float ``[B, d]`` (a single ``[d]`` vector is treated as B=1).
+        k : int
+            1 <= k <= N.
+        exclude : list of B lists of int, optional
+            Row ids each query must skip (e.g. passages a trajectory already read).
+        min_score : float, optional
+            Hits scoring below it come back as id -1, score -inf.
+        ledger : CostLedger, optional
+            Receives ``search`` records (seconds, bytes scanned) split over ``question_ids``.
+
+        Returns
+        -------
+        (scores, ids) : (torch.Tensor, torch.Tensor)
+            float32 ``[B, k]`` best first and int64 ``[B, k]`` row ids; empty slots are -inf / -1.
+        """
+        import torch
+
+        q = _as_query_tensor(queries, self.dim)
+        k = _check_k(k, self.ntotal)
+        b = q.shape[0]
+        ex = _check_exclude(exclude, b)
+        if min_score is not None and not np.isfinite(min_score):
+            raise ValueError(f"min_score must be finite, got {min_score}")
+        if b == 0:
+            return torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64)
+        t0 = time.perf_counter()
+        if self.backend == "flat":
+            from ragfast.ops.topk_ip import topk_ip
+
+            scores, ids = topk_ip(q, self._stored, k, min_score=min_score, exclude=ex, backend=self.kernel_backend)
+        else:
+            scores, ids = self._faiss_search(q.numpy(), k, ex, min_score)
+        seconds = time.perf_counter() - t0
+        per_batch = self.bytes_per_search()
+        if self.backend == "faiss" and isinstance(self._downcast(), _ivf_class()):
+            per_batch *= b  # IVF reads its lists per query, not once per batch
+        _record(ledger, question_ids, b, seconds, per_batch, self.flops_per_query())
+        return scores, ids
+
+    def flops_per_query(self) -> float:
+        """Multiply-adds x2 of an exhaustive scan (flat, faiss Flat); 0 where not estimated."""
+        if self.backend == "flat":
+            return 2.0 * self.ntotal * self.dim
+        import faiss
+
+        if isinstance(self._downcast(), faiss.IndexFlat):
+            return 2.0 * self.ntotal * self.dim
+        return 0.0
+
+    def _downcast(self):
+        import faiss
+
+        return faiss.downcast_index(self.faiss_index)
+
+    def _faiss_search(self, q: np.ndarray, k: int, ex: list[list[int]] | None, min_score: float | None):
+        import torch
+
+        index = self._gpu_index if self._gpu_index is not None else self.faiss_index
+        extra = max((len(e) for e in ex), default=0) if ex else 0
+        # faiss has no per-query exclusion: over-fetch by the longest exclude list, then drop.
+        kk = min(self.ntotal, k + extra)
+        D, I = index.search(q, kk)
+        D = np.where(I < 0, -np.inf, D).astype(np.float32)
+        if ex or min_score is not None:
+            out_d = np.full((q.shape[0], k), -np.inf, dtype=np.float32)
+            out_i = np.full((q.shape[0], k), -1, dtype=np.int64)
+            for r in range(q.shape[0]):
+                keep = I[r] >= 0
+                if ex and ex[r]:
+                    keep &= ~np.isin(I[r], np.asarray(ex[r], dtype=np.int64))
+                if min_score is not None:
+                    keep &= D[r] >= min_score
+                sel = np.flatnonzero(keep)[:k]
+                out_d[r, :len(sel)] = D[r, sel]
+                out_i[r, :len(sel)] = I[r, sel]
+            D, I = out_d, out_i
+        else:
+            D, I = D[:, :k], I[:, :k].astype(np.int64)
+        return torch.from_numpy(np.ascontiguousarray(D)), torch.from_numpy(np.ascontiguousarray(I))
+
+    # -- persistence -------------------------------------------------------------------------
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the index.
+
+        flat: a directory with ``vectors.npy`` (fp32, memory-mappable) and ``meta.json``.
+        faiss: a directory with ``index.faiss`` and ``meta.json`` (the CPU copy is written).
+        """
+        import faiss
+
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = {"format": _FORMAT, "backend": self.backend, "storage": self.storage, "factory": self.factory,
+                "ntotal": self.ntotal, "dim": self.dim, "search_params": self.search_params}
+        if self.backend == "flat":
+            tmp = out / f".vectors.{os.getpid()}.tmp.npy"
+            np.save(tmp, np.ascontiguousarray(self.vectors, dtype=np.float32))
+            os.replace(tmp, out / "vectors.npy")
+        else:
+            faiss.write_index(self.faiss_index, str(out / "index.faiss"))
+        (out / "meta.json").write_text(json.dumps(meta, indent=1))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, mmap: bool = True, storage: str | None = None,
+             kernel_backend: str | None = None, search_params: dict[str, Any] | None = None,
+             gpus: bool | str = "auto") -> "DenseIndex":
+        """Load a saved index: a ragfast directory, or a bare faiss index file.
+
+        Parameters
+        ----------
+        path : path
+            A directory written by :meth:`save`, a faiss file such as Search-R1's
+            ``e5_Flat.index``, or a ``.npy`` matrix (indexed flat).
+        mmap : bool
+            Memory-map the vectors (flat) or the codes (faiss ``IO_FLAG_MMAP``) instead of
+            reading them into private memory.
+        storage : str, optional
+            Override the saved flat storage dtype (fp32 / fp16 / bf16 / int8).
+        """
+        p = Path(path)
+        if not p.exists():
+            raise DataError(f"no index at {p}")
+        if p.is_dir():
+            meta_path = p / "meta.json"
+            if not meta_path.exists():
+                raise DataError(f"{p} is not a ragfast index directory (no meta.json)")
+            meta = json.loads(meta_path.read_text())
+            if meta.get("format") != _FORMAT:
+                raise DataError(f"{p}: unknown index format {meta.get('format')!r}")
+            if meta["backend"] == "flat":
+                vec = np.load(p / "vectors.npy", mmap_mode="r" if mmap else None)
+                return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
+            idx = _read_faiss(p / "index.faiss", mmap)
+            return cls("faiss", faiss_index=idx, factory=meta.get("factory"),
+                       search_params=search_params if search_params is not None else meta.get("search_params"),
+                       gpus=gpus)
+        if p.suffix == ".npy":
+            vec = np.load(p, mmap_mode="r" if mmap else None)
+            return cls("flat", vectors=_as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
+        return cls("faiss", faiss_index=_read_faiss(p, mmap), search_params=search_params, gpus=gpus)
+
+
+def _ivf_class():
+    import faiss
+
+    return faiss.IndexIVF
+
+
+def _read_faiss(path: Path, mmap: bool):
+    import faiss
+
+    # MMAP maps IVF inverted lists, MMAP_IFC the codes of flat indexes (e5_Flat.index is 60 GB
+    # at wiki-18 scale: mapping it lets several server workers share one copy).
+    flags = (faiss.IO_FLAG_MMAP | getattr(faiss, "IO_FLAG_MMAP_IFC", 0)) if mmap else 0
+    try:
+        return faiss.read_index(str(path), flags)
+    except RuntimeError as exc:
+        raise DataError(f"{path} is not a readable faiss index: {str(exc).splitlines()[0]}") from exc
+
+
+def _as_matrix(embeddings: Any) -> np.ndarray:
+    try:
+        import torch
+
+        if isinstance(embeddings, torch.Tensor):
+            embeddings = embeddings.detach().to(torch.float32).cpu().numpy()
+    except ImportError:
+        pass
+    arr = embeddings if isinstance(embeddings, np.ndarray) else np.asarray(embeddings)
+    if arr.ndim != 2:
+        raise DataError(f"embeddings must be a [N, d] matrix, got shape {arr.shape}")
+    if arr.shape[0] == 0:
+        raise DataError("cannot index an empty corpus (0 vectors)")
+    if arr.dtype != np.float32:
+        if not np.issubdtype(arr.dtype, np.floating):
+            raise DataError(f"embeddings must be floating point, got {arr.dtype}")
+        arr = arr.astype(np.float32)
+    return arr
+
+
+class ShardedIndex:
+    """A flat index split into S row ranges, searched shard by shard and merged exactly.
+
+    Each shard returns its own top-k; the union of the shards' top-k holds the global top-k,
+    so sorting it by (score desc, row id asc) gives the unsharded answer. Shards are searched
+    in a thread pool (the compiled kernel releases the GIL).
+
+    Parameters
+    ----------
+    shards : list of DenseIndex
+        In row order; shard s covers rows ``offsets[s] .. offsets[s] + len(shards[s])``.
+    """
+
+    def __init__(self, shards: Sequence[DenseIndex], *, threads: int | None = None):
+        if not shards:
+            raise ValueError("ShardedIndex needs at least one shard")
+        dims = {s.dim for s in shards}
+        if len(dims) != 1:
+            raise DataError(f"shards have different dimensions: {sorted(dims)}")
+        self.shards = list(shards)
+        self.dim = dims.pop()
+        self.offsets = np.concatenate([[0], np.cumsum([len(s) for s in shards])]).astype(np.int64)
+        self.ntotal = int(self.offsets[-1])
+        self.threads = threads or len(shards)
+
+    @classmethod
+    def split(cls, embeddings: Any, num_shards: int, *, storage: str = "fp32",
+              kernel_backend: str | None = None, threads: int | None = None) -> "ShardedIndex":
+        """Split a ``[N, d]`` matrix (or a flat :class:`DenseIndex`) into ``num_shards`` flat shards.
+
+        Row slices of a memory-mapped matrix stay memory-mapped: no copy is made.
+        """
+        if isinstance(embeddings, DenseIndex):
+            if embeddings.backend != "flat":
+                raise ConfigError("only flat indexes can be split; faiss shards over GPUs itself")
+            storage = embeddings.storage if storage == "fp32" else storage
+            embeddings = embeddings.vectors
+        emb = _as_matrix(embeddings)
+        n = emb.shape[0]
+        if not 1 <= num_shards <= n:
+            raise ValueError(f"num_shards must be in 1..{n}, got {num_shards}")
+        bounds = np.cumsum([0] + _split_evenly(n, num_shards))
+        shards = [DenseIndex("flat", vectors=emb[bounds[s]:bounds[s + 1]], storage=storage,
+                             kernel_backend=kernel_backend) for s in range(num_shards)]
+        return cls(shards, threads=threads)
+
+    def __len__(self) -> int:
+        return self.ntotal
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": "sharded", "shards": [s.describe() for s in self.shards], "ntotal": self.ntotal,
+                "dim": self.dim}
+
+    def bytes_per_search(self) -> int:
+        return sum(s.bytes_per_search() for s in self.shards)
+
+    def search(self, queries: Any, k: int, *, exclude: Sequence[Sequence[int]] | None = None,
+               min_score: float | None = None, ledger=None, question_ids: Sequence[str] | None = None):
+        """Same contract as :meth:`DenseIndex.search`, over all shards."""
+        import torch
+
+        q = _as_query_tensor(queries, self.dim)
+        k = _check_k(k, self.ntotal)
+        b = q.shape[0]
+        ex = _check_exclude(exclude, b)
+        t0 = time.perf_counter()
+
+        def one(s: int):
+            shard, lo = self.shards[s], int(self.offsets[s])
+            hi = lo + len(shard)
+            local_ex = None
+            if ex is not None:
+                local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex]
+            return shard.search(q, min(k, len(shard)), exclude=local_ex, min_score=min_score)
+
+        if len(self.shards) == 1:
+            parts = [one(0)]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.threads, len(self.shards))) as pool:
+                parts = list(pool.map(one, range(len(self.shards))))
+        scores = np.concatenate([p[0].numpy() for p in parts], axis=1)
+        ids = np.concatenate([np.where(p[1].numpy() >= 0, p[1].numpy() + self.offsets[s], -1)
+                              for s, p in enumerate(parts)], axis=1)
+        # Exact merge: score descending, then row id ascending; empty slots (-1) sort last.
+        key_id = np.where(ids < 0, np.iinfo(np.int64).max, ids)
+        order = np.lexsort((key_id, -scores), axis=1)[:, :k]
+        out_s = np.take_along_axis(scores, order, axis=1)
+        out_i = np.take_along_axis(ids, order, axis=1)
+        _record(ledger, question_ids, b, time.perf_counter() - t0, self.bytes_per_search(),
+                sum(s.flops_per_query() for s in self.shards))
+        return torch.from_numpy(np.ascontiguousarray(out_s, dtype=np.float32)), torch.from_numpy(
+            np.ascontiguousarray(out_i, dtype=np.int64))
+
+
+class DenseRetriever(Retriever):
+    """Encoder + dense index + corpus: the :class:`~ragfast.retrieval.base.Retriever` the loops use.
+
+    Parameters
+    ----------
+    encoder : Encoder
+        Embeds the queries (with its preset's query prefix).
+    index : DenseIndex or ShardedIndex
+        Row ids are corpus row positions.
+    corpus : ragfast.data.Corpus
+        Supplies the returned rows ``{"id", "contents"}`` and maps excluded ids to rows.
+    """
+
+    name = "dense"
+
+    def __init__(self, encoder: Any, index: DenseIndex | ShardedIndex, corpus: Any):
+        if len(index) != len(corpus):
+            raise DataError(f"index has {len(index)} vectors but the corpus has {len(corpus)} passages")
+        if getattr(encoder, "dim", index.dim) != index.dim:
+            raise DataError(f"encoder dimension {encoder.dim} does not match the index dimension {index.dim}")
+        self.encoder, self.index, self.corpus = encoder, index, corpus
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "class": type(self).__name__, "encoder": self.encoder.describe(),
+                "index": self.index.describe(), "passages": len(self.corpus)}
+
+    def _rows_of(self, ids: Sequence[str]) -> list[int]:
+        rows = []
+        for i in ids:
+            try:
+                rows.append(self.corpus.index_of(str(i)))
+            except KeyError:
+                continue  # an id outside this corpus can never be returned, so nothing to skip
+        return rows
+
+    def search(self, queries: Sequence[str], k: int, *, exclude: Sequence[Sequence[str]] | None = None,
+               ledger=None, question_ids: Sequence[str] | None = None, min_score: float | None = None
+               ) -> list[list[Hit]]:
+        """Up to ``k`` hits per query, best first; ``exclude`` holds corpus ids per query."""
+        queries = list(queries)
+        if not queries:
+            return []
+        if exclude is not None and len(exclude) != len(queries):
+            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        qv = self.encoder.encode_queries(queries, ledger=ledger, question_ids=question_ids)
+        ex = [self._rows_of(e) for e in exclude] if exclude is not None else None
+        scores, ids = self.index.search(qv, min(int(k), len(self.index)), exclude=ex, min_score=min_score,
+                                        ledger=ledger, question_ids=question_ids)
+        out: list[list[Hit]] = []
+        for srow, irow in zip(scores.tolist(), ids.tolist()):
+            hits = []
+            for s, i in zip(srow, irow):
+                if i < 0:
+                    continue
+                row = self.corpus.row(i)
+                hits.append(Hit(id=row["id"], score=float(s), document=row))
+            out.append(hits)
+        return out
+
+
+def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str | os.PathLike | None = None,
+                            storage: str = "fp32", *, device: str = "cpu", batch_size: int = 64,
+                            chunk_size: int = 4096, progress: bool = True,
+                            kernel_backend: str | None = None) -> DenseRetriever:
+    """Embed a corpus (cached on disk) and return a flat :class:`DenseRetriever` over it.
+
+    The embeddings live under ``cache_dir`` (default ``$RAGFAST_CACHE/emb`` or
+    ``~/.cache/ragfast/emb``) in a directory keyed by a hash of the corpus ids and contents and
+    the encoder's fingerprint, so a second call, or another process, reuses them (memory-mapped)
+    and an interrupted embedding resumes.
+
+    Parameters
+    ----------
+    corpus : ragfast.data.Corpus, path or sample name
+    encoder : Encoder, preset name or checkpoint path
+        Default ``"minilm"`` (the bundled all-MiniLM-L6-v2).
+    storage : {"fp32", "fp16", "bf16", "int8"}
+    """
+    from ragfast.retrieval.encoder import Encoder, cache_root, corpus_fingerprint, encode_corpus, load_embeddings
+
+    if isinstance(corpus, (str, os.PathLike)):
+        from ragfast.data import load_corpus
+
+        corpus = load_corpus(corpus)
+    if len(corpus) == 0:
+        raise DataError("cannot build a retriever over an empty corpus")
+    enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
+    root = Path(cache_dir) if cache_dir is not None else cache_root() / "emb"
+    out = root / f"{corpus_fingerprint(corpus)}-{enc.fingerprint()}"
+    emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress)
+    index = DenseIndex("flat", vectors=load_embeddings(emb.path), storage=storage, kernel_backend=kernel_backend)
+    return DenseRetriever(enc, index, corpus)

