@@ -5,3 +5,16 @@ from ragfast.models.base import Generator, Judge
 from ragfast.models.tiny import make_tiny, tiny_path  # torch/transformers load on first call
 
 __all__ = ["Generator", "Judge", "make_tiny", "tiny_path"]
+
+
+def __getattr__(name: str):
+    # NLIScorer and the exporter pull in transformers/onnxruntime: import them on first use.
+    if name == "NLIScorer":
+        from ragfast.models.nli import NLIScorer
+
+        return NLIScorer
+    if name == "export_onnx":
+        from ragfast.models.export import export_onnx
+
+        return export_onnx
+    raise AttributeError(f"module 'ragfast.models' has no attribute {name!r}")
