@@ -108,6 +108,9 @@ def test_onnx_matches_torch(enc, tmp_path):
     a = enc.encode_passages(TEXTS)
     b = ox.encode_passages(TEXTS)
     assert (a - b).abs().max().item() < 1e-4
+    # The exported directory (graph + config + tokenizer, no torch weights) loads on its own.
+    again = Encoder(tmp_path, preset="minilm", backend="onnx", batch_size=3)
+    assert (again.encode_passages(TEXTS[:2]) - a[:2]).abs().max().item() < 1e-4
 
 
 def test_encode_corpus_resumes(enc, tmp_path):

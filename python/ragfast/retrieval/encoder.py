@@ -118,7 +118,8 @@ class Encoder:
     batch_size : int
         Texts per forward pass.
     backend : {"torch", "onnx"}
-        ``onnx`` exports the model once to a local ``.onnx`` file and runs it with ONNX Runtime.
+        ``onnx`` exports the model once (:func:`ragfast.models.export.export_onnx`) and runs it
+        with ONNX Runtime; a directory written by ``ragfast export encoder`` loads directly.
     onnx_path : str or Path, optional
         Where the ONNX export lives (default: under the ragfast cache, keyed by the checkpoint).
 
@@ -191,13 +192,11 @@ class Encoder:
     # -- description -------------------------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         """What fills the encoder slot: model path, preset, pooling, backend, device, dtype."""
-        import torch
-
         return {"name": self.name, "model": str(self.path), "preset": self.preset.name,
                 "pooling": self.preset.pooling, "normalize": self.preset.normalize,
                 "query_prefix": self.preset.query_prefix, "passage_prefix": self.preset.passage_prefix,
                 "max_length": self.max_length, "dim": self.dim, "backend": self.backend, "device": self.device,
-                "dtype": str(self.dtype).replace("torch.", "") if self.backend == "torch" else str(torch.float32)[6:],
+                "dtype": str(self.dtype).replace("torch.", "") if self.backend == "torch" else "float32",
                 "meaningful": True}
 
     def fingerprint(self) -> str:
@@ -333,19 +332,24 @@ class Encoder:
 
     # -- ONNX Runtime path -------------------------------------------------------------------
     def _onnx_session(self, onnx_path):
-        import onnxruntime as ort
+        # One exporter for every encoder-shaped model in ragfast (ragfast.models.export); the
+        # graph outputs last_hidden_state and pooling stays here, so one export serves every preset.
+        from ragfast.models.export import export_onnx, find_onnx, ort_session
 
-        path = Path(onnx_path) if onnx_path else cache_root() / "onnx" / f"encoder-{self.fingerprint()}.onnx"
-        if not path.exists():
-            export_onnx(self.path, path)
-        providers = ["CPUExecutionProvider"]
-        if self.device.startswith("cuda") and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
+        if onnx_path is None:
+            try:  # a directory written by `ragfast export encoder` holds model.onnx already
+                found = find_onnx(self.path)
+            except ModelError:
+                found = None
+            onnx_path = found or cache_root() / "onnx" / f"encoder-{self.fingerprint()}"
+        path = Path(onnx_path)
         try:
-            sess = ort.InferenceSession(str(path), providers=providers)
-        except Exception as exc:
-            raise ModelError(f"ONNX Runtime cannot load {path}: {exc}") from exc
-        self.onnx_path = path
+            f = find_onnx(path)
+        except ModelError:
+            f = export_onnx(self.path, path, task="feature-extraction", max_length=self.max_length)
+        providers = None if self.device.startswith("cuda") else ["CPUExecutionProvider"]
+        sess = ort_session(f, providers=providers)
+        self.onnx_path = f
         return sess, {i.name for i in sess.get_inputs()}
 
     # -- corpus ------------------------------------------------------------------------------
@@ -370,68 +374,6 @@ def _encoder_flops(config: Any, input_lengths: Sequence[int], past_lengths: Any 
     for L in input_lengths:
         total += layers * L * (8 * h * h + 4 * h * ff + 4 * L * h)
     return total
-
-
-def export_onnx(model_dir: str | os.PathLike, out_path: str | os.PathLike, opset: int = 17) -> Path:
-    """Export a transformers encoder's ``last_hidden_state`` to ONNX with dynamic batch and length.
-
-    Kept small and local to the encoder: pooling stays outside the graph so one export serves
-    every preset. The file is written to a temporary name first, so an interrupted export never
-    leaves a half-written model behind.
-    """
-    import torch
-    from transformers import AutoModel
-
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    model = AutoModel.from_pretrained(model_dir, local_files_only=True, dtype=torch.float32).eval()
-    # Eager attention exports to plain matmuls + softmax that every ONNX Runtime build runs.
-    if hasattr(model, "set_attn_implementation"):
-        try:
-            model.set_attn_implementation("eager")
-        except Exception:
-            pass
-    import inspect
-
-    takes_tt = "token_type_ids" in inspect.signature(model.forward).parameters and \
-        getattr(model.config, "type_vocab_size", 0) > 0
-
-    class _Wrap(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask, token_type_ids=None):
-            kw = {"input_ids": input_ids, "attention_mask": attention_mask}
-            if token_type_ids is not None:
-                kw["token_type_ids"] = token_type_ids
-            return self.m(**kw).last_hidden_state
-
-    ids = torch.ones((2, 8), dtype=torch.long)
-    mask = torch.ones((2, 8), dtype=torch.long)
-    args = (ids, mask, torch.zeros_like(ids)) if takes_tt else (ids, mask)
-    names = ["input_ids", "attention_mask"] + (["token_type_ids"] if takes_tt else [])
-    axes = {n: {0: "batch", 1: "seq"} for n in names}
-    axes["last_hidden_state"] = {0: "batch", 1: "seq"}
-    tmp = out_path.with_suffix(f".tmp{os.getpid()}.onnx")
-    import warnings
-
-    try:
-        # The TorchScript exporter (dynamo=False) traces BERT-style encoders in seconds with no
-        # extra dependencies. Its tracer warnings concern a padding branch of the mask builder
-        # that is constant here (the mask always spans the whole sequence), so they are muted;
-        # the ONNX-vs-torch test pins the outputs to within 1e-4.
-        with torch.inference_mode(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(_Wrap(model), args, str(tmp), input_names=names, output_names=["last_hidden_state"],
-                              dynamic_axes=axes, opset_version=opset, dynamo=False)
-        os.replace(tmp, out_path)
-    except Exception as exc:
-        raise ModelError(f"ONNX export of {model_dir} failed: {exc}") from exc
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    return out_path
 
 
 # -- corpus embedding on disk -------------------------------------------------------------------
