@@ -205,3 +205,31 @@ def test_corpus_from_contexts_covers_every_supporting_paragraph():
     assert first.startswith('"' + qs[0].metadata["context"]["title"][0] + '"\n')
     with pytest.raises(DataError, match="no context"):
         corpus_from_contexts(load_qa("metaqa-1hop")[:1])
+
+
+def test_cli_data_commands(tmp_path):
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    runner = CliRunner()
+    res = runner.invoke(app, ["data", "inspect", "hotpotqa-dev"])
+    assert res.exit_code == 0, res.output
+    assert "300" in res.output and "hotpotqa" in res.output and "Tinted Windows" in res.output
+    res = runner.invoke(app, ["data", "inspect", "wiki-sample", "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.output)
+    assert summary["layout"] == "corpus" and summary["count"] == 1000 and summary["fields"] == ["id", "contents"]
+    res = runner.invoke(app, ["data", "samples", "--json"])
+    assert set(json.loads(res.output)) == set(SAMPLES)
+    out = tmp_path / "ctx.jsonl"
+    res = runner.invoke(app, ["data", "contexts-corpus", "hotpotqa-train", str(out)])
+    assert res.exit_code == 0 and len(load_corpus(out)) == len(corpus_from_contexts("hotpotqa-train"))
+    # a bad path is one clear line on stderr, exit code 2, no traceback
+    proc = subprocess.run([sys.executable, "-m", "ragfast.cli", "data", "inspect", str(tmp_path / "nope.jsonl")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "no such file" in proc.stderr and "Traceback" not in proc.stderr
