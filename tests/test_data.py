@@ -233,3 +233,14 @@ def test_cli_data_commands(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert "no such file" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_corpus_many_chunks_agree_with_one():
+    one = load_corpus("wiki-sample")
+    many = load_corpus("wiki-sample", block_size=16 * 1024)  # dozens of Arrow chunks
+    assert many.table.column("contents").num_chunks > 10
+    assert many.ids == one.ids and many.titles() == one.titles()
+    idx = [999, 0, 500, 37, 37]
+    assert many.contents(idx) == one.contents(idx)
+    assert [many.row(i) for i in idx] == [one.row(i) for i in idx]
+    assert [b for b in many.iter_batches(333)] == [b for b in one.iter_batches(333)]

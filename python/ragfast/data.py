@@ -416,23 +416,23 @@ def load_triples(path: str | Path) -> list[tuple[str, str, str]]:
 # ---------------------------------------------------------------------------------------------
 # corpus
 # ---------------------------------------------------------------------------------------------
-_SCHEMA = pa.schema([("id", pa.large_string()), ("contents", pa.large_string())])
+_SCHEMA = pa.schema([("id", pa.string()), ("contents", pa.string())])
 
 
 def _normalise_table(t: pa.Table, where: str) -> pa.Table:
     for col in ("id", "contents"):
         if col not in t.column_names:
             raise DataError(f"{where}: corpus rows need 'id' and 'contents'; found columns {t.column_names}")
-    ids = t.column("id")
-    if not pa.types.is_string(ids.type) and not pa.types.is_large_string(ids.type):
+    ids, cont = t.column("id"), t.column("contents")
+    if not (pa.types.is_string(ids.type) or pa.types.is_large_string(ids.type)):
         ids = pc.cast(ids, pa.string())
-    cont = t.column("contents")
+    if not (pa.types.is_string(cont.type) or pa.types.is_large_string(cont.type)):
+        raise DataError(f"{where}: corpus 'contents' must be strings, got {cont.type}")
     if ids.null_count or cont.null_count:
         raise DataError(f"{where}: corpus has null ids or contents")
-    # large_string (64-bit offsets) lets 60 GB of wiki-18 text sit in one contiguous array,
-    # so row access is O(1) instead of a search over chunks.
-    out = pa.table({"id": pc.cast(ids, pa.large_string()), "contents": pc.cast(cont, pa.large_string())})
-    return out.combine_chunks()
+    # Chunks are kept as read (one per JSON block): combining them would copy the whole corpus
+    # (tens of GB for wiki-18), and Arrow's chunk resolver already makes row lookups O(log chunks).
+    return pa.table({"id": ids, "contents": cont})
 
 
 def _read_jsonl_arrow(p: Path, block_size: int) -> pa.Table:
@@ -462,11 +462,11 @@ def _read_jsonl_python(p: Path, chunk: int = 65536) -> pa.Table:
         ids.append(str(rec["id"]))
         cont.append(rec["contents"])
         if len(ids) >= chunk:
-            batches.append(pa.record_batch([pa.array(ids, pa.large_string()), pa.array(cont, pa.large_string())],
+            batches.append(pa.record_batch([pa.array(ids, pa.string()), pa.array(cont, pa.string())],
                                            schema=_SCHEMA))
             ids, cont = [], []
     if ids or not batches:
-        batches.append(pa.record_batch([pa.array(ids, pa.large_string()), pa.array(cont, pa.large_string())],
+        batches.append(pa.record_batch([pa.array(ids, pa.string()), pa.array(cont, pa.string())],
                                        schema=_SCHEMA))
     return pa.Table.from_batches(batches, schema=_SCHEMA)
 
@@ -489,9 +489,8 @@ class Corpus:
         self._ids: list[str] | None = None
         self._index: dict[str, int] | None = None
         self._titles: list[str] | None = None
-        self._id_col = self._table.column("id").chunk(0) if self._table.num_rows else pa.array([], pa.large_string())
-        self._contents_col = (self._table.column("contents").chunk(0) if self._table.num_rows
-                              else pa.array([], pa.large_string()))
+        self._id_col = self._table.column("id")
+        self._contents_col = self._table.column("contents")
         if self._table.num_rows and pc.count_distinct(self._id_col).as_py() != self._table.num_rows:
             counts = pc.value_counts(self._id_col)
             dup = next(v["values"] for v in counts.to_pylist() if v["counts"] > 1)
@@ -507,7 +506,7 @@ class Corpus:
                 raise DataError(f"{source}: row {i} needs 'id' and 'contents'; found {sorted(r)}")
             ids.append(str(r["id"]))
             cont.append(str(r["contents"]))
-        return cls(pa.table({"id": pa.array(ids, pa.large_string()), "contents": pa.array(cont, pa.large_string())}),
+        return cls(pa.table({"id": pa.array(ids, pa.string()), "contents": pa.array(cont, pa.string())}),
                    source)
 
     @classmethod
@@ -515,7 +514,11 @@ class Corpus:
         """Concatenate corpora in order; their ids must stay unique (else :class:`DataError`)."""
         if not corpora:
             raise DataError("Corpus.concat needs at least one corpus")
-        table = pa.concat_tables([c._table for c in corpora])
+        tables = [c._table for c in corpora]
+        if len({t.schema for t in tables}) > 1:  # string vs large_string (e.g. from parquet): unify
+            wide = pa.schema([("id", pa.large_string()), ("contents", pa.large_string())])
+            tables = [t.cast(wide) for t in tables]
+        table = pa.concat_tables(tables)
         return cls(table, " + ".join(c.source for c in corpora))
 
     # -- access ------------------------------------------------------------------------------
@@ -527,7 +530,7 @@ class Corpus:
 
     @property
     def table(self) -> pa.Table:
-        """The underlying Arrow table (columns ``id``, ``contents``; large_string)."""
+        """The underlying Arrow table (string columns ``id``, ``contents``; possibly chunked)."""
         return self._table
 
     @property
@@ -670,7 +673,7 @@ def corpus_from_contexts(questions: Iterable[Question] | str | Path) -> Corpus:
             seen[key] = len(ids)
             ids.append(f"hp-{len(ids)}")
             cont.append(f'"{title}"\n{text}')
-    return Corpus(pa.table({"id": pa.array(ids, pa.large_string()), "contents": pa.array(cont, pa.large_string())}),
+    return Corpus(pa.table({"id": pa.array(ids, pa.string()), "contents": pa.array(cont, pa.string())}),
                   "contexts")
 
 
