@@ -5,6 +5,8 @@ from ragfast.models.base import Generator, Judge
 from ragfast.models.tiny import make_tiny, tiny_path  # torch/transformers load on first call
 
 __all__ = ["Generator", "Judge", "make_tiny", "tiny_path"]
+from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator  # noqa: E402 (torch loads in HFGenerator())
+__all__ += ["HFGenerator", "OpenAIGenerator", "ScriptedGenerator"]
 
 
 def __getattr__(name: str):

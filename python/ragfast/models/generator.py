@@ -281,3 +281,563 @@ class ScriptedGenerator(Generator):
                      else "The last search returned nothing.")
         return (f"<think> {claim} The answer is not there yet, so I will search again. </think>\n"
                 f"<search> {query} </search>")
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers backend
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class _HFSession:
+    ids: list[int]  # every token of the session, exactly as Search-R1's rolling state holds them
+    n_cached: int = 0  # leading tokens whose keys/values are in `kv`
+    kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), each [kv_heads, n_cached, head_dim]
+    truncations: int = 0  # times the context cap cut the front off
+
+
+def _resolve_dtype(dtype: Any):
+    import torch
+
+    if dtype is None or isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
+             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64, "fp64": torch.float64}
+    if str(dtype) not in names:
+        raise ConfigError(f"unknown dtype {dtype!r}; expected one of {', '.join(names)}")
+    return names[str(dtype)]
+
+
+class HFGenerator(Generator):
+    """Batched greedy generation with a transformers causal LM, reusing each session's KV cache.
+
+    Design. Every session keeps its token ids and the keys/values of those tokens (one tensor
+    pair per layer, unpadded). A turn gathers the active sessions, left-pads their caches into
+    one batch cache and their new tokens (the observation since the last turn) into one input,
+    runs one prefill and then one decode step per new token for the whole batch. The attention
+    mask has zeros both in front of each cache and in front of each new-token block, and
+    position ids are given explicitly, so every row computes exactly what it would alone. After
+    the turn each row's valid keys/values are cut out again. Re-padding per turn costs one copy
+    of the caches, which is small next to the forward passes, and keeps sessions independent:
+    the active set shrinks as trajectories answer, and rows that finish mid-turn are dropped
+    from the batch cache right away instead of decoding padding.
+
+    Token-exactness. The generated text is cut after the first stop string and re-tokenised,
+    as Search-R1 does when it builds the next turn's input; where the re-tokenised ids differ
+    from the generated ones, the cache is kept only up to their common prefix and the rest is
+    computed fresh. Observations are tokenised separately and appended (truncated to the cap
+    in :meth:`truncate_tokens`). So the token sequence equals the reference's, and with
+    ``kv_reuse=False`` (the whole session re-encoded every turn) the greedy tokens are the same.
+
+    Parameters
+    ----------
+    path : str or Path
+        Local model directory (config, weights, tokenizer). Nothing is downloaded.
+    device : str
+        torch device.
+    dtype : str or torch.dtype, optional
+        Weights and cache dtype (default: the checkpoint's).
+    max_batch : int
+        Sessions per forward batch; more active sessions run in several batches.
+    kv_reuse : bool
+        Keep each session's cache across turns (default). False re-encodes the whole session
+        every turn: the baseline the benchmark compares against.
+    max_context : int, optional
+        Context cap in tokens (Search-R1's prompt budget, 4096): a longer session keeps its
+        last ``max_context`` tokens, as the reference's rolling state does, and is re-encoded.
+    attn_implementation : str, optional
+        Passed to ``from_pretrained`` (e.g. "eager", "sdpa").
+    """
+
+    meaningful = True
+
+    def __init__(self, path: Any, device: str = "cpu", dtype: Any = None, max_batch: int = 64, *,
+                 kv_reuse: bool = True, max_context: int | None = None, attn_implementation: str | None = None):
+        from pathlib import Path
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        p = Path(path)
+        if not (p / "config.json").is_file():
+            raise ModelError(f"{p} is not a model directory (no config.json); HFGenerator loads local files only")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be >= 1, got {max_batch}")
+        if max_context is not None and max_context < 2:
+            raise ConfigError(f"max_context must be >= 2 tokens, got {max_context}")
+        self.path = p
+        self.device = str(device)
+        self.max_batch = int(max_batch)
+        self.kv_reuse = bool(kv_reuse)
+        self.max_context = max_context
+        kw: dict[str, Any] = {}
+        if dtype is not None:
+            kw["dtype"] = _resolve_dtype(dtype)
+        if attn_implementation:
+            kw["attn_implementation"] = attn_implementation
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+            self.model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, **kw)
+        except (OSError, ValueError) as exc:
+            raise ModelError(f"cannot load a causal LM from {p}: {exc}") from None
+        self.model.to(self.device).eval()
+        self.config = self.model.config
+        self.dtype = next(self.model.parameters()).dtype
+        eos: set[int] = set()
+        gc = getattr(self.model, "generation_config", None)
+        for src in (getattr(gc, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if src is None:
+                continue
+            eos.update([src] if isinstance(src, int) else list(src))
+        self.eos_ids = sorted(eos)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
+        info = p / "ragfast_tiny.json"
+        self.random_weights = False
+        if info.is_file():
+            import json
+
+            self.random_weights = bool(json.loads(info.read_text()).get("random_weights", False))
+        self.meaningful = not self.random_weights
+        self.name = str(p)
+        self._sessions: dict[str, _HFSession] = {}
+        self._pending: dict[str, list[int]] = {}  # truncated observation text -> its exact token ids
+        self._torch = torch
+        #: session id -> token ids generated by its last turn (before the stop cut), for audits.
+        self.last_generated: dict[str, list[int]] = {}
+        self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0}
+
+    def describe(self) -> dict[str, Any]:
+        d = {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
+             "architecture": (self.config.architectures or [type(self.model).__name__])[0],
+             "device": self.device, "dtype": str(self.dtype).replace("torch.", ""), "kv_reuse": self.kv_reuse}
+        if self.random_weights:
+            d["note"] = "random-weight tiny model: exercises the compute path only; answers are meaningless"
+        return d
+
+    # -- text <-> tokens ---------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` without special tokens (how every session piece is tokenised)."""
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def format_prompt(self, user_text: str) -> str:
+        """The user message through the chat template (``add_generation_prompt=True``), raw without one."""
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+                                                      add_generation_prompt=True, tokenize=False)
+        return user_text
+
+    def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Cut each text to its first ``max_tokens`` tokens of this model's tokenizer.
+
+        The cut ids are remembered, so appending the returned text appends exactly them (as the
+        reference appends the truncated ids, not a re-tokenisation of their decoding).
+        """
+        out = []
+        for t in texts:
+            ids = self.encode(t)
+            if len(ids) > max_tokens:
+                ids = ids[:max_tokens]
+                t = self.tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+            self._pending[t] = ids
+            out.append(t)
+        return out
+
+    # -- sessions ----------------------------------------------------------------------------
+    def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
+        if len(ids) != len(prompts):
+            raise ValueError(f"HFGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        for i, p in zip(ids, prompts):
+            if i in self._sessions:
+                raise ValueError(f"HFGenerator.start: session {i!r} is already open")
+            toks = self.encode(p)
+            if not toks:
+                raise ValueError(f"HFGenerator.start: empty prompt for session {i!r}")
+            self._sessions[i] = _HFSession(ids=toks)
+
+    def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
+        _check_sessions(self._sessions, ids, "HFGenerator.append")
+        for i, t in zip(ids, texts):
+            toks = self._pending.pop(t, None)
+            self._sessions[i].ids.extend(toks if toks is not None else self.encode(t))
+
+    def end(self, ids: Sequence[str]) -> None:
+        for i in ids:
+            self._sessions.pop(i, None)
+            self.last_generated.pop(i, None)
+        if not self._sessions:
+            self._pending.clear()
+
+    def session_tokens(self, sid: str) -> list[int]:
+        """A copy of a session's token ids (for tests and audits)."""
+        return list(self._sessions[sid].ids)
+
+    # -- generation --------------------------------------------------------------------------
+    def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
+                 ledger: CostLedger | None = None) -> list[str]:
+        _check_sessions(self._sessions, ids, "HFGenerator.generate")
+        if max_new_tokens < 1:
+            raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        out: dict[str, str] = {}
+        for s in range(0, len(ids), self.max_batch):
+            chunk = list(ids[s:s + self.max_batch])
+            out.update(self._generate_chunk(chunk, list(stop), max_new_tokens, ledger))
+        return [out[i] for i in ids]
+
+    def _prepare(self, sess: _HFSession) -> None:
+        if self.max_context is not None and len(sess.ids) > self.max_context:
+            # Reference: the rolling input keeps its last max_prompt_length tokens.
+            sess.ids = sess.ids[-self.max_context:]
+            sess.kv, sess.n_cached = None, 0
+            sess.truncations += 1
+        if not self.kv_reuse or sess.kv is None:
+            sess.kv, sess.n_cached = None, 0
+        if sess.n_cached >= len(sess.ids):
+            # Nothing new since the cache was filled: recompute the last token to get its logits.
+            self._crop(sess, len(sess.ids) - 1)
+
+    @staticmethod
+    def _crop(sess: _HFSession, n: int) -> None:
+        if sess.kv is None or n <= 0:
+            sess.kv, sess.n_cached = None, 0
+            return
+        sess.kv = [(k[:, :n], v[:, :n]) for k, v in sess.kv]
+        sess.n_cached = n
+
+    def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
+                        ledger: CostLedger | None) -> dict[str, str]:
+        torch = self._torch
+        from transformers import DynamicCache
+
+        from ragfast.flops import forward_flops_per_sequence
+
+        t0 = time.perf_counter()
+        sessions = [self._sessions[i] for i in sids]
+        for s in sessions:
+            self._prepare(s)
+        B = len(sessions)
+        n_past = [s.n_cached for s in sessions]
+        fresh = [s.ids[s.n_cached:] for s in sessions]
+        n_new = [len(f) for f in fresh]
+        P, F = max(n_past), max(n_new)
+        dev = self.device
+        self.stats["prefill_padding_tokens"] += B * F - sum(n_new)
+
+        # Left-pad caches and new tokens: row b = [pad | cache_b][pad | new_b].
+        input_ids = torch.full((B, F), self.pad_id, dtype=torch.long, device=dev)
+        mask = torch.zeros((B, P + F), dtype=torch.long, device=dev)
+        pos = torch.zeros((B, F), dtype=torch.long, device=dev)
+        for b, (np_, f) in enumerate(zip(n_past, fresh)):
+            input_ids[b, F - len(f):] = torch.tensor(f, dtype=torch.long, device=dev)
+            mask[b, P - np_:P] = 1
+            mask[b, P + F - len(f):] = 1
+            pos[b, F - len(f):] = torch.arange(np_, np_ + len(f), device=dev)
+        cache = DynamicCache(config=self.config)
+        if P > 0:
+            n_layers = len(sessions[next(b for b in range(B) if n_past[b] > 0)].kv)
+            for layer in range(n_layers):
+                ref_k, ref_v = next(s.kv[layer] for s in sessions if s.kv is not None)
+                k = ref_k.new_zeros((B, ref_k.shape[0], P, ref_k.shape[2]))
+                v = ref_v.new_zeros((B, ref_v.shape[0], P, ref_v.shape[2]))
+                for b, s in enumerate(sessions):
+                    if s.kv is not None:
+                        k[b, :, P - s.n_cached:] = s.kv[layer][0]
+                        v[b, :, P - s.n_cached:] = s.kv[layer][1]
+                cache.update(k, v, layer)
+
+        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev) if self.eos_ids else None
+        stop_window = max((len(x) for x in stop), default=0) + 2
+        gen: list[list[int]] = [[] for _ in range(B)]
+        done = [False] * B
+        rows = list(range(B))  # batch row -> session index, shrinks as rows finish
+        kept: dict[int, list[tuple[Any, Any]]] = {}
+        next_pos = [np_ + n for np_, n in zip(n_past, n_new)]
+
+        def extract(row_positions: list[int], row_mask: Any, layer_kv: list[tuple[Any, Any]]) -> None:
+            for r in row_positions:
+                valid = row_mask[r].bool()
+                kept[rows[r]] = [(k[r][:, valid].clone(), v[r][:, valid].clone()) for k, v in layer_kv]
+
+        with torch.inference_mode():
+            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache,
+                             use_cache=True, logits_to_keep=1)
+            step = 0
+            while True:
+                nxt = out.logits[:, -1, :].argmax(dim=-1)
+                finished_rows = []
+                for r, b in enumerate(rows):
+                    tok = int(nxt[r])
+                    gen[b].append(tok)
+                    hit_eos = eos is not None and tok in self.eos_ids
+                    hit_stop = False
+                    if stop and not hit_eos:
+                        tail = self.tokenizer.decode(gen[b][-stop_window:], skip_special_tokens=True)
+                        hit_stop = any(x in tail for x in stop)
+                    if hit_eos or hit_stop or len(gen[b]) >= max_new:
+                        done[b] = True
+                        finished_rows.append(r)
+                step += 1
+                if len(finished_rows) == len(rows):
+                    if self.kv_reuse:
+                        extract(list(range(len(rows))), mask, self._layers(cache))
+                    break
+                if finished_rows:
+                    # Drop finished rows now: decoding padding for them would waste a full row.
+                    if self.kv_reuse:
+                        extract(finished_rows, mask, self._layers(cache))
+                    keep = [r for r in range(len(rows)) if r not in set(finished_rows)]
+                    idx = torch.tensor(keep, dtype=torch.long, device=dev)
+                    cache.batch_select_indices(idx)
+                    mask = mask[idx]
+                    nxt = nxt[idx]
+                    rows = [rows[r] for r in keep]
+                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=dev)], dim=1)
+                p = torch.tensor([[next_pos[b] + len(gen[b]) - 1] for b in rows], dtype=torch.long, device=dev)
+                self.stats["decode_rows"] += len(rows)
+                self.stats["decode_steps"] += 1
+                out = self.model(input_ids=nxt.view(-1, 1), attention_mask=mask, position_ids=p, cache=cache,
+                                 use_cache=True, logits_to_keep=1)
+
+        texts: dict[str, str] = {}
+        flops, cached_tok, fresh_tok, out_tok = [], [], [], []
+        for b, (sid, s) in enumerate(zip(sids, sessions)):
+            g = gen[b]
+            self.last_generated[sid] = list(g)
+            # The end-of-sequence token is never text (also when a checkpoint's EOS is not marked special).
+            body = g[:-1] if g and g[-1] in self.eos_ids else g
+            raw = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            text, _ = cut_at_stop(raw, stop)
+            resp = self.encode(text)
+            # Keys/values exist for every fed token: the session's ids plus all generated but the last.
+            fed_gen = g[:-1]
+            common = 0
+            for a, c in zip(fed_gen, resp):
+                if a != c:
+                    break
+                common += 1
+            base = len(s.ids)
+            if self.kv_reuse and b in kept:
+                s.kv = kept[b]
+                s.n_cached = base + len(fed_gen)
+                if common < len(fed_gen):
+                    self.stats["cache_drops"] += 1
+                self._crop(s, base + common)
+            else:
+                s.kv, s.n_cached = None, 0
+            s.ids.extend(resp)
+            texts[sid] = text
+            n_dec = len(g) - 1
+            flops.append(sum(forward_flops_per_sequence(
+                self.config, [n_new[b]] + [1] * n_dec,
+                [n_past[b]] + [n_past[b] + n_new[b] + j for j in range(n_dec)], logits="last")))
+            cached_tok.append(n_past[b])
+            fresh_tok.append(n_new[b])
+            out_tok.append(len(g))
+        if ledger is not None:
+            ledger.add_batch("reasoner", sids, seconds=time.perf_counter() - t0, input_tokens=fresh_tok,
+                             cached_tokens=cached_tok, output_tokens=out_tok, flops=flops)
+        return texts
+
+    @staticmethod
+    def _layers(cache: Any) -> list[tuple[Any, Any]]:
+        return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+# ---------------------------------------------------------------------------------------------
+# OpenAI-compatible server (vLLM, SGLang)
+# ---------------------------------------------------------------------------------------------
+
+def _closing_tag_to_restore(text: str, stop: Sequence[str]) -> str | None:
+    # Without the server saying which stop string matched, restore the one whose opening tag is
+    # left open: "<search> q" -> "</search>". A plain end-of-sequence leaves every tag closed.
+    best, best_pos = None, -1
+    for s in stop:
+        if s.startswith("</") and s.endswith(">"):
+            opening = "<" + s[2:]
+            i = text.rfind(opening)
+            if i > text.rfind(s) and i > best_pos:
+                best, best_pos = s, i
+    return best
+
+
+class OpenAIGenerator(Generator):
+    """Client of an OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang).
+
+    Each session is its text (the server's prefix cache does the KV reuse); every turn sends one
+    completion request per active session, ``concurrency`` at a time, greedy
+    (``temperature=0``) with the stop strings. Servers leave the matched stop string out of the
+    returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM), else
+    the closing tag that is left open.
+
+    Parameters
+    ----------
+    base_url : str
+        E.g. ``http://127.0.0.1:8000`` or ``http://127.0.0.1:8000/v1``.
+    model : str
+        The served model name.
+    api_key : str, optional
+        Sent as a bearer token.
+    concurrency : int
+        Requests in flight at once.
+    tokenizer : str or Path, optional
+        Local tokenizer directory of the served model: enables the chat template and observation
+        truncation in the model's own tokens (without it prompts go raw and observations are
+        cut by whitespace tokens).
+    model_config : str, Path or dict, optional
+        The served model's config, to record analytic FLOPs in the ledger.
+    timeout : float
+        Seconds per request.
+    retries : int
+        Extra attempts on connection errors and 5xx answers.
+    meaningful : bool
+        Whether the served model's answers mean anything (False for a random-weight model).
+    """
+
+    def __init__(self, base_url: str, model: str, api_key: str | None = None, concurrency: int = 16, *,
+                 tokenizer: Any = None, model_config: Any = None, timeout: float = 600.0, retries: int = 2,
+                 meaningful: bool = True, seed: int | None = None):
+        import httpx
+
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
+        if concurrency < 1:
+            raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
+        url = base_url.rstrip("/")
+        self.base_url = url if url.endswith("/v1") else url + "/v1"
+        self.model = model
+        self.concurrency = int(concurrency)
+        self.retries = int(retries)
+        self.seed = seed
+        self.meaningful = bool(meaningful)
+        self.name = f"{model} @ {self.base_url}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(timeout=timeout, headers=headers,
+                                    limits=httpx.Limits(max_connections=self.concurrency))
+        self._httpx = httpx
+        self.tokenizer = None
+        if tokenizer is not None:
+            from transformers import AutoTokenizer
+
+            try:
+                self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+            except (OSError, ValueError) as exc:
+                raise ModelError(f"cannot load a tokenizer from {tokenizer}: {exc}") from None
+        self.model_config = model_config
+        self._sessions: dict[str, str] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
+                "tokens": "tokenizer" if self.tokenizer is not None else "whitespace (no local tokenizer)"}
+
+    def close(self) -> None:
+        self._client.close()
+
+    def format_prompt(self, user_text: str) -> str:
+        """The chat template of the local tokenizer when given, else the raw text."""
+        if self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([{"role": "user", "content": user_text}],
+                                                      add_generation_prompt=True, tokenize=False)
+        return user_text
+
+    def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Observation cap in the model's tokens with a tokenizer, else in whitespace tokens."""
+        if self.tokenizer is None:
+            from ragfast.pipelines.searchr1 import truncate_whitespace_tokens
+
+            return [truncate_whitespace_tokens(t, max_tokens) for t in texts]
+        out = []
+        for t in texts:
+            ids = self.tokenizer(t, add_special_tokens=False)["input_ids"]
+            out.append(t if len(ids) <= max_tokens else
+                       self.tokenizer.decode(ids[:max_tokens], skip_special_tokens=False,
+                                             clean_up_tokenization_spaces=False))
+        return out
+
+    def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
+        if len(ids) != len(prompts):
+            raise ValueError(f"OpenAIGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        for i, p in zip(ids, prompts):
+            if i in self._sessions:
+                raise ValueError(f"OpenAIGenerator.start: session {i!r} is already open")
+            self._sessions[i] = p
+
+    def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
+        _check_sessions(self._sessions, ids, "OpenAIGenerator.append")
+        for i, t in zip(ids, texts):
+            self._sessions[i] += t
+
+    def end(self, ids: Sequence[str]) -> None:
+        for i in ids:
+            self._sessions.pop(i, None)
+
+    def _post(self, prompt: str, stop: list[str], max_new: int) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_new, "temperature": 0.0,
+                                "stop": stop, "n": 1}
+        if self.seed is not None:
+            body["seed"] = self.seed
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self._client.post(self.base_url + "/completions", json=body)
+            except self._httpx.TransportError as exc:
+                last = exc
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+                continue
+            if r.status_code >= 500 and attempt < self.retries:
+                last = ModelError(f"{self.base_url}/completions answered {r.status_code}")
+                time.sleep(min(2.0, 0.2 * 2**attempt))
+                continue
+            if r.status_code != 200:
+                raise ModelError(f"{self.base_url}/completions answered {r.status_code}: {r.text[:300]}")
+            try:
+                data = r.json()
+                choice = data["choices"][0]
+                _ = choice["text"]
+            except (ValueError, KeyError, IndexError, TypeError):
+                raise ModelError(f"{self.base_url}/completions: not an OpenAI completions answer: "
+                                 f"{r.text[:300]}") from None
+            return data
+        raise ModelError(f"cannot reach {self.base_url}/completions after {self.retries + 1} attempts: {last}")
+
+    def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
+                 ledger: CostLedger | None = None) -> list[str]:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _check_sessions(self._sessions, ids, "OpenAIGenerator.generate")
+        stop = list(stop)
+        t0 = time.perf_counter()
+        prompts = [self._sessions[i] for i in ids]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(ids)))) as pool:
+            answers = list(pool.map(lambda p: self._post(p, stop, max_new_tokens), prompts))
+        texts, fresh, cached, produced, flops = [], [], [], [], []
+        for i, p, data in zip(ids, prompts, answers):
+            choice = data["choices"][0]
+            text = choice["text"]
+            if choice.get("finish_reason") == "stop":
+                matched = choice.get("stop_reason")
+                if not (isinstance(matched, str) and matched in stop):
+                    matched = _closing_tag_to_restore(text, stop)
+                if matched and not text.endswith(matched):
+                    text += matched
+            text, _ = cut_at_stop(text, stop)
+            self._sessions[i] += text
+            texts.append(text)
+            usage = data.get("usage") or {}
+            n_prompt = int(usage.get("prompt_tokens") or 0)
+            n_cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+            n_out = int(usage.get("completion_tokens") or 0)
+            if not usage:
+                n_prompt, n_out = whitespace_tokens(p), whitespace_tokens(text)
+            fresh.append(max(0, n_prompt - n_cached))
+            cached.append(n_cached)
+            produced.append(n_out)
+            if self.model_config is not None:
+                from ragfast.flops import forward_flops
+
+                n_f = max(1, n_prompt - n_cached)
+                flops.append(forward_flops(self.model_config, [n_f] + [1] * max(0, n_out - 1),
+                                           [n_cached] + [n_prompt + j for j in range(max(0, n_out - 1))],
+                                           logits="last"))
+        if ledger is not None:
+            ledger.add_batch("reasoner", list(ids), seconds=time.perf_counter() - t0, input_tokens=fresh,
+                             cached_tokens=cached, output_tokens=produced, flops=flops or None)
+        return texts
