@@ -19,6 +19,23 @@ namespace py = pybind11;
 namespace ragfast {
 namespace policy_detail {
 
+// Output buffer: the caller's (C-contiguous, exact shape and dtype; lets tests poison it) or a
+// fresh one.
+template <typename T>
+py::array_t<T> take_out(const py::object& out, std::vector<py::ssize_t> shape, const char* what) {
+  if (out.is_none()) return py::array_t<T>(shape);
+  if (!py::isinstance<py::array_t<T, 0>>(out))
+    throw std::invalid_argument(std::string(what) + ": out has the wrong dtype");
+  auto a = py::reinterpret_borrow<py::array_t<T, 0>>(out);
+  if (!(a.flags() & py::array::c_style) || !a.writeable())
+    throw std::invalid_argument(std::string(what) + ": out must be a writeable C-contiguous array");
+  if (a.ndim() != static_cast<py::ssize_t>(shape.size()))
+    throw std::invalid_argument(std::string(what) + ": out has the wrong number of dimensions");
+  for (size_t i = 0; i < shape.size(); ++i)
+    if (a.shape(i) != shape[i]) throw std::invalid_argument(std::string(what) + ": out has the wrong shape");
+  return a;
+}
+
 // ---------------------------------------------------------------------------------------------
 // sweep_first_crossing
 //
@@ -29,7 +46,7 @@ namespace policy_detail {
 // of O(T * M).
 template <typename Scalar>
 py::array_t<int64_t> sweep_first_crossing(py::array_t<Scalar, 0> scores, py::array_t<int64_t, 0> lengths,
-                                          py::array_t<double, 0> thresholds) {
+                                          py::array_t<double, 0> thresholds, py::object out_arg) {
   if (scores.ndim() != 2) throw std::invalid_argument("sweep_first_crossing: scores must be 2-D [B, T], got ndim=" +
                                                       std::to_string(scores.ndim()));
   if (lengths.ndim() != 1) throw std::invalid_argument("sweep_first_crossing: lengths must be 1-D [B]");
@@ -46,7 +63,7 @@ py::array_t<int64_t> sweep_first_crossing(py::array_t<Scalar, 0> scores, py::arr
       throw std::invalid_argument("sweep_first_crossing: lengths[" + std::to_string(b) + "]=" +
                                   std::to_string(L(b)) + " is outside [0, " + std::to_string(T) + "]");
   }
-  py::array_t<int64_t> out({B, M});
+  py::array_t<int64_t> out = take_out<int64_t>(out_arg, {B, M}, "sweep_first_crossing");
   int64_t* O = out.mutable_data();
   {
     py::gil_scoped_release release;
@@ -104,7 +121,8 @@ static inline uint64_t bounded(uint64_t z, uint64_t n) {
 // a given resample, so the K comparisons (e.g. one per threshold) stay paired with each other.
 // Per resample: count how often each question is drawn, then add count * column for the
 // drawn questions only (~63% of n), vectorised across the K rows of a transposed copy.
-py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resamples, uint64_t seed) {
+py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resamples, uint64_t seed,
+                                    py::object out_arg) {
   if (diffs.ndim() != 1 && diffs.ndim() != 2)
     throw std::invalid_argument("bootstrap_means: diffs must be 1-D [n] or 2-D [K, n], got ndim=" +
                                 std::to_string(diffs.ndim()));
@@ -125,7 +143,9 @@ py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resa
         DT[i * K + k] = *reinterpret_cast<const double*>(p);
       }
   }
-  py::array_t<double> out = one ? py::array_t<double>({n_resamples}) : py::array_t<double>({K, n_resamples});
+  py::array_t<double> out =
+      one ? take_out<double>(out_arg, {n_resamples}, "bootstrap_means")
+          : take_out<double>(out_arg, {K, n_resamples}, "bootstrap_means");
   double* O = out.mutable_data();
   const double inv_n = 1.0 / static_cast<double>(n);
   const uint64_t key = mix64(seed + kGolden);
@@ -166,15 +186,15 @@ py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resa
 RAGFAST_REGISTER(policy, [](py::module_& m) {
   using namespace ragfast::policy_detail;
   const char* sweep_doc =
-      "sweep_first_crossing(scores[B,T] float32|float64, lengths[B] int64, thresholds[M] float64) -> int64[B,M]\n"
+      "sweep_first_crossing(scores[B,T] float32|float64, lengths[B] int64, thresholds[M] float64, out=None) -> int64[B,M]\n"
       "First t < lengths[b] with scores[b,t] >= thresholds[m]; -1 where never. NaN never crosses.";
   m.def("sweep_first_crossing", &sweep_first_crossing<float>, py::arg("scores").noconvert(),
-        py::arg("lengths").noconvert(), py::arg("thresholds").noconvert(), sweep_doc);
+        py::arg("lengths").noconvert(), py::arg("thresholds").noconvert(), py::arg("out") = py::none(), sweep_doc);
   m.def("sweep_first_crossing", &sweep_first_crossing<double>, py::arg("scores").noconvert(),
-        py::arg("lengths").noconvert(), py::arg("thresholds").noconvert(), sweep_doc);
+        py::arg("lengths").noconvert(), py::arg("thresholds").noconvert(), py::arg("out") = py::none(), sweep_doc);
   m.def("bootstrap_means", &bootstrap_means, py::arg("diffs").noconvert(), py::arg("n_resamples"),
-        py::arg("seed"),
-        "bootstrap_means(diffs[n] or [K,n] float64, n_resamples, seed) -> float64[n_resamples] or [K,n_resamples]\n"
+        py::arg("seed"), py::arg("out") = py::none(),
+        "bootstrap_means(diffs[n] or [K,n] float64, n_resamples, seed, out=None) -> float64[n_resamples] or [K,n_resamples]\n"
         "Means of paired resamples of the questions (the same indices for every row), drawn from a\n"
         "counter-based generator: deterministic for a seed whatever the thread count.");
 });
