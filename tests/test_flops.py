@@ -2,7 +2,7 @@
 import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
-from transformers import (AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig,
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig,
                           DebertaV2Config, LlamaConfig)
 
 from ragfast.cost import forward_flops as ledger_forward_flops
@@ -19,6 +19,16 @@ def tiny(tmp_path_factory):
     return {k: make_tiny(k, root / k) for k in ("qwen2", "qwen3", "bert", "deberta-v2")}
 
 
+@pytest.fixture(scope="module")
+def eager(tiny):
+    """Each tiny model loaded once, with eager attention (what FlopCounterMode can see)."""
+    loaded = {k: AutoModelForCausalLM.from_pretrained(tiny[k], attn_implementation="eager").eval()
+              for k in ("qwen2", "qwen3")}
+    loaded.update({k: AutoModelForSequenceClassification.from_pretrained(tiny[k], attn_implementation="eager").eval()
+                   for k in ("bert", "deberta-v2")})
+    return loaded
+
+
 def _counted(fn):
     fc = FlopCounterMode(display=False)
     with fc, torch.no_grad():
@@ -33,9 +43,9 @@ def _close(expected, counted):
 
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("batch,new,past", [(1, 37, 0), (2, 19, 0), (1, 5, 41), (3, 1, 23)])
-def test_decoder_matches_flop_counter(tiny, kind, batch, new, past):
+def test_decoder_matches_flop_counter(eager, kind, batch, new, past):
     torch.manual_seed(batch * 100 + new)
-    model = AutoModelForCausalLM.from_pretrained(tiny[kind], attn_implementation="eager").eval()
+    model = eager[kind]
     vocab = model.config.vocab_size
     kw = {}
     if past:
@@ -54,8 +64,8 @@ def test_decoder_matches_flop_counter(tiny, kind, batch, new, past):
 
 @pytest.mark.parametrize("kind", ["bert", "deberta-v2"])
 @pytest.mark.parametrize("batch,length", [(1, 37), (2, 19), (3, 101)])
-def test_cross_encoder_matches_flop_counter(tiny, kind, batch, length):
-    model = AutoModelForSequenceClassification.from_pretrained(tiny[kind], attn_implementation="eager").eval()
+def test_cross_encoder_matches_flop_counter(eager, kind, batch, length):
+    model = eager[kind]
     ids = torch.randint(1000, 5000, (batch, length))
     counted = _counted(lambda: model(ids, attention_mask=torch.ones_like(ids)))
     _close(forward_flops(model.config, [length] * batch), counted)
@@ -114,6 +124,9 @@ def test_config_forms_and_errors(tiny):
     d = tiny["qwen3"]
     as_dict = json.loads((d / "config.json").read_text())
     assert forward_flops(as_dict, [9]) == forward_flops(d, [9]) == forward_flops(d / "config.json", [9])
+    for kind in ("bert", "deberta-v2", "qwen2"):
+        live = AutoConfig.from_pretrained(tiny[kind])
+        assert forward_flops(live, [9, 4]) == forward_flops(tiny[kind], [9, 4])
     with pytest.raises(ModelError, match="unsupported model_type 'gpt2'"):
         forward_flops({"model_type": "gpt2"}, [3])
     with pytest.raises(ValueError, match="no KV cache"):

@@ -35,7 +35,11 @@ _HEADS = ("lm", "classifier", "pooler", "none")
 
 
 class _Cfg:
-    """Attribute access over a transformers config, a config dict or a model directory."""
+    """Attribute access over a transformers config, a config dict or a model directory.
+
+    Reads attributes directly (no ``to_dict()`` copy): decode loops call forward_flops once
+    per step.
+    """
 
     def __init__(self, config: Any):
         if isinstance(config, (str, Path)):
@@ -45,27 +49,28 @@ class _Cfg:
                 raise ModelError(f"no config.json at {config}")
             config = json.loads(p.read_text(encoding="utf-8"))
         if isinstance(config, dict):
-            self._d = dict(config)
+            d = config.get("text_config") if "hidden_size" not in config and "text_config" in config else config
+            self._get = lambda k, _d=dict(d): _d.get(k)
         elif hasattr(config, "to_dict"):
-            self._d = config.to_dict()
-            # to_dict leaves out some computed attributes (e.g. a default head_dim); prefer live values.
-            for k in ("head_dim", "num_key_value_heads", "pooler_hidden_size", "num_labels"):
-                if hasattr(config, k):
-                    self._d[k] = getattr(config, k)
+            obj = getattr(config, "text_config", None) if not hasattr(config, "hidden_size") else config
+            if obj is None:
+                obj = config
+            self._get = lambda k, _o=obj: getattr(_o, k, None)
         else:
             raise ConfigError(f"forward_flops needs a transformers config, a config dict or a model path, "
                               f"got {type(config).__name__}")
-        if "text_config" in self._d and "hidden_size" not in self._d:
-            self._d = dict(self._d["text_config"])
 
     def get(self, name: str, default: Any = None) -> Any:
-        v = self._d.get(name, default)
+        v = self._get(name)
+        if v is None and name == "num_labels":
+            labels = self._get("id2label")
+            v = len(labels) if labels else None
         return default if v is None else v
 
     def need(self, name: str) -> Any:
-        v = self._d.get(name)
+        v = self._get(name)
         if v is None:
-            raise ConfigError(f"config of model_type {self._d.get('model_type')!r} lacks {name!r}")
+            raise ConfigError(f"config of model_type {self._get('model_type')!r} lacks {name!r}")
         return v
 
 
