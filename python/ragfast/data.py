@@ -8,7 +8,6 @@ json, FlashRAG jsonl, Search-R1 parquet, MuSiQue, MetaQA txt, TAT-QA raw json) i
 """
 from __future__ import annotations
 
-import io
 import json
 import re
 from importlib import resources
@@ -151,7 +150,8 @@ def detect_layout(path: str | Path) -> str:
         if lay in ("searchr1", "flashrag", "corpus"):
             return lay
         raise DataError(f"{p}: unknown parquet layout with columns {sorted(names)}; expected Search-R1 "
-                        "(prompt, reward_model, ...), FlashRAG (id, question, golden_answers) or a corpus (id, contents)")
+                        "(prompt, reward_model, ...), FlashRAG (id, question, golden_answers) "
+                        "or a corpus (id, contents)")
     if suffix == ".txt" or suffix == ".tsv":
         with open(p, encoding="utf-8") as f:
             first = next((ln for ln in f if ln.strip()), None)
@@ -215,8 +215,8 @@ def _hotpot_hf(rec: dict[str, Any], where: str) -> Question:
     meta = {"context": {"title": list(ctx.get("title", [])), "sentences": [list(s) for s in ctx.get("sentences", [])]},
             "type": rec.get("type"), "level": rec.get("level"),
             "supporting_facts": {"title": list(sf.get("title", [])), "sent_id": list(sf.get("sent_id", []))}}
-    return _check(Question(str(_req(rec, "id", where)), rec["question"], [ans] if ans not in (None, "") else [],
-                           titles, meta), where)
+    golds = [ans] if ans not in (None, "") else []
+    return _check(Question(str(_req(rec, "id", where)), _req(rec, "question", where), golds, titles, meta), where)
 
 
 def _hotpot_orig(rec: dict[str, Any], where: str) -> Question:
@@ -715,7 +715,8 @@ def inspect(path: str | Path, console: Any = None) -> dict[str, Any]:
         tr = load_triples(p)
         count, fields = len(tr), ["head", "relation", "tail"]
         first = dict(zip(fields, tr[0])) if tr else {}
-        extra = {"relations": len({r for _, r, _ in tr}), "entities": len({h for h, _, _ in tr} | {t for _, _, t in tr})}
+        extra = {"relations": len({r for _, r, _ in tr}),
+                 "entities": len({h for h, _, _ in tr} | {t for _, _, t in tr})}
     else:
         qs = load_qa(p)
         count = len(qs)
