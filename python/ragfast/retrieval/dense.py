@@ -200,7 +200,9 @@ class DenseIndex:
         from rich.progress import Progress
 
         step = 65536
-        with Progress(disable=not progress) as bar:
+        from rich.console import Console
+
+        with Progress(disable=not progress, console=Console(stderr=True)) as bar:
             task = bar.add_task(f"adding to faiss {factory}", total=n)
             for s in range(0, n, step):
                 index.add(np.ascontiguousarray(emb[s:s + step], dtype=np.float32))

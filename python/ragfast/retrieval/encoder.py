@@ -478,12 +478,13 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
     if max_chunks is not None:
         todo = todo[:max(0, int(max_chunks))]
 
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
     with Progress(TextColumn("[bold]embedding[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("passages"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress,
-                  transient=False) as bar:
+                  transient=False, console=Console(stderr=True)) as bar:
         done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if _chunk_file(out, i).exists())
         task = bar.add_task(encoder.name, total=n, completed=done_rows)
         for i in todo:

@@ -1,0 +1,104 @@
+"""``ragfast serve-retriever`` and ``ragfast index build``."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("serve-retriever")
+    def serve_retriever(
+        corpus: str = typer.Option(..., "--corpus", help="Corpus jsonl/parquet ({id, contents} rows) or a sample "
+                                                         "name (wiki-sample)."),
+        index: Optional[str] = typer.Option(None, "--index", help="Index from `ragfast index build`, a faiss file "
+                                                                  "(e.g. Search-R1's e5_Flat.index) or a .npy matrix. "
+                                                                  "Without it the corpus is embedded at start-up."),
+        encoder: Optional[str] = typer.Option(None, "--encoder", help="Encoder preset (minilm, e5, bge), checkpoint "
+                                                                      "path, or 'bm25'. Default: the index's, else minilm."),
+        topk: int = typer.Option(3, "--topk", help="Default top-k when a request's topk is null."),
+        host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
+        port: int = typer.Option(8000, "--port"),
+        workers: int = typer.Option(1, "--workers", help="uvicorn worker processes sharing the memory-mapped index."),
+        storage: Optional[str] = typer.Option(None, "--storage", help="Flat storage: fp32, fp16, bf16, int8."),
+        device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),
+        max_queries: int = typer.Option(1024, "--max-queries", help="Most queries per request."),
+        max_query_chars: int = typer.Option(4096, "--max-query-chars", help="Longest query accepted."),
+        max_topk: int = typer.Option(100, "--max-topk", help="Largest topk accepted."),
+        max_batch: int = typer.Option(256, "--max-batch", help="Most queries gathered into one retriever call."),
+        max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="How long a request waits for batch company."),
+        no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
+    ) -> None:
+        """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
+        from ragfast.retrieval.server import serve
+
+        serve(corpus, index, encoder, topk=topk, host=host, port=port, workers=workers, storage=storage,
+              device=device,
+              app_options={"max_queries": max_queries, "max_query_chars": max_query_chars, "max_topk": max_topk,
+                           "max_batch": max_batch, "max_wait_ms": max_wait_ms, "batching": not no_batching})
+
+    index_app = typer.Typer(help="Build dense or BM25 indexes over a corpus.", no_args_is_help=True)
+
+    @index_app.command("build")
+    def build(
+        corpus: str = typer.Option(..., "--corpus", help="Corpus jsonl/parquet or a sample name."),
+        out: str = typer.Option(..., "--out", help="Output directory."),
+        encoder: str = typer.Option("minilm", "--encoder", help="Encoder preset, checkpoint path, or 'bm25'."),
+        backend: Optional[str] = typer.Option(None, "--backend", help="flat (ragfast kernel) or faiss; default "
+                                                                      "faiss when --factory is given, else flat."),
+        factory: Optional[str] = typer.Option(None, "--factory", help="faiss index factory (Flat, HNSW32, "
+                                                                      "IVF4096,PQ64, ...)."),
+        storage: str = typer.Option("fp32", "--storage", help="Flat storage: fp32, fp16, bf16, int8."),
+        chunk_size: int = typer.Option(4096, "--chunk-size", help="Passages per embedding chunk (resume unit)."),
+        batch_size: int = typer.Option(64, "--batch-size", help="Encoder batch size."),
+        device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),
+        keep_chunks: bool = typer.Option(False, "--keep-chunks", help="Keep the embedding chunks after the build."),
+    ) -> None:
+        """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
+        from rich.console import Console
+
+        from ragfast.data import load_corpus
+
+        con = Console(stderr=True)
+        t0 = time.perf_counter()
+        corp = load_corpus(corpus)
+        outp = Path(out)
+        outp.mkdir(parents=True, exist_ok=True)
+        report = {"corpus": corpus, "passages": len(corp), "load_s": round(time.perf_counter() - t0, 3)}
+        if encoder == "bm25":
+            from ragfast.retrieval.bm25 import BM25
+
+            t1 = time.perf_counter()
+            BM25.build(corp, progress=True).save(outp)
+            report.update(encoder="bm25", build_s=round(time.perf_counter() - t1, 3))
+        else:
+            from ragfast.retrieval.dense import DenseIndex
+            from ragfast.retrieval.encoder import Encoder, encode_corpus, load_embeddings
+
+            be = backend or ("faiss" if factory else "flat")
+            enc = Encoder(encoder, device=device, batch_size=batch_size)
+            t1 = time.perf_counter()
+            chunks = outp / "chunks"
+            encode_corpus(enc, corp, chunks, chunk_size=chunk_size, progress=True)
+            enc_s = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            idx = DenseIndex.build(load_embeddings(chunks), be, storage=storage, factory=factory or "Flat",
+                                   progress=True)
+            idx.save(outp)
+            build_s = time.perf_counter() - t2
+            (outp / "encoder.json").write_text(json.dumps({"encoder": encoder, "describe": enc.describe()}, indent=1))
+            if not keep_chunks:
+                shutil.rmtree(chunks)
+            report.update(encoder=enc.name, index=idx.describe(), encode_s=round(enc_s, 3),
+                          passages_per_s=round(len(corp) / enc_s, 1) if enc_s > 0 else None,
+                          build_s=round(build_s, 3))
+        report["total_s"] = round(time.perf_counter() - t0, 3)
+        (outp / "build.json").write_text(json.dumps(report, indent=1))
+        con.print(f"[green]index written to {outp}[/]")
+        print(json.dumps(report, indent=1))
+
+    app.add_typer(index_app, name="index")

@@ -1,0 +1,143 @@
+"""``RemoteRetriever``: the HTTP client of a Search-R1-compatible retrieval server.
+
+It speaks the same ``POST /retrieve`` payload as Search-R1's own loop (``topk`` and
+``return_scores=true``), so it works against ``ragfast serve-retriever`` and against Search-R1's
+original server alike, and the loops use it interchangeably with a local index.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Sequence
+
+from ragfast.errors import ConfigError, RagfastError
+from ragfast.retrieval.base import Hit, Retriever
+
+__all__ = ["RemoteRetriever", "RemoteRetrievalError"]
+
+
+class RemoteRetrievalError(RagfastError):
+    """The retrieval server could not be reached or answered with an error."""
+
+
+class RemoteRetriever(Retriever):
+    """A :class:`~ragfast.retrieval.base.Retriever` backed by a retrieval server.
+
+    Parameters
+    ----------
+    url : str
+        Server address, e.g. ``http://127.0.0.1:8000`` (``/retrieve`` is appended unless given).
+    timeout : float
+        Seconds per HTTP request.
+    max_queries_per_request : int
+        Larger query lists are sent in several requests (servers cap the queries per request).
+    retries : int
+        Extra attempts after a connection error or a 5xx answer.
+
+    Notes
+    -----
+    The protocol has no exclusion field, so ``exclude`` is met by asking for
+    ``k + len(exclude)`` hits and dropping the excluded ids here.
+    """
+
+    name = "remote"
+
+    def __init__(self, url: str, *, timeout: float = 60.0, max_queries_per_request: int = 512, retries: int = 2,
+                 client: Any = None):
+        import httpx
+
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"retriever URL must start with http:// or https://, got {url!r}")
+        url = url.rstrip("/")
+        self.base = url[: -len("/retrieve")] if url.endswith("/retrieve") else url
+        self.url = self.base + "/retrieve"
+        if max_queries_per_request < 1:
+            raise ConfigError(f"max_queries_per_request must be >= 1, got {max_queries_per_request}")
+        self.max_queries = int(max_queries_per_request)
+        self.retries = int(retries)
+        self.client = client if client is not None else httpx.Client(timeout=timeout)
+
+    def describe(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"name": self.name, "class": type(self).__name__, "url": self.url}
+        try:
+            r = self.client.get(self.base + "/health", timeout=5.0)
+            if r.status_code == 200:
+                d["server"] = r.json().get("retriever")
+        except Exception:
+            d["server"] = None  # a Search-R1 server has no /health; the URL is what we know
+        return d
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> "RemoteRetriever":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def _post(self, payload: dict[str, Any]) -> list[list[Any]]:
+        import httpx
+
+        last: Exception | None = None
+        for attempt in range(self.retries + 1):
+            try:
+                r = self.client.post(self.url, json=payload)
+            except httpx.HTTPError as exc:  # connection refused, timeout
+                last = exc
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
+                continue
+            if r.status_code >= 500 and attempt < self.retries:
+                last = RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:300]}")
+                time.sleep(min(2.0, 0.1 * 2 ** attempt))
+                continue
+            if r.status_code != 200:
+                raise RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:500]}")
+            try:
+                result = r.json()["result"]
+            except (ValueError, KeyError, TypeError) as exc:
+                raise RemoteRetrievalError(f"{self.url} sent a body without 'result': {r.text[:300]}") from exc
+            if len(result) != len(payload["queries"]):
+                raise RemoteRetrievalError(f"{self.url} answered {len(result)} lists for "
+                                           f"{len(payload['queries'])} queries")
+            return result
+        raise RemoteRetrievalError(f"cannot reach the retriever at {self.url}: {last}")
+
+    def search(self, queries: Sequence[str], k: int, *, exclude: Sequence[Sequence[str]] | None = None,
+               ledger=None, question_ids: Sequence[str] | None = None) -> list[list[Hit]]:
+        """Up to ``k`` hits per query from the server, best first; ``exclude`` holds corpus ids."""
+        queries = list(queries)
+        if not queries:
+            return []
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        if exclude is not None and len(exclude) != len(queries):
+            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+        t0 = time.perf_counter()
+        out: list[list[Hit]] = []
+        for s in range(0, len(queries), self.max_queries):
+            part = queries[s:s + self.max_queries]
+            ex = [set(map(str, e)) for e in exclude[s:s + self.max_queries]] if exclude is not None else None
+            extra = max((len(e) for e in ex), default=0) if ex else 0
+            result = self._post({"queries": part, "topk": k + extra, "return_scores": True})
+            for j, items in enumerate(result):
+                hits = []
+                for it in items:
+                    if isinstance(it, dict) and "document" in it:
+                        doc, score = it["document"], float(it.get("score", math.nan))
+                    else:  # a server that ignores return_scores sends bare rows
+                        doc, score = it, math.nan
+                    hid = str(doc.get("id", ""))
+                    if ex is not None and hid in ex[j]:
+                        continue
+                    hits.append(Hit(id=hid, score=score, document=doc))
+                    if len(hits) == k:
+                        break
+                out.append(hits)
+        if ledger is not None:
+            qids = list(question_ids) if question_ids is not None else [None] * len(queries)
+            if len(qids) != len(queries):
+                raise ValueError(f"{len(qids)} question ids for {len(queries)} queries")
+            # Encoding and scanning happen on the server; the client sees the round-trip time.
+            ledger.add_batch("search", qids, seconds=time.perf_counter() - t0)
+        return out
