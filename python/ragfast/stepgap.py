@@ -1,0 +1,912 @@
+"""StepGap: a step-level gap checker for multi-round RAG trajectories.
+
+A trajectory's reasoning is cut into steps; each step gets one of four labels from a five-stage
+tree (three LLM stages, two NLI stages), the stage that decided it and, where one exists, the
+verbatim evidence quote behind the decision. Each gap label has a typed repair.
+
+Labels and repairs
+------------------
+=====================  ==================================================  ===========
+label                  meaning                                             repair
+=====================  ==================================================  ===========
+``no_gap``             the step is grounded (or asserts nothing checkable)  none
+``CONTRADICTED_CLAIM``  wrong target, unjustified abstention, or the        retract
+                       evidence contradicts the claim
+``IRRELEVANT_EVIDENCE``  the evidence is about another entity, or nothing   re-search
+                       read so far supports the claim
+``MISSING_BRIDGE``     a quote is on topic but does not entail the claim   bridge
+=====================  ==================================================  ===========
+
+Step segmentation rule (:func:`segment`)
+----------------------------------------
+Turns are read in order; injected repair turns (``turn.extra["injected"]``) contribute evidence
+but no steps (they are the checker's own queries, not the model's reasoning).
+
+1. The think text of a turn is the content of its ``<think>...</think>`` blocks; a turn
+   without think tags uses the text before its action tag, with tags removed.
+2. The think text is split into sentences at ``.``, ``!`` or ``?`` followed by whitespace and
+   an upper-case letter, digit, quote or bracket. Each sentence of at least three words is one
+   step, except *intent* sentences ("I need to ...", "I will search ...", "Let me ...",
+   "Now I ...", "Next, ..."), which assert nothing checkable and are dropped.
+3. A sentence saying the answer cannot be determined (``undeterminable``, ``cannot be
+   determined``, ``not enough information``, ...) is an ``abstain`` step; other sentences are
+   ``claim`` steps.
+4. A search action adds a ``search`` step whose claim is the query; an answer action adds an
+   ``answer`` step whose claim is the answer (an ``abstain`` step when the answer itself
+   abstains). The answer's NLI hypothesis is "The answer to "<question>" is <answer>.".
+5. Evidence: each search turn's observation is parsed into documents (``Doc i(Title: t) text``).
+   A step in turn t carries every document observed in turns before t (``evidence``); its
+   *local* evidence is the documents of the latest such search, its *earlier* evidence the rest.
+
+The tree (:func:`check`)
+------------------------
+Every stage runs once, batched over all pending steps of all trajectories.
+
+A. (LLM, claim/search/answer steps) entity/relation alignment with the question: a step about
+   the wrong target is ``CONTRADICTED_CLAIM``.
+B. (LLM, abstain steps) is the abstention justified by the evidence read? Unjustified (the
+   evidence does answer) is ``CONTRADICTED_CLAIM``; justified is ``no_gap``. Without evidence
+   an abstention is justified and B is not asked.
+C. (LLM, claim/answer steps with local evidence) is the local evidence about the claim's entity,
+   and which sentence of it (verbatim) supports the claim? A mismatch is
+   ``IRRELEVANT_EVIDENCE``; a quote that is not verbatim in the evidence counts as no quote.
+D. (NLI, steps with a quote) quote => claim: entailment >= t_e is ``no_gap``, else
+   contradiction >= t_c is ``CONTRADICTED_CLAIM``, else ``MISSING_BRIDGE``. With C switched off
+   the premises are the local documents (the best-entailing one counts).
+E. (NLI, conclusive steps, i.e. claim/answer steps, without a local quote) earlier evidence
+   => claim: the best-entailing earlier document at >= t_e gives ``no_gap``, else
+   ``IRRELEVANT_EVIDENCE`` (also when there is no earlier evidence).
+
+Search steps that pass A are ``no_gap``. A stage that is switched off, or whose LLM output
+does not parse, passes the step on unchanged (a parse failure is counted per stage); a step
+that no stage decides is ``no_gap``, decided by stage ``"-"``.
+
+LLM stage outputs (strict JSON, one object, nothing else; the prompt ends with the object's
+opening so the model only continues it):
+
+- A: ``{"aligned": true|false, "entity": "<what the step is about>"}``
+- B: ``{"justified": true|false}``
+- C: ``{"consistent": true|false, "quote": "<verbatim sentence>" | null}``
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from ragfast.cost import CostLedger
+from ragfast.errors import ConfigError, DataError
+from ragfast.types import Trajectory
+
+__all__ = [
+    "LABELS", "GAP_LABELS", "NO_GAP", "CC", "IE", "MB", "REPAIRS", "STAGES",
+    "Doc", "Step", "StepLabel", "CheckResult", "RewardConfig",
+    "segment", "parse_docs", "check", "process_rewards", "write_jsonl",
+    "load_annotations", "align_annotations", "step_metrics",
+]
+
+NO_GAP = "no_gap"
+CC = "CONTRADICTED_CLAIM"
+IE = "IRRELEVANT_EVIDENCE"
+MB = "MISSING_BRIDGE"
+LABELS = (NO_GAP, CC, IE, MB)
+GAP_LABELS = (CC, IE, MB)
+REPAIRS = {CC: "retract", IE: "re-search", MB: "bridge"}
+STAGES = "ABCDE"
+# Short spellings accepted in annotation files.
+_LABEL_ALIASES = {"no_gap": NO_GAP, "none": NO_GAP, "ok": NO_GAP, "cc": CC, "contradicted_claim": CC,
+                  "ie": IE, "irrelevant_evidence": IE, "mb": MB, "missing_bridge": MB}
+
+_THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
+_ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+_TAG = re.compile(r"</?(think|search|answer|information)>")
+_SENT = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(\[])")
+_INTENT = re.compile(r"^(?:(?:I|we)\s+(?:need|will|should|must|want|have to|am going to|'ll)\b|I'll\b|let me\b|"
+                     r"let's\b|now,?\s+(?:I|let)\b|next,?\b|to answer this\b|first,?\s+I\b)", re.IGNORECASE)
+_ABSTAIN = re.compile(r"\b(?:undeterminable|cannot be determined|can ?not determine|can't (?:be )?determine|"
+                      r"not enough information|insufficient (?:information|evidence)|impossible to (?:tell|determine)|"
+                      r"no information (?:about|on)|unable to determine|(?:is|remains) unknown)\b", re.IGNORECASE)
+_DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |\Z)", re.DOTALL)
+_INFO = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+_WORD = re.compile(r"[A-Za-z0-9]+")
+_STOPWORDS = frozenset("a an the of in on at to for from by with and or is are was were be been it its this that "
+                       "which who whom what when where why how did does do as than then so also not".split())
+
+
+# ---------------------------------------------------------------------------------------------
+# steps
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Doc:
+    """One retrieved document as the reasoner saw it."""
+
+    title: str
+    text: str
+    turn: int
+    rank: int = 1
+
+    def as_text(self) -> str:
+        return f"{self.title}: {self.text}" if self.title else self.text
+
+
+@dataclass
+class Step:
+    """One reasoning step s_i of a trajectory, with the evidence read before it.
+
+    Attributes
+    ----------
+    trajectory_id : str
+    question : str
+    index : int
+        Position among the trajectory's steps (0-based); annotations refer to it.
+    turn : int
+        Index of the turn the step comes from.
+    kind : {"claim", "search", "answer", "abstain"}
+    claim : str
+        The sentence, the query or the answer.
+    evidence : list of Doc
+        Documents observed in turns before ``turn`` (e_<=i).
+    local_turn : int or None
+        Turn of the latest search before the step (its documents are the local evidence).
+    """
+
+    trajectory_id: str
+    question: str
+    index: int
+    turn: int
+    kind: str
+    claim: str
+    evidence: list[Doc] = field(default_factory=list)
+    local_turn: int | None = None
+
+    @property
+    def local(self) -> list[Doc]:
+        return [d for d in self.evidence if d.turn == self.local_turn]
+
+    @property
+    def earlier(self) -> list[Doc]:
+        return [d for d in self.evidence if d.turn != self.local_turn]
+
+    @property
+    def hypothesis(self) -> str:
+        """The NLI hypothesis: the claim, or a declarative sentence for an answer."""
+        if self.kind == "answer":
+            q = self.question.strip().rstrip("?")
+            return f'The answer to "{q}?" is {self.claim}.'
+        return self.claim
+
+
+def parse_docs(observation: str, turn: int) -> list[Doc]:
+    """Documents of a Search-R1 observation (``Doc i(Title: t) text`` lines inside ``<information>``)."""
+    blocks = _INFO.findall(observation or "")
+    out: list[Doc] = []
+    for b in blocks:
+        for m in _DOC.finditer(b.strip()):
+            out.append(Doc(title=m.group(2).strip().strip('"'), text=m.group(3).strip(), turn=turn,
+                           rank=int(m.group(1))))
+    return out
+
+
+def _think_text(generated: str) -> str:
+    blocks = _THINK.findall(generated or "")
+    if blocks:
+        return " ".join(b.strip() for b in blocks)
+    m = _ACTION.search(generated or "")
+    head = (generated or "")[: m.start()] if m else (generated or "")
+    return _TAG.sub(" ", head).strip()
+
+
+def _sentences(text: str) -> list[str]:
+    text = re.sub(r"\s+", " ", text).strip()
+    return [s.strip() for s in _SENT.split(text) if s.strip()] if text else []
+
+
+def _coerce(t: Trajectory | Mapping[str, Any]) -> Trajectory:
+    if isinstance(t, Trajectory):
+        return t
+    if isinstance(t, Mapping):
+        try:
+            return Trajectory.from_dict(dict(t))
+        except TypeError as exc:
+            raise DataError(f"not a trajectory record: {exc}") from exc
+    raise DataError(f"expected a Trajectory or a trajectory dict, got {type(t).__name__}")
+
+
+def segment(trajectory: Trajectory | Mapping[str, Any]) -> list[Step]:
+    """Cut a trajectory into steps, each with the evidence read before it.
+
+    The rule is the module docstring's "Step segmentation rule".
+
+    Parameters
+    ----------
+    trajectory : Trajectory or dict
+        A trajectory (or its JSONL record) with turns.
+
+    Returns
+    -------
+    list of Step
+    """
+    tr = _coerce(trajectory)
+    steps: list[Step] = []
+    evidence: list[Doc] = []
+    local_turn: int | None = None
+
+    def add(turn: int, kind: str, claim: str) -> None:
+        steps.append(Step(tr.id, tr.question, len(steps), turn, kind, claim, list(evidence), local_turn))
+
+    for ti, turn in enumerate(tr.turns):
+        injected = bool(turn.extra.get("injected")) if isinstance(turn.extra, dict) else False
+        if not injected:
+            for s in _sentences(_think_text(turn.generated)):
+                if len(s.split()) < 3 or _INTENT.search(s):
+                    continue
+                add(ti, "abstain" if _ABSTAIN.search(s) else "claim", s)
+            if turn.action == "search" and turn.content:
+                add(ti, "search", turn.content.strip())
+            elif turn.action == "answer" and turn.content is not None:
+                ans = turn.content.strip()
+                add(ti, "abstain" if (_ABSTAIN.search(ans) or not ans) else "answer", ans)
+        if turn.action == "search":
+            docs = parse_docs(turn.observation, ti)
+            if docs:
+                evidence.extend(docs)
+                local_turn = ti
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class StepLabel:
+    """The checker's verdict on one step."""
+
+    trajectory_id: str
+    step: int
+    turn: int
+    kind: str
+    claim: str
+    label: str = NO_GAP
+    stage: str = "-"
+    quote: str | None = None
+    reason: str = ""
+    entity: str | None = None
+    probs: list[float] | None = None  # NLI (entailment, neutral, contradiction) of the deciding pair
+
+    @property
+    def repair(self) -> str | None:
+        return REPAIRS.get(self.label)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["repair"] = self.repair
+        return d
+
+
+@dataclass
+class CheckResult:
+    """Labels for every step, plus what the check spent and where its LLM output failed.
+
+    Attributes
+    ----------
+    steps : list of Step
+    labels : list of StepLabel
+        One per step, same order.
+    stages : str
+        Stages that ran (those requested and backed by a model).
+    failures : dict
+        Stage -> number of LLM outputs that did not parse (those steps were passed on).
+    calls : dict
+        Stage -> number of batched calls made (one per stage that had work).
+    items : dict
+        Stage -> prompts or NLI pairs sent.
+    slots : dict
+        What filled the LLM and NLI slots and whether their outputs mean anything.
+    """
+
+    steps: list[Step]
+    labels: list[StepLabel]
+    stages: str
+    failures: dict[str, int] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+    items: dict[str, int] = field(default_factory=dict)
+    slots: dict[str, Any] = field(default_factory=dict)
+
+    def by_trajectory(self) -> dict[str, list[StepLabel]]:
+        out: dict[str, list[StepLabel]] = {}
+        for lab in self.labels:
+            out.setdefault(lab.trajectory_id, []).append(lab)
+        return out
+
+    def label_mix(self) -> dict[str, float]:
+        return _mix([lab.label for lab in self.labels])
+
+    def summary(self) -> dict[str, Any]:
+        return {"steps": len(self.labels), "stages": self.stages, "label_mix": self.label_mix(),
+                "deciding_stage": dict(Counter(lab.stage for lab in self.labels)),
+                "failures": dict(self.failures), "calls": dict(self.calls), "items": dict(self.items),
+                "slots": self.slots}
+
+
+def _mix(labels: Sequence[str]) -> dict[str, float]:
+    n = len(labels)
+    c = Counter(labels)
+    return {lab: (c[lab] / n if n else 0.0) for lab in LABELS}
+
+
+# ---------------------------------------------------------------------------------------------
+# LLM stages
+# ---------------------------------------------------------------------------------------------
+_SYSTEM = ("You check one reasoning step of a question-answering agent that searches the web. "
+           "Reply with one JSON object only, no other text.")
+
+
+def _evidence_block(docs: Sequence[Doc], limit_chars: int = 2400) -> str:
+    if not docs:
+        return "(nothing retrieved yet)"
+    text = "\n".join(f"[{i + 1}] {d.as_text()}" for i, d in enumerate(docs))
+    return text[:limit_chars]
+
+
+def _prompt_a(s: Step) -> str:
+    what = {"search": "search query", "answer": "final answer", "claim": "claim"}[s.kind]
+    return (f"{_SYSTEM}\nTask: decide whether the step is about the entity and relation that the question "
+            f"(or the current hop of it) needs. A step about another person, place, work or relation has the "
+            f"wrong target.\nSchema: {{\"aligned\": true or false, \"entity\": \"the entity the step is about\"}}\n\n"
+            f"QUESTION: {s.question}\nSTEP ({what}): {s.claim}\n\nJSON: ")
+
+
+def _prompt_b(s: Step) -> str:
+    return (f"{_SYSTEM}\nTask: the agent said the answer cannot be determined. Decide whether that is justified: "
+            f"it is NOT justified when the evidence below does answer the question.\n"
+            f"Schema: {{\"justified\": true or false}}\n\nQUESTION: {s.question}\nSTEP: {s.claim}\n"
+            f"EVIDENCE:\n{_evidence_block(s.evidence)}\n\nJSON: ")
+
+
+def _prompt_c(s: Step) -> str:
+    return (f"{_SYSTEM}\nTask: decide whether the evidence is about the same entity as the claim, and copy the one "
+            f"sentence of the evidence that supports the claim, word for word (null when none does).\n"
+            f"Schema: {{\"consistent\": true or false, \"quote\": \"verbatim sentence\" or null}}\n\n"
+            f"QUESTION: {s.question}\nCLAIM: {s.hypothesis}\nEVIDENCE:\n{_evidence_block(s.local)}\n\nJSON: ")
+
+
+# Each stage's output opens with this key; the prompt ends right before it so a model continues
+# the object instead of chatting.
+_OPENERS = {"A": '{"aligned":', "B": '{"justified":', "C": '{"consistent":'}
+_MAX_NEW = {"A": 48, "B": 16, "C": 160}
+
+
+def _parse_json(stage: str, text: str) -> dict[str, Any] | None:
+    """Strict parse of one stage's output; None when it is not exactly the stage's schema."""
+    s = (text or "").strip()
+    if s.startswith("```"):
+        s = re.sub(r"^```(?:json)?\s*|\s*```$", "", s).strip()
+    opener = _OPENERS[stage]
+    if not s.startswith("{"):
+        s = opener + " " + s  # the model continued the opener the prompt ended with
+    if s.count("{") > s.count("}"):
+        s = s + "}"  # generation stops at the closing brace's stop string
+    try:
+        obj = json.loads(s)
+    except (json.JSONDecodeError, ValueError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    if stage == "A":
+        if not isinstance(obj.get("aligned"), bool):
+            return None
+        ent = obj.get("entity")
+        if ent is not None and not isinstance(ent, str):
+            return None
+    elif stage == "B":
+        if not isinstance(obj.get("justified"), bool):
+            return None
+    elif stage == "C":
+        if not isinstance(obj.get("consistent"), bool) or "quote" not in obj:
+            return None
+        if obj["quote"] is not None and not isinstance(obj["quote"], str):
+            return None
+    return obj
+
+
+def _norm_ws(s: str) -> str:
+    return re.sub(r"\s+", " ", s).strip().lower()
+
+
+def _verbatim(quote: str, docs: Sequence[Doc]) -> bool:
+    q = _norm_ws(quote)
+    return bool(q) and any(q in _norm_ws(d.title + " " + d.text) for d in docs)
+
+
+def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledger: CostLedger | None,
+             result: CheckResult, max_new: Mapping[str, int]) -> list[dict[str, Any] | None]:
+    """One batched ``complete`` call for a stage; returns parsed objects (None = failure)."""
+    if not steps:
+        return []
+    fmt = getattr(generator, "format_prompt", None)
+    prompts = [build(s) for s in steps]
+    prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in prompts]
+    qids = [s.trajectory_id for s in steps]
+    private = CostLedger()
+    outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
+                              question_ids=qids)
+    if len(outs) != len(prompts):
+        raise RuntimeError(f"generator returned {len(outs)} outputs for {len(prompts)} stage-{stage} prompts")
+    if ledger is not None:
+        _move_records(private, ledger, qids)
+    result.calls[stage] = result.calls.get(stage, 0) + 1
+    result.items[stage] = result.items.get(stage, 0) + len(prompts)
+    parsed = [_parse_json(stage, o) for o in outs]
+    result.failures[stage] = result.failures.get(stage, 0) + sum(p is None for p in parsed)
+    return parsed
+
+
+def _move_records(src: CostLedger, dst: CostLedger, qids: Sequence[str]) -> None:
+    # The generator books its calls as "reasoner"; the checker's LLM calls go to "judge" so that
+    # the reasoner's and the checker's costs stay apart. Stateless completion sessions are named
+    # "_complete_<i>" by the base class: map them back to the step's question.
+    for r in src.records:
+        qid = r.question_id
+        m = re.fullmatch(r"_complete_(\d+)", qid or "")
+        if m and int(m.group(1)) < len(qids):
+            qid = qids[int(m.group(1))]
+        dst.add("judge", qid, calls=r.calls, input_tokens=r.input_tokens, cached_tokens=r.cached_tokens,
+                output_tokens=r.output_tokens, flops=r.flops, seconds=r.seconds, device_seconds=r.device_seconds)
+    n_batches = sum(src.batches.values())
+    with dst._lock:
+        dst.batches["judge"] += n_batches
+
+
+# ---------------------------------------------------------------------------------------------
+# the tree
+# ---------------------------------------------------------------------------------------------
+def _nli_max(nli: Any, pairs: list[tuple[int, str, str]], ledger: CostLedger | None,
+             qids: Sequence[str]) -> dict[int, np.ndarray]:
+    """Score (step, premise, hypothesis) pairs in one call; per step keep the best-entailing pair."""
+    if not pairs:
+        return {}
+    probs = np.asarray(nli.score([p for _, p, _ in pairs], [h for _, _, h in pairs], ledger=ledger,
+                                 question_ids=[qids[i] for i, _, _ in pairs]), dtype=np.float64)
+    if probs.shape != (len(pairs), 3):
+        raise RuntimeError(f"NLI scorer returned shape {probs.shape} for {len(pairs)} pairs; expected (n, 3)")
+    best: dict[int, np.ndarray] = {}
+    for (i, _, _), p in zip(pairs, probs):
+        if i not in best or p[0] > best[i][0]:
+            best[i] = p
+    return best
+
+
+def _entity_of(s: Step) -> str | None:
+    # Capitalised word runs of the claim that the question does not already name: the
+    # re-search target when stage A gave no entity.
+    q = s.question.lower()
+    runs = re.findall(r"(?:[A-Z][\w'&.-]*\s?)+", s.claim)
+    for r in runs:
+        r = r.strip()
+        if r and r.lower() not in q and r.split()[0].lower() not in {"the", "so", "doc", "i", "it", "this"}:
+            return r
+    return None
+
+
+def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any = None, nli: Any = None,
+          stages: str = STAGES, thresholds: tuple[float, float] = (0.5, 0.5), *, ledger: CostLedger | None = None,
+          from_turn: Mapping[str, int] | None = None, max_new_tokens: Mapping[str, int] | None = None
+          ) -> CheckResult:
+    """Label every step of every trajectory with the five-stage StepGap tree.
+
+    Parameters
+    ----------
+    trajectories : iterable of Trajectory or dict
+    generator : Generator, optional
+        Any :class:`ragfast.models.Generator`; stages A-C call its ``complete`` once each, over
+        all pending steps. Without one, A-C are skipped.
+    nli : NLIScorer-like, optional
+        Anything with ``score(premises, hypotheses, ledger=, question_ids=) -> (n, 3)``
+        probabilities in (entailment, neutral, contradiction) order. Without one, D-E are
+        skipped.
+    stages : str
+        Which of "ABCDE" to run (ablations drop letters).
+    thresholds : (float, float)
+        Entailment and contradiction thresholds of stages D and E.
+    ledger : CostLedger, optional
+        NLI costs go to component "nli", the LLM stages' costs to "judge" (per question).
+    from_turn : mapping, optional
+        Trajectory id -> first turn whose steps are checked; earlier steps are segmented (their
+        documents count as evidence) but left out of the result. Used by the loop to check only
+        the newest turn.
+    max_new_tokens : mapping, optional
+        Per LLM stage ("A", "B", "C") generation budget; defaults 48, 16 and 160 tokens (C
+        copies a whole sentence).
+
+    Returns
+    -------
+    CheckResult
+    """
+    stages = stages.upper()
+    bad = set(stages) - set(STAGES)
+    if bad:
+        raise ConfigError(f"unknown StepGap stages {''.join(sorted(bad))!r}; use letters of {STAGES!r}")
+    t_e, t_c = (float(x) for x in thresholds)
+    if not (0.0 <= t_e <= 1.0 and 0.0 <= t_c <= 1.0):
+        raise ConfigError(f"thresholds must be probabilities, got {thresholds}")
+    active = "".join(s for s in STAGES if s in stages and ((s in "ABC" and generator is not None)
+                                                         or (s in "DE" and nli is not None)))
+    budget = dict(_MAX_NEW)
+    for k, v in (max_new_tokens or {}).items():
+        if k not in _MAX_NEW or int(v) < 1:
+            raise ConfigError(f"max_new_tokens: bad entry {k!r}: {v!r} (stages A, B, C; at least 1)")
+        budget[k] = int(v)
+    trajs = [_coerce(t) for t in trajectories]
+    steps: list[Step] = []
+    for tr in trajs:
+        start = (from_turn or {}).get(tr.id, 0)
+        steps.extend(s for s in segment(tr) if s.turn >= start)
+    labels = [StepLabel(s.trajectory_id, s.index, s.turn, s.kind, s.claim) for s in steps]
+    slots = {"llm": generator.describe() if generator is not None and hasattr(generator, "describe") else None,
+             "nli": nli.describe() if nli is not None and hasattr(nli, "describe") else None}
+    res = CheckResult(steps, labels, active, slots=slots)
+    qids = [s.trajectory_id for s in steps]
+    decided = [False] * len(steps)
+    quotes: list[str | None] = [None] * len(steps)
+
+    def decide(i: int, label: str, stage: str, reason: str, quote: str | None = None,
+               probs: np.ndarray | None = None) -> None:
+        lab = labels[i]
+        lab.label, lab.stage, lab.reason, decided[i] = label, stage, reason, True
+        if quote is not None:
+            lab.quote = quote
+        if probs is not None:
+            lab.probs = [round(float(x), 6) for x in probs]
+
+    # A: alignment of claims, queries and answers with the question's target.
+    if "A" in active:
+        idx = [i for i, s in enumerate(steps) if s.kind in ("claim", "search", "answer")]
+        for i, obj in zip(idx, _run_llm(generator, "A", [steps[i] for i in idx], _prompt_a, ledger, res, budget)):
+            if obj is None:
+                continue
+            if obj.get("entity"):
+                labels[i].entity = obj["entity"].strip() or None
+            if obj["aligned"] is False:
+                decide(i, CC, "A", "the step targets the wrong entity or relation")
+    # B: abstentions. Without evidence there is nothing the abstention could have missed.
+    if "B" in active:
+        for i, s in enumerate(steps):
+            if s.kind == "abstain" and not s.evidence and not decided[i]:
+                decide(i, NO_GAP, "B", "abstained before reading any evidence")
+        idx = [i for i, s in enumerate(steps) if s.kind == "abstain" and not decided[i]]
+        for i, obj in zip(idx, _run_llm(generator, "B", [steps[i] for i in idx], _prompt_b, ledger, res, budget)):
+            if obj is None:
+                continue
+            if obj["justified"]:
+                decide(i, NO_GAP, "B", "abstention justified by the evidence read")
+            else:
+                decide(i, CC, "B", "abstained although the evidence answers the question")
+    # Search steps that passed A, and abstentions B could not judge, have nothing more to check.
+    for i, s in enumerate(steps):
+        if not decided[i] and s.kind in ("search", "abstain"):
+            decide(i, NO_GAP, "-", "nothing further to check for this kind of step")
+    # C: entity consistency of the local evidence and a verbatim quote.
+    if "C" in active:
+        idx = [i for i, s in enumerate(steps) if not decided[i] and s.local]
+        for i, obj in zip(idx, _run_llm(generator, "C", [steps[i] for i in idx], _prompt_c, ledger, res, budget)):
+            if obj is None:
+                continue
+            if obj["consistent"] is False:
+                decide(i, IE, "C", "the local evidence is about another entity")
+                continue
+            q = obj.get("quote")
+            if isinstance(q, str) and q.strip():
+                if _verbatim(q, steps[i].local):
+                    quotes[i] = q.strip()
+                    labels[i].quote = q.strip()
+                else:
+                    res.failures["C_quote_not_verbatim"] = res.failures.get("C_quote_not_verbatim", 0) + 1
+    # D: quote => claim (with C off: local documents => claim).
+    if "D" in active:
+        pairs: list[tuple[int, str, str]] = []
+        for i, s in enumerate(steps):
+            if decided[i]:
+                continue
+            if quotes[i] is not None:
+                pairs.append((i, quotes[i], s.hypothesis))
+            elif "C" not in active:
+                pairs.extend((i, d.as_text(), s.hypothesis) for d in s.local)
+        best = _nli_max(nli, pairs, ledger, qids)
+        if pairs:
+            res.calls["D"] = res.calls.get("D", 0) + 1
+            res.items["D"] = res.items.get("D", 0) + len(pairs)
+        for i, p in best.items():
+            if p[0] >= t_e:
+                decide(i, NO_GAP, "D", "the quote entails the claim", probs=p)
+            elif p[2] >= t_c:
+                decide(i, CC, "D", "the quote contradicts the claim", probs=p)
+            else:
+                decide(i, MB, "D", "the quote is on topic but does not entail the claim", probs=p)
+    # E: conclusive steps without a local quote, against the earlier evidence.
+    if "E" in active:
+        cand = [i for i, s in enumerate(steps) if not decided[i] and quotes[i] is None and s.kind in ("claim", "answer")]
+        pairs = [(i, d.as_text(), steps[i].hypothesis) for i in cand for d in steps[i].earlier]
+        best = _nli_max(nli, pairs, ledger, qids)
+        if pairs:
+            res.calls["E"] = res.calls.get("E", 0) + 1
+            res.items["E"] = res.items.get("E", 0) + len(pairs)
+        for i in cand:
+            p = best.get(i)
+            if p is not None and p[0] >= t_e:
+                decide(i, NO_GAP, "E", "earlier evidence entails the claim", probs=p)
+            else:
+                decide(i, IE, "E", "no earlier document entails the claim" if steps[i].earlier
+                       else "no earlier evidence to support the claim", probs=p)
+    for i in range(len(steps)):
+        if not decided[i]:
+            decide(i, NO_GAP, "-", "no active stage found a gap")
+    for lab, s in zip(labels, steps):
+        if lab.entity is None:
+            lab.entity = _entity_of(s)
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# repairs (used by ragfast.pipelines.stepgap)
+# ---------------------------------------------------------------------------------------------
+def content_words(text: str) -> list[str]:
+    """Lower-case word tokens minus a small stop list (query similarity and bridge terms)."""
+    return [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+
+
+def repair_query(step: Step, label: StepLabel) -> str | None:
+    """The search a repair runs: the step's entity (re-search) or the missing link (bridge).
+
+    A bridge query joins the title of the quoted document with the claim's content words the
+    quote does not contain: what the quote leaves unexplained is what the next hop must find.
+    """
+    if label.label == IE:
+        ent = label.entity or _entity_of(step)
+        return f"{ent} {step.question}".strip() if ent else step.question
+    if label.label == MB:
+        quote_words = set(content_words(label.quote or ""))
+        missing = [w for w in content_words(step.hypothesis) if w not in quote_words]
+        title = next((d.title for d in step.local if label.quote and _norm_ws(label.quote) in _norm_ws(d.text)), "")
+        q = " ".join(dict.fromkeys([title] + missing)).strip()
+        return q or step.question
+    return None
+
+
+def retraction_text(step: Step, label: StepLabel) -> str:
+    """The observation that tells the reasoner one of its claims was contradicted."""
+    why = f' The evidence says: "{label.quote}".' if label.quote else ""
+    return (f"\n\n<information>Check: your claim \"{step.claim}\" is contradicted or off target "
+            f"({label.reason}).{why} Retract it and reason again from the evidence.</information>\n\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# process rewards
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class RewardConfig:
+    """Magnitudes of the per-step process rewards (GRPO-style trainers read them as JSONL).
+
+    ``r_base`` depends on the step's label. ``r_shape`` looks at the next action (the next
+    search or answer step of the same trajectory): the matching repair earns ``match``;
+    answering straight after an IE/MB gap, or repeating a contradicted claim in the answer, is
+    ``ignore``; a next query that is a near-duplicate (word Jaccard >= ``dup_jaccard``) of an
+    earlier query costs ``duplicate``.
+
+    The defaults are PROTOCOLS.md's example values where it gives one (+0.20 no gap, -0.10
+    IE, +0.05 for a detected CC: catching the contradiction is what lets the retraction happen;
+    the shaping term then rewards or penalises what the model does about it).
+    """
+
+    no_gap: float = 0.20
+    irrelevant_evidence: float = -0.10
+    missing_bridge: float = -0.05
+    contradicted_claim: float = 0.05
+    match: float = 0.10
+    ignore: float = -0.10
+    duplicate: float = -0.05
+    dup_jaccard: float = 0.8
+
+    def base(self, label: str) -> float:
+        return {NO_GAP: self.no_gap, IE: self.irrelevant_evidence, MB: self.missing_bridge,
+                CC: self.contradicted_claim}[label]
+
+
+def _jaccard(a: Sequence[str], b: Sequence[str]) -> float:
+    sa, sb = set(a), set(b)
+    return len(sa & sb) / len(sa | sb) if sa | sb else 1.0
+
+
+def process_rewards(result: CheckResult, config: RewardConfig | None = None) -> list[dict[str, Any]]:
+    """Per-step r_base and r_shape records for every labelled step.
+
+    Parameters
+    ----------
+    result : CheckResult
+        From :func:`check`.
+    config : RewardConfig, optional
+
+    Returns
+    -------
+    list of dict
+        ``question_id, step, turn, kind, label, stage, repair, next_action, next_content,
+        r_base, r_shape, reward`` per step.
+    """
+    cfg = config or RewardConfig()
+    by_traj: dict[str, list[tuple[Step, StepLabel]]] = {}
+    for s, lab in zip(result.steps, result.labels):
+        by_traj.setdefault(s.trajectory_id, []).append((s, lab))
+    out = []
+    for tid, rows in by_traj.items():
+        for k, (s, lab) in enumerate(rows):
+            nxt = next(((t, lt) for t, lt in rows[k + 1:] if t.kind in ("search", "answer", "abstain")
+                        and t.index > s.index), None)
+            prev_queries = [content_words(t.claim) for t, _ in rows[:k + 1] if t.kind == "search"]
+            shape = 0.0
+            if nxt is not None:
+                ns = nxt[0]
+                if ns.kind == "search" and any(_jaccard(content_words(ns.claim), q) >= cfg.dup_jaccard
+                                               for q in prev_queries):
+                    shape += cfg.duplicate
+                elif lab.label in (IE, MB):
+                    shape += cfg.match if ns.kind == "search" else cfg.ignore
+                elif lab.label == CC:
+                    repeats = ns.kind == "answer" and ns.claim and _norm_ws(ns.claim) in _norm_ws(s.claim) \
+                        and s.kind != "answer"
+                    shape += cfg.ignore if repeats else cfg.match
+            elif lab.label in GAP_LABELS and s.kind != "answer":
+                shape += cfg.ignore  # the trajectory ended without acting on the gap
+            base = cfg.base(lab.label)
+            out.append({"question_id": tid, "step": s.index, "turn": s.turn, "kind": s.kind, "label": lab.label,
+                        "stage": lab.stage, "repair": lab.repair,
+                        "next_action": nxt[0].kind if nxt else None, "next_content": nxt[0].claim if nxt else None,
+                        "r_base": round(base, 6), "r_shape": round(shape, 6), "reward": round(base + shape, 6)})
+    return out
+
+
+def write_jsonl(records: Iterable[Mapping[str, Any]], path: Any) -> int:
+    """Write records as JSON lines; returns how many."""
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics against human labels
+# ---------------------------------------------------------------------------------------------
+def normalise_label(label: str) -> str:
+    """Canonical label name from an annotation spelling ("CC", "ie", "no_gap", ...)."""
+    key = str(label).strip().lower()
+    if key in _LABEL_ALIASES:
+        return _LABEL_ALIASES[key]
+    raise DataError(f"unknown StepGap label {label!r}; expected one of {LABELS} (or CC/IE/MB/no_gap)")
+
+
+def load_annotations(path: Any) -> dict[tuple[str, int], str]:
+    """Read human step labels.
+
+    Annotation format: one JSON object per line with ``question_id`` (the trajectory id),
+    ``step`` (the step index from :func:`segment`), ``label`` (one of :data:`LABELS`, or
+    CC/IE/MB/no_gap) and optionally ``claim`` (the step text, checked against the segmentation
+    by :func:`align_annotations` when present) and ``note``.
+
+    Returns
+    -------
+    dict
+        (question_id, step) -> canonical label.
+    """
+    out: dict[tuple[str, int], str] = {}
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                key = (str(rec["question_id"]), int(rec["step"]))
+                lab = normalise_label(rec["label"])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise DataError(f"{path}:{n}: bad annotation line ({exc}); need question_id, step, label") from exc
+            if key in out:
+                raise DataError(f"{path}:{n}: step {key} annotated twice")
+            out[key] = lab
+    return out
+
+
+def align_annotations(gold: Mapping[tuple[str, int], str], result: CheckResult
+                      ) -> tuple[list[str], list[str], list[str]]:
+    """Gold labels, predicted labels and question ids for the annotated steps of a result.
+
+    Raises
+    ------
+    DataError
+        When an annotated step is not among the checked steps.
+    """
+    pred = {(lab.trajectory_id, lab.step): lab.label for lab in result.labels}
+    missing = [k for k in gold if k not in pred]
+    if missing:
+        raise DataError(f"{len(missing)} annotated steps are not in the checked trajectories, e.g. {missing[:3]}")
+    keys = sorted(gold)
+    return [gold[k] for k in keys], [pred[k] for k in keys], [k[0] for k in keys]
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
+    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def _binary(gold: Sequence[bool], pred: Sequence[bool]) -> dict[str, float]:
+    tp = sum(g and p for g, p in zip(gold, pred))
+    fp = sum((not g) and p for g, p in zip(gold, pred))
+    fn = sum(g and not p for g, p in zip(gold, pred))
+    tn = sum((not g) and not p for g, p in zip(gold, pred))
+    rates = []
+    if tp + fn:
+        rates.append(tp / (tp + fn))
+    if tn + fp:
+        rates.append(tn / (tn + fp))
+    return {"f1": _f1(tp, fp, fn), "ba": float(np.mean(rates)) if rates else 0.0, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
+
+
+def _metrics_core(gold: Sequence[str], pred: Sequence[str], qids: Sequence[str]) -> dict[str, Any]:
+    g = [x != NO_GAP for x in gold]
+    p = [x != NO_GAP for x in pred]
+    step = _binary(g, p)
+    qs = list(dict.fromkeys(qids))
+    qg = {q: False for q in qs}
+    qp = {q: False for q in qs}
+    for q, a, b in zip(qids, g, p):
+        qg[q] |= a
+        qp[q] |= b
+    ques = _binary([qg[q] for q in qs], [qp[q] for q in qs])
+    typed = {}
+    for lab in GAP_LABELS:
+        tp = sum(a == lab and b == lab for a, b in zip(gold, pred))
+        fp = sum(a != lab and b == lab for a, b in zip(gold, pred))
+        fn = sum(a == lab and b != lab for a, b in zip(gold, pred))
+        typed[lab] = _f1(tp, fp, fn)
+    return {"sF1": step["f1"], "QF1": ques["f1"], "BA": step["ba"], "typed_macro_F1": float(np.mean(list(typed.values()))),
+            "typed_F1": typed, "label_mix_pred": _mix(pred), "confusion": {k: step[k] for k in ("tp", "fp", "fn", "tn")}}
+
+
+def step_metrics(gold: Sequence[str], pred: Sequence[str], question_ids: Sequence[str]) -> dict[str, Any]:
+    """Step- and question-level agreement of predicted gap labels with human labels.
+
+    Parameters
+    ----------
+    gold, pred : sequence of str
+        Labels per step (any spelling :func:`normalise_label` accepts), aligned.
+    question_ids : sequence of str
+        The question of each step.
+
+    Returns
+    -------
+    dict
+        ``sF1`` (binary F1 of "the step has a gap"), ``QF1`` (the same per question: flagged
+        when any step is), ``BA`` (balanced accuracy of the step decision), ``typed_macro_F1``
+        (mean one-vs-rest F1 over the three gap labels) with ``typed_F1``, ``label_mix_gold``,
+        ``label_mix_pred``, ``n_steps``, ``n_questions``, and ``flag_all``: the same metrics of
+        the baseline that flags every step (with the most frequent gold gap label), which shows
+        how far Q-F1 alone can be gamed.
+    """
+    if not (len(gold) == len(pred) == len(question_ids)):
+        raise DataError(f"step_metrics: {len(gold)} gold, {len(pred)} predicted, {len(question_ids)} question ids")
+    if not gold:
+        raise DataError("step_metrics: no steps to score")
+    gold = [normalise_label(x) for x in gold]
+    pred = [normalise_label(x) for x in pred]
+    qids = [str(q) for q in question_ids]
+    out = _metrics_core(gold, pred, qids)
+    out["label_mix_gold"] = _mix(gold)
+    out["n_steps"] = len(gold)
+    out["n_questions"] = len(set(qids))
+    gaps = Counter(x for x in gold if x != NO_GAP)
+    flag_label = gaps.most_common(1)[0][0] if gaps else IE
+    base = _metrics_core(gold, [flag_label] * len(gold), qids)
+    out["flag_all"] = {k: base[k] for k in ("sF1", "QF1", "BA", "typed_macro_F1")}
+    out["flag_all"]["label"] = flag_label
+    return out

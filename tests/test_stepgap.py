@@ -1,0 +1,342 @@
+"""StepGap: segmentation, every branch of the tree on scripted LLM/NLI outputs, ablations,
+batching, rewards, metrics against hand-computed values, and the tiny-model full path."""
+import json
+
+import numpy as np
+import pytest
+
+from ragfast.cost import CostLedger
+from ragfast.errors import ConfigError, DataError
+from ragfast.models.base import Generator
+from ragfast.stepgap import (CC, IE, MB, NO_GAP, RewardConfig, check, load_annotations, process_rewards, segment,
+                             step_metrics)
+from ragfast.types import Trajectory, Turn
+
+
+def obs(*docs):
+    body = "".join(f"Doc {i}(Title: {t}) {x}\n" for i, (t, x) in enumerate(docs, 1))
+    return f"\n\n<information>{body.strip()}</information>\n\n"
+
+
+def t1():
+    return Trajectory(id="t1", question="Where did the band Tinted Windows first perform?", golden_answers=["Tulsa"], turns=[
+        Turn(0, "<think> I need to find the band first. </think>\n<search> Tinted Windows band </search>", "search",
+             "Tinted Windows band", observation=obs(
+                 ('"Tinted Windows (band)"', "Tinted Windows is an American power pop band. Their first performance "
+                                             "was at a festival in Tulsa."),
+                 ("Tulsa", "Tulsa is the second-largest city in Oklahoma."))),
+        Turn(1, "<think> Tinted Windows first performed in Tulsa. Hanson is a band from Oklahoma. The festival was "
+                "held in Austin in 2009. </think>\n<search> Tinted Windows festival 2009 </search>", "search",
+             "Tinted Windows festival 2009", observation=obs(("SXSW", "South by Southwest is held in Austin."))),
+        Turn(2, "<think> Their debut show happened in Tulsa city. </think>\n<answer> Tulsa </answer>", "answer", "Tulsa"),
+    ])
+
+
+def t2():
+    return Trajectory(id="t2", question="Who directed the film Heat?", golden_answers=["Michael Mann"], turns=[
+        Turn(0, "<think> Let me search. </think>\n<search> Heat film director </search>", "search", "Heat film director",
+             observation=obs(("Heat (1995 film)", "Heat is a 1995 crime film written and directed by Michael Mann."),
+                             ("Heat (band)", "Heat is a rock band."))),
+        Turn(1, "<think> Heat was directed by Ridley Scott. Heat won an Oscar in 1996. The director cannot be "
+                "determined from this. </think>\n<answer> cannot be determined </answer>", "answer",
+             "cannot be determined"),
+    ])
+
+
+def t3():
+    return Trajectory(id="t3", question="What year was Tulsa founded?", golden_answers=["1836"], turns=[
+        Turn(0, "<think> The founding year cannot be determined without searching. </think>\n<search> Tulsa founded "
+                "</search>", "search", "Tulsa founded", observation=obs(("Tulsa", "Tulsa is a city in Oklahoma."))),
+        Turn(1, "<think> Nothing here. </think>\n<answer> not enough information </answer>", "answer",
+             "not enough information"),
+        Turn(2, "", "search", "Tulsa founding year", observation=obs(("Tulsa history", "Tulsa was founded in 1836.")),
+             extra={"injected": "re-search"}),
+    ])
+
+
+class ScriptedLLM(Generator):
+    """Answers each stage prompt from a table keyed by a phrase of the step; records every batch."""
+
+    name = "scripted stage outputs (test)"
+    meaningful = False
+
+    def __init__(self, table):
+        self.table = table  # (stage, phrase) -> output text
+        self.sessions = {}
+        self.batches = []
+
+    def start(self, ids, prompts):
+        self.sessions.update(zip(ids, prompts))
+
+    def append(self, ids, texts):
+        for i, t in zip(ids, texts):
+            self.sessions[i] += t
+
+    def end(self, ids):
+        for i in ids:
+            self.sessions.pop(i, None)
+
+    def generate(self, ids, *, stop, max_new_tokens, ledger=None):
+        prompts = [self.sessions[i] for i in ids]
+        self.batches.append(prompts)
+        outs = []
+        for p in prompts:
+            stage = "A" if p.endswith('{"aligned":') else "B" if p.endswith('{"justified":') else "C"
+            line = next(x for x in p.splitlines() if x.startswith(("STEP", "CLAIM")))
+            out = next((v for (st, k), v in self.table.items() if st == stage and k in line), None)
+            if out is None:
+                out = {"A": ' true, "entity": "x"}', "B": " true}", "C": ' true, "quote": null}'}[stage]
+            outs.append(out)
+        if ledger is not None:
+            ledger.add_batch("reasoner", list(ids), input_tokens=[len(p.split()) for p in prompts],
+                             output_tokens=[len(o.split()) for o in outs])
+        return outs
+
+
+class ScriptedNLI:
+    """Probabilities (entailment, neutral, contradiction) from phrase rules; records every call."""
+
+    name = "scripted NLI (test)"
+    meaningful = False
+
+    def __init__(self):
+        self.calls = []
+
+    def describe(self):
+        return {"name": self.name, "meaningful": False}
+
+    def score(self, premises, hypotheses, *, ledger=None, question_ids=None):
+        self.calls.append(list(zip(premises, hypotheses)))
+        out = []
+        for p, h in zip(premises, hypotheses):
+            if "first performance" in p and ("first performed" in h or "debut show" in h):
+                out.append([0.9, 0.05, 0.05])
+            elif "Michael Mann" in p and "Ridley Scott" in h:
+                out.append([0.02, 0.08, 0.9])
+            else:
+                out.append([0.1, 0.8, 0.1])
+        if ledger is not None:
+            ledger.add_batch("nli", list(question_ids), input_tokens=[len(p.split()) + len(h.split())
+                                                                      for p, h in zip(premises, hypotheses)])
+        return np.asarray(out, dtype=np.float32)
+
+
+TABLE = {
+    ("A", "Hanson is a band"): ' false, "entity": "Hanson"}',
+    ("A", "Tinted Windows festival 2009"): " yes it is",  # not JSON: a counted failure, passed on
+    ("C", "first performed in Tulsa"): ' true, "quote": "Their first performance was at a festival in Tulsa."}',
+    ("C", "held in Austin"): ' true, "quote": "The festival was held in Austin."}',  # not verbatim
+    ("C", "is Tulsa."): '{"consistent": false, "quote": null}',  # the answer step; full object form
+    ("C", "Ridley Scott"): ' true, "quote": "Heat is a 1995 crime film written and directed by Michael Mann."}',
+    ("C", "Oscar"): ' true, "quote": "Heat is a 1995 crime film written and directed by Michael Mann."}',
+    ("B", "cannot be determined from this"): " false}",
+    ("B", "STEP: cannot be determined"): ' "maybe"}',  # wrong type: failure
+    ("B", "not enough information"): " true}",
+}
+
+
+def run_all(stages="ABCDE", thresholds=(0.5, 0.5), ledger=None):
+    llm, nli = ScriptedLLM(TABLE), ScriptedNLI()
+    res = check([t1(), t2(), t3()], llm, nli, stages=stages, thresholds=thresholds, ledger=ledger)
+    got = {(lab.trajectory_id, lab.claim): (lab.label, lab.stage) for lab in res.labels}
+    return res, got, llm, nli
+
+
+# -- segmentation ------------------------------------------------------------------------------
+def test_segment_rule():
+    steps = segment(t1())
+    assert [(s.kind, s.turn, s.claim) for s in steps] == [
+        ("search", 0, "Tinted Windows band"),  # the intent sentence "I need to ..." is not a step
+        ("claim", 1, "Tinted Windows first performed in Tulsa."),
+        ("claim", 1, "Hanson is a band from Oklahoma."),
+        ("claim", 1, "The festival was held in Austin in 2009."),
+        ("search", 1, "Tinted Windows festival 2009"),
+        ("claim", 2, "Their debut show happened in Tulsa city."),
+        ("answer", 2, "Tulsa"),
+    ]
+    assert [s.index for s in steps] == list(range(7))
+    assert steps[0].evidence == [] and steps[0].local_turn is None
+    assert [d.title for d in steps[1].evidence] == ["Tinted Windows (band)", "Tulsa"]
+    last = steps[5]
+    assert [d.title for d in last.local] == ["SXSW"] and [d.title for d in last.earlier] == ["Tinted Windows (band)", "Tulsa"]
+    assert steps[6].hypothesis == 'The answer to "Where did the band Tinted Windows first perform?" is Tulsa.'
+    s3 = segment(t3())
+    assert [(s.kind, s.claim) for s in s3] == [
+        ("abstain", "The founding year cannot be determined without searching."),
+        ("search", "Tulsa founded"),
+        ("abstain", "not enough information"),  # "Nothing here." has < 3 words; injected turn gives no step
+    ]
+    # A dict record (as read back from results JSONL) segments the same.
+    assert [s.claim for s in segment(t1().to_dict())] == [s.claim for s in steps]
+    with pytest.raises(DataError):
+        segment(42)
+
+
+# -- the tree ----------------------------------------------------------------------------------
+def test_every_branch_of_the_tree():
+    led = CostLedger()
+    res, got, llm, nli = run_all(ledger=led)
+    assert got[("t1", "Hanson is a band from Oklahoma.")] == (CC, "A")
+    assert got[("t1", "Tinted Windows festival 2009")] == (NO_GAP, "-")  # A failed to parse: passed on
+    assert got[("t1", "Tinted Windows band")] == (NO_GAP, "-")
+    assert got[("t1", "Tinted Windows first performed in Tulsa.")] == (NO_GAP, "D")
+    assert got[("t1", "The festival was held in Austin in 2009.")] == (IE, "E")  # quote not verbatim, no earlier docs
+    assert got[("t1", "Their debut show happened in Tulsa city.")] == (NO_GAP, "E")  # earlier evidence entails
+    assert got[("t1", "Tulsa")] == (IE, "C")
+    assert got[("t2", "Heat was directed by Ridley Scott.")] == (CC, "D")
+    assert got[("t2", "Heat won an Oscar in 1996.")] == (MB, "D")
+    assert got[("t2", "The director cannot be determined from this.")] == (CC, "B")
+    assert got[("t2", "cannot be determined")] == (NO_GAP, "-")  # B failed to parse
+    assert got[("t3", "The founding year cannot be determined without searching.")] == (NO_GAP, "B")  # no evidence
+    assert got[("t3", "not enough information")] == (NO_GAP, "B")
+    assert res.failures == {"A": 1, "B": 1, "C": 0, "C_quote_not_verbatim": 1}
+    by = {(lab.trajectory_id, lab.claim): lab for lab in res.labels}
+    lab = by[("t1", "Tinted Windows first performed in Tulsa.")]
+    assert lab.quote == "Their first performance was at a festival in Tulsa." and lab.probs[0] == pytest.approx(0.9)
+    assert by[("t2", "Heat was directed by Ridley Scott.")].repair == "retract"
+    assert by[("t2", "Heat won an Oscar in 1996.")].repair == "bridge"
+    assert by[("t1", "Tulsa")].repair == "re-search"
+    assert by[("t1", "Hanson is a band from Oklahoma.")].entity == "Hanson"
+    # Batched: one generator call per LLM stage and one NLI call per NLI stage, for all trajectories.
+    assert len(llm.batches) == 3 and res.calls == {"A": 1, "B": 1, "C": 1, "D": 1, "E": 1}
+    assert len(nli.calls) == 2
+    assert res.items["A"] == 11 and res.items["B"] == 3
+    # The checker's LLM costs are booked as "judge", per question; NLI as "nli".
+    tot = led.totals()
+    assert "reasoner" not in tot and tot["judge"]["calls"] == res.items["A"] + res.items["B"] + res.items["C"]
+    assert set(led.per_question()) == {"t1", "t2", "t3"}
+    assert tot["nli"]["calls"] == res.items["D"] + res.items["E"]
+    assert res.slots["llm"]["meaningful"] is False and res.slots["nli"]["meaningful"] is False
+
+
+def test_ablations_switch_stages_off():
+    _, full, _, _ = run_all()
+    _, no_c, _, nli = run_all("ABDE")
+    # Without C, D takes the local documents as premises: the band document entails the claim.
+    assert no_c[("t1", "Tinted Windows first performed in Tulsa.")] == (NO_GAP, "D")
+    assert no_c[("t1", "Tulsa")] == (MB, "D")  # no longer IE from C; local docs are neutral
+    assert all(len(c) > 0 for c in nli.calls)
+    _, no_d, _, _ = run_all("ABCE")
+    assert no_d[("t2", "Heat was directed by Ridley Scott.")] == (NO_GAP, "-")
+    _, no_e, _, _ = run_all("ABCD")
+    assert no_e[("t1", "Their debut show happened in Tulsa city.")] == (NO_GAP, "-")
+    assert no_e[("t1", "The festival was held in Austin in 2009.")] == (NO_GAP, "-")
+    _, no_a, _, _ = run_all("BCDE")
+    assert no_a[("t1", "Hanson is a band from Oklahoma.")] == (IE, "E")
+    _, no_b, _, _ = run_all("ACDE")
+    assert no_b[("t2", "The director cannot be determined from this.")] == (NO_GAP, "-")
+    res, none, llm, nli = run_all("")
+    assert set(none.values()) == {(NO_GAP, "-")} and llm.batches == [] and nli.calls == []
+    _, strict, _, _ = run_all(thresholds=(0.95, 0.5))
+    assert strict[("t1", "Tinted Windows first performed in Tulsa.")] == (MB, "D")
+    with pytest.raises(ConfigError, match="unknown StepGap stages"):
+        check([t1()], stages="ABX")
+    with pytest.raises(ConfigError, match="thresholds"):
+        check([t1()], thresholds=(1.5, 0.5))
+
+
+def test_from_turn_checks_only_new_steps():
+    llm, nli = ScriptedLLM(TABLE), ScriptedNLI()
+    res = check([t1()], llm, nli, from_turn={"t1": 2})
+    assert [lab.claim for lab in res.labels] == ["Their debut show happened in Tulsa city.", "Tulsa"]
+    assert [lab.step for lab in res.labels] == [5, 6]  # indices stay those of the whole trajectory
+
+
+# -- rewards -----------------------------------------------------------------------------------
+def test_process_rewards_base_and_shape(tmp_path):
+    res, _, _, _ = run_all()
+    cfg = RewardConfig()
+    recs = {(r["question_id"], r["step"]): r for r in process_rewards(res, cfg)}
+    assert len(recs) == len(res.labels)
+    # t1 step 2 (Hanson, CC) -> next action is the search (step 4): a matching repair.
+    r = recs[("t1", 2)]
+    assert (r["label"], r["next_action"]) == (CC, "search")
+    assert r["r_base"] == pytest.approx(0.05) and r["r_shape"] == pytest.approx(0.10)
+    # t1 step 3 (IE) -> next action is a search: matched.
+    assert recs[("t1", 3)]["r_shape"] == pytest.approx(0.10) and recs[("t1", 3)]["r_base"] == pytest.approx(-0.10)
+    # t2 step 2 (MB) -> next action is the (abstaining) answer: the gap was ignored.
+    assert recs[("t2", 2)]["label"] == MB and recs[("t2", 2)]["r_shape"] == pytest.approx(-0.10)
+    assert recs[("t2", 2)]["reward"] == pytest.approx(-0.15)
+    # no_gap steps get the base reward only.
+    assert recs[("t1", 1)]["r_base"] == pytest.approx(0.20) and recs[("t1", 1)]["r_shape"] == 0.0
+    # A near-duplicate next query is penalised.
+    dup = t1()
+    dup.turns[1].content = "Tinted Windows band"
+    res2 = check([dup], ScriptedLLM(TABLE), ScriptedNLI())
+    r2 = {x["step"]: x for x in process_rewards(res2, RewardConfig(duplicate=-0.3))}
+    assert r2[3]["r_shape"] == pytest.approx(-0.3)
+    from ragfast.stepgap import write_jsonl
+
+    n = write_jsonl(process_rewards(res), tmp_path / "r.jsonl")
+    lines = (tmp_path / "r.jsonl").read_text().splitlines()
+    assert n == len(lines) == len(res.labels) and {"r_base", "r_shape"} <= set(json.loads(lines[0]))
+
+
+# -- metrics -----------------------------------------------------------------------------------
+def test_step_metrics_hand_computed():
+    gold = [NO_GAP, IE, CC, NO_GAP, MB, IE]
+    pred = ["IE", "ie", "no_gap", NO_GAP, "MB", "CC"]
+    qids = ["q1", "q1", "q1", "q2", "q2", "q3"]
+    m = step_metrics(gold, pred, qids)
+    # binary: tp=3 (1,4,5) fp=1 (0) fn=1 (2) tn=1 (3)
+    assert m["sF1"] == pytest.approx(0.75)
+    assert m["BA"] == pytest.approx((3 / 4 + 1 / 2) / 2)
+    assert m["QF1"] == pytest.approx(1.0)
+    assert m["typed_F1"] == pytest.approx({CC: 0.0, IE: 0.5, MB: 1.0})
+    assert m["typed_macro_F1"] == pytest.approx(0.5)
+    assert m["label_mix_gold"][IE] == pytest.approx(2 / 6)
+    assert m["n_steps"] == 6 and m["n_questions"] == 3
+    # Flag everything (as IE, the commonest gold gap): perfect Q-F1, useless BA.
+    fa = m["flag_all"]
+    assert fa["label"] == IE and fa["QF1"] == pytest.approx(1.0)
+    assert fa["sF1"] == pytest.approx(0.8) and fa["BA"] == pytest.approx(0.5)
+    assert fa["typed_macro_F1"] == pytest.approx(0.5 / 3)
+    with pytest.raises(DataError, match="unknown StepGap label"):
+        step_metrics(["weird"], [NO_GAP], ["q"])
+    with pytest.raises(DataError, match="2 gold"):
+        step_metrics([NO_GAP, NO_GAP], [NO_GAP], ["q"])
+
+
+def test_annotations_roundtrip(tmp_path):
+    from ragfast.stepgap import align_annotations
+
+    p = tmp_path / "gold.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in [
+        {"question_id": "t2", "step": 1, "label": "CC", "claim": "Heat was directed by Ridley Scott."},
+        {"question_id": "t2", "step": 2, "label": "MB"},
+        {"question_id": "t1", "step": 6, "label": "no_gap"},
+    ]) + "\n")
+    gold = load_annotations(p)
+    res, _, _, _ = run_all()
+    g, pr, q = align_annotations(gold, res)
+    assert g == [NO_GAP, CC, MB] and pr == [IE, CC, MB] and q == ["t1", "t2", "t2"]
+    m = step_metrics(g, pr, q)
+    assert m["sF1"] == pytest.approx(0.8)  # tp=2 fp=1 fn=0
+    p.write_text('{"question_id": "t1", "step": 0}\n')
+    with pytest.raises(DataError, match="gold.jsonl:1"):
+        load_annotations(p)
+    with pytest.raises(DataError, match="not in the checked"):
+        align_annotations({("zz", 0): NO_GAP}, res)
+
+
+# -- tiny random models: the real compute path -------------------------------------------------
+def test_full_path_with_tiny_models():
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.nli import NLIScorer
+    from ragfast.models.tiny import tiny_path
+
+    gen = HFGenerator(tiny_path("qwen2"))
+    nli = NLIScorer(tiny_path("deberta-v2"), max_length=256, token_budget=1024)
+    led = CostLedger()
+    # Short budgets: random weights never close the JSON anyway, and the CPU is shared.
+    res = check([t1(), t2(), t3()], gen, nli, ledger=led, max_new_tokens={"A": 6, "B": 4, "C": 6})
+    assert len(res.labels) == len(res.steps) == 15
+    assert all(lab.label in (NO_GAP, CC, IE, MB) for lab in res.labels)
+    # Random weights rarely write valid JSON; whatever failed was counted and passed on.
+    assert sum(res.failures.get(s, 0) for s in "ABC") <= res.items["A"] + res.items.get("B", 0) + res.items.get("C", 0)
+    assert res.calls["A"] == 1 and res.items["A"] == 11
+    tot = led.totals()
+    assert tot["judge"]["calls"] == sum(res.items.get(s, 0) for s in "ABC")
+    assert tot["nli"]["calls"] == sum(res.items.get(s, 0) for s in "DE") > 0
+    assert tot["nli"]["flops"] > 0
+    assert res.slots["llm"]["meaningful"] is False and res.slots["nli"]["meaningful"] is False
