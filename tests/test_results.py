@@ -1,0 +1,153 @@
+"""Crash-safe results files, the run manifest, and kill-then-resume of ``ragfast run searchr1``."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ragfast.errors import DataError
+from ragfast.results import (ResultsWriter, finished_ids, read_manifest, read_results, repair_tail, slot_entry,
+                             strip_timing, write_manifest)
+
+
+def test_writer_appends_refuses_duplicates_and_foreign_files(tmp_path):
+    p = tmp_path / "r.jsonl"
+    with ResultsWriter(p) as w:
+        w.write({"id": "a", "em": 1.0})
+        w.write({"id": "b", "em": 0.0, "text": "ünïcode\nnewline"})
+        with pytest.raises(DataError, match="already in"):
+            w.write({"id": "a"})
+        with pytest.raises(DataError, match="needs an 'id'"):
+            w.write({"em": 1})
+    assert [r["id"] for r in read_results(p)] == ["a", "b"]
+    assert read_results(p)[1]["text"] == "ünïcode\nnewline"
+    assert p.read_text(encoding="utf-8").count("\n") == 2  # one line per record, embedded newline escaped
+    with pytest.raises(DataError, match="--resume"):
+        ResultsWriter(p)
+    with ResultsWriter(p, resume=True) as w:
+        assert w.done == {"a", "b"}
+        w.write({"id": "c"})
+    assert finished_ids(p) == {"a", "b", "c"}
+    assert finished_ids(tmp_path / "missing.jsonl") == set()
+
+
+def test_partial_last_line_is_cut_on_resume(tmp_path):
+    p = tmp_path / "r.jsonl"
+    with ResultsWriter(p) as w:
+        w.write({"id": "a"})
+        w.write({"id": "b", "big": "x" * 200_000})  # longer than one read-back block
+    whole = p.read_bytes()
+    with open(p, "ab") as f:
+        f.write(b'{"id": "c", "big": "' + b"y" * 150_000)  # killed mid-write
+    assert finished_ids(p) == {"a", "b"}  # the partial line does not count as finished
+    with pytest.raises(DataError, match="partial last line"):
+        read_results(p, allow_partial_tail=False)
+    with ResultsWriter(p, resume=True) as w:
+        assert w.repaired_bytes == 150_000 + len(b'{"id": "c", "big": "')
+        assert p.read_bytes() == whole
+        w.write({"id": "c"})
+    assert [r["id"] for r in read_results(p, allow_partial_tail=False)] == ["a", "b", "c"]
+    assert repair_tail(p) == 0
+    only = tmp_path / "only.jsonl"
+    only.write_bytes(b'{"id": "half')
+    assert repair_tail(only) == len(b'{"id": "half') and only.read_bytes() == b""
+
+
+def test_corrupt_line_is_named(tmp_path):
+    p = tmp_path / "r.jsonl"
+    p.write_text('{"id": "a"}\nnot json\n')
+    with pytest.raises(DataError, match=r"r.jsonl:2: not valid JSON"):
+        read_results(p)
+    p.write_text('{"id": "a"}\n[1, 2]\n')
+    with pytest.raises(DataError, match=r":2: .*JSON object with an 'id'"):
+        read_results(p)
+
+
+def test_manifest_slots_and_resume_guard(tmp_path):
+    from ragfast.models.generator import ScriptedGenerator
+
+    gen = ScriptedGenerator()
+    write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen, "judge": {"name": "j", "meaningful": True}},
+                   config={"topk": 3}, seed=1, extra={"data": "x"})
+    m = read_manifest(tmp_path)
+    assert m["slots"]["reasoner"]["meaningful"] is False
+    assert m["slots"]["reasoner"]["answers_meaningful"].startswith("NO")
+    assert "evidence reachability" in m["slots"]["reasoner"]["note"]
+    assert m["config"] == {"topk": 3} and m["seed"] == 1 and m["data"] == "x"
+    write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 3}, seed=1)  # same run
+    with pytest.raises(DataError, match="config differs"):
+        write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 5}, seed=1)
+    with pytest.raises(DataError, match="seed differs"):
+        write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 3}, seed=2)
+    assert slot_entry(object())["meaningful"] is True
+
+
+def test_strip_timing():
+    rec = {"id": "a", "cost": {"reasoner": {"seconds": 1.5, "flops": 2.0, "device_seconds": 0.1}},
+           "turns": [{"extra": {"cost": {"search": {"seconds": 3, "calls": 1}}}}]}
+    assert strip_timing(rec) == {"id": "a", "cost": {"reasoner": {"flops": 2.0}},
+                                 "turns": [{"extra": {"cost": {"search": {"calls": 1}}}}]}
+
+
+def _cli(out, *extra):
+    # The scripted oracle with BM25 keeps torch out of the subprocesses (start-up dominates on a
+    # loaded machine); one question per batch makes the run long enough to kill mid-way.
+    return [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
+            "--data", "hotpotqa-dev", "--limit", "80", "--batch-size", "1", "--no-progress", "--out", str(out),
+            *extra]
+
+
+def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
+    from ragfast.commands.run import run_searchr1_command
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    res = killed / "results.jsonl"
+    deadline = time.time() + 120
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if res.exists() and res.read_bytes().count(b"\n") >= 3:
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    n_before = len(read_results(res))
+    assert 3 <= n_before < 80
+
+    r = subprocess.run(_cli(killed, "--resume"), capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resume: {n_before} of 80 questions already done" in r.stderr
+    assert "EM" in r.stdout and "q/s" in r.stdout and "searches/q" in r.stdout
+    assert "NOT meaningful" in r.stdout and "evidence reachability" in r.stdout
+
+    # The same run, uninterrupted (in-process: same code path as the CLI).
+    full = tmp_path / "full"
+    run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=80, batch_size=1,
+                         out=str(full), progress=False)
+
+    def content(path):
+        return {x["id"]: strip_timing(x) for x in read_results(path / "results.jsonl", allow_partial_tail=False)}
+
+    a, b = content(full), content(killed)
+    assert len(a) == 80 and a == b
+    lines = (killed / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 80 and len({json.loads(x)["id"] for x in lines}) == 80
+    summary = json.loads((killed / "summary.json").read_text())
+    assert summary["questions"] == 80 and summary["this_run_questions"] == 80 - n_before
+    assert summary["slots"]["reasoner"]["meaningful"] is False
+    assert summary["em"] == pytest.approx(sum(x["em"] for x in a.values()) / 80)
+
+    # Resuming with another configuration would mix two runs in one file: refused by name.
+    with pytest.raises(DataError, match="config differs"):
+        run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=80, batch_size=1,
+                             topk=5, out=str(killed), resume=True, progress=False)
