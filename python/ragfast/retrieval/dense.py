@@ -647,6 +647,10 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "emb"
     out = root / f"{corpus_fingerprint(corpus)}-{enc.fingerprint()}"
+    meta = out / "meta.json"
+    if meta.exists():
+        # The cache is keyed by corpus and encoder only: resume with the chunking it was started with.
+        chunk_size = int(json.loads(meta.read_text()).get("chunk_size", chunk_size))
     emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress)
     index = DenseIndex("flat", vectors=load_embeddings(emb.path), storage=storage, kernel_backend=kernel_backend)
     return DenseRetriever(enc, index, corpus)

@@ -1,0 +1,179 @@
+"""Retrieval-server load test: micro-batched vs one-request-at-a-time, on loopback.
+
+Two server processes serve the same retriever over the same corpus on 127.0.0.1: one gathers
+concurrent requests into one retriever call (the default), the other answers one request at a
+time (``batching=False``, the anchor). N concurrent clients (default 32) send Search-R1-style
+single-query requests (``topk=3``, ``return_scores=true``, real HotpotQA dev questions) in
+closed loops. The run alternates windows between the two servers (``--reps`` windows each, of
+``--duration / --reps`` seconds), so machine noise hits both alike, and reports per mode:
+errors, throughput, p50 and p99 latency, the server's mean gathered batch, and the throughput
+ratio batched / one-at-a-time (median over window pairs).
+
+Run ``python bench/bench_server.py`` (``--duration 20`` by default; ``--retriever bm25`` for the
+sparse server; ``--corpus PATH|SAMPLE`` for another corpus; the default is the ``ragfast bench``
+corpus: HotpotQA dev contexts + the 1000-passage Wikipedia sample). Rows go to
+bench/results/bench_server.csv in the harness schema.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import socket
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness import print_table, row, write_csv  # noqa: E402
+
+
+def _corpus(spec: str):
+    from ragfast.data import Corpus, corpus_from_contexts, load_corpus
+
+    if spec == "bench":
+        return Corpus.concat([corpus_from_contexts("hotpotqa-dev"), load_corpus("wiki-sample")])
+    return load_corpus(spec)
+
+
+def _serve(spec: str, kind: str, port: int, batching: bool, ready) -> None:
+    """Server process: build the retriever (cached embeddings) and run uvicorn on loopback."""
+    import uvicorn
+
+    from ragfast.retrieval.server import create_app
+
+    corpus = _corpus(spec)
+    if kind == "bm25":
+        from ragfast.retrieval.bm25 import BM25Retriever
+
+        retriever = BM25Retriever.build(corpus)
+    else:
+        from ragfast.retrieval.dense import build_default_retriever
+
+        retriever = build_default_retriever(corpus, progress=False)
+    retriever.search(["warm-up query"], 3)
+    app = create_app(retriever, default_topk=3, batching=batching)
+    ready.set()
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _window(url: str, queries: list[str], clients: int, seconds: float, seed: int) -> dict:
+    """Closed-loop clients hitting one server for ``seconds``; latencies of completed requests."""
+    import httpx
+
+    lat: list[float] = []
+    errors = 0
+    stop = time.perf_counter() + seconds
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(queries))
+
+    async def client(c: int, cl: httpx.AsyncClient) -> None:
+        nonlocal errors
+        i = c
+        while time.perf_counter() < stop:
+            q = queries[order[i % len(order)]]
+            i += clients
+            t0 = time.perf_counter()
+            try:
+                r = await cl.post(url + "/retrieve", json={"queries": [q], "topk": 3, "return_scores": True})
+                ok = r.status_code == 200 and len(r.json()["result"][0]) == 3
+            except Exception:
+                ok = False
+            if ok:
+                lat.append(time.perf_counter() - t0)
+            else:
+                errors += 1
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    async with httpx.AsyncClient(timeout=60, limits=limits) as cl:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(client(c, cl) for c in range(clients)))
+        wall = time.perf_counter() - t0
+        health = (await cl.get(url + "/health")).json()["stats"]
+    return {"lat": np.asarray(lat), "errors": errors, "wall": wall, "stats": health}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--duration", type=float, default=20.0, help="Seconds of load per mode (split into --reps windows).")
+    ap.add_argument("--clients", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=4, help="Windows per mode (alternating).")
+    ap.add_argument("--retriever", choices=("dense", "bm25"), default="dense")
+    ap.add_argument("--corpus", default="bench", help="'bench' (HotpotQA dev contexts + wiki-sample), a path or a sample.")
+    ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_server.csv"))
+    args = ap.parse_args()
+    if args.duration <= 0 or args.clients < 1 or args.reps < 1:
+        ap.error("--duration, --clients and --reps must be positive")
+
+    from ragfast.data import load_qa
+
+    queries = [q.question for q in load_qa("hotpotqa-dev")]
+    ctx = mp.get_context("spawn")
+    procs, urls = {}, {}
+    try:
+        for mode, batching in (("batched", True), ("one-at-a-time", False)):
+            port, ready = _free_port(), ctx.Event()
+            p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, ready), daemon=True)
+            p.start()
+            if not ready.wait(timeout=1800):
+                raise RuntimeError(f"{mode} server did not come up")
+            procs[mode], urls[mode] = p, f"http://127.0.0.1:{port}"
+        import httpx
+
+        for url in urls.values():  # wait for uvicorn to bind
+            for _ in range(600):
+                try:
+                    if httpx.get(url + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+        n_passages = httpx.get(urls["batched"] + "/health").json()["retriever"].get("passages")
+        win = args.duration / args.reps
+        res: dict[str, list[dict]] = {m: [] for m in urls}
+        prev = {m: {"batches": 0, "queries": 0} for m in urls}
+        for rep in range(args.reps):
+            for mode in (("batched", "one-at-a-time") if rep % 2 == 0 else ("one-at-a-time", "batched")):
+                w = asyncio.run(_window(urls[mode], queries, args.clients, win, seed=rep))
+                st = w["stats"]
+                w["batch"] = (st["queries"] - prev[mode]["queries"]) / max(1, st["batches"] - prev[mode]["batches"])
+                prev[mode] = st
+                res[mode].append(w)
+                print(f"  window {rep} {mode:14s} {len(w['lat']) / w['wall']:8.1f} req/s  "
+                      f"p50 {np.median(w['lat']) * 1e3 if len(w['lat']) else float('nan'):7.1f} ms  "
+                      f"errors {w['errors']}  mean batch {w['batch']:.1f}", flush=True)
+    finally:
+        for p in procs.values():
+            p.terminate()
+            p.join(10)
+
+    params = f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g}"
+    rows = []
+    tput = {}
+    for mode, ws in res.items():
+        tput[mode] = [len(w["lat"]) / w["wall"] for w in ws]
+        rows.append(row("serve_retrieve", mode, params, "throughput", "req/s", tput[mode]))
+        rows.append(row("serve_retrieve", mode, params, "latency_p50", "ms",
+                        [np.percentile(w["lat"], 50) * 1e3 for w in ws if len(w["lat"])] or [np.nan]))
+        rows.append(row("serve_retrieve", mode, params, "latency_p99", "ms",
+                        [np.percentile(w["lat"], 99) * 1e3 for w in ws if len(w["lat"])] or [np.nan]))
+        rows.append(row("serve_retrieve", mode, params, "errors", "count", [sum(w["errors"] for w in ws)]))
+        rows.append(row("serve_retrieve", mode, params, "mean_batch", "queries", [w["batch"] for w in ws]))
+    ratios = [b / a for b, a in zip(tput["batched"], tput["one-at-a-time"]) if a > 0]
+    rows.append(row("serve_retrieve", "batched/one-at-a-time", params, "throughput_ratio", "x", ratios or [np.nan]))
+    write_csv(rows, args.csv)
+    print_table(rows, title=f"retrieval server load test ({params})")
+    errs = sum(w["errors"] for ws in res.values() for w in ws)
+    print(f"micro-batched vs one-request-at-a-time: {np.median(ratios):.2f}x throughput (median of {len(ratios)} "
+          f"window pairs); errors: {errs}; csv: {args.csv}")
+
+
+if __name__ == "__main__":
+    main()
