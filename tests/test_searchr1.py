@@ -334,3 +334,26 @@ def test_determinism_and_resume_after_injected_crash(tmp_path):
     assert c == a  # resumed: same ids, same content (timing aside), nothing duplicated
     ids = [json.loads(line)["id"] for line in crashed.read_text().splitlines()]
     assert len(ids) == len(set(ids)) == 12
+
+
+def test_scripted_oracle_with_the_default_minilm_retriever():
+    # The CLI's default retriever: MiniLM over the corpus built from the questions' contexts
+    # (embeddings cached on disk after the first run, so later runs only encode the queries).
+    torch = pytest.importorskip("torch")
+    from ragfast.retrieval import build_default_retriever
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny batches on a shared box: one thread avoids OpenMP spin contention
+    try:
+        qs, corpus = _hotpot(12)
+        ret = build_default_retriever(corpus, progress=False)
+        led = CostLedger()
+        tr = run_searchr1(qs, ScriptedGenerator(), ret, SearchR1Config(), ledger=led)
+    finally:
+        torch.set_num_threads(n)
+    em = sum(t.em for t in tr) / len(tr)
+    assert em >= 0.25, em  # an evidence oracle over the questions' own contexts must often reach the answer
+    tot = led.totals()
+    assert tot["encoder"]["calls"] > 0 and tot["search"]["calls"] == sum(t.searches for t in tr)
+    sup = [t for t in tr if t.supporting_titles]
+    assert sup and any(set(t.supporting_titles) <= {x for turn in t.turns for x in turn.retrieved_titles} for t in sup)
