@@ -4,6 +4,7 @@ Each op lives in its own module ``ragfast.ops.<op>`` (one stem per op across csr
 tests/ and bench/) and registers its ``ref``, ``cpp`` and ``triton`` implementations on import.
 """
 from __future__ import annotations
+from ragfast.ops import prefix_attention as _prefix_attention  # noqa: E402,F401  (registers ref/triton)
 from ragfast.ops import policy as _policy  # noqa: E402,F401  (registers sweep/bootstrap ref/cpp)
 from ragfast.ops import topk_ip as _topk_ip  # noqa: E402,F401  (registers ref/cpp/triton)
 from ragfast.ops.topk_ip import (  # noqa: E402,F401
