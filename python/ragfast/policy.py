@@ -331,7 +331,7 @@ class ThresholdCurve:
 def threshold_curve(scores, state_em, native_em, native_searches, thresholds, lengths=None, *,
                     state_searches=None, n_resamples: int = 10000, seed: int = 0, method: str = "percentile",
                     confidence: float = 0.95, margin: float = 0.02, searches_ci: bool = True,
-                    backend: str | None = None) -> ThresholdCurve:
+                    dedupe: bool = True, backend: str | None = None) -> ThresholdCurve:
     """Sweep thresholds over recorded trajectories: behaviour, ΔEM and Δsearches with CIs.
 
     Every threshold's paired differences (policy minus native, per question) are bootstrapped
@@ -355,6 +355,8 @@ def threshold_curve(scores, state_em, native_em, native_searches, thresholds, le
         Non-inferiority margin on EM (2 points).
     searches_ci : bool, default True
         Also bootstrap Δsearches (else its CI is NaN).
+    dedupe : bool, default True
+        Resample each distinct difference row once (same result, less work).
     backend : {"ref", "cpp"}, optional
         For both the sweep and the bootstrap.
 
@@ -375,8 +377,11 @@ def threshold_curve(scores, state_em, native_em, native_searches, thresholds, le
     D = np.concatenate(rows, axis=0)
     # Thresholds that change nothing give identical rows; resample each distinct row once
     # (shared indices make the result identical to resampling every row).
-    uniq, inv = np.unique(D, axis=0, return_inverse=True)
-    inv = inv.reshape(-1)
+    if dedupe:
+        uniq, inv = np.unique(D, axis=0, return_inverse=True)
+        inv = inv.reshape(-1)
+    else:
+        uniq, inv = D, np.arange(D.shape[0])
     res = paired_bootstrap(uniq, n_resamples=n_resamples, seed=seed, method=method, confidence=confidence,
                            backend=backend)
     lo, hi = np.asarray(res.low)[inv], np.asarray(res.high)[inv]

@@ -54,7 +54,8 @@ class BootstrapResult:
 
 
 def _interp_sorted(sorted_rows: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Row-wise linear-interpolation quantile (numpy's default method) of pre-sorted rows."""
+    """Row-wise linear-interpolation quantile (numpy's default method) of rows sorted at least
+    at the two order statistics around each level."""
     R = sorted_rows.shape[1]
     pos = np.clip(q, 0.0, 1.0) * (R - 1)
     lo = np.floor(pos).astype(np.int64)
@@ -64,6 +65,22 @@ def _interp_sorted(sorted_rows: np.ndarray, q: np.ndarray) -> np.ndarray:
     a, b = sorted_rows[rows, lo], sorted_rows[rows, hi]
     # numpy's lerp form: stable at both ends
     return np.where(t >= 0.5, b - (b - a) * (1 - t), a + (b - a) * t)
+
+
+def _row_quantiles(x: np.ndarray, q_lo: np.ndarray, q_hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Two linear-interpolation quantiles per row. With the same levels on every row (the
+    percentile method) four order statistics by partition suffice, ~3x cheaper than the full
+    sort BCa's per-row levels need."""
+    R = x.shape[1]
+    if np.all(q_lo == q_lo[0]) and np.all(q_hi == q_hi[0]):
+        ks = []
+        for q in (q_lo[0], q_hi[0]):
+            lo = int(np.floor(np.clip(q, 0.0, 1.0) * (R - 1)))
+            ks += [lo, min(lo + 1, R - 1)]
+        part = np.partition(x, sorted(set(ks)), axis=1)
+        return _interp_sorted(part, q_lo), _interp_sorted(part, q_hi)
+    srt = np.sort(x, axis=1)
+    return _interp_sorted(srt, q_lo), _interp_sorted(srt, q_hi)
 
 
 def paired_bootstrap(a, b=None, n_resamples: int = 10000, seed: int = 0, method: str = "percentile",
@@ -150,9 +167,7 @@ def paired_bootstrap(a, b=None, n_resamples: int = 10000, seed: int = 0, method:
         flat = np.ptp(theta_b, axis=1) == 0
         q_lo = np.where(flat | np.isnan(q_lo), alpha, q_lo)
         q_hi = np.where(flat | np.isnan(q_hi), 1.0 - alpha, q_hi)
-    srt = np.sort(theta_b, axis=1)
-    low = _interp_sorted(srt, q_lo)
-    high = _interp_sorted(srt, q_hi)
+    low, high = _row_quantiles(theta_b, q_lo, q_hi)
     se = theta_b.std(axis=1, ddof=1) if theta_b.shape[1] > 1 else np.zeros(K)
     pick = (lambda v: float(v[0])) if one else (lambda v: v)
     return BootstrapResult(delta=pick(theta), low=pick(low), high=pick(high), se=pick(se), method=method,
