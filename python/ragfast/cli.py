@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "ragfast.commands.stepgap",
     "ragfast.commands.data",
     "ragfast.commands.retrieval",
+    "ragfast.commands.reloop",
 )
 
 
