@@ -217,3 +217,24 @@ def test_dense_retriever_and_cached_builder(small_corpus, tmp_path, monkeypatch)
     assert r2.search(["coral reef off Australia"], 1)[0][0].id == "4"
     with pytest.raises(DataError, match="vectors but the corpus"):
         DenseRetriever(r.encoder, DenseIndex.build(np.ones((3, 384), np.float32)), small_corpus)
+
+
+def test_sharded_save_load_in_processes(data, tmp_path):
+    x, q = data
+    whole = DenseIndex.build(x)
+    ShardedIndex.split(x, 2).save(tmp_path / "sh")
+    inproc = ShardedIndex.load(tmp_path / "sh")
+    assert all(isinstance(s.vectors, np.memmap) for s in inproc.shards)
+    ex = [[int(j) for j in np.random.default_rng(r).choice(len(x), 25, replace=False)] for r in range(len(q))]
+    want = whole.search(q, 9, exclude=ex)
+    with ShardedIndex.load(tmp_path / "sh", processes=True, threads_per_shard=1) as procs:
+        pids = {s.describe()["process"] for s in procs.shards}
+        assert len(pids) == 2  # one process per shard
+        got = procs.search(q, 9, exclude=ex)
+        assert torch.equal(got[1], want[1])
+        np.testing.assert_allclose(got[0].numpy(), want[0].numpy(), atol=1e-6)
+        with pytest.raises(ValueError, match="exceeds"):
+            procs.search(q, len(x) + 1)
+        assert torch.equal(procs.search(q, 4)[1], whole.search(q, 4)[1])  # still serving after an error
+    with pytest.raises(DataError, match="sharded.json"):
+        ShardedIndex.load(tmp_path)

@@ -462,12 +462,100 @@ def _as_matrix(embeddings: Any) -> np.ndarray:
     return arr
 
 
+def _shard_worker(path: str, storage: str | None, kernel_backend: str | None, threads: int | None, conn) -> None:
+    """Child process: map one saved shard and answer search requests over a pipe."""
+    try:
+        if threads:
+            import torch
+
+            torch.set_num_threads(int(threads))
+        idx = DenseIndex.load(path, storage=storage, kernel_backend=kernel_backend)
+        conn.send(("ready", idx.ntotal, idx.dim, idx.describe(), idx.bytes_per_search(), idx.flops_per_query()))
+    except Exception as exc:  # report, don't hang the parent
+        conn.send(("err", f"{type(exc).__name__}: {exc}"))
+        return
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg is None:
+            return
+        q, k, ex, ms = msg
+        try:
+            sc, ids = idx.search(q, k, exclude=ex, min_score=ms)
+            conn.send(("ok", sc.numpy(), ids.numpy()))
+        except Exception as exc:
+            conn.send(("err", f"{type(exc).__name__}: {exc}"))
+
+
+class _ProcessShard:
+    """A saved flat shard served by its own process (memory-mapped there, never copied here)."""
+
+    def __init__(self, path: str | os.PathLike, *, storage: str | None = None, kernel_backend: str | None = None,
+                 threads: int | None = None):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # fork after torch has started threads is unsafe
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=_shard_worker, args=(str(path), storage, kernel_backend, threads, child),
+                                 daemon=True)
+        self._proc.start()
+        child.close()
+        msg = self._conn.recv()
+        if msg[0] != "ready":
+            self._proc.join(5)
+            raise DataError(f"shard process for {path} failed to start: {msg[1]}")
+        _, self.ntotal, self.dim, self._describe, self._bytes, self._flops = msg
+        self.path = str(path)
+
+    def __len__(self) -> int:
+        return self.ntotal
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._describe, "process": self._proc.pid, "path": self.path}
+
+    def bytes_per_search(self) -> int:
+        return self._bytes
+
+    def flops_per_query(self) -> float:
+        return self._flops
+
+    def submit(self, q, k: int, exclude, min_score) -> None:
+        self._conn.send((q.numpy(), k, exclude, min_score))
+
+    def result(self):
+        import torch
+
+        msg = self._conn.recv()
+        if msg[0] != "ok":
+            raise RuntimeError(f"shard {self.path}: {msg[1]}")
+        return torch.from_numpy(msg[1]), torch.from_numpy(msg[2])
+
+    def search(self, q, k: int, *, exclude=None, min_score=None):
+        self.submit(q, k, exclude, min_score)
+        return self.result()
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            try:
+                self._conn.send(None)
+            except (BrokenPipeError, OSError):
+                pass
+            self._proc.join(10)
+            if self._proc.is_alive():
+                self._proc.terminate()
+        self._conn.close()
+
+
 class ShardedIndex:
     """A flat index split into S row ranges, searched shard by shard and merged exactly.
 
     Each shard returns its own top-k; the union of the shards' top-k holds the global top-k,
-    so sorting it by (score desc, row id asc) gives the unsharded answer. Shards are searched
-    in a thread pool (the compiled kernel releases the GIL).
+    so sorting it by (score desc, row id asc) gives the unsharded answer. In-process shards are
+    searched in a thread pool (the compiled kernel releases the GIL); shards loaded with
+    ``processes=True`` each live in their own process, which maps its shard from disk, and are
+    searched in parallel over pipes (only the queries and the k results per shard travel).
 
     Parameters
     ----------
@@ -508,6 +596,62 @@ class ShardedIndex:
                              kernel_backend=kernel_backend) for s in range(num_shards)]
         return cls(shards, threads=threads)
 
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write each shard as a flat index directory ``shard-000`` ... plus ``sharded.json``."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        for i, sh in enumerate(self.shards):
+            if not isinstance(sh, DenseIndex) or sh.backend != "flat":
+                raise ConfigError("only in-process flat shards can be saved")
+            sh.save(out / f"shard-{i:03d}")
+        (out / "sharded.json").write_text(json.dumps({"format": "ragfast-sharded/1", "shards": len(self.shards),
+                                                      "offsets": self.offsets.tolist()}, indent=1))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, *, processes: bool = False, storage: str | None = None,
+             kernel_backend: str | None = None, threads_per_shard: int | None = None) -> "ShardedIndex":
+        """Load a saved sharded index; every shard is memory-mapped (no copy).
+
+        Parameters
+        ----------
+        processes : bool
+            Serve each shard from its own process (which maps only its own rows).
+        threads_per_shard : int, optional
+            torch threads of each shard process.
+        """
+        p = Path(path)
+        meta = p / "sharded.json"
+        if not meta.exists():
+            raise DataError(f"{p} is not a sharded index (no sharded.json)")
+        n = json.loads(meta.read_text())["shards"]
+        dirs = [p / f"shard-{i:03d}" for i in range(n)]
+        if processes:
+            shards: list[Any] = []
+            try:
+                for d in dirs:
+                    shards.append(_ProcessShard(d, storage=storage, kernel_backend=kernel_backend,
+                                                threads=threads_per_shard))
+            except Exception:
+                for sh in shards:
+                    sh.close()
+                raise
+        else:
+            shards = [DenseIndex.load(d, storage=storage, kernel_backend=kernel_backend) for d in dirs]
+        return cls(shards)
+
+    def close(self) -> None:
+        """Stop shard processes (no-op for in-process shards)."""
+        for sh in self.shards:
+            if isinstance(sh, _ProcessShard):
+                sh.close()
+
+    def __enter__(self) -> "ShardedIndex":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def __len__(self) -> int:
         return self.ntotal
 
@@ -537,7 +681,13 @@ class ShardedIndex:
                 local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex]
             return shard.search(q, min(k, len(shard)), exclude=local_ex, min_score=min_score)
 
-        if len(self.shards) == 1:
+        if isinstance(self.shards[0], _ProcessShard):
+            for s_, shard in enumerate(self.shards):  # send to every process, then collect
+                lo, hi = int(self.offsets[s_]), int(self.offsets[s_ + 1])
+                local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex] if ex is not None else None
+                shard.submit(q, min(k, len(shard)), local_ex, min_score)
+            parts = [shard.result() for shard in self.shards]
+        elif len(self.shards) == 1:
             parts = [one(0)]
         else:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(self.shards))) as pool:
