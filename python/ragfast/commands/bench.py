@@ -1,0 +1,43 @@
+"""``ragfast bench``: the main job."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("bench")
+    def bench(
+        limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Run only the first N questions."),
+        out: Optional[str] = typer.Option(None, "--out", "-o", help="Results directory (default ./ragfast-bench)."),
+        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted bench in --out; finished work is not redone."),
+        preset: str = typer.Option("default", "--preset", help="'default' (bundled data and models, offline) or 'paper' "
+                                   "(the S2G study's setting; needs its models under $RAGFAST_MODELS)."),
+        config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field)."),
+        data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (default hotpotqa-dev)."),
+        reasoner: Optional[str] = typer.Option(None, "--reasoner", help="scripted | tiny | local HF path | OpenAI-compatible URL."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled trained head) | tiny | causal-LM path | none."),
+        nli: Optional[str] = typer.Option(None, "--nli", help="tiny | local cross-encoder path."),
+        encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm | local encoder path (e5, bge)."),
+        index: Optional[str] = typer.Option(None, "--index", help="flat | faiss:<factory> | saved index path | /retrieve URL."),
+        budget: Optional[int] = typer.Option(None, "--budget", help="Search turns per question (default 4)."),
+        topk: Optional[int] = typer.Option(None, "--topk", help="Documents per search (default 3)."),
+        threshold: Optional[float] = typer.Option(None, "--threshold", help="S2G STOP threshold (default: selected on validation questions)."),
+        methods: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Repeat to pick methods: searchr1 s2g stepgap reloop."),
+        seed: Optional[int] = typer.Option(None, "--seed"),
+    ) -> None:
+        """Run native Search-R1, S2G stopping, StepGap and RELOOP on the same questions.
+
+        Prints a side-by-side table (EM, F1, searches, tokens/FLOPs/seconds per component, total
+        cost, ΔEM and Δcost against native with paired-bootstrap CIs) and writes trajectories,
+        summary.json, summary.csv, report.md, report.html and PNG plots to --out. With no
+        arguments it runs offline on the bundled HotpotQA dev sample, and says which model
+        filled each slot and whether its answers mean anything.
+        """
+        from ragfast.bench import make_config, run_bench
+
+        cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
+                          encoder=encoder, index=index, budget=budget, topk=topk, threshold=threshold,
+                          methods=list(methods) if methods else None, seed=seed)
+        run_bench(cfg, resume=resume)
