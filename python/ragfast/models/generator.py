@@ -381,6 +381,16 @@ class HFGenerator(Generator):
             raise ModelError(f"cannot load a causal LM from {p}: {exc}") from None
         self.model.to(self.device).eval()
         self.config = self.model.config
+        self.kv_reuse_note = ""
+        if self.kv_reuse:
+            from transformers import DynamicCache
+
+            layers = getattr(DynamicCache(config=self.config), "layers", [])
+            if any(getattr(layer, "is_sliding", False) or not hasattr(layer, "keys") for layer in layers):
+                # Sliding-window and linear-attention layers do not keep one key/value per token,
+                # so per-session caches cannot be cut out and re-padded: re-encode instead.
+                self.kv_reuse = False
+                self.kv_reuse_note = "KV reuse off: the model has sliding-window or linear-attention layers"
         self.dtype = next(self.model.parameters()).dtype
         eos: set[int] = set()
         gc = getattr(self.model, "generation_config", None)
@@ -411,6 +421,8 @@ class HFGenerator(Generator):
         d = {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
              "architecture": (self.config.architectures or [type(self.model).__name__])[0],
              "device": self.device, "dtype": str(self.dtype).replace("torch.", ""), "kv_reuse": self.kv_reuse}
+        if self.kv_reuse_note:
+            d["kv_reuse_note"] = self.kv_reuse_note
         if self.random_weights:
             d["note"] = "random-weight tiny model: exercises the compute path only; answers are meaningless"
         return d
