@@ -340,3 +340,155 @@ def test_full_path_with_tiny_models():
     assert tot["nli"]["calls"] == sum(res.items.get(s, 0) for s in "DE") > 0
     assert tot["nli"]["flops"] > 0
     assert res.slots["llm"]["meaningful"] is False and res.slots["nli"]["meaningful"] is False
+
+
+# -- the loop with repairs ---------------------------------------------------------------------
+import math  # noqa: E402
+import re  # noqa: E402
+from collections import Counter  # noqa: E402
+
+from ragfast.retrieval.base import Hit, Retriever  # noqa: E402
+
+
+class WordOverlap(Retriever):
+    """IDF-weighted word overlap: deterministic and dependency-free, for the loop tests."""
+
+    name = "word overlap (test)"
+
+    def __init__(self, rows):
+        self.rows = rows
+        self.sets = [set(re.findall(r"\w+", r["contents"].lower())) for r in rows]
+        df = Counter(w for s in self.sets for w in s)
+        self.idf = {w: math.log(len(rows) / c) for w, c in df.items()}
+
+    def search(self, queries, k, *, exclude=None, ledger=None, question_ids=None):
+        out = []
+        for q in queries:
+            words = set(re.findall(r"\w+", q.lower()))
+            scored = sorted(((sum(self.idf.get(w, 0.0) for w in words & s), -i) for i, s in enumerate(self.sets)),
+                            reverse=True)[:k]
+            out.append([Hit(self.rows[-i]["id"], sc, self.rows[-i]) for sc, i in scored])
+        if ledger is not None:
+            ledger.add_batch("search", list(question_ids), seconds=1e-4 * len(queries))
+        return out
+
+
+class ConstNLI(ScriptedNLI):
+    def __init__(self, probs):
+        super().__init__()
+        self.probs = probs
+
+    def score(self, premises, hypotheses, *, ledger=None, question_ids=None):
+        super().score(premises, hypotheses, ledger=ledger, question_ids=question_ids)
+        return np.tile(np.asarray(self.probs, dtype=np.float32), (len(premises), 1))
+
+
+def _hotpot(n):
+    from ragfast.data import corpus_from_contexts, load_qa, sample
+
+    qs = load_qa(sample("hotpotqa-dev"))[:n]
+    corpus = corpus_from_contexts(qs)
+    rows = [{"id": i, "contents": c} for i, c in zip(corpus.table.column("id").to_pylist(),
+                                                      corpus.table.column("contents").to_pylist())]
+    return qs, rows
+
+
+def _pipeline(nli, repair=True, max_repairs=2, max_turns=3, n=8):
+    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.pipelines.searchr1 import SearchR1Config
+    from ragfast.pipelines.stepgap import StepGapConfig, StepGapPipeline
+
+    qs, rows = _hotpot(n)
+    cfg = StepGapConfig(searchr1=SearchR1Config(max_turns=max_turns, topk=1), repair=repair, max_repairs=max_repairs)
+    pipe = StepGapPipeline(ScriptedGenerator(max_searches=max_turns), WordOverlap(rows), None, nli, cfg)
+    return pipe, pipe.run(qs)
+
+
+def test_loop_bridge_repairs_within_budget():
+    pipe, trajs = _pipeline(ConstNLI([0.1, 0.8, 0.1]))  # neutral everywhere -> MISSING_BRIDGE -> bridge search
+    injected = 0
+    for t in trajs:
+        sg = t.extra["stepgap"]
+        assert len(sg["labels"]) == len(segment(t)) == len(sg["rewards"])
+        assert [lab["step"] for lab in sg["labels"]] == list(range(len(sg["labels"])))
+        assert len(sg["repairs"]) <= 2
+        assert t.extra["turns_used"] <= 3  # repair searches count against the search budget
+        for rep in sg["repairs"]:
+            assert rep["label"] == MB and rep["repair"] == "bridge"
+            if rep["done"]:
+                assert rep["query"] and rep["cost"]["retrieval_calls"] == 1
+            else:
+                assert rep["skipped"] == "search budget spent"
+        inj = [tu for tu in t.turns if tu.extra.get("injected")]
+        assert all(tu.extra["injected"] == "stepgap:bridge" and tu.observation for tu in inj)
+        assert len(inj) == sg["repair_counts"].get("bridge", 0)
+        injected += len(inj)
+    assert injected > 0
+    tot = pipe.ledger.totals()
+    assert tot["nli"]["calls"] > 0 and "judge" not in tot  # no checker LLM: A-C skipped
+    assert pipe.hook.checks >= 2  # once per turn with running trajectories, plus the final batch
+
+
+def test_loop_retracts_contradicted_claims_and_can_stay_passive():
+    _, trajs = _pipeline(ConstNLI([0.05, 0.05, 0.9]), max_repairs=1)  # contradiction -> retract
+    notes = [tx for t in trajs for tu in t.turns for tx in tu.extra.get("appended", [])]
+    assert notes and all("[check] Your claim" in tx for tx in notes)
+    assert not any(tu.extra.get("injected") for t in trajs for tu in t.turns)  # retraction spends no search
+    assert all(len(t.extra["stepgap"]["repairs"]) <= 1 for t in trajs)
+    _, passive = _pipeline(ConstNLI([0.05, 0.05, 0.9]), repair=False)
+    assert not any(tu.extra.get("appended") or tu.extra.get("injected") for t in passive for tu in t.turns)
+    assert all(t.extra["stepgap"]["labels"] for t in passive)
+
+
+def test_cli_check_ablate_metrics(tmp_path):
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    res_path = tmp_path / "results.jsonl"
+    res_path.write_text("".join(json.dumps(t.to_dict()) + "\n" for t in (t1(), t2(), t3())))
+    runner = CliRunner()
+    r = runner.invoke(app, ["stepgap", "check", "--results", str(res_path), "--out", str(tmp_path / "labels.jsonl"),
+                            "--rewards", str(tmp_path / "rw.jsonl"), "--nli", "none"])
+    assert r.exit_code == 0, r.output
+    labels = [json.loads(x) for x in (tmp_path / "labels.jsonl").read_text().splitlines()]
+    assert len(labels) == 15 and "nli: none" in r.output
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"question_id": lab["trajectory_id"], "step": lab["step"],
+                                        "label": "IE" if lab["kind"] == "answer" else "no_gap"}) + "\n"
+                            for lab in labels))
+    r = runner.invoke(app, ["stepgap", "metrics", "--annotations", str(gold), "--labels", str(tmp_path / "labels.jsonl")])
+    assert r.exit_code == 0, r.output
+    m = json.loads(r.output)
+    assert m["n_steps"] == 15 and m["sF1"] == 0.0 and m["flag_all"]["QF1"] > 0  # nothing checked -> nothing flagged
+    r = runner.invoke(app, ["stepgap", "ablate", "--results", str(res_path), "--annotations", str(gold),
+                            "--nli", "tiny", "--json"])
+    assert r.exit_code == 0, r.output
+    rep = json.loads(r.output[r.output.index("{"):])
+    assert set(rep["variants"]) == {"full", "-A", "-B", "-C", "-D", "-E"}
+    assert rep["variants"]["full"]["changed_steps"] == 0 and "delta" in rep["variants"]["-D"]
+
+
+def test_loop_full_path_with_tiny_models():
+    """Tiny random qwen2 as reasoner and checker, tiny random DeBERTa-v2 as NLI: the real compute path."""
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.nli import NLIScorer
+    from ragfast.models.tiny import tiny_path
+    from ragfast.pipelines.searchr1 import SearchR1Config
+    from ragfast.pipelines.stepgap import StepGapConfig, StepGapPipeline
+
+    qs, rows = _hotpot(2)
+    gen = HFGenerator(tiny_path("qwen2"))
+    nli = NLIScorer(tiny_path("deberta-v2"), max_length=256, token_budget=2048)
+    cfg = StepGapConfig(searchr1=SearchR1Config(max_turns=1, topk=1, max_new_tokens=8, max_obs_tokens=64),
+                        llm_max_new_tokens={"A": 4, "B": 4, "C": 4})
+    pipe = StepGapPipeline(gen, WordOverlap(rows), gen, nli, cfg)
+    trajs = pipe.run(qs)
+    assert len(trajs) == 2
+    for t in trajs:
+        sg = t.extra["stepgap"]
+        assert len(sg["labels"]) == len(segment(t)) == len(sg["rewards"])
+        assert all(lab["label"] in (NO_GAP, CC, IE, MB) for lab in sg["labels"])
+    slots = pipe.slots()
+    assert slots["reasoner"]["meaningful"] is False and slots["nli"]["meaningful"] is False
+    assert "reasoner" in pipe.ledger.totals()

@@ -86,7 +86,7 @@ __all__ = [
     "LABELS", "GAP_LABELS", "NO_GAP", "CC", "IE", "MB", "REPAIRS", "STAGES",
     "Doc", "Step", "StepLabel", "CheckResult", "RewardConfig",
     "segment", "parse_docs", "check", "process_rewards", "write_jsonl",
-    "load_annotations", "align_annotations", "step_metrics",
+    "load_annotations", "align_annotations", "step_metrics", "ablate", "repair_query", "retraction_text",
 ]
 
 NO_GAP = "no_gap"
@@ -485,9 +485,10 @@ def _entity_of(s: Step) -> str | None:
     # re-search target when stage A gave no entity.
     q = s.question.lower()
     runs = re.findall(r"(?:[A-Z][\w'&.-]*\s?)+", s.claim)
+    skip = {"the", "so", "doc", "i", "it", "this", "then", "therefore", "thus", "however", "my", "our"}
     for r in runs:
-        r = r.strip()
-        if r and r.lower() not in q and r.split()[0].lower() not in {"the", "so", "doc", "i", "it", "this"}:
+        r = r.strip().rstrip(".,;:!?'")
+        if r and r.lower() not in q and r.split()[0].lower() not in skip:
             return r
     return None
 
@@ -620,12 +621,13 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
             res.calls["D"] = res.calls.get("D", 0) + 1
             res.items["D"] = res.items.get("D", 0) + len(pairs)
         for i, p in best.items():
+            src = "the quote" if quotes[i] is not None else "the best local document"
             if p[0] >= t_e:
-                decide(i, NO_GAP, "D", "the quote entails the claim", probs=p)
+                decide(i, NO_GAP, "D", f"{src} entails the claim", probs=p)
             elif p[2] >= t_c:
-                decide(i, CC, "D", "the quote contradicts the claim", probs=p)
+                decide(i, CC, "D", f"{src} contradicts the claim", probs=p)
             else:
-                decide(i, MB, "D", "the quote is on topic but does not entail the claim", probs=p)
+                decide(i, MB, "D", f"{src} is on topic but does not entail the claim", probs=p)
     # E: conclusive steps without a local quote, against the earlier evidence.
     if "E" in active:
         cand = [i for i, s in enumerate(steps) if not decided[i] and quotes[i] is None and s.kind in ("claim", "answer")]
@@ -677,10 +679,14 @@ def repair_query(step: Step, label: StepLabel) -> str | None:
 
 
 def retraction_text(step: Step, label: StepLabel) -> str:
-    """The observation that tells the reasoner one of its claims was contradicted."""
+    """The text that tells the reasoner one of its claims was contradicted.
+
+    It is plain text, not an ``<information>`` block: it carries no documents, and evidence
+    parsers (ours and the reasoner's training format) treat ``<information>`` as retrieval.
+    """
     why = f' The evidence says: "{label.quote}".' if label.quote else ""
-    return (f"\n\n<information>Check: your claim \"{step.claim}\" is contradicted or off target "
-            f"({label.reason}).{why} Retract it and reason again from the evidence.</information>\n\n")
+    return (f"\n\n[check] Your claim \"{step.claim}\" is contradicted or off target ({label.reason}).{why} "
+            f"Retract it and reason again from the evidence.\n\n")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -909,4 +915,109 @@ def step_metrics(gold: Sequence[str], pred: Sequence[str], question_ids: Sequenc
     base = _metrics_core(gold, [flag_label] * len(gold), qids)
     out["flag_all"] = {k: base[k] for k in ("sF1", "QF1", "BA", "typed_macro_F1")}
     out["flag_all"]["label"] = flag_label
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# ablations
+# ---------------------------------------------------------------------------------------------
+class _MemoGenerator:
+    """Replays stage outputs already produced for the same prompt (ablation runs re-ask them)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.cache: dict[str, str] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe() if hasattr(self.inner, "describe") else {"name": type(self.inner).__name__}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def complete(self, prompts: Sequence[str], **kw: Any) -> list[str]:
+        todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
+        if todo:
+            qids = kw.pop("question_ids", None)
+            if qids is not None:
+                first = {p: q for p, q in zip(prompts, qids)}
+                kw["question_ids"] = [first[p] for p in todo]
+            for p, o in zip(todo, self.inner.complete(todo, **kw)):
+                self.cache[p] = o
+        return [self.cache[p] for p in prompts]
+
+
+class _MemoNLI:
+    """Replays NLI probabilities already computed for the same pair."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.cache: dict[tuple[str, str], np.ndarray] = {}
+
+    def describe(self) -> dict[str, Any]:
+        return self.inner.describe() if hasattr(self.inner, "describe") else {"name": type(self.inner).__name__}
+
+    def score(self, premises: Sequence[str], hypotheses: Sequence[str], **kw: Any) -> np.ndarray:
+        pairs = list(zip(premises, hypotheses))
+        todo = [p for p in dict.fromkeys(pairs) if p not in self.cache]
+        if todo:
+            qids = kw.pop("question_ids", None)
+            if qids is not None:
+                first = {p: q for p, q in zip(pairs, qids)}
+                kw["question_ids"] = [first[p] for p in todo]
+            probs = self.inner.score([a for a, _ in todo], [b for _, b in todo], **kw)
+            for p, row in zip(todo, np.asarray(probs)):
+                self.cache[p] = row
+        return np.stack([self.cache[p] for p in pairs]) if pairs else np.zeros((0, 3), dtype=np.float32)
+
+
+def ablate(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any = None, nli: Any = None, *,
+           stages: str = STAGES, thresholds: tuple[float, float] = (0.5, 0.5),
+           gold: Mapping[tuple[str, int], str] | None = None, ledger: CostLedger | None = None,
+           max_new_tokens: Mapping[str, int] | None = None) -> dict[str, Any]:
+    """Run the full tree and the tree minus each stage in turn; report what changes.
+
+    LLM outputs and NLI scores are memoised across the runs (the same prompt or pair is
+    answered once), so an ablation costs little more than the full check.
+
+    Parameters
+    ----------
+    trajectories, generator, nli, stages, thresholds, max_new_tokens
+        As for :func:`check`.
+    gold : mapping, optional
+        Human labels from :func:`load_annotations`; adds :func:`step_metrics` per variant and
+        its difference from the full tree.
+
+    Returns
+    -------
+    dict
+        ``variants``: name ("full", "-A", ...) -> {stages, label_mix, changed_steps (vs full),
+        metrics and delta when gold is given}; ``slots`` and ``failures`` of the full run.
+    """
+    trajs = [_coerce(t) for t in trajectories]
+    gen = _MemoGenerator(generator) if generator is not None else None
+    scorer = _MemoNLI(nli) if nli is not None else None
+    runs = {"full": stages.upper()}
+    for s in stages.upper():
+        runs[f"-{s}"] = stages.upper().replace(s, "")
+    out: dict[str, Any] = {"variants": {}}
+    full_labels: list[str] | None = None
+    full_metrics = None
+    for name, st in runs.items():
+        res = check(trajs, gen, scorer, st, thresholds, ledger=ledger, max_new_tokens=max_new_tokens)
+        labs = [lab.label for lab in res.labels]
+        v: dict[str, Any] = {"stages": st, "label_mix": res.label_mix(),
+                             "deciding_stage": dict(Counter(lab.stage for lab in res.labels))}
+        if full_labels is None:
+            full_labels = labs
+            out["slots"], out["failures"], out["steps"] = res.slots, dict(res.failures), len(labs)
+        v["changed_steps"] = sum(a != b for a, b in zip(labs, full_labels))
+        if gold:
+            g, p, q = align_annotations(gold, res)
+            m = step_metrics(g, p, q)
+            v["metrics"] = {k: m[k] for k in ("sF1", "QF1", "BA", "typed_macro_F1")}
+            if full_metrics is None:
+                full_metrics = v["metrics"]
+                out["flag_all"] = m["flag_all"]
+            v["delta"] = {k: v["metrics"][k] - full_metrics[k] for k in full_metrics}
+        out["variants"][name] = v
     return out
