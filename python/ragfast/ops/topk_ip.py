@@ -287,7 +287,8 @@ def _dense(corpus: torch.Tensor | QuantizedCorpus) -> torch.Tensor:
 
 def _select(scores: torch.Tensor, k: int, min_score: float | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k of a dense score matrix: descending score, ties by lower id, -1/-inf for empties."""
-    s = torch.nan_to_num(scores.float(), nan=-math.inf)
+    s = scores.float()
+    s = s.masked_fill(torch.isnan(s), -math.inf)
     if min_score is not None:
         s = s.masked_fill(s < min_score, -math.inf)
     # A stable descending sort keeps equal scores in ascending id order: the tie rule.

