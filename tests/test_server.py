@@ -200,6 +200,13 @@ def test_cli_index_build_then_serve_dense(corpus, tmp_path, live_server):
     assert (out / "vectors.npy").exists() and not (out / "chunks").exists()
     r = load_retriever(str(src), str(out))  # encoder recorded by the build
     assert type(r).__name__ == "DenseRetriever" and r.describe()["encoder"]["preset"] == "minilm"
+    from ragfast.retrieval.dense import DenseIndex, ShardedIndex
+
+    ShardedIndex.split(DenseIndex.load(out), 2).save(tmp_path / "sharded")
+    rs = load_retriever(str(src), str(tmp_path / "sharded"), encoder=r.encoder.name)
+    assert rs.describe()["index"]["backend"] == "sharded"
+    q = ["a passage about the orchid number 7"]
+    assert [h.id for h in rs.search(q, 5)[0]] == [h.id for h in r.search(q, 5)[0]]
     url = live_server(create_app(r))
     res = httpx.post(url + "/retrieve", json={"queries": ["a passage about the saxophone"], "topk": 3,
                                               "return_scores": True}).json()["result"][0]

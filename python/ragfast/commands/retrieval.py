@@ -57,11 +57,13 @@ def register(app: typer.Typer) -> None:
         batch_size: int = typer.Option(64, "--batch-size", help="Encoder batch size."),
         device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),
         keep_chunks: bool = typer.Option(False, "--keep-chunks", help="Keep the embedding chunks after the build."),
+        shards: int = typer.Option(1, "--shards", help="Split a flat index into this many memory-mapped shards."),
     ) -> None:
         """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
         from rich.console import Console
 
         from ragfast.data import load_corpus
+        from ragfast.errors import ConfigError
 
         con = Console(stderr=True)
         t0 = time.perf_counter()
@@ -86,8 +88,15 @@ def register(app: typer.Typer) -> None:
             encode_corpus(enc, corp, chunks, chunk_size=chunk_size, progress=True)
             enc_s = time.perf_counter() - t1
             t2 = time.perf_counter()
-            idx = DenseIndex.build(load_embeddings(chunks), be, storage=storage, factory=factory or "Flat",
-                                   progress=True)
+            if shards > 1:
+                from ragfast.retrieval.dense import ShardedIndex
+
+                if be != "flat":
+                    raise ConfigError("--shards splits flat indexes; faiss shards over GPUs by itself")
+                idx = ShardedIndex.split(load_embeddings(chunks), shards, storage=storage)
+            else:
+                idx = DenseIndex.build(load_embeddings(chunks), be, storage=storage, factory=factory or "Flat",
+                                       progress=True)
             idx.save(outp)
             build_s = time.perf_counter() - t2
             (outp / "encoder.json").write_text(json.dumps({"encoder": encoder, "describe": enc.describe()}, indent=1))

@@ -179,7 +179,7 @@ class Encoder:
         self.name = preset if preset == "minilm" and spec == "minilm" else f"{preset}:{path.name}"
         self.model = None
         self._ort = None
-        self._flops_cache: dict[int, float] = {}
+        self._flops_ok = True
         if backend == "torch":
             try:
                 self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=self.dtype)
@@ -285,18 +285,24 @@ class Encoder:
         if ledger is not None:
             qids = list(question_ids) if question_ids is not None else [None] * n
             ledger.add_batch("encoder", qids, seconds=seconds, input_tokens=lengths.tolist(),
-                             flops=[self._flops(int(L)) for L in lengths])
+                             flops=self._flops(lengths.tolist()))
         return out
 
-    def _flops(self, length: int) -> float:
-        f = self._flops_cache.get(length)
-        if f is None:
+    def _flops(self, lengths: Sequence[int]) -> list[float]:
+        """Per-text forward FLOPs at the true (unpadded) lengths: the useful work."""
+        from ragfast.flops import forward_flops_per_sequence
+
+        if self._flops_ok:
             try:
-                from ragfast.flops import forward_flops
-            except ImportError:
-                forward_flops = _encoder_flops
-            f = self._flops_cache[length] = float(forward_flops(self.config, [length]))
-        return f
+                return forward_flops_per_sequence(self.config, lengths)
+            except ModelError as exc:
+                import warnings
+
+                # An architecture the analytic model does not know: tokens and seconds are still
+                # recorded; FLOPs are left at 0 and the user is told once.
+                warnings.warn(f"encoder FLOPs not counted for {self.path.name}: {exc}", stacklevel=3)
+                self._flops_ok = False
+        return [0.0] * len(lengths)
 
     def _pool(self, hidden, mask):
         import torch
@@ -359,21 +365,6 @@ class Encoder:
         """Embed every passage of a corpus into ``.npy`` chunks; see :func:`encode_corpus`."""
         return encode_corpus(self, corpus, out_dir, chunk_size, progress=progress, max_chunks=max_chunks,
                              on_chunk=on_chunk)
-
-
-def _encoder_flops(config: Any, input_lengths: Sequence[int], past_lengths: Any = None) -> float:
-    """Matmul FLOPs of a BERT-style encoder forward (used only when ragfast.flops is absent).
-
-    Per layer and token: Q, K, V, O projections (4 * 2 * h * h), the feed-forward pair
-    (2 * 2 * h * ff), and attention scores plus the weighted sum (2 * 2 * L * h).
-    """
-    h = int(config.hidden_size)
-    ff = int(getattr(config, "intermediate_size", 4 * h))
-    layers = int(config.num_hidden_layers)
-    total = 0.0
-    for L in input_lengths:
-        total += layers * L * (8 * h * h + 4 * h * ff + 4 * L * h)
-    return total
 
 
 # -- corpus embedding on disk -------------------------------------------------------------------

@@ -277,7 +277,7 @@ def load_retriever(corpus: str | os.PathLike | Any, index: str | os.PathLike | N
     corpus : path, sample name or Corpus
         The passages (``{"id", "contents"}`` rows) whose rows the server returns.
     index : path, optional
-        A directory from ``ragfast index build`` (dense or BM25), a faiss file such as Search-R1's
+        A directory from ``ragfast index build`` (dense, sharded or BM25), a faiss file such as Search-R1's
         ``e5_Flat.index``, or a ``.npy`` matrix. Without one, the corpus is embedded at start-up
         (cached on disk) and searched with the flat kernel.
     encoder : str, optional
@@ -311,6 +311,11 @@ def load_retriever(corpus: str | os.PathLike | Any, index: str | os.PathLike | N
     from ragfast.retrieval.dense import DenseIndex, DenseRetriever, build_default_retriever
     from ragfast.retrieval.encoder import Encoder
 
+    if index is not None and Path(index, "sharded.json").exists():
+        from ragfast.retrieval.dense import ShardedIndex
+
+        return DenseRetriever(Encoder(encoder, device=device, batch_size=batch_size),
+                              ShardedIndex.load(index, storage=storage), corp)
     if index is None:
         return build_default_retriever(corp, encoder=encoder, cache_dir=cache_dir, storage=storage or "fp32",
                                        device=device, batch_size=batch_size, progress=progress)
