@@ -214,3 +214,21 @@ def test_cli_index_build_then_serve_dense(corpus, tmp_path, live_server):
     bad = subprocess.run([sys.executable, "-m", "ragfast.cli", "index", "build", "--corpus", str(tmp_path / "nope"),
                           "--out", str(tmp_path / "x")], capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "no such file" in (bad.stderr + bad.stdout)
+
+
+def test_bounded_load_test_script(tmp_path):
+    """bench/bench_server.py in CI: a short bounded run on loopback, BM25, no errors, CSV rows."""
+    import csv
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "bench_server.py"
+    out = tmp_path / "bs.csv"
+    p = subprocess.run([sys.executable, str(script), "--retriever", "bm25", "--corpus", "wiki-sample", "--duration",
+                        "2", "--reps", "2", "--clients", "8", "--csv", str(out)], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = list(csv.DictReader(open(out)))
+    by = {(r["provider"], r["metric"]): r for r in rows}
+    assert float(by[("batched", "errors")]["p50"]) == 0 and float(by[("one-at-a-time", "errors")]["p50"]) == 0
+    assert float(by[("batched", "throughput")]["p50"]) > 0 and float(by[("one-at-a-time", "mean_batch")]["p50"]) == 1
+    assert ("batched/one-at-a-time", "throughput_ratio") in by
