@@ -982,6 +982,9 @@ class ExtractiveHead(Generator):
         if atype == "yes/no":
             return "yes"
         cells = [it for it in items if it["kind"] == "cell"]
+        choice = "" if cells else self._choose_option(question, items)
+        if choice:
+            return choice
         if cells:
             got = self._from_cells(question, atype, cells, items)
             if got:
@@ -1005,6 +1008,18 @@ class ExtractiveHead(Generator):
             return ""
         row = [it for it in cells if it["row_header"] == best_row["row_header"]]
         q = question.lower()
+        # "In which year was X the largest?": the year column holding the extreme value of the row
+        m = re.search(r"\bwhich year\b.*\b(largest|highest|most|greatest|larger|higher|smallest|lowest|least|"
+                      r"smaller|lower|fewest)\b", q)
+        if m:
+            yv = [(_YEAR.search(it["col_header"]).group(0), _to_float(it["text"])) for it in row
+                  if _YEAR.search(it["col_header"]) and _to_float(it["text"]) is not None]
+            if yv:
+                big = m.group(1) in ("largest", "highest", "most", "greatest", "larger", "higher")
+                return (max if big else min)(yv, key=lambda x: x[1])[0]
+        # TAT-QA's "2019 average X" is the mean of the 2019 and 2018 values
+        if len(years) == 1 and "average" in q:
+            years = [years[0], str(int(years[0]) - 1)]
         if len(years) >= 2 and re.search(r"\b(change|difference|increase|decrease|average|growth)\b", q):
             vals = {}
             for y in years[:2]:
@@ -1022,29 +1037,84 @@ class ExtractiveHead(Generator):
         pick = max(row, key=lambda it: (col_score(it), -it["rank"]))
         return pick["text"]
 
+    def _choose_option(self, question: str, items: list[dict[str, Any]]) -> str:
+        """Comparison questions "..., A or B?": the answer is one of the two options.
+
+        With an age/order cue (older, first, earlier / younger, later) the option whose evidence
+        shows the earlier / later year wins; otherwise the option whose evidence shares more of
+        the question's other content words.
+        """
+        m = re.search(r"[,:]\s*([^,?:]+?)\s+or\s+([^,?]+?)\s*\??\s*$", question)
+        if not m:
+            return ""
+        opts = [m.group(1).strip(" \"'"), m.group(2).strip(" \"'")]
+        if not all(opts):
+            return ""
+        qlow = question.lower()
+        rest = set(_content_words(question[:m.start()]))
+        info = []
+        for o in opts:
+            ow = set(_content_words(o)) or set(_words(o))
+            mine = [it for it in items if ow and len(ow & set(_words(it["text"] + " " + it.get("title", "")))) >= 0.6 * len(ow)]
+            years = [int(y) for it in mine for y in _YEAR.findall(it["text"])]
+            overlap = sum(len(rest & set(_words(it["text"]))) for it in mine)
+            info.append((min(years) if years else None, overlap))
+        if re.search(r"\b(older|oldest|first|earlier|earliest|before)\b", qlow) and all(y is not None for y, _ in info):
+            return opts[0] if info[0][0] <= info[1][0] else opts[1]
+        if re.search(r"\b(younger|youngest|later|latest|newer|most recent|last)\b", qlow) and all(y is not None for y, _ in info):
+            return opts[0] if info[0][0] >= info[1][0] else opts[1]
+        return opts[0] if info[0][1] >= info[1][1] else opts[1]
+
     def _from_text(self, question: str, atype: str, items: list[dict[str, Any]]) -> str:
+        # Score every typed candidate span of every item: the item's overlap with the question's
+        # content words, its rank, and the span's distance (in words) to the nearest question
+        # word in the same sentence (answers sit next to what the question asks about).
         qlow = question.lower()
         qwords = set(_words(question))
+        qcontent = set(_content_words(question))
+        best: tuple[float, str] | None = None
         for it in items:
             text = it["text"]
-            cands: list[str] = []
+            toks = _words(text)
+            hits = [k for k, w in enumerate(toks) if w in qcontent]
+            base = len(set(toks) & qcontent) + 1.0 / it["rank"]
+            cands: list[tuple[str, int]] = []
             if atype == "year":
-                cands = [m.group(0) for m in _DATE.finditer(text)]
+                cands = [(m.group(0), m.start()) for m in _DATE.finditer(text)]
             elif atype in ("number", "percent", "money"):
-                cands = [m.group(0).strip("()") for m in _NUM.finditer(text)]
+                cands = [(m.group(0).strip("()"), m.start()) for m in _NUM.finditer(text)]
             else:
-                cands = [m.group(1) for m in _QUOTED.finditer(text)]
+                cands = [(m.group(1), m.start(1)) for m in _QUOTED.finditer(text)]
                 for m in _CAP_SPAN.finditer(text):
                     span = m.group(0).strip(" .,")
-                    if span and not _YEAR.fullmatch(span) and not re.fullmatch(_MONTHS, span):
-                        cands.append(span)
-            for c in cands:
+                    words = span.split()
+                    while words and words[0].lower() in _STOP:  # "The 2012 ...", "In March ..."
+                        words = words[1:]
+                    span = " ".join(words).strip(" .,")
+                    # names do not hold digits or month names ("June 12, 1835" is a date)
+                    if span and not re.search(r"\d", span) and not re.search(_MONTHS, span):
+                        cands.append((span, m.start()))
+                title = re.sub(r"\s*\([^)]*\)\s*$", "", it.get("title") or "").strip()
+                if title:
+                    cands.append((title, -1))
+            for c, pos in cands:
                 cw = set(_words(c))
-                if not cw or cw <= qwords or c.lower() in qlow:
+                if not cw or cw <= qwords or c.lower() in qlow or cw <= _STOP:
                     continue
                 if atype == "person" and not re.match(r"[A-Z]", c):
                     continue
-                return c
+                score = base
+                if pos >= 0 and hits:
+                    at = len(_words(text[:pos]))
+                    score += 1.0 / (1.0 + min(abs(at - h) for h in hits) / 4.0)
+                elif pos < 0:
+                    score += 0.3  # the item's title: a fair guess for "which ..." questions
+                if atype == "person" and 2 <= len(c.split()) <= 4:
+                    score += 0.5
+                if best is None or score > best[0]:
+                    best = (score, c)
+        if best is not None:
+            return best[1]
         # nothing typed: the lead of the best item, cut to a short phrase
         return " ".join(items[0]["text"].split()[:6]) if items else ""
 
