@@ -1,0 +1,313 @@
+"""Scale-out on Ray: a Ray run equals a single-process run, killed workers are retried without
+losing or duplicating a result, resume, and the Ray-sharded flat index equals the unsharded one.
+
+One local Ray cluster (2 CPUs) serves the whole module. Factories and the crash-injecting
+generator live in this module, which Ray ships to its workers by value (tests/ is not a package
+the workers could import).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+import time
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray")
+
+from ragfast.errors import ConfigError, DataError  # noqa: E402
+from ragfast.models.base import Generator  # noqa: E402
+from ragfast.models.generator import ScriptedGenerator  # noqa: E402
+from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop  # noqa: E402
+from ragfast.results import ResultsWriter, read_results, strip_timing  # noqa: E402
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+N_QUESTIONS = 12
+BATCH = 3  # 4 batches over 2 workers: each worker runs several, so a crash hits work in flight
+
+
+# -- factories (run inside the actors) ---------------------------------------------------------
+
+def load_questions(n: int = N_QUESTIONS):
+    from ragfast.data import load_qa, sample
+
+    return load_qa(sample("hotpotqa-dev"))[:n]
+
+
+def build_bm25(questions):
+    from ragfast.data import corpus_from_contexts
+    from ragfast.retrieval.bm25 import BM25Retriever
+
+    return BM25Retriever.build(corpus_from_contexts(questions))
+
+
+def scripted(device: str = "cpu"):
+    assert device in ("cpu", "cuda")
+    return ScriptedGenerator(seed=0, max_searches=4)
+
+
+class CrashOnce(Generator):
+    """The scripted oracle, except that the first actor to make its ``after``-th generate call
+    dies right there (once per marker file): ``mode="exit"`` exits the process (Ray restarts
+    the actor and re-runs the batch), ``mode="kill"`` kills the actor for good (the driver
+    must resubmit the batch to a fresh actor)."""
+
+    name = "scripted evidence oracle (crash once)"
+    meaningful = False
+
+    def __init__(self, marker: str, after: int, mode: str):
+        self.inner = ScriptedGenerator(seed=0, max_searches=4)
+        self.marker, self.after, self.mode = marker, after, mode
+        self.calls = 0
+
+    def bind_questions(self, qs):
+        self.inner.bind_questions(qs)
+
+    def mark_final(self, ids):
+        self.inner.mark_final(ids)
+
+    def truncate_tokens(self, texts, n):
+        return self.inner.truncate_tokens(texts, n)
+
+    def start(self, ids, prompts):
+        self.inner.start(ids, prompts)
+
+    def append(self, ids, texts):
+        self.inner.append(ids, texts)
+
+    def end(self, ids):
+        self.inner.end(ids)
+
+    def generate(self, ids, *, stop, max_new_tokens, ledger=None):
+        self.calls += 1
+        if self.calls >= self.after:
+            try:
+                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # first one only
+            except FileExistsError:
+                fd = None
+            if fd is not None:
+                os.write(fd, str(os.getpid()).encode())
+                os.close(fd)
+                if self.mode == "exit":
+                    os._exit(17)
+                import ray as _ray
+
+                _ray.kill(_ray.get_runtime_context().current_actor, no_restart=True)
+                time.sleep(60)  # never returns: the kill lands first
+        return self.inner.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)
+
+
+def crash_once(marker: str, after: int, mode: str):
+    return CrashOnce(marker, after, mode)
+
+
+# -- fixtures ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def questions():
+    return load_questions()
+
+
+@pytest.fixture(scope="module")
+def config():
+    return SearchR1Config(max_turns=4, topk=3, batch_size=BATCH)
+
+
+@pytest.fixture(scope="module")
+def single(questions, config, tmp_path_factory):
+    """The reference: one process, SearchR1Loop, results written as questions finish."""
+    out = tmp_path_factory.mktemp("single") / "results.jsonl"
+    loop = SearchR1Loop(ScriptedGenerator(seed=0, max_searches=4), build_bm25(questions), config)
+    with ResultsWriter(out) as w:
+        loop.run(questions, on_finish=lambda t: w.write(t.to_dict()))
+    recs = read_results(out)
+    return {"records": {r["id"]: r for r in recs}, "ledger": loop.ledger}
+
+
+def _run(questions, config, out, **kw):
+    from ragfast.distributed import run_on_ray
+
+    kw.setdefault("make_generator", scripted)
+    kw.setdefault("worker_cpus", 0.5)
+    return run_on_ray(questions, make_retriever=functools.partial(build_bm25, questions), config=config,
+                      out_path=out, num_workers=2, retriever_cpus=0.5, **kw)
+
+
+def _assert_same(result, out, single, questions):
+    recs = read_results(out)
+    ids = [r["id"] for r in recs]
+    assert ids == [q.id for q in questions]  # every question once, in question order
+    assert {i: strip_timing(r) for i, r in zip(ids, recs)} == {i: strip_timing(r) for i, r in single["records"].items()}
+    n = len(recs)
+    ref = list(single["records"].values())
+    assert result.summary == {"questions": n, "em": sum(r["em"] for r in ref) / n,
+                              "f1": sum(r["f1"] for r in ref) / n,
+                              "searches_per_question": sum(r["searches"] for r in ref) / n}
+
+
+# -- the runner ------------------------------------------------------------------------------
+
+def test_ray_run_equals_single_process(cluster, questions, config, single, tmp_path):
+    out = tmp_path / "results.jsonl"
+    seen = []
+    res = _run(questions, config, out, on_result=lambda r: seen.append(r["id"]))
+    _assert_same(res, out, single, questions)
+    assert sorted(seen) == sorted(q.id for q in questions)
+    assert res.questions_done == N_QUESTIONS and res.batches == N_QUESTIONS // BATCH
+    assert res.retried_batches == 0 and res.restarted_batches == 0
+    assert len(res.workers) == 2 and len({w["pid"] for w in res.workers}) == 2
+    assert all(w["device"] == "cpu" and w["meaningful"] is False for w in res.workers)
+    assert res.retriever["name"] == "bm25"
+    # The cost ledger equals the single-process one, record for record, except wall time.
+    strip = lambda led: {c: {k: v for k, v in row.items() if k not in ("seconds", "device_seconds")}  # noqa: E731
+                         for c, row in led.totals().items()}
+    assert strip(res.ledger) == strip(single["ledger"])
+    assert res.ledger.totals()["search"]["calls"] > 0
+
+
+def test_worker_process_exit_is_restarted_by_ray(cluster, questions, config, single, tmp_path):
+    marker = tmp_path / "crashed"
+    out = tmp_path / "results.jsonl"
+    res = _run(questions, config, out, make_generator=functools.partial(crash_once, str(marker), 5, "exit"))
+    assert marker.exists()  # a worker really died mid-run
+    _assert_same(res, out, single, questions)
+    assert res.restarted_batches >= 1  # finished by the actor Ray restarted
+    assert res.retried_batches == 0
+
+
+def test_killed_actor_batch_goes_to_a_fresh_actor(cluster, questions, config, single, tmp_path):
+    marker = tmp_path / "killed"
+    out = tmp_path / "results.jsonl"
+    res = _run(questions, config, out, make_generator=functools.partial(crash_once, str(marker), 5, "kill"))
+    assert marker.exists()
+    _assert_same(res, out, single, questions)
+    assert res.retried_batches == 1  # Ray could not restart it (no_restart): the driver resubmitted
+    assert res.batches == N_QUESTIONS // BATCH
+
+
+def test_resume_runs_only_the_rest(cluster, questions, config, single, tmp_path):
+    out = tmp_path / "results.jsonl"
+    first = questions[:6]
+    # An interrupted earlier run: 6 questions done, then a torn last line.
+    with ResultsWriter(out) as w:
+        for q in reversed(first):
+            w.write(single["records"][q.id])
+    with open(out, "ab") as f:
+        f.write(b'{"id": "torn", "em"')
+    with pytest.raises(DataError, match="already holds results"):
+        _run(questions, config, out)
+    res = _run(questions, config, out, resume=True)
+    assert res.questions_done == N_QUESTIONS - len(first)
+    _assert_same(res, out, single, questions)
+    again = _run(questions, config, out, resume=True)  # finished: no new work, no Ray needed
+    assert again.questions_done == 0 and again.batches == 0
+    _assert_same(again, out, single, questions)
+
+
+def test_bad_input_is_named(questions, config, tmp_path):
+    from ragfast.distributed import run_on_ray
+
+    mk = functools.partial(build_bm25, questions)
+    with pytest.raises(DataError, match="duplicate question id"):
+        run_on_ray(questions[:2] + questions[:1], make_generator=scripted, make_retriever=mk, out_path=tmp_path / "a")
+    with pytest.raises(ConfigError, match="num_workers"):
+        run_on_ray(questions, make_generator=scripted, make_retriever=mk, out_path=tmp_path / "b", num_workers=0)
+    import threading
+
+    lock = threading.Lock()
+    with pytest.raises(ConfigError, match="make_generator cannot be sent"):
+        run_on_ray(questions, make_generator=lambda: lock, make_retriever=mk, out_path=tmp_path / "c")
+    with pytest.raises(ConfigError, match="worker_gpus"):
+        run_on_ray(questions, make_generator=scripted, make_retriever=mk, out_path=tmp_path / "d", worker_gpus="x")
+    assert not (tmp_path / "b").exists() or (tmp_path / "b").stat().st_size == 0
+
+
+def test_cluster_too_small_is_named(cluster, questions, config, tmp_path):
+    with pytest.raises(ConfigError, match="cannot hold the retriever actor"):
+        _run(questions, config, tmp_path / "r.jsonl", worker_cpus=4.0)
+
+
+# -- sharded index -------------------------------------------------------------------------------
+
+def _tie_aware_equal(s1, i1, s2, i2, tol=1e-5):
+    s1, i1, s2, i2 = (np.asarray(x) for x in (s1, i1, s2, i2))
+    assert s1.shape == s2.shape
+    np.testing.assert_allclose(s1, s2, rtol=1e-5, atol=1e-6)
+    for r in range(s1.shape[0]):
+        # Ids whose scores tie (within tol) may come in any order: compare those as sets.
+        groups = np.concatenate([[0], np.cumsum(np.abs(np.diff(s1[r])) > tol)])
+        for g in np.unique(groups):
+            sel = groups == g
+            if sel.all() or g == groups[-1]:
+                # The last group may be cut by k: only the scores are comparable there.
+                continue
+            assert set(i1[r][sel]) == set(i2[r][sel])
+
+
+def test_ray_sharded_equals_unsharded(cluster, tmp_path):
+    from ragfast.distributed import RayShardedIndex, write_vectors
+    from ragfast.retrieval.dense import DenseIndex
+
+    rng = np.random.default_rng(7)
+    n, d = 389, 24
+    emb = rng.standard_normal((n, d)).astype(np.float32)
+    emb[130] = emb[5]  # exact ties across shard boundaries: the lower id must win
+    emb[388] = emb[5]
+    emb[260] = emb[129]
+    path = write_vectors(emb, tmp_path / "vectors")
+    q = rng.standard_normal((6, d)).astype(np.float32)
+    q[0] = emb[5] * 3.0  # row 5 and its copies are the top hits of query 0
+    storage = "fp32"
+    ref = DenseIndex.build(emb, storage=storage)
+    with RayShardedIndex(path, 3, storage=storage, shard_cpus=0.5) as idx:
+        assert len(idx) == n and idx.dim == d and idx.num_shards == 3
+        infos = idx.describe()["shards"]
+        assert [i["lo"] for i in infos] == [0, 130, 260] and [i["hi"] for i in infos] == [130, 260, 389]
+        assert all(i["mmap"] for i in infos)
+        assert all(i["zero_copy"] == (storage == "fp32") for i in infos)
+        for k in (1, 7, 50):
+            s1, i1 = idx.search(q, k)
+            s2, i2 = ref.search(q, k)
+            _tie_aware_equal(s1, i1, s2, i2)
+        s1, i1 = idx.search(q, 3)
+        assert i1[0].tolist() == [5, 130, 388]  # bitwise ties ordered by row id, across shards
+        ex = [[5, 130], [], [1, 2, 3], [], [388], list(range(0, 389, 2))]
+        s1, i1 = idx.search(q, 5, exclude=ex, min_score=0.0)
+        s2, i2 = ref.search(q, 5, exclude=ex, min_score=0.0)
+        _tie_aware_equal(s1, i1, s2, i2)
+        assert not set(i1[5].tolist()) & set(ex[5])
+        from ragfast.cost import CostLedger
+
+        led = CostLedger()
+        idx.search(q[:2], 3, ledger=led, question_ids=["a", "b"])
+        assert led.totals()["search"]["bytes_scanned"] == idx.bytes_per_search()
+        with pytest.raises(DataError, match="dimension"):
+            idx.search(q[:, :5], 3)
+        with pytest.raises(ValueError, match="exceeds"):
+            idx.search(q, n + 1)
+
+
+def test_ray_sharded_bad_input(cluster, tmp_path):
+    from ragfast.distributed import RayShardedIndex, write_vectors
+
+    with pytest.raises(DataError, match="no vectors"):
+        RayShardedIndex(tmp_path / "missing.npy", 2)
+    path = write_vectors(np.ones((4, 3), np.float32), tmp_path / "v.npy")
+    with pytest.raises(ConfigError, match="num_shards"):
+        RayShardedIndex(path, 5, shard_cpus=0.1)
+    (tmp_path / "x.json").write_text(json.dumps({}))
+    with pytest.raises(DataError, match="not a .npy"):
+        RayShardedIndex(tmp_path / "x.json", 2)
