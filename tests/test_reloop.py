@@ -284,3 +284,16 @@ def test_cli_run_reloop(tmp_path):
     p = subprocess.run([sys.executable, "-m", "ragfast.cli", "run", "reloop", "--data", str(tmp_path / "nope.jsonl"),
                         "--out", str(tmp_path / "o")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "no such data file" in p.stderr
+
+
+def test_ledger_records_every_component_per_question(hotpot):
+    led = CostLedger()
+    wss = [rl.text_workspace(q) for q in hotpot[:3]]
+    rows = _run(wss, rl.ReloopConfig(), ledger=led)
+    for r in rows:
+        comps = set(r["cost"])
+        assert {"encoder", "search", "judge", "reasoner"} <= comps, comps
+        assert r["cost"]["search"]["calls"] == sum(1 for t in r["turns"])  # one window search per step
+        assert r["cost"]["reasoner"]["input_tokens"] > 0
+    tot = led.totals()
+    assert tot["encoder"]["calls"] >= sum(len(w.cand) for w in wss)

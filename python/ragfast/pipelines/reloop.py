@@ -57,6 +57,7 @@ __all__ = [
     "kg_path_plan",
     "llm_plans",
     "Workspace",
+    "Track",
     "text_workspace",
     "tatqa_workspace",
     "HashingEncoder",
@@ -604,7 +605,9 @@ class HeuristicSufficiency(Judge):
 # the iterator
 # ---------------------------------------------------------------------------------------------
 @dataclass
-class _Track:
+class Track:
+    """One question's iterator state: what it has read, its budget use, its step log."""
+
     ws: Workspace
     plan: Plan
     selected: list[int] = field(default_factory=list)   # positions in ws.cand, read order
@@ -651,7 +654,7 @@ def _expansion_rows(ws: Workspace, row: int) -> list[int]:
     return []
 
 
-def _encode_candidates(tracks: Sequence[_Track], encoder: Any, ledger: CostLedger | None,
+def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger | None,
                        cache: dict[str, Any] | None) -> None:
     texts, owners = [], []
     for t in tracks:
@@ -676,14 +679,14 @@ def _encode_candidates(tracks: Sequence[_Track], encoder: Any, ledger: CostLedge
             cache[key] = t.ws.emb
 
 
-def iterate(tracks: Sequence[_Track], encoder: Any, judge: Judge, cfg: ReloopConfig, *,
+def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConfig, *,
             ledger: CostLedger | None = None, max_steps: int | None = None, extra_tokens: int = 0,
             emb_cache: dict[str, Any] | None = None, topk_backend: str | None = None) -> None:
     """Run the guided sliding-window loop on every unfinished track, batched per step.
 
     Parameters
     ----------
-    tracks : sequence of _Track
+    tracks : sequence of Track
         Per-question state; updated in place (selected segments, steps, stop reason).
     max_steps : int, optional
         Step cap for this call (the refinement passes a reduced one); never above
@@ -1146,7 +1149,7 @@ def verify(plan: Plan, answer_text: str, pack: Sequence[dict[str, Any]]) -> tupl
     return True, "ok"
 
 
-def answer(tracks: Sequence[_Track], generator: Generator, *, ledger: CostLedger | None = None,
+def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger | None = None,
            max_new_tokens: int = 32) -> list[tuple[str, list[dict[str, Any]]]]:
     """Canonicalise each track's evidence and answer from the pack only (one batched call)."""
     packs = [canonicalise(t.ws, t.selected, t.context) for t in tracks]
@@ -1196,7 +1199,7 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
         if isinstance(judge, HeuristicSufficiency):
             for w, p in zip(batch, plans):
                 judge.set_plan(w.question, p)
-        tracks = [_Track(w, p) for w, p in zip(batch, plans)]
+        tracks = [Track(w, p) for w, p in zip(batch, plans)]
         iterate(tracks, encoder, judge, cfg, ledger=ledger, emb_cache=emb_cache, topk_backend=topk_backend)
         results = answer(tracks, generator, ledger=ledger)
         refined = [False] * len(tracks)
@@ -1207,9 +1210,7 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
             if redo:
                 sub = [tracks[i] for i in redo]
                 for t in sub:
-                    t.done = False
-                    t.plan = Plan(**{**t.plan.__dict__, "entities": list(t.plan.entities)})
-                    t.plan.question = t.ws.question
+                    t.done = False  # resume the same track: read segments stay excluded, the window moves on
                 iterate(sub, encoder, judge, cfg, ledger=ledger,
                         max_steps=max(1, int(round(cfg.max_steps * cfg.refine_fraction))),
                         extra_tokens=max(1, int(cfg.max_tokens * cfg.refine_fraction)), emb_cache=emb_cache,
