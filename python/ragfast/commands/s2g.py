@@ -1,0 +1,229 @@
+"""``ragfast run s2g`` and ``ragfast report s2g``: the S2G stopping judge, run and evaluated.
+
+``run s2g`` writes, into ``--out``:
+
+- ``native.jsonl``: native Search-R1 trajectories (validation and test questions);
+- ``states.jsonl``: per state, the judge's score and the answer-only probe's answer and EM;
+- ``s2g_threshold.json``: the frozen threshold (given, or selected on the validation states);
+- ``s2g.jsonl``: the live run with the judge in the loop (test questions);
+- ``ledger-*.jsonl``, ``manifest.json``, and the report (``s2g_report.md``/``.json``).
+
+``report s2g RESULTS_DIR`` recomputes the report from those files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from ragfast.errors import ConfigError
+
+report_app = typer.Typer(help="Evaluate finished runs from their results directories.", no_args_is_help=True)
+
+__all__ = ["report_app", "register", "run_s2g_command", "report_s2g"]
+
+
+def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0,
+               margin: float = 0.02) -> dict[str, Any]:
+    """Evaluate a ``run s2g`` directory; write ``s2g_report.md`` and ``s2g_report.json`` there.
+
+    Returns
+    -------
+    dict
+        The evaluation (see :func:`ragfast.pipelines.s2g.evaluate`).
+    """
+    from ragfast.pipelines.s2g import evaluate, render_markdown
+
+    d = Path(results_dir)
+    ev = evaluate(d, n_resamples=n_resamples, seed=seed, margin=margin)
+    man = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else None
+    md = render_markdown(ev, man)
+    (d / "s2g_report.md").write_text(md, encoding="utf-8")
+
+    def clean(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+            return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
+        if hasattr(o, "item"):
+            return clean(o.item())
+        return o
+
+    (d / "s2g_report.json").write_text(json.dumps(clean(ev), indent=1) + "\n", encoding="utf-8")
+    return ev
+
+
+def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", retriever: str = "default",
+                    threshold: float | None = None, val_data: str | None = None, val_limit: int = 60,
+                    val_offset: int = 0, min_precision: float = 0.90, limit: int | None = None, offset: int = 0,
+                    batch_size: int = 64, max_turns: int = 4, topk: int = 3, seed: int = 0,
+                    max_new_tokens: int = 500, max_obs_tokens: int = 500, gap_queries: bool = False,
+                    live: bool = True, n_resamples: int = 10000, corpus: str | None = None, device: str = "cpu",
+                    overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+    """What ``ragfast run s2g`` does; returns the evaluation it reports.
+
+    Raises
+    ------
+    ConfigError
+        On a missing threshold source, overlapping validation and test questions, or an output
+        directory that already holds a run (without ``overwrite``).
+    """
+    from rich.console import Console
+
+    from ragfast.commands.run import make_generator, make_retriever
+    from ragfast.cost import CostLedger
+    from ragfast.data import load_qa
+    from ragfast.models.judge import load_judge
+    from ragfast.pipelines.s2g import RecordedStates, record_states, run_s2g
+    from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop
+    from ragfast.policy import select_threshold, stop_precision_recall
+    from ragfast.results import ResultsWriter, slot_entry, write_manifest
+
+    con = Console(stderr=True)
+    if threshold is None and not val_data:
+        raise ConfigError("give --threshold, or --val-data to select one (max STOP recall at --min-precision)")
+    if threshold is not None and math.isnan(threshold):
+        raise ConfigError("--threshold must be a number")
+    if limit is not None and limit < 1:
+        raise ConfigError(f"--limit must be >= 1, got {limit}")
+    out_dir = Path(out)
+    if (out_dir / "states.jsonl").exists() and not overwrite:
+        raise ConfigError(f"{out_dir} already holds an S2G run: pass --overwrite, or another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl"):
+        (out_dir / name).unlink(missing_ok=True)
+
+    all_test = load_qa(data)
+    test = all_test[offset: offset + limit if limit else None]
+    val: list = []
+    all_val: list = []
+    if threshold is None:
+        all_val = load_qa(val_data)
+        val = all_val[val_offset: val_offset + val_limit]
+        clash = {q.id for q in val} & {q.id for q in test}
+        if clash:
+            raise ConfigError(f"{len(clash)} question ids are in both the validation and the test questions "
+                              f"(e.g. {sorted(clash)[0]!r}); use --val-offset/--offset to separate them")
+    if not test:
+        raise ConfigError("no test questions (check --offset/--limit)")
+    cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
+                         batch_size=batch_size, seed=seed)
+    gen = make_generator(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
+    ret = make_retriever(retriever, list(all_test) + list(all_val), corpus=corpus, device=device, progress=progress)
+    jd = load_judge(judge, device=device)
+    slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret), "judge": slot_entry(jd)}
+    write_manifest(out_dir, pipeline="s2g", slots=slots, config={**cfg.to_dict(), "gap_queries": gap_queries,
+                                                                 "min_precision": min_precision},
+                   seed=seed, extra={"data": str(data), "val_data": val_data, "offset": offset, "limit": limit,
+                                     "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold})
+
+    t0 = time.perf_counter()
+    # 1. native trajectories (validation + test), written as they finish
+    nat_led = CostLedger()
+    with ResultsWriter(out_dir / "native.jsonl") as w:
+        native = SearchR1Loop(gen, ret, cfg, ledger=nat_led).run(list(val) + list(test),
+                                                                 on_finish=lambda t: w.write(t.to_dict()))
+    nat_led.save(out_dir / "ledger-native.jsonl")
+    con.print(f"native: {len(native)} trajectories, {sum(t.searches for t in native) / len(native):.2f} searches/q")
+    # 2. judge scores and answer-only probes of every recorded state
+    jl, pl = CostLedger(), CostLedger()
+    val_ids = {q.id for q in val}
+    rec = record_states(native, jd, gen, max_new_tokens=max_new_tokens, batch_size=batch_size, judge_ledger=jl,
+                        probe_ledger=pl, split=["val" if t.id in val_ids else "test" for t in native])
+    rec.save(out_dir / "states.jsonl")
+    jl.save(out_dir / "ledger-judge-states.jsonl")
+    pl.save(out_dir / "ledger-probe.jsonl")
+    # 3. the frozen threshold
+    if threshold is None:
+        vs = rec.subset([s == "val" for s in rec.split])
+        s, y, g = vs.state_table()
+        thr = select_threshold(s, y, min_precision)
+        p, r, n = stop_precision_recall(s, y, [thr])
+        info = {"threshold": thr, "source": "selected", "min_precision": min_precision,
+                "val_questions": len(val), "val_states": int(s.size), "val_precision": float(p[0]),
+                "val_recall": float(r[0]), "val_states_stopped": int(n[0]), "labels": "answer-only probe EM"}
+    else:
+        thr = float(threshold)
+        info = {"threshold": thr, "source": "given"}
+    (out_dir / "s2g_threshold.json").write_text(json.dumps({k: (str(v) if isinstance(v, float) and math.isinf(v) else v)
+                                                            for k, v in info.items()}, indent=1) + "\n")
+    con.print(f"threshold: {thr} ({info['source']})")
+    # 4. the live run with the judge in the loop
+    if live:
+        led = CostLedger()
+        with ResultsWriter(out_dir / "s2g.jsonl") as w:
+            run_s2g(test, gen, ret, jd, thr, cfg, gap_queries=gap_queries, ledger=led,
+                    on_finish=lambda t: w.write(t.to_dict()))
+        led.save(out_dir / "ledger-s2g.jsonl")
+    ev = report_s2g(out_dir, n_resamples=n_resamples, seed=seed)
+    p = ev["paired"].get("live", ev["paired"]["replay"])
+    print(f"s2g: {p['questions']} test questions in {time.perf_counter() - t0:.1f}s  threshold {thr:.4g}  "
+          f"EM {p['em_new']:.4f} (native {p['em_native']:.4f})  searches/q {p['searches_new']:.3f} "
+          f"(native {p['searches_native']:.3f})  report: {out_dir / 's2g_report.md'}")
+    if not all(d["meaningful"] for d in slots.values()):
+        print("NOTE: some slots are NOT meaningful (" + "; ".join(f"{k} = {d.get('name')}" for k, d in slots.items()
+                                                               if not d["meaningful"]) + ")")
+    return ev
+
+
+def s2g_run_cmd(
+    model: str = typer.Option(..., "--model", help="Reasoner: scripted | tiny | a local model directory | a URL."),
+    data: str = typer.Option(..., "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
+    out: str = typer.Option(..., "--out", help="Output directory."),
+    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled head) | a head file/dir | a causal-LM dir."),
+    retriever: str = typer.Option("default", "--retriever", help="default | bm25 | an index path | a URL."),
+    threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
+                                                                        "--val-data)."),
+    val_data: Optional[str] = typer.Option(None, "--val-data", help="Validation QA file/sample for the threshold."),
+    val_limit: int = typer.Option(60, "--val-limit"),
+    val_offset: int = typer.Option(0, "--val-offset"),
+    min_precision: float = typer.Option(0.90, "--min-precision", help="STOP precision the threshold must reach."),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only N test questions."),
+    offset: int = typer.Option(0, "--offset", help="Skip the first N test questions."),
+    batch_size: int = typer.Option(64, "--batch-size"),
+    max_turns: int = typer.Option(4, "--max-turns"),
+    topk: int = typer.Option(3, "--topk"),
+    seed: int = typer.Option(0, "--seed"),
+    max_new_tokens: int = typer.Option(500, "--max-new-tokens"),
+    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens"),
+    gap_queries: bool = typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra search."),
+    no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
+    n_resamples: int = typer.Option(10000, "--n-resamples"),
+    corpus: Optional[str] = typer.Option(None, "--corpus"),
+    device: str = typer.Option("cpu", "--device"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+) -> None:
+    """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
+    run_s2g_command(model=model, data=data, out=out, judge=judge, retriever=retriever, threshold=threshold,
+                    val_data=val_data, val_limit=val_limit, val_offset=val_offset, min_precision=min_precision,
+                    limit=limit, offset=offset, batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
+                    max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, gap_queries=gap_queries,
+                    live=not no_live, n_resamples=n_resamples, corpus=corpus, device=device, overwrite=overwrite,
+                    progress=not no_progress)
+
+
+@report_app.command("s2g")
+def s2g_report_cmd(
+    results_dir: str = typer.Argument(..., help="A directory written by `ragfast run s2g`."),
+    n_resamples: int = typer.Option(10000, "--n-resamples"),
+    seed: int = typer.Option(0, "--seed"),
+    margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),
+) -> None:
+    """Four-part S2G evaluation and the judge's cost balance; writes s2g_report.md/.json."""
+    report_s2g(results_dir, n_resamples=n_resamples, seed=seed, margin=margin)
+    print((Path(results_dir) / "s2g_report.md").read_text(encoding="utf-8"))
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``run s2g`` to the shared run group and the ``report`` group with ``report s2g``."""
+    from ragfast.commands.run import run_app
+
+    run_app.command("s2g")(s2g_run_cmd)
+    app.add_typer(report_app, name="report")

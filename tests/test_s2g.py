@@ -1,0 +1,272 @@
+"""S2G: the judge in the Search-R1 loop, replay against live, the reachability audit, the report."""
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from ragfast.cost import CostLedger
+from ragfast.errors import ConfigError, DataError
+from ragfast.models.base import Judge
+from ragfast.models.generator import ScriptedGenerator
+from ragfast.pipelines.s2g import (JudgeStopHook, RecordedStates, evaluate, gap_query, reachability, record_states,
+                                   render_markdown, replay, run_s2g, state_prefixes)
+from ragfast.pipelines.searchr1 import SearchR1Config, run_searchr1
+from ragfast.results import ResultsWriter
+
+
+class OverlapJudge(Judge):
+    """Deterministic lexical judge: share of question words found in the evidence, plus a
+    little per block. Counts its calls and every state it was shown."""
+
+    name = "overlap (test)"
+    meaningful = False
+
+    def __init__(self):
+        self.calls = 0
+        self.seen: list[tuple[str, int]] = []
+
+    def stop_scores(self, states, *, ledger=None, question_ids=None):
+        self.calls += 1
+        out = []
+        for s in states:
+            self.seen.append((s.question, len(s.evidence)))
+            q = set(re.findall(r"[a-z]{4,}", s.question.lower()))
+            ev = set(re.findall(r"[a-z]{4,}", " ".join(s.evidence).lower()))
+            out.append(len(q & ev) / max(1, len(q)) + 0.05 * len(s.evidence) if s.evidence else np.nan)
+        if ledger is not None:
+            ledger.add_batch("judge", list(question_ids), seconds=0.001 * len(states), flops=[1e6] * len(states),
+                             input_tokens=[10] * len(states))
+        return np.array(out)
+
+
+class Verdict:
+    def __init__(self, gaps):
+        self.sufficient = not gaps
+        self.gap_items = gaps
+
+
+class GapJudge(OverlapJudge):
+    """Never stops; asks for one named bridge entity."""
+
+    def stop_scores(self, states, **kw):
+        return np.full(len(states), -1.0)
+
+    def verdicts(self, states, max_new_tokens=160, *, ledger=None, question_ids=None):
+        return [Verdict([{"category": "bridge entity", "target": "Gustave Eiffel", "slot": "birth year",
+                          "description": "x"}]) for _ in states]
+
+
+@pytest.fixture(scope="module")
+def hotpot():
+    from ragfast.data import corpus_from_contexts, load_qa, sample
+    from ragfast.retrieval.bm25 import BM25Retriever
+
+    qs = load_qa(sample("hotpotqa-dev"))[:36]
+    return qs, BM25Retriever.build(corpus_from_contexts(qs))
+
+
+@pytest.fixture(scope="module")
+def recorded(hotpot):
+    qs, ret = hotpot
+    cfg = SearchR1Config(batch_size=16, topk=2)
+    native = run_searchr1(qs, ScriptedGenerator(), ret, cfg)
+    rec = record_states(native, OverlapJudge(), ScriptedGenerator(), batch_size=25)
+    return native, rec, cfg
+
+
+def test_state_prefixes_follow_the_session(recorded):
+    native, rec, _ = recorded
+    tr = max(native, key=lambda t: t.searches)
+    pre = state_prefixes(tr)
+    assert len(pre) == tr.searches + 1 == len(tr.states()) and pre[0] == ""
+    for t in range(1, len(pre)):
+        assert pre[t].count("<information>") == t and pre[t].endswith("</information>\n\n")
+        assert pre[t].startswith(pre[t - 1])
+    # the native session at the last state: the answer turn is the only thing after it
+    full = "".join(x.generated + x.observation for x in tr.turns)
+    assert full.startswith(pre[-1]) and "<answer>" in full[len(pre[-1]):]
+
+
+def test_record_states_shapes_and_probe_at_native_stop(recorded):
+    native, rec, _ = recorded
+    assert rec.lengths.tolist() == [t.searches + 1 for t in native]
+    assert np.isnan(rec.scores[:, 0]).all()  # state 0 is never scored
+    for b, t in enumerate(native):
+        assert np.isfinite(rec.scores[b, 1:t.searches + 1]).all()
+        # Probing the last state reproduces the native answer: the scripted reasoner is
+        # deterministic and its answer turn sees the same session.
+        assert rec.probe_answers[b][t.searches] == t.answer
+        assert rec.probe_em[b, t.searches] == t.em
+
+
+def test_replay_equals_live_in_loop_stopping(hotpot, recorded):
+    qs, ret = hotpot
+    native, rec, cfg = recorded
+    s, _, _ = rec.state_table()
+    thresholds = list(np.quantile(s[np.isfinite(s)], [0.15, 0.5, 0.85])) + [math.inf, -math.inf]
+    stopped_any = 0
+    for thr in thresholds:
+        judge = OverlapJudge()
+        led = CostLedger()
+        live = run_s2g(qs, ScriptedGenerator(), ret, judge, thr, cfg, ledger=led)
+        r = replay(rec, thr)
+        assert [t.em for t in live] == r.em.tolist()
+        assert [t.searches for t in live] == r.searches.tolist()
+        assert [t.answer for t in live] == r.answers
+        stops = [t.extra.get("judge_stop_state", -1) for t in live]
+        assert stops == r.stop_state.tolist()
+        assert [t.stop_reason == "judge" for t in live] == (r.stop_state >= 0).tolist()
+        stopped_any += int((r.stop_state >= 0).sum())
+        # the live judge saw each retrieval state once, state 0 never, batched: at most one
+        # call per turn of each batch
+        assert all(n >= 1 for _, n in judge.seen)
+        assert len(judge.seen) == sum(t.searches for t in live)
+        assert all(len(t.extra["judge_scores"]) == t.searches + 1 for t in live)
+        assert judge.calls <= cfg.max_turns * math.ceil(len(qs) / cfg.batch_size)
+        for t, b in zip(live, range(len(live))):
+            sc = t.extra["judge_scores"]
+            assert sc[0] is None
+            np.testing.assert_allclose([np.nan if x is None else x for x in sc[1:]], rec.scores[b, 1:len(sc)])
+        # judge costs reach the per-question records
+        assert led.totals()["judge"]["calls"] == len(judge.seen)
+    assert stopped_any > 0
+    # +inf never stops (replay = native), -inf stops every trajectory at its first retrieval
+    assert replay(rec, math.inf).em.tolist() == [t.em for t in native]
+    assert (replay(rec, -math.inf).stop_state == 1).all()
+
+
+def test_gap_items_drive_an_injected_search(hotpot):
+    qs, ret = hotpot
+    assert gap_query(" Who? ", [{"target": "A", "slot": "b"}, {"description": "desc"}, {"target": "C"},
+                                {"target": "D"}]) == "Who? A b desc C"
+    cfg = SearchR1Config(batch_size=8, topk=2, max_turns=3)
+    live = run_s2g(qs[:4], ScriptedGenerator(), ret, GapJudge(), 0.0, cfg, gap_queries=True)
+    injected = [x for t in live for x in t.turns if x.extra.get("injected") == "gap"]
+    assert injected and all(x.content.endswith("Gustave Eiffel birth year") for x in injected)
+    assert all(t.searches <= 3 for t in live)  # injected searches count against the budget
+    with pytest.raises(ConfigError, match="verdicts"):
+        JudgeStopHook(OverlapJudge(), 0.0, gap_queries=True)
+    with pytest.raises(ConfigError, match="threshold"):
+        JudgeStopHook(OverlapJudge(), float("nan"))
+
+
+def _rec(probe_em, native_em, native_answers, probe_answers, scores=None):
+    pe = np.array(probe_em, dtype=float)
+    B, T = pe.shape
+    S = [len([a for a in row if a != "-"]) - 1 for row in probe_answers]
+    sc = np.array(scores, dtype=float) if scores is not None else np.tile(np.arange(T, dtype=float), (B, 1))
+    sc[:, 0] = np.nan
+    return RecordedStates([f"q{i}" for i in range(B)], sc, pe, [list(r) for r in probe_answers],
+                          np.array([s + 1 for s in S]), np.array(native_em, float), np.array(S, float),
+                          list(native_answers))
+
+
+def test_reachability_on_a_constructed_case():
+    # q0: 2 searches, right already at state 1 -> answerable early; 1 search removable
+    # q1: 2 searches, wrong throughout, probe gives the native (wrong) answer from state 0
+    # q2: 1 search, right only at the end
+    rec = _rec(probe_em=[[0, 1, 1], [0, 0, 0], [0, 1, 0]], native_em=[1, 0, 1],
+               native_answers=["Paris", "Rome", "Oslo"],
+               probe_answers=[["x", "Paris", "Paris"], ["Rome", "y", "Rome"], ["z", "Oslo", "-"]])
+    r = reachability(rec)
+    assert r["questions"] == 3 and r["searches"] == 5
+    assert r["answerable_before_native_stop"] == pytest.approx(1 / 3)
+    assert r["removable_same_answer"] == 1 + 2 + 0
+    assert r["removable_no_em_loss"] == 1 + 2 + 0
+    assert r["oracle_em"] == pytest.approx(2 / 3) and r["oracle_searches"] == pytest.approx((1 + 2 + 1) / 3)
+    assert r["safe_state_fraction"] == pytest.approx(3 / 8)
+
+
+def test_recorded_states_roundtrip_and_errors(tmp_path, recorded):
+    _, rec, _ = recorded
+    rec.save(tmp_path / "states.jsonl")
+    back = RecordedStates.load(tmp_path / "states.jsonl")
+    np.testing.assert_array_equal(back.lengths, rec.lengths)
+    np.testing.assert_array_equal(np.isnan(back.scores), np.isnan(rec.scores))
+    np.testing.assert_allclose(np.nan_to_num(back.scores), np.nan_to_num(rec.scores))
+    assert back.probe_answers == rec.probe_answers
+    with pytest.raises(DataError, match="does not exist"):
+        RecordedStates.load(tmp_path / "nope.jsonl")
+    with pytest.raises(DataError, match="2 scores but 1 probes"):
+        RecordedStates.from_records([{"id": "a", "scores": [None, 1.0], "probe_em": [0.0], "probe_answers": ["x"],
+                                      "native_em": 0, "native_searches": 1}])
+
+
+def _write_run(tmp_path, hotpot, recorded, threshold):
+    qs, ret = hotpot
+    native, rec, cfg = recorded
+    d = tmp_path / "run"
+    d.mkdir()
+    split = ["val" if i % 3 == 0 else "test" for i in range(len(native))]
+    rec = RecordedStates.from_records([{**r, "split": s} for r, s in zip(rec.to_records(), split)])
+    rec.save(d / "states.jsonl")
+    (d / "s2g_threshold.json").write_text(json.dumps({"threshold": threshold, "source": "given"}))
+    with ResultsWriter(d / "native.jsonl") as w:
+        for t in native:
+            w.write(t.to_dict())
+    test_q = [q for q, s in zip(qs, split) if s == "test"]
+    with ResultsWriter(d / "s2g.jsonl") as w:
+        run_s2g(test_q, ScriptedGenerator(), ret, OverlapJudge(), threshold, cfg, on_finish=lambda t: w.write(t.to_dict()))
+    return d
+
+
+def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
+    from ragfast.cli import app
+
+    _, rec, _ = recorded
+    s, _, _ = rec.state_table()
+    thr = float(np.quantile(s[np.isfinite(s)], 0.6))
+    d = _write_run(tmp_path, hotpot, recorded, thr)
+    ev = evaluate(d, n_resamples=500)
+    assert set(ev) >= {"reachability", "ranking", "policy", "paired", "cost", "replay_equals_live"}
+    agree = ev["replay_equals_live"]
+    assert agree["questions"] == 24 and agree["agree"] == 24
+    live, rp = ev["paired"]["live"], ev["paired"]["replay"]
+    assert live["d_em"]["delta"] == pytest.approx(rp["d_em"]["delta"])
+    assert live["d_searches"]["delta"] == pytest.approx(rp["d_searches"]["delta"])
+    assert rp["d_searches"]["delta"] <= 0
+    pol = ev["policy"]["test"]
+    assert pol["searches_saved"] == pytest.approx(-rp["d_searches"]["delta"] * 24)
+    assert 0 <= pol["unsafe_early_stops"] <= pol["early_stops"] <= pol["stops"] <= 24
+    c = ev["cost"]
+    assert c["judge_calls"] > 0 and c["flops"]["judge"] == pytest.approx(1e6 * c["judge_calls"])
+    assert c["flops"]["net"] == pytest.approx(c["flops"]["saved"] - c["flops"]["judge"])
+    md = render_markdown(ev)
+    for part in ("Candidate reachability", "State ranking", "First-crossing", "Paired quality", "break-even"):
+        assert part in md
+    res = CliRunner().invoke(app, ["report", "s2g", str(d), "--n-resamples", "300"])
+    assert res.exit_code == 0, res.output
+    assert "non-inferior" in res.output or "not shown non-inferior" in res.output
+    js = json.loads((d / "s2g_report.json").read_text())
+    assert js["replay_equals_live"]["agree"] == 24
+    assert (d / "s2g_report.md").read_text().startswith("# S2G evaluation")
+    res = CliRunner().invoke(app, ["report", "s2g", str(tmp_path / "missing")])
+    assert res.exit_code != 0
+
+
+def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
+    import ragfast.models.judge as judge_mod
+    from ragfast.commands.s2g import run_s2g_command
+
+    monkeypatch.setattr(judge_mod, "load_judge", lambda spec, device="cpu": OverlapJudge())
+    out = tmp_path / "s2g"
+    ev = run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), retriever="bm25",
+                         val_data="hotpotqa-dev", val_offset=0, val_limit=12, offset=12, limit=12, batch_size=12,
+                         min_precision=0.5, n_resamples=300, progress=False)
+    thr = json.loads((out / "s2g_threshold.json").read_text())
+    assert thr["source"] == "selected" and thr["val_questions"] == 12
+    assert ev["replay_equals_live"]["agree"] == ev["replay_equals_live"]["questions"] == 12
+    for name in ("native.jsonl", "states.jsonl", "s2g.jsonl", "manifest.json", "s2g_report.md", "ledger-s2g.jsonl"):
+        assert (out / name).exists(), name
+    with pytest.raises(ConfigError, match="already holds"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), threshold=0.5)
+    with pytest.raises(ConfigError, match="both the validation and the test"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "x"), val_data="hotpotqa-dev",
+                        limit=5, val_limit=5)
+    with pytest.raises(ConfigError, match="--threshold"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "y"))
