@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "ragfast.commands.run",
     "ragfast.commands.retrieval",
     "ragfast.commands.reloop",
+    "ragfast.commands.s2g",
 )
 
 
