@@ -160,10 +160,15 @@ def _assert_same(result, out, single, questions):
 
 # -- the runner ------------------------------------------------------------------------------
 
-def test_ray_run_equals_single_process(cluster, questions, config, single, tmp_path):
+def test_ray_run_equals_single_process(questions, config, single, tmp_path):
+    # Runs first, before the module's cluster exists: address="local" starts its own cluster
+    # and shuts it down afterwards.
+    if ray.is_initialized():
+        ray.shutdown()
     out = tmp_path / "results.jsonl"
     seen = []
-    res = _run(questions, config, out, on_result=lambda r: seen.append(r["id"]))
+    res = _run(questions, config, out, on_result=lambda r: seen.append(r["id"]), address="local", local_cpus=2)
+    assert not ray.is_initialized()
     _assert_same(res, out, single, questions)
     assert sorted(seen) == sorted(q.id for q in questions)
     assert res.questions_done == N_QUESTIONS and res.batches == N_QUESTIONS // BATCH
@@ -264,18 +269,20 @@ def test_ray_sharded_equals_unsharded(cluster, tmp_path):
     rng = np.random.default_rng(7)
     n, d = 389, 24
     emb = rng.standard_normal((n, d)).astype(np.float32)
-    emb[130] = emb[5]  # exact ties across shard boundaries: the lower id must win
+    emb[200] = emb[5]  # exact ties across the shard boundary: the lower id must win
     emb[388] = emb[5]
-    emb[260] = emb[129]
+    emb[300] = emb[194]
     path = write_vectors(emb, tmp_path / "vectors")
     q = rng.standard_normal((6, d)).astype(np.float32)
     q[0] = emb[5] * 3.0  # row 5 and its copies are the top hits of query 0
     storage = "fp32"
     ref = DenseIndex.build(emb, storage=storage)
-    with RayShardedIndex(path, 3, storage=storage, shard_cpus=0.5) as idx:
-        assert len(idx) == n and idx.dim == d and idx.num_shards == 3
+    with RayShardedIndex(path, 2, storage=storage, shard_cpus=0.5) as idx:
+        assert len(idx) == n and idx.dim == d and idx.num_shards == 2
         infos = idx.describe()["shards"]
-        assert [i["lo"] for i in infos] == [0, 130, 260] and [i["hi"] for i in infos] == [130, 260, 389]
+        assert [i["lo"] for i in infos] == [0, 195] and [i["hi"] for i in infos] == [195, 389]
+        # Both shards map the same file; their byte ranges tile it.
+        assert infos[1]["offset_bytes"] - infos[0]["offset_bytes"] == 195 * d * 4
         assert all(i["mmap"] for i in infos)
         assert all(i["zero_copy"] == (storage == "fp32") for i in infos)
         for k in (1, 7, 50):
@@ -283,8 +290,8 @@ def test_ray_sharded_equals_unsharded(cluster, tmp_path):
             s2, i2 = ref.search(q, k)
             _tie_aware_equal(s1, i1, s2, i2)
         s1, i1 = idx.search(q, 3)
-        assert i1[0].tolist() == [5, 130, 388]  # bitwise ties ordered by row id, across shards
-        ex = [[5, 130], [], [1, 2, 3], [], [388], list(range(0, 389, 2))]
+        assert i1[0].tolist() == [5, 200, 388]  # bitwise ties ordered by row id, across shards
+        ex = [[5, 200], [], [1, 2, 3], [], [388], list(range(0, 389, 2))]
         s1, i1 = idx.search(q, 5, exclude=ex, min_score=0.0)
         s2, i2 = ref.search(q, 5, exclude=ex, min_score=0.0)
         _tie_aware_equal(s1, i1, s2, i2)
