@@ -2,6 +2,9 @@
 counterfactual policy evaluation."""
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
 
 import ragfast
 from ragfast.ops.policy import bootstrap_means
@@ -56,6 +59,20 @@ def test_empty_and_padded_trajectories(backend):
 def test_inf_threshold_never_stops_finite_scores(backend):
     s = np.array([[1e300, -1.0], [np.inf, 0.0]])
     assert first_crossing(s, np.inf, backend=backend).tolist() == [-1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float64, hnp.array_shapes(min_dims=2, max_dims=2, min_side=0, max_side=9),
+                  elements=st.one_of(st.sampled_from([np.nan, -1.0, 0.0, 0.5, 1.0]),
+                                     st.floats(-3, 3, allow_nan=False))),
+       st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 1.0, np.inf]), min_size=1, max_size=6),
+       st.data())
+def test_sweep_property_against_brute_force(scores, thresholds, data):
+    B, T = scores.shape
+    L = np.array(data.draw(st.lists(st.integers(0, T), min_size=B, max_size=B)), dtype=np.int64)
+    expect = np.stack([_brute_first(scores, L, h) for h in thresholds], axis=1) if B else np.zeros((0, len(thresholds)))
+    for backend in BACKENDS:
+        np.testing.assert_array_equal(sweep(scores, thresholds, L, backend=backend), expect)
 
 
 def test_bad_inputs_name_the_problem():

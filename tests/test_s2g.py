@@ -247,6 +247,11 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
     assert (d / "s2g_report.md").read_text().startswith("# S2G evaluation")
     res = CliRunner().invoke(app, ["report", "s2g", str(tmp_path / "missing")])
     assert res.exit_code != 0
+    # replay only (no live run): the report still has its four parts, without the cost balance
+    (d / "s2g.jsonl").unlink()
+    ev2 = evaluate(d, n_resamples=300)
+    assert "cost" not in ev2 and "live" not in ev2["paired"]
+    assert ev2["policy"] == ev["policy"] and "Paired quality" in render_markdown(ev2)
 
 
 def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):

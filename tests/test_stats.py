@@ -94,14 +94,15 @@ def test_cpp_resample_distribution_matches_ref():
 
 @needs_cpp
 def test_cpp_bootstrap_deterministic_for_seed_and_thread_count():
-    d = np.random.default_rng(3).normal(size=(2, 97))
+    # big enough (n * 12 * R > 2**22) that the kernel runs its OpenMP team
+    d = np.random.default_rng(3).normal(size=(2, 197))
     a = bootstrap_means(d, 3001, 42, backend="cpp")
     b = bootstrap_means(d, 3001, 42, backend="cpp")
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, bootstrap_means(d, 3001, 43, backend="cpp"))
     # the same call in a fresh process with one OpenMP thread
     code = ("import numpy as np, sys; from ragfast.ops.policy import bootstrap_means;"
-            "d = np.random.default_rng(3).normal(size=(2, 97));"
+            "d = np.random.default_rng(3).normal(size=(2, 197));"
             "sys.stdout.write(bootstrap_means(d, 3001, 42, backend='cpp').tobytes().hex())")
     env = dict(os.environ, OMP_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
