@@ -259,3 +259,27 @@ def test_openai_generator_errors(fake_server):
     url, _ = fake_server
     g = OpenAIGenerator(url + "/v1/", "m")  # a trailing /v1/ is accepted
     assert g.base_url == url + "/v1"
+
+
+def test_run_command_with_the_tiny_model(tmp_path):
+    import json
+
+    from ragfast.commands.run import run_searchr1_command
+
+    s = run_searchr1_command(model="tiny", retriever="bm25", data="hotpotqa-dev", limit=3, max_turns=1,
+                             max_new_tokens=6, out=str(tmp_path), progress=False)
+    assert s["questions"] == 3 and s["answers_meaningful"] is False
+    m = json.loads((tmp_path / "manifest.json").read_text())
+    assert m["slots"]["reasoner"]["class"] == "HFGenerator" and m["slots"]["reasoner"]["meaningful"] is False
+    assert m["config"]["max_turns"] == 1 and m["config"]["max_new_tokens"] == 6
+    recs = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    for r in recs:
+        assert {"id", "question", "golden_answers", "answer", "em", "f1", "searches", "stop_reason", "turns",
+                "cost"} <= set(r)
+        assert len(r["turns"]) == 2 and r["cost"]["reasoner"]["flops"] > 0
+    with pytest.raises(ConfigError, match="not 'scripted', 'tiny'"):
+        run_searchr1_command(model=str(tmp_path / "nope"), retriever="bm25", data="hotpotqa-dev", limit=1,
+                             out=str(tmp_path / "o2"), progress=False)
+    with pytest.raises(ConfigError, match="--served-model"):
+        run_searchr1_command(model="http://127.0.0.1:9", retriever="bm25", data="hotpotqa-dev", limit=1,
+                             out=str(tmp_path / "o3"), progress=False)
