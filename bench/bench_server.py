@@ -38,12 +38,13 @@ def _corpus(spec: str):
     return load_corpus(spec)
 
 
-def _serve(spec: str, kind: str, port: int, batching: bool, ready) -> None:
+def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None, ready) -> None:
     """Server process: build the retriever (cached embeddings) and run uvicorn on loopback."""
     import uvicorn
 
-    from ragfast.retrieval.server import create_app
+    from ragfast.retrieval.server import create_app, set_threads
 
+    set_threads(threads)
     corpus = _corpus(spec)
     if kind == "bm25":
         from ragfast.retrieval.bm25 import BM25Retriever
@@ -108,6 +109,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=4, help="Windows per mode (alternating).")
     ap.add_argument("--retriever", choices=("dense", "bm25"), default="dense")
     ap.add_argument("--corpus", default="bench", help="'bench' (HotpotQA dev contexts + wiki-sample), a path or a sample.")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads per server process (0: torch's default). 1 avoids OpenMP spinning "
+                         "when the clients share the cores.")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_server.csv"))
     args = ap.parse_args()
     if args.duration <= 0 or args.clients < 1 or args.reps < 1:
@@ -121,7 +125,7 @@ def main() -> None:
     try:
         for mode, batching in (("batched", True), ("one-at-a-time", False)):
             port, ready = _free_port(), ctx.Event()
-            p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, ready), daemon=True)
+            p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, args.threads or None, ready), daemon=True)
             p.start()
             if not ready.wait(timeout=1800):
                 raise RuntimeError(f"{mode} server did not come up")
@@ -154,7 +158,8 @@ def main() -> None:
             p.terminate()
             p.join(10)
 
-    params = f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g}"
+    params = (f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g},"
+              f"threads={args.threads or 'default'}")
     rows = []
     tput = {}
     for mode, ws in res.items():

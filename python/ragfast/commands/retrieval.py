@@ -32,12 +32,14 @@ def register(app: typer.Typer) -> None:
         max_batch: int = typer.Option(256, "--max-batch", help="Most queries gathered into one retriever call."),
         max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="How long a request waits for batch company."),
         no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per worker (default: torch's; "
+                                                                      "keep workers x threads <= cores)."),
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve
 
         serve(corpus, index, encoder, topk=topk, host=host, port=port, workers=workers, storage=storage,
-              device=device,
+              device=device, threads=threads,
               app_options={"max_queries": max_queries, "max_query_chars": max_query_chars, "max_topk": max_topk,
                            "max_batch": max_batch, "max_wait_ms": max_wait_ms, "batching": not no_batching})
 
