@@ -521,9 +521,11 @@ class HFGenerator(Generator):
         torch = self._torch
         from transformers import DynamicCache
 
+        from ragfast.cost import Timer
         from ragfast.flops import forward_flops_per_sequence
 
-        t0 = time.perf_counter()
+        timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
+        timer.__enter__()
         sessions = [self._sessions[i] for i in sids]
         for s in sessions:
             self._prepare(s)
@@ -583,8 +585,9 @@ class HFGenerator(Generator):
             while True:
                 nxt = out.logits[:, -1, :].argmax(dim=-1)
                 finished_rows = []
+                toks = nxt.tolist()  # one device->host copy per step, not one per row
                 for r, b in enumerate(rows):
-                    tok = int(nxt[r])
+                    tok = toks[r]
                     gen[b].append(tok)
                     hit_eos = eos is not None and tok in self.eos_ids
                     hit_stop = False
@@ -651,9 +654,10 @@ class HFGenerator(Generator):
             cached_tok.append(n_past[b])
             fresh_tok.append(n_new[b])
             out_tok.append(len(g))
+        timer.__exit__(None, None, None)
         if ledger is not None:
-            ledger.add_batch("reasoner", sids, seconds=time.perf_counter() - t0, input_tokens=fresh_tok,
-                             cached_tokens=cached_tok, output_tokens=out_tok, flops=flops)
+            ledger.add_batch("reasoner", sids, seconds=timer.seconds, device_seconds=timer.device_seconds,
+                             input_tokens=fresh_tok, cached_tokens=cached_tok, output_tokens=out_tok, flops=flops)
         return texts
 
     def _may_end_stop(self, tok: int, last_chars: set[str] | None) -> bool:
