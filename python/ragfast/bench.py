@@ -55,15 +55,20 @@ class BenchConfig:
         index path, or a ``/retrieve`` URL.
     budget, topk : int
         Search turns per question and documents per search.
+    offset, limit : int
+        Test questions are ``data[offset:offset + limit]``. By default the first 100 dev
+        questions are the S2G validation split and the remaining 200 the test set (the S2G
+        study's layout: validation 100-199, test 200-999).
     threshold : float, optional
-        The S2G STOP threshold; None selects it on validation questions (``val_data``) for
-        STOP precision >= ``min_precision`` and freezes it.
+        The S2G STOP threshold; None selects it on validation questions
+        (``val_data[val_offset:val_offset + val_limit]``) for STOP precision >= ``min_precision``
+        and freezes it.
     """
 
     data: str = "hotpotqa-dev"
     corpus: list[str] = field(default_factory=lambda: ["contexts", "wiki-sample"])
     limit: int | None = None
-    offset: int = 0
+    offset: int = 100
     reasoner: str = "scripted"
     judge: str = "encoder"
     nli: str = "tiny"
@@ -73,8 +78,8 @@ class BenchConfig:
     topk: int = 3
     threshold: float | None = None
     min_precision: float = 0.90
-    val_data: str = "hotpotqa-train"
-    val_limit: int = 60
+    val_data: str = "hotpotqa-dev"
+    val_limit: int = 100
     val_offset: int = 0
     methods: list[str] = field(default_factory=lambda: list(METHODS))
     batch_size: int = 64
@@ -405,7 +410,151 @@ def run_searchr1(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions:
     loop.run(list(questions), on_finish=done, skip_ids=rec.done)
 
 
-RUNNERS: dict[str, Callable[..., None]] = {"searchr1": run_searchr1}
+def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any = None) -> dict[str, Any]:
+    """The frozen STOP threshold: given, or chosen on validation questions and written to disk.
+
+    Selection follows the S2G study: run native Search-R1 on the validation questions, score
+    every state with the judge, label a state right-to-stop when the answer-only probe from it
+    is correct, and take the threshold that maximises STOP recall subject to STOP precision
+    ``>= min_precision``, with the first-crossing rule per question. Validation questions never
+    overlap the test questions when both come from the same file (checked).
+    """
+    path = out / "s2g_threshold.json"
+    if path.exists():
+        return json.loads(path.read_text(encoding="utf-8"))
+    if cfg.threshold is not None:
+        info = {"threshold": float(cfg.threshold), "source": "given (--threshold)"}
+    else:
+        from ragfast.data import load_qa
+        from ragfast.pipelines.s2g import record_states
+        from ragfast.pipelines.searchr1 import SearchR1Loop
+        from ragfast.policy import select_threshold, stop_precision_recall
+        from ragfast.stats import average_precision, brier, sigmoid
+
+        val = _select(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
+        overlap = {q.id for q in val} & {q.id for q in slots.questions}
+        if overlap:
+            raise ConfigError(f"{len(overlap)} validation questions are also test questions; move --val-offset/--offset apart")
+        if console is not None:
+            console.print(f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data} "
+                          f"(STOP precision >= {cfg.min_precision})")
+        gen = slots.make_generator()
+        trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val)
+        rec = record_states(trajs, slots.judge, slots.make_generator())
+        sc, lab, grp = rec.state_table()
+        th = select_threshold(sc, lab, cfg.min_precision, groups=grp)
+        prec, recall = (float("nan"), float("nan"))
+        if np.isfinite(th):
+            pr = stop_precision_recall(sc, lab, [th], groups=grp)
+            prec, recall = float(np.asarray(pr[0])[0]), float(np.asarray(pr[1])[0])
+        info = {"threshold": th, "source": f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]",
+                "n_val_questions": len(val), "n_val_states": int(len(sc)), "min_precision": cfg.min_precision,
+                "val_precision": prec, "val_recall": recall,
+                "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
+                "val_brier": float(brier(lab, sigmoid(sc))), "labels": "answer-only probe EM from the state"}
+    path.write_text(json.dumps(info, indent=2), encoding="utf-8")
+    return info
+
+
+def run_s2g(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
+            progress: Callable[[int], None], threshold: float) -> None:
+    """Search-R1 with the judge in the loop: stop at the first state scoring >= the threshold."""
+    from ragfast.pipelines.s2g import run_s2g as _run
+
+    def done(t: Trajectory) -> None:
+        rec.finish(t)
+        progress(1)
+
+    _run(list(questions), slots.make_generator(), slots.retriever, slots.judge, threshold, _searchr1_config(cfg),
+         ledger=rec.ledger, on_finish=done, skip_ids=rec.done)
+
+
+def run_stepgap(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
+                progress: Callable[[int], None]) -> None:
+    """Search-R1 with the StepGap checker after every turn and typed repairs.
+
+    With the scripted reasoner there is no LLM to run stages A-C, so only the NLI stages D-E
+    run (and the report says so); any real reasoner also serves as the checker's LLM.
+    """
+    from ragfast.pipelines.stepgap import StepGapConfig, run_stepgap as _run
+
+    gen = slots.make_generator()
+    checker = None if cfg.reasoner == "scripted" else gen
+    sg_cfg = StepGapConfig(searchr1=_searchr1_config(cfg), stages="ABCDE" if checker is not None else "DE")
+
+    def done(t: Trajectory) -> None:
+        rec.finish(t)
+        progress(1)
+
+    _run(list(questions), gen, slots.retriever, checker=checker, nli=slots.nli, config=sg_cfg, ledger=rec.ledger,
+         on_finish=done, skip_ids=rec.done)
+
+
+def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
+               progress: Callable[[int], None]) -> None:
+    """RELOOP over each question's own sources as one HSEQ: guided iterator, judge, evidence-pack head.
+
+    The head is the reasoner when it is a real model; with the scripted reasoner it is RELOOP's
+    extractive head (a span picker, not an LLM: marked not meaningful).
+    """
+    from ragfast.pipelines.reloop import ExtractiveHead, HeuristicSufficiency, ReloopConfig, run_text, text_workspace
+
+    head = ExtractiveHead() if cfg.reasoner == "scripted" else slots.make_generator()
+    encoder = getattr(slots.retriever, "encoder", None)
+    if encoder is None:
+        from ragfast.retrieval import Encoder
+
+        encoder = Encoder(cfg.encoder)
+    rl_cfg = ReloopConfig(planner="heuristic", max_steps=max(1, cfg.budget), k=max(1, min(cfg.topk, 8)))
+
+    def done(row: dict[str, Any]) -> None:
+        rec.finish(row)
+        progress(1)
+
+    judge = slots.judge if slots.judge is not None else HeuristicSufficiency(multi_doc=True)
+    run_text([text_workspace(q) for q in questions], encoder=encoder, judge=judge, generator=head, cfg=rl_cfg,
+             ledger=rec.ledger, on_result=done)
+
+
+RUNNERS: dict[str, Callable[..., None]] = {"searchr1": run_searchr1, "s2g": run_s2g, "stepgap": run_stepgap,
+                                           "reloop": run_reloop}
+
+
+def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, Any]], threshold: float) -> dict[str, Any]:
+    """Counterfactual threshold sweep and judge calibration on the native test trajectories.
+
+    Every state of every native trajectory is scored by the judge and probed (answer-only
+    generation from that state); replaying the first-crossing rule over 60 thresholds gives EM,
+    searches and unsafe early stops per threshold without rerunning the reasoner.
+    """
+    from ragfast.pipelines.s2g import record_states
+    from ragfast.policy import sweep
+    from ragfast.stats import calibration_table, sigmoid, unsafe_stop_fraction
+
+    rec = record_states(list(native), slots.judge, slots.make_generator())
+    sc, lab, _ = rec.state_table()
+    fin = sc[np.isfinite(sc)]
+    if fin.size == 0:
+        return {}
+    ths = np.unique(np.quantile(fin, np.linspace(0, 1, 60)))
+    if np.isfinite(threshold):
+        ths = np.unique(np.r_[ths, threshold])
+    idx = sweep(rec.scores, ths, rec.lengths)
+    B = len(rec.ids)
+    rows = np.arange(B)
+    em, searches, unsafe = [], [], []
+    for j in range(len(ths)):
+        i = idx[:, j]
+        stopped = i >= 0
+        em.append(float(np.where(stopped, rec.probe_em[rows, np.where(stopped, i, 0)], rec.native_em).mean()))
+        # stopping at state t means t searches were made
+        searches.append(float(np.where(stopped, np.minimum(i, rec.native_searches), rec.native_searches).mean()))
+        u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
+        unsafe.append(float(u["unsafe_early_stops"]) / B)
+    cal = calibration_table(lab, sigmoid(sc), n_bins=10)
+    return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
+            "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
+            "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}
 
 
 # -- summary ---------------------------------------------------------------------------------
@@ -522,7 +671,6 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     for k, v in slot_info.items():
         console.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
 
-    extras: dict[str, Any] = {}
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as prog:
         for m in cfg.methods:
@@ -531,13 +679,24 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
             task = prog.add_task(m, total=len(slots.questions), completed=len(slots.questions) - len(todo))
             try:
                 if todo:
-                    extra = RUNNERS[m](cfg, slots, rec, todo, lambda n, t=task: prog.advance(t, n))
-                    if extra:
-                        extras[m] = extra
+                    args = (cfg, slots, rec, todo, lambda n, t=task: prog.advance(t, n))
+                    if m == "s2g":
+                        RUNNERS[m](*args, threshold=select_s2g_threshold(cfg, slots, out, console)["threshold"])
+                    else:
+                        RUNNERS[m](*args)
             finally:
                 rec.close()
     records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
-    summary = summarise(cfg, records, slot_info, out, extras)
+    analysis_path = out / "s2g_analysis.json"
+    if "s2g" in records and "searchr1" in records and slots.judge is not None:
+        old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}
+        if old.get("n_questions") != len(records["searchr1"]):
+            with console.status("S2G analysis: scoring and probing every native state for the threshold sweep"):
+                th = json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"]
+                an = s2g_analysis(cfg, slots, records["searchr1"], th)
+                an["n_questions"] = len(records["searchr1"])
+            analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+    summary = summarise(cfg, records, slot_info, out)
     summary["run"] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
                       "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": time.perf_counter() - t0}
     write_outputs(summary, out, records)
@@ -564,7 +723,7 @@ def _slot_dict(component: Any) -> dict[str, Any]:
 
 
 def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]]], slot_info: Mapping[str, Any],
-              out: Path, extras: Mapping[str, Any]) -> dict[str, Any]:
+              out: Path) -> dict[str, Any]:
     """summary.json's content: per-method metrics and costs, deltas against native, slots."""
     methods = {m: method_summary(recs) for m, recs in records.items()}
     for m, d in compare_to_native(records, cfg).items():
@@ -573,7 +732,6 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
     for path in (out / "s2g_threshold.json", out / "s2g_analysis.json"):
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-    summary.update({k: v for k, v in extras.items() if k not in summary})
     if "s2g" in methods and "searchr1" in methods:
         summary["break_even"] = break_even(methods["searchr1"], methods["s2g"])
     return summary

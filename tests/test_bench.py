@@ -1,0 +1,108 @@
+"""End-to-end ``ragfast bench`` on a small subset: structure, ledger sums, plots, resume."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragfast.bench import BenchConfig, load_ledger, make_config, run_bench
+from ragfast.errors import ConfigError, DataError
+from ragfast.results import read_results
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def bench_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bench") / "run"
+    cfg = make_config(limit=10, out=str(out), val_limit=12, n_resamples=2000)
+    summary = run_bench(cfg)
+    return cfg, out, summary
+
+
+def test_summary_structure(bench_run):
+    cfg, out, summary = bench_run
+    disk = json.loads((out / "summary.json").read_text())
+    assert set(disk["methods"]) == set(cfg.methods)
+    for m, s in disk["methods"].items():
+        assert {"em", "f1", "searches_per_question", "n_questions", "cost"} <= set(s)
+        assert s["n_questions"] == 10
+        assert 0.0 <= s["em"] <= 1.0 and 0.0 <= s["f1"] <= 1.0
+        for comp, c in s["cost"].items():
+            assert set(c) == {"calls", "tokens", "flops", "seconds"}, (m, comp)
+    assert {"reasoner", "retriever", "judge", "nli"} <= set(disk["slots"])
+    assert disk["slots"]["reasoner"]["meaningful"] is False  # the scripted oracle says so
+    for m in cfg.methods:
+        if m != "searchr1":
+            assert "delta_em" in disk["methods"][m]
+    for name in ("summary.csv", "report.md", "report.html"):
+        assert (out / name).stat().st_size > 0
+
+
+def test_ledger_totals_equal_per_question_sums(bench_run):
+    cfg, out, _ = bench_run
+    for m in cfg.methods:
+        recs = read_results(out / "trajectories" / f"{m}.jsonl")
+        led = load_ledger(out / "ledgers" / f"{m}.jsonl", {r["id"] for r in recs})
+        per_q = led.per_question()
+        assert set(per_q) == {r["id"] for r in recs}, m
+        for r in recs:
+            for comp, row in r["cost"].items():
+                assert per_q[r["id"]][comp]["flops"] == pytest.approx(row["flops"], rel=1e-6, abs=1e-3), (m, comp)
+                assert per_q[r["id"]][comp]["seconds"] == pytest.approx(row["seconds"], rel=1e-4, abs=1e-5), (m, comp)
+        summary = json.loads((out / "summary.json").read_text())["methods"][m]["cost"]
+        tot = led.totals()
+        for comp in summary:
+            if comp == "total":
+                continue
+            assert summary[comp]["flops"] == pytest.approx(tot[comp]["flops"], rel=1e-6, abs=1e-3), (m, comp)
+            assert summary[comp]["calls"] == pytest.approx(tot[comp]["calls"]), (m, comp)
+
+
+def test_plots_are_png(bench_run):
+    _, out, summary = bench_run
+    assert {"pareto.png", "cost_bars.png"} <= set(summary["plots"])
+    for name in summary["plots"]:
+        data = (out / name).read_bytes()
+        assert data[:8] == PNG_MAGIC and len(data) > 1000, name
+
+
+def test_resume_does_no_new_work(bench_run):
+    cfg, out, _ = bench_run
+    before = {p.name: p.read_bytes() for p in (out / "trajectories").iterdir()}
+    ledgers = {p.name: p.read_bytes() for p in (out / "ledgers").iterdir()}
+    run_bench(cfg, resume=True)
+    assert {p.name: p.read_bytes() for p in (out / "trajectories").iterdir()} == before
+    assert {p.name: p.read_bytes() for p in (out / "ledgers").iterdir()} == ledgers
+
+
+def test_refuses_to_mix_runs(bench_run):
+    cfg, _, _ = bench_run
+    with pytest.raises(DataError, match="--resume"):
+        run_bench(cfg)
+
+
+def test_config_errors(tmp_path):
+    with pytest.raises(ConfigError, match="unknown method"):
+        BenchConfig(methods=["searchr1", "magic"])
+    with pytest.raises(ConfigError, match="unknown preset"):
+        make_config("nope")
+    bad = tmp_path / "c.yaml"
+    bad.write_text("budget: 3\nwhatever: 1\n")
+    with pytest.raises(ConfigError, match="whatever"):
+        make_config(yaml_path=str(bad))
+    good = tmp_path / "g.yaml"
+    good.write_text("budget: 2\ntopk: 5\n")
+    assert make_config(yaml_path=str(good), topk=4).topk == 4
+
+
+def test_paper_preset_names_every_missing_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGFAST_MODELS", str(tmp_path / "models"))
+    out = subprocess.run([sys.executable, "-m", "ragfast.cli", "bench", "--preset", "paper", "--out",
+                          str(tmp_path / "o")], capture_output=True, text=True)
+    assert out.returncode == 2
+    msg = out.stderr
+    for name in ("SearchR1-nq_hotpotqa_train-qwen2.5-7b-em-ppo-v0.2", "e5-base-v2", "e5_Flat.index", "wiki-18.jsonl"):
+        assert name in msg, msg
+    assert "Traceback" not in msg
