@@ -540,15 +540,17 @@ class HFGenerator(Generator):
         dev = self.device
         self.stats["prefill_padding_tokens"] += B * F - sum(n_new)
 
-        # Left-pad caches and new tokens: row b = [pad | cache_b][pad | new_b].
-        input_ids = torch.full((B, F), self.pad_id, dtype=torch.long, device=dev)
-        mask = torch.zeros((B, P + F), dtype=torch.long, device=dev)
-        pos = torch.zeros((B, F), dtype=torch.long, device=dev)
+        # Left-pad caches and new tokens: row b = [pad | cache_b][pad | new_b]. Built on the host
+        # and moved once, rather than one small copy per row.
+        input_ids = torch.full((B, F), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, P + F), dtype=torch.long)
+        pos = torch.zeros((B, F), dtype=torch.long)
         for b, (np_, f) in enumerate(zip(n_past, fresh)):
-            input_ids[b, F - len(f):] = torch.tensor(f, dtype=torch.long, device=dev)
+            input_ids[b, F - len(f):] = torch.tensor(f, dtype=torch.long)
             mask[b, P - np_:P] = 1
             mask[b, P + F - len(f):] = 1
-            pos[b, F - len(f):] = torch.arange(np_, np_ + len(f), device=dev)
+            pos[b, F - len(f):] = torch.arange(np_, np_ + len(f))
+        input_ids, mask, pos = input_ids.to(dev), mask.to(dev), pos.to(dev)
         cache = DynamicCache(config=self.config)
         if P > 0:
             n_layers = len(sessions[next(b for b in range(B) if n_past[b] > 0)].kv)
@@ -562,7 +564,7 @@ class HFGenerator(Generator):
                         v[b, :, P - s.n_cached:] = s.kv[layer][1]
                 cache.update(k, v, layer)
 
-        eos = torch.tensor(self.eos_ids, dtype=torch.long, device=dev) if self.eos_ids else None
+        eos = set(self.eos_ids)
         stop_window = max((len(x) for x in stop), default=0) + 2
         # A stop string can only complete on a token whose text holds its last character; checking
         # that first skips the window decode on most steps. Non-ASCII last characters may span
@@ -592,7 +594,7 @@ class HFGenerator(Generator):
                 for r, b in enumerate(rows):
                     tok = toks[r]
                     gen[b].append(tok)
-                    hit_eos = eos is not None and tok in self.eos_ids
+                    hit_eos = tok in eos
                     hit_stop = False
                     if stop and not hit_eos and self._may_end_stop(tok, stop_last):
                         tail = self.tokenizer.decode(gen[b][-stop_window:], skip_special_tokens=True)
