@@ -357,3 +357,29 @@ def test_scripted_oracle_with_the_default_minilm_retriever():
     assert tot["encoder"]["calls"] > 0 and tot["search"]["calls"] == sum(t.searches for t in tr)
     sup = [t for t in tr if t.supporting_titles]
     assert sup and any(set(t.supporting_titles) <= {x for turn in t.turns for x in turn.retrieved_titles} for t in sup)
+
+
+def test_refill_keeps_the_batch_full_and_gives_the_same_trajectories():
+    search = "<search> capital of France </search>"
+    # Question i needs i searches before answering: mixed lengths leave holes in fixed batches.
+    scripts = {f"q{i}": [search] * (i % 4) + ["<answer> Paris </answer>"] for i in range(10)}
+    qs = [_q(i) for i in range(10)]
+    res, calls = {}, {}
+    for refill in (False, True):
+        gen = ListGenerator(scripts)
+        done = []
+        tr = run_searchr1(qs, gen, LexicalRetriever(ROWS), SearchR1Config(batch_size=4, refill=refill),
+                          on_finish=lambda t: done.append(t.id))
+        assert [t.id for t in tr] == [q.id for q in qs] and sorted(done) == sorted(t.id for t in tr)
+        res[refill] = [strip_timing(t.to_dict()) for t in tr]
+        calls[refill] = [len(c) for c in gen.calls]
+    assert res[True] == res[False]
+    assert max(calls[True]) == 4 and sum(calls[True]) == sum(calls[False]) == 23
+    assert len(calls[True]) < len(calls[False])  # fewer, fuller turns
+    assert calls[True][:4] == [4, 4, 4, 4]  # finished slots refilled from the queue
+
+    qs, corpus = _hotpot(10)
+    rows = [corpus.row(i) for i in range(len(corpus))]
+    a = run_searchr1(qs, ScriptedGenerator(), LexicalRetriever(rows), SearchR1Config(batch_size=3))
+    b = run_searchr1(qs, ScriptedGenerator(), LexicalRetriever(rows), SearchR1Config(batch_size=3, refill=True))
+    assert [strip_timing(t.to_dict()) for t in a] == [strip_timing(t.to_dict()) for t in b]

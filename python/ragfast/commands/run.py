@@ -103,7 +103,8 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
                          seed: int = 0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
                          prompt_budget: int = 4096, corpus: str | None = None, served_model: str | None = None,
                          tokenizer: str | None = None, device: str = "cpu", dtype: str | None = None,
-                         threads: int | None = None, progress: bool = True, console: Any = None) -> dict[str, Any]:
+                         threads: int | None = None, refill: bool = False, progress: bool = True,
+                         console: Any = None) -> dict[str, Any]:
     """What ``ragfast run searchr1`` does; returns the summary it prints.
 
     Writes ``OUT/results.jsonl`` (one trajectory per line, as questions finish),
@@ -125,7 +126,7 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
 
         torch.set_num_threads(threads)
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
-                         prompt_budget=prompt_budget, batch_size=batch_size, seed=seed)
+                         prompt_budget=prompt_budget, batch_size=batch_size, seed=seed, refill=refill)
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
     all_questions = load_qa(data)
@@ -224,6 +225,8 @@ def searchr1_cmd(
     device: str = typer.Option("cpu", "--device"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: checkpoint's)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+    refill: bool = typer.Option(False, "--refill", help="Continuous batching: start a queued question as soon as "
+                                                         "one finishes (same trajectories, fuller batches)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Run Search-R1 (exact prompt, 4 search turns + a final answer-only turn, top-3) and write trajectories."""
@@ -231,7 +234,7 @@ def searchr1_cmd(
                          batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
                          max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget,
                          corpus=corpus, served_model=served_model, tokenizer=tokenizer, device=device, dtype=dtype,
-                         threads=threads, progress=not no_progress)
+                         threads=threads, refill=refill, progress=not no_progress)
 
 
 def register(app: typer.Typer) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+from collections import deque
 import re
 import sys
 from dataclasses import dataclass, field
@@ -117,6 +118,12 @@ class SearchR1Config:
         Seeds Python, numpy and torch before a run; generators that sample take it too.
     exclude_read : bool
         Skip documents a trajectory already read (False in the reference).
+    refill : bool
+        Continuous batching: keep up to ``batch_size`` trajectories running and start a queued
+        question as soon as one finishes, instead of running fixed batches to completion (whose
+        last turns hold only the slowest trajectories). Trajectories are the same either way;
+        with refill, trajectories in one turn can be at different turn indices, so hooks should
+        read ``len(item.traj.turns)`` / ``item.turns_used`` rather than ``ctx.turn``.
     """
 
     max_turns: int = 4
@@ -127,6 +134,7 @@ class SearchR1Config:
     batch_size: int = 64
     seed: int = 0
     exclude_read: bool = False
+    refill: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_turns", "topk", "max_new_tokens", "max_obs_tokens", "prompt_budget", "batch_size"):
@@ -445,33 +453,50 @@ class SearchR1Loop:
                 raise DataError(f"question {q.id!r} has no golden answers")
         todo = [q for q in questions if q.id not in skip]
         bs = self.config.batch_size
+        if self.config.refill:
+            return self._drive(todo, on_finish, cap=bs)
         out: list[Trajectory] = []
         for i in range(0, len(todo), bs):
-            out.extend(self.run_batch(todo[i:i + bs], on_finish=on_finish))
+            out.extend(self._drive(todo[i:i + bs], on_finish, cap=None))
         return out
 
     def run_batch(self, questions: Sequence[Question], *,
                   on_finish: Callable[[Trajectory], None] | None = None) -> list[Trajectory]:
         """Run one batch of questions through the whole multi-turn loop together."""
+        return self._drive(list(questions), on_finish, cap=None)
+
+    def _admit(self, pending: deque, active: list[ActiveTrajectory], cap: int | None) -> list[ActiveTrajectory]:
+        room = len(pending) if cap is None else max(0, cap - len(active))
+        new = [pending.popleft() for _ in range(min(room, len(pending)))]
+        if not new:
+            return []
+        gen = self.generator
+        items = [ActiveTrajectory(Trajectory(id=q.id, question=q.question, golden_answers=list(q.golden_answers),
+                                             supporting_titles=list(q.supporting_titles)), q) for q in new]
+        if hasattr(gen, "bind_questions"):
+            gen.bind_questions(new)
+        user = [build_prompt(q) for q in new]
+        fmt = getattr(gen, "format_prompt", None)
+        gen.start([it.qid for it in items], [fmt(u) for u in user] if fmt else user)
+        active.extend(items)
+        return items
+
+    def _drive(self, questions: list[Question], on_finish: Callable[[Trajectory], None] | None,
+               cap: int | None) -> list[Trajectory]:
+        # cap=None: every question starts at once (one batch). cap=n: at most n run at a time and
+        # a finished trajectory's slot is refilled from the queue at the next turn.
         cfg = self.config
         gen = self.generator
-        led = CostLedger()  # the batch's own records: per-turn costs are the records added per turn
-        items = [ActiveTrajectory(Trajectory(id=q.id, question=q.question, golden_answers=list(q.golden_answers),
-                                             supporting_titles=list(q.supporting_titles)), q)
-                 for q in questions]
-        if not items:
-            return []
-        ids = [it.qid for it in items]
-        if hasattr(gen, "bind_questions"):
-            gen.bind_questions(list(questions))
-        user = [build_prompt(q) for q in questions]
-        fmt = getattr(gen, "format_prompt", None)
-        prompts = [fmt(u) for u in user] if fmt else user
-        gen.start(ids, prompts)
+        led = CostLedger()  # this run's records; per-turn costs are the records added per turn
+        acc: dict[str, dict[str, dict[str, float]]] = {}  # question id -> component -> sums
+        pending = deque(questions)
+        active: list[ActiveTrajectory] = []
+        every: list[ActiveTrajectory] = []
         try:
             turn = 0
             while True:
-                act = [it for it in items if not it.done]
+                every.extend(self._admit(pending, active, cap))
+                act = [it for it in active if not it.done]
                 if not act:
                     break
                 n_rec = len(led.records)
@@ -526,18 +551,19 @@ class SearchR1Loop:
                     for hook in self.hooks:
                         hook(ctx)
                         ctx.active = [it for it in ctx.active if not it.done]
-                self._attach_turn_costs(new_turns, led, n_rec)
+                self._attach_turn_costs(new_turns, led, n_rec, acc)
                 finished = [it for it in act if it.done]
                 if finished:
                     gen.end([it.qid for it in finished])
                 for it in finished:
-                    self._finalise(it, led)
+                    self._finalise(it, acc)
                     if on_finish is not None:
                         on_finish(it.traj)
+                active = [it for it in active if not it.done]
                 turn += 1
         except BaseException:
             # Free every session still open before the error propagates (a crash must not leak caches).
-            open_ids = [it.qid for it in items if not it.done]
+            open_ids = [it.qid for it in active if not it.done]
             if open_ids:
                 try:
                     gen.end(open_ids)
@@ -546,7 +572,7 @@ class SearchR1Loop:
             self.ledger.merge(led)
             raise
         self.ledger.merge(led)
-        return [it.traj for it in items]
+        return [it.traj for it in every]
 
     # -- internals ---------------------------------------------------------------------------
     def _retrieve_and_observe(self, items: list[ActiveTrajectory], turns: list[Turn], queries: list[str],
@@ -574,19 +600,24 @@ class SearchR1Loop:
         return hits
 
     @staticmethod
-    def _attach_turn_costs(new_turns: list[tuple[ActiveTrajectory, Turn]], led: CostLedger, start: int) -> None:
-        # Records added since `start` belong to this turn (generation, retrieval, hooks).
+    def _attach_turn_costs(new_turns: list[tuple[ActiveTrajectory, Turn]], led: CostLedger, start: int,
+                           acc: dict[str, dict[str, dict[str, float]]]) -> None:
+        # Records added since `start` belong to this turn (generation, retrieval, hooks); they are
+        # also added to the per-question sums, so a trajectory's cost never rescans the ledger.
         per_q: dict[str, dict[str, dict[str, float]]] = {}
         for r in led.records[start:]:
             if r.question_id is None:
                 continue
             row = per_q.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in _NUMERIC})
+            tot = acc.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in _NUMERIC})
             for k in _NUMERIC:
-                row[k] += getattr(r, k)
+                v = getattr(r, k)
+                row[k] += v
+                tot[k] += v
         for it, t in new_turns:
             t.extra["cost"] = {c: _round_cost(v) for c, v in per_q.get(it.qid, {}).items()}
 
-    def _finalise(self, it: ActiveTrajectory, led: CostLedger) -> None:
+    def _finalise(self, it: ActiveTrajectory, acc: dict[str, dict[str, dict[str, float]]]) -> None:
         from ragfast.metrics import exact_match, extract_answer, f1, sub_exact_match
 
         tr = it.traj
@@ -597,7 +628,7 @@ class SearchR1Loop:
         tr.f1 = f1(tr.answer, tr.golden_answers)
         tr.extra["sub_em"] = sub_exact_match(tr.answer, tr.golden_answers)
         tr.extra["turns_used"] = it.turns_used
-        tr.cost = {c: _round_cost(v) for c, v in led.for_question(tr.id).items()}
+        tr.cost = {c: _round_cost(v) for c, v in acc.get(tr.id, {}).items()}
 
 
 def run_searchr1(questions: Sequence[Question], generator: Any, retriever: Any,
