@@ -236,6 +236,11 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
     c = ev["cost"]
     assert c["judge_calls"] > 0 and c["flops"]["judge"] == pytest.approx(1e6 * c["judge_calls"])
     assert c["flops"]["net"] == pytest.approx(c["flops"]["saved"] - c["flops"]["judge"])
+    # the replay estimate judges exactly the states the live run judged (1e6 FLOPs each here)
+    cr = ev["cost_replay"]
+    assert cr["judge_states"] == c["judge_calls"] and cr["flops"]["judge"] == pytest.approx(c["flops"]["judge"])
+    assert cr["seconds"]["judge"] == pytest.approx(0.001 * c["judge_calls"])
+    assert "Cost estimate from replay" in render_markdown(ev)
     md = render_markdown(ev)
     for part in ("Candidate reachability", "State ranking", "First-crossing", "Paired quality", "break-even"):
         assert part in md
@@ -275,3 +280,28 @@ def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
                         limit=5, val_limit=5)
     with pytest.raises(ConfigError, match="--threshold"):
         run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "y"))
+
+
+def test_rest_cost_and_replay_cost_on_a_constructed_trajectory():
+    from ragfast.pipelines.s2g import _rest_cost, replay_cost
+    from ragfast.types import Trajectory, Turn
+
+    def cost(r, s=0.0):
+        return {"reasoner": {"seconds": r, "flops": 10 * r}, "search": {"seconds": s, "flops": 0.0}}
+
+    tr = Trajectory("q", "Q?", ["a"], turns=[Turn(0, "g", "search", "x", extra={"cost": cost(1, 2)}),
+                                             Turn(1, "g", "invalid", extra={"cost": cost(0.5)}),
+                                             Turn(2, "g", "search", "y", extra={"cost": cost(1, 2)}),
+                                             Turn(3, "g", "answer", "a", extra={"cost": cost(3)})])
+    assert _rest_cost(tr) == [[55.0, 9.5], [45.0, 6.5], [30.0, 3.0]]
+    rec = RecordedStates.from_records([{
+        "id": "q", "scores": [None, 0.2, 0.9], "probe_em": [0, 0, 1], "probe_answers": ["x", "y", "a"],
+        "native_em": 1, "native_searches": 2, "native_answer": "a", "rest_cost": _rest_cost(tr),
+        "probe_cost": [[5.0, 0.5], [6.0, 0.6], [7.0, 0.7]], "judge_cost": [[0, 0], [100.0, 0.25], [100.0, 0.25]]}])
+    c = replay_cost(rec, 0.5)  # stops at state 2 = the native stop: saves 3 s, pays 0.7 s and two judgements
+    assert c["seconds"]["saved"] == pytest.approx(3.0 - 0.7) and c["seconds"]["judge"] == pytest.approx(0.5)
+    c = replay_cost(rec, 0.1)  # stops at state 1: saves 6.5 s minus the 0.6 s answer-only turn
+    assert c["seconds"]["saved"] == pytest.approx(5.9) and c["judge_states"] == 1
+    assert c["flops"]["net"] == pytest.approx(45.0 - 6.0 - 100.0) and not c["flops"]["pays_for_itself"]
+    c = replay_cost(rec, 5.0)  # never stops: saves nothing, the judge still scored both states
+    assert c["seconds"]["saved"] == 0 and c["seconds"]["judge"] == pytest.approx(0.5)

@@ -21,6 +21,9 @@ the t-th retrieval) with one forced final generation: exactly what the live loop
 judge stops at ``t``. So :func:`replay` evaluates any threshold counterfactually without
 rerunning the reasoner, and equals the live run for a deterministic reasoner and judge.
 
+Replay models the stop rule only: a live run with ``gap_queries`` changes the searches
+themselves, which no recording of the native run can replay.
+
 Audit
 -----
 :func:`reachability` labels each state safe (probe EM = 1) or unsafe, and reports the fraction
@@ -43,8 +46,8 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.types import Question, State, Trajectory
 
 __all__ = ["JudgeStopHook", "run_s2g", "gap_query", "state_prefixes", "probe_states", "score_states",
-           "RecordedStates", "record_states", "replay", "ReplayResult", "reachability", "evaluate",
-           "render_markdown", "NON_INFERIORITY_MARGIN"]
+           "RecordedStates", "record_states", "replay", "ReplayResult", "replay_cost", "reachability", "cost_balance",
+           "evaluate", "render_markdown", "NON_INFERIORITY_MARGIN"]
 
 #: The S2G study's non-inferiority margin on EM: 2 points.
 NON_INFERIORITY_MARGIN = 0.02
@@ -220,7 +223,9 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
     Returns
     -------
     list of list of dict
-        Per trajectory, per state: ``{"answer", "em", "f1", "text"}``.
+        Per trajectory, per state: ``{"answer", "em", "f1", "text", "flops", "seconds"}`` (the
+        probe's own generation cost; it re-reads the state's prefix, which a live session has
+        cached, so it overstates the live answer-only turn).
     """
     from ragfast.metrics import exact_match, extract_answer, f1
     from ragfast.pipelines.searchr1 import STOP
@@ -248,16 +253,18 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
             texts = generator.generate(ids, stop=STOP, max_new_tokens=max_new_tokens, ledger=sub)
         finally:
             generator.end(ids)
+        per = sub.per_question()
         if ledger is not None:
             names = {sid: trs[i].id for i, _, sid, _ in chunk}
             for r in sub.records:
                 r.question_id = names.get(r.question_id, r.question_id)
             ledger.merge(sub)
-        for (i, s, _, pre), text in zip(chunk, texts):
+        for (i, s, sid, pre), text in zip(chunk, texts):
             ans = extract_answer(pre + text)
             golds = trs[i].golden_answers
+            c = per.get(sid, {}).get("reasoner", {})
             out[i][s] = {"answer": ans, "em": float(exact_match(ans, golds)), "f1": float(f1(ans, golds)),
-                         "text": text}
+                         "text": text, "flops": float(c.get("flops", 0.0)), "seconds": float(c.get("seconds", 0.0))}
     return out
 
 
@@ -267,6 +274,11 @@ def score_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], judge: 
 
     State 0 (nothing retrieved) is NaN unless ``score_initial``: the live judge never sees it.
     """
+    return _score_states(trajectories, judge, ledger=ledger, score_initial=score_initial)[0]
+
+
+def _score_states(trajectories, judge, *, ledger=None, score_initial=False):
+    """Scores, plus the judge's (flops, seconds) per state from a per-state split of its ledger."""
     trs = [_as_traj(t) for t in trajectories]
     states, where = [], []
     for i, tr in enumerate(trs):
@@ -276,14 +288,24 @@ def score_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], judge: 
             states.append(st)
             where.append((i, st.index))
     out = [np.full(len(tr.states()), np.nan) for tr in trs]
+    costs = [np.zeros((len(tr.states()), 2)) for tr in trs]
     if states:
-        sc = np.asarray(judge.stop_scores(states, ledger=ledger, question_ids=[trs[i].id for i, _ in where]),
-                        dtype=np.float64)
+        sids = [f"{trs[i].id}\x00state{t}" for i, t in where]
+        sub = CostLedger()
+        sc = np.asarray(judge.stop_scores(states, ledger=sub, question_ids=sids), dtype=np.float64)
         if sc.shape != (len(states),):
             raise RuntimeError(f"judge returned {sc.shape} scores for {len(states)} states")
-        for (i, t), s in zip(where, sc):
+        per = sub.per_question()
+        for (i, t), sid, s in zip(where, sids, sc):
             out[i][t] = s
-    return out
+            c = per.get(sid, {}).get("judge", {})
+            costs[i][t] = (c.get("flops", 0.0), c.get("seconds", 0.0))
+        if ledger is not None:
+            names = dict(zip(sids, (trs[i].id for i, _ in where)))
+            for r in sub.records:
+                r.question_id = names.get(r.question_id, r.question_id)
+            ledger.merge(sub)
+    return out, costs
 
 
 @dataclass
@@ -303,6 +325,11 @@ class RecordedStates:
     native_searches: np.ndarray
     native_answers: list[str | None]
     split: list[str] = field(default_factory=list)
+    #: Optional [B, T, 2] (flops, seconds) per state: the judge scoring it, the probe's
+    #: answer-only generation from it, and the native run's reasoner + retrieval cost after it.
+    judge_cost: np.ndarray | None = None
+    probe_cost: np.ndarray | None = None
+    rest_cost: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         B = len(self.ids)
@@ -315,10 +342,12 @@ class RecordedStates:
     def subset(self, mask: Sequence[bool] | np.ndarray) -> "RecordedStates":
         m = np.asarray(mask, dtype=bool)
         pick = np.flatnonzero(m)
+        cut = (lambda a: None if a is None else a[m])
         return RecordedStates([self.ids[i] for i in pick], self.scores[m], self.probe_em[m],
                               [self.probe_answers[i] for i in pick], self.lengths[m], self.native_em[m],
                               self.native_searches[m], [self.native_answers[i] for i in pick],
-                              [self.split[i] for i in pick])
+                              [self.split[i] for i in pick], cut(self.judge_cost), cut(self.probe_cost),
+                              cut(self.rest_cost))
 
     def state_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Flattened scored states: (scores, labels = probe EM, group = row index); state 0 and
@@ -337,6 +366,10 @@ class RecordedStates:
                         "probe_em": [float(x) for x in self.probe_em[b, :n]],
                         "probe_answers": self.probe_answers[b][:n], "native_em": float(self.native_em[b]),
                         "native_searches": int(self.native_searches[b]), "native_answer": self.native_answers[b]})
+            for name in ("judge_cost", "probe_cost", "rest_cost"):
+                a = getattr(self, name)
+                if a is not None:
+                    out[-1][name] = a[b, :n].tolist()
         return out
 
     @classmethod
@@ -352,11 +385,18 @@ class RecordedStates:
                 raise DataError(f"record {r.get('id')!r}: {len(r['scores'])} scores but {len(r['probe_em'])} probes")
             sc[b, :len(r["scores"])] = [np.nan if x is None else x for x in r["scores"]]
             pe[b, :len(r["probe_em"])] = r["probe_em"]
+        costs = {}
+        for name in ("judge_cost", "probe_cost", "rest_cost"):
+            if all(name in r for r in records):
+                a = np.zeros((B, T, 2))
+                for b, r in enumerate(records):
+                    a[b, :len(r[name])] = r[name]
+                costs[name] = a
         return cls([str(r["id"]) for r in records], sc, pe, [list(r["probe_answers"]) for r in records],
                    np.array([len(r["scores"]) for r in records], dtype=np.int64),
                    np.array([r["native_em"] for r in records], dtype=np.float64),
                    np.array([r["native_searches"] for r in records], dtype=np.float64),
-                   [r.get("native_answer") for r in records], [r.get("split", "test") for r in records])
+                   [r.get("native_answer") for r in records], [r.get("split", "test") for r in records], **costs)
 
     def save(self, path: str | Path) -> None:
         with open(path, "w", encoding="utf-8") as f:
@@ -378,15 +418,35 @@ def record_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], judge:
     trs = [_as_traj(t) for t in trajectories]
     if not trs:
         raise DataError("record_states: no trajectories")
-    scores = score_states(trs, judge, ledger=judge_ledger)
+    scores, jcost = _score_states(trs, judge, ledger=judge_ledger)
     probes = probe_states(trs, generator, max_new_tokens=max_new_tokens, batch_size=batch_size, ledger=probe_ledger)
     recs = []
     for b, tr in enumerate(trs):
         recs.append({"id": tr.id, "split": split[b] if split else "test",
                      "scores": [None if math.isnan(x) else float(x) for x in scores[b]],
                      "probe_em": [p["em"] for p in probes[b]], "probe_answers": [p["answer"] for p in probes[b]],
-                     "native_em": float(tr.em), "native_searches": tr.searches, "native_answer": tr.answer})
+                     "native_em": float(tr.em), "native_searches": tr.searches, "native_answer": tr.answer,
+                     "judge_cost": jcost[b].tolist(),
+                     "probe_cost": [[p["flops"], p["seconds"]] for p in probes[b]],
+                     "rest_cost": _rest_cost(tr)})
     return RecordedStates.from_records(recs)
+
+
+def _rest_cost(tr: Trajectory) -> list[list[float]]:
+    """(flops, seconds) of reasoner + encoder + search the native run spent after each state,
+    from the per-turn costs the loop attaches (``turn.extra["cost"]``)."""
+    per_turn = []
+    for t in tr.turns:
+        c = t.extra.get("cost", {}) if isinstance(t.extra, dict) else {}
+        per_turn.append([sum(float(c.get(k, {}).get(f, 0.0)) for k in ("reasoner", "encoder", "search"))
+                         for f in ("flops", "seconds")])
+    after = np.cumsum(np.asarray(per_turn[::-1] or [[0.0, 0.0]]), axis=0)[::-1]  # cost of turns k..end
+    out = []
+    for k, t in enumerate(tr.turns):
+        if t.action == "search":
+            out.append(after[k + 1].tolist() if k + 1 < len(tr.turns) else [0.0, 0.0])
+    first = after[0].tolist() if tr.turns else [0.0, 0.0]
+    return [first] + out
 
 
 @dataclass
@@ -409,6 +469,38 @@ def replay(rec: RecordedStates, threshold: float, *, backend: str | None = None)
     out = evaluate_policy(idx, rec.probe_em, rec.native_em, rec.native_searches)
     answers = [rec.probe_answers[b][i] if i >= 0 else rec.native_answers[b] for b, i in enumerate(idx.tolist())]
     return ReplayResult(float(threshold), idx, out.em, out.searches, answers, out.early)
+
+
+def replay_cost(rec: RecordedStates, threshold: float) -> dict[str, Any] | None:
+    """Estimated cost balance of a threshold from recorded per-state costs (no live run).
+
+    For a trajectory stopped at state t: saved = what the native run spent after t (reasoner,
+    encoder, search) minus the answer-only generation from t (the probe's cost: an
+    overestimate, as the probe re-reads the prefix a live session has cached, so ``saved`` is
+    conservative). Judge cost = scoring states 1..t (or 1..S when it never stops), from the
+    recording pass's per-state split. None when the recording has no costs.
+    """
+    if rec.judge_cost is None or rec.probe_cost is None or rec.rest_cost is None:
+        return None
+    r = replay(rec, threshold)
+    B, T = rec.scores.shape
+    idx = r.stop_state
+    stopped = idx >= 0
+    rows = np.arange(B)
+    at = np.maximum(idx, 0)
+    saved = np.where(stopped[:, None], rec.rest_cost[rows, at] - rec.probe_cost[rows, at], 0.0)  # [B, 2]
+    last = np.where(stopped, idx, rec.native_searches.astype(np.int64))
+    upto = (np.arange(T)[None, :] <= last[:, None]) & (np.arange(T)[None, :] >= 1)
+    judge = (rec.judge_cost * upto[:, :, None]).sum(1)  # [B, 2]
+    calls = int(upto.sum())
+    out: dict[str, Any] = {"questions": int(B), "judge_states": calls, "estimate": True}
+    for j, f in enumerate(("flops", "seconds")):
+        sv, jd = float(saved[:, j].sum()), float(judge[:, j].sum())
+        out[f] = {"saved": sv, "judge": jd, "net": sv - jd,
+                  "judge_over_saved": jd / sv if sv > 0 else (float("inf") if jd > 0 else float("nan")),
+                  "break_even_judge": sv, "break_even_per_judge_call": sv / calls if calls else float("nan"),
+                  "pays_for_itself": bool(sv - jd > 0)}
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -518,6 +610,25 @@ def _paired(em_new, em_old, sr_new, sr_old, *, n_resamples: int, seed: int, marg
     return out
 
 
+def _sweep(rec: RecordedStates, threshold: float, *, n_resamples: int, seed: int, margin: float,
+           n_thresholds: int = 41) -> list[dict[str, Any]]:
+    """Replay of a grid of thresholds (score quantiles plus the frozen one and +inf), with
+    paired CIs for every row from one shared set of resamples."""
+    from ragfast.policy import threshold_curve
+
+    s, _, _ = rec.state_table()
+    fin = s[np.isfinite(s)]
+    grid = np.quantile(fin, np.linspace(0.0, 1.0, n_thresholds)) if fin.size else np.zeros(0)
+    grid = np.unique(np.concatenate([grid, [threshold, np.inf]]))
+    grid = grid[~np.isnan(grid)]
+    cur = threshold_curve(rec.scores, rec.probe_em, rec.native_em, rec.native_searches, grid, rec.lengths,
+                          n_resamples=n_resamples, seed=seed, margin=margin)
+    rows = cur.rows()
+    for r in rows:
+        r["frozen"] = bool(r["thresholds"] == threshold)
+    return rows
+
+
 def _comp(traj: Mapping[str, Any], comp: str, f: str) -> float:
     return float(traj.get("cost", {}).get(comp, {}).get(f, 0.0))
 
@@ -583,6 +694,10 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
         out["reachability"]["val"] = reachability(val)
         out["ranking"]["val"] = _ranking(val)
         out["policy"]["val"] = _policy(val, threshold)
+    out["sweep"] = _sweep(test, threshold, n_resamples=n_resamples, seed=seed, margin=margin)
+    rc = replay_cost(test, threshold)
+    if rc is not None:
+        out["cost_replay"] = rc
     r = replay(test, threshold)
     out["paired"] = {"replay": _paired(r.em, test.native_em, r.searches, test.native_searches,
                                        n_resamples=n_resamples, seed=seed, margin=margin)}
@@ -666,9 +781,33 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
                  f"[{_f(de['low'])}, {_f(de['high'])}] | {_f(p['searches_new'])} | {_f(p['searches_native'])} | "
                  f"{_f(ds['delta'])} [{_f(ds['low'])}, {_f(ds['high'])}] | {p['d_search_calls']} "
                  f"({_f(p['d_searches_pct'], 3)}%) | {p['non_inferiority']['verdict']} |")
+    if ev.get("sweep"):
+        rows = ev["sweep"]
+        step = max(1, len(rows) // 12)
+        show = [r for i, r in enumerate(rows) if i % step == 0 or r["frozen"] or i == len(rows) - 1]
+        L += ["", "### Threshold sweep (replay on test; every threshold in s2g_report.json)", "",
+              "| threshold | stops | early | unsafe early | EM | searches/q | ΔEM [95% CI] | Δsearches/q [95% CI] | non-inferior |",
+              "|---|---|---|---|---|---|---|---|---|"]
+        for r in show:
+            mark = " (frozen)" if r["frozen"] else ""
+            L.append(f"| {_f(r['thresholds'])}{mark} | {r['stops']} | {r['early_stops']} | {r['unsafe_early_stops']} | "
+                     f"{_f(r['em'])} | {_f(r['searches'])} | {_f(r['d_em'])} [{_f(r['d_em_low'])}, {_f(r['d_em_high'])}] | "
+                     f"{_f(r['d_searches'])} [{_f(r['d_searches_low'])}, {_f(r['d_searches_high'])}] | "
+                     f"{'yes' if r['non_inferior'] else 'no'} |")
     if "replay_equals_live" in ev:
         a = ev["replay_equals_live"]
         L += ["", f"Replay agrees with the live run on {a['agree']} of {a['questions']} questions (EM and searches)."]
+    if "cost_replay" in ev:
+        c = ev["cost_replay"]
+        L += ["", "## Cost estimate from replay (recorded per-state costs)", "",
+              "| measure | saved (reasoner + retrieval, net of the answer-only turn) | judge | net | judge / saved | "
+              "break-even judge cost | per judged state |", "|---|---|---|---|---|---|---|"]
+        for f, unit in (("flops", "FLOPs"), ("seconds", "s")):
+            x = c[f]
+            L.append(f"| {unit} | {_f(x['saved'])} | {_f(x['judge'])} | {_f(x['net'])} | {_f(x['judge_over_saved'])} | "
+                     f"{_f(x['break_even_judge'])} | {_f(x['break_even_per_judge_call'])} |")
+        L += ["", f"{c['judge_states']} judged states over {c['questions']} questions; the answer-only turn is "
+                  "costed as the probe, which re-reads the prefix, so the saving is conservative."]
     if "cost" in ev:
         c = ev["cost"]
         L += ["", "## Total cost: does the judge pay for the searches it saves?", "",
