@@ -337,6 +337,13 @@ class _Worker:
         self.retriever = RayRetriever(retriever_actor, retriever_info)
         self.make_loop = make_loop or _default_loop
         self.batches = 0
+        # Asked once per life: True when Ray restarted this actor after its process died.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Ray's own property uses a deprecated accessor
+            try:
+                self.reconstructed = bool(_ray().get_runtime_context().was_current_actor_reconstructed)
+            except Exception:
+                self.reconstructed = False
 
     def describe(self) -> dict[str, Any]:
         g = self.generator
@@ -345,7 +352,6 @@ class _Worker:
                 "pid": os.getpid(), "device": self.device}
 
     def run_batch(self, batch_id: int, questions: list[Question], config: Any) -> dict[str, Any]:
-        ray = _ray()
         ledger = CostLedger()
         before = self.retriever.stats()
         t0 = time.perf_counter()
@@ -353,7 +359,6 @@ class _Worker:
         trajs = loop.run(list(questions))
         after = self.retriever.stats()
         self.batches += 1
-        ctx = ray.get_runtime_context()
         return {
             "batch": batch_id,
             "records": [t.to_dict() if hasattr(t, "to_dict") else dict(t) for t in trajs],
@@ -362,7 +367,7 @@ class _Worker:
             "rpc_seconds": after["rpc_seconds"] - before["rpc_seconds"],
             "pid": os.getpid(),
             "device": self.device,
-            "reconstructed": bool(getattr(ctx, "was_current_actor_reconstructed", False)),
+            "reconstructed": self.reconstructed,
         }
 
 
