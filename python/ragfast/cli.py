@@ -25,6 +25,7 @@ console = Console(stderr=True)
 COMMAND_MODULES = (
     "ragfast.commands.stepgap",
     "ragfast.commands.data",
+    "ragfast.commands.judge",
     "ragfast.commands.run",
     "ragfast.commands.retrieval",
     "ragfast.commands.reloop",
