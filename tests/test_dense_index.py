@@ -194,7 +194,8 @@ def test_dense_retriever_and_cached_builder(small_corpus, tmp_path, monkeypatch)
     from ragfast.retrieval.encoder import Encoder
 
     led = CostLedger()
-    r = build_default_retriever(small_corpus, cache_dir=tmp_path, progress=False)
+    r = build_default_retriever(small_corpus, cache_dir=tmp_path, progress=False, chunk_size=16)
+    assert isinstance(r.index.vectors, np.memmap)  # 5 chunks consolidated once, then mapped
     hits = r.search(["Which tower was finished in 1889 in Paris?", "highest mountain on earth"], 3,
                     ledger=led, question_ids=["a", "b"])
     assert [h[0].id for h in hits] == ["0", "1"]

@@ -802,5 +802,13 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
         # The cache is keyed by corpus and encoder only: resume with the chunking it was started with.
         chunk_size = int(json.loads(meta.read_text()).get("chunk_size", chunk_size))
     emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress)
-    index = DenseIndex("flat", vectors=load_embeddings(emb.path), storage=storage, kernel_backend=kernel_backend)
+    whole = out / "vectors.npy"
+    if emb.chunks_total > 1 and not whole.exists():
+        # Several chunks would be concatenated (copied) by every process that loads them; one
+        # consolidated matrix is memory-mapped instead, so server workers share the page cache.
+        tmp = out / f".vectors.{os.getpid()}.tmp.npy"
+        np.save(tmp, np.ascontiguousarray(load_embeddings(emb.path), dtype=np.float32))
+        os.replace(tmp, whole)
+    vectors = np.load(whole, mmap_mode="r") if whole.exists() else load_embeddings(emb.path)
+    index = DenseIndex("flat", vectors=vectors, storage=storage, kernel_backend=kernel_backend)
     return DenseRetriever(enc, index, corpus)
