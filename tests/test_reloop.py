@@ -297,3 +297,51 @@ def test_ledger_records_every_component_per_question(hotpot):
         assert r["cost"]["reasoner"]["input_tokens"] > 0
     tot = led.totals()
     assert tot["encoder"]["calls"] >= sum(len(w.cand) for w in wss)
+
+
+class _CannedLM(Generator):
+    """A scripted stand-in for an LLM (NOT a model): plans as JSON, answers with the pack's first title."""
+
+    name = "canned planner/answerer (test, not an LLM)"
+    meaningful = False
+
+    def start(self, ids, prompts):
+        self.p = dict(zip(ids, prompts))
+
+    def generate(self, ids, *, stop, max_new_tokens, ledger=None):
+        outs = []
+        for i in ids:
+            p = self.p[i]
+            if p.startswith("Plan the evidence search"):
+                outs.append('{"entities": ["Tinted Windows"], "hops": 2, "answer_type": "entity"}\n\n')
+            else:
+                m = [ln for ln in p.splitlines() if ln.startswith("[1] (text | ")]
+                outs.append((m[0].split("\t")[0][len("[1] (text | "):-1] if m else "") + "\n")
+        if ledger is not None:
+            ledger.add_batch("reasoner", list(ids), input_tokens=[len(self.p[i].split()) for i in ids],
+                             output_tokens=[1] * len(ids))
+        return outs
+
+    def append(self, ids, texts):
+        pass
+
+    def end(self, ids):
+        pass
+
+
+def test_llm_planner_and_generator_head_through_run(tmp_path):
+    lm = _CannedLM()
+    s = rl.run("hotpotqa-dev", str(tmp_path / "lm"), rl.ReloopConfig(planner="llm", max_steps=3, batch_size=2),
+               limit=3, encoder="hashing", judge="heuristic", generator=lm, planner_model=lm, progress=False)
+    assert s["questions"] == 3 and s["answers_meaningful"] is False
+    man = json.loads((tmp_path / "lm" / "manifest.json").read_text())
+    assert man["slots"]["planner"]["meaningful"] is False and man["slots"]["head"]["meaningful"] is False
+    rows = [json.loads(x) for x in (tmp_path / "lm" / "results.jsonl").read_text().splitlines()]
+    assert all(r["plan"]["source"] == "llm" and r["plan"]["entities"] == ["Tinted Windows"] for r in rows)
+    for r in rows:
+        # reasoner cost lands on the question itself: one plan call + one (or two, refined) answer calls
+        assert r["cost"]["reasoner"]["calls"] in (2, 3)
+        assert r["answer"] == r["evidence"][0]["title"]
+    with pytest.raises(ConfigError, match="--planner-model"):
+        rl.run("hotpotqa-dev", str(tmp_path / "x"), rl.ReloopConfig(planner="llm"), limit=1, encoder="hashing",
+               progress=False)

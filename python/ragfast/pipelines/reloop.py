@@ -56,6 +56,7 @@ __all__ = [
     "heuristic_plan",
     "kg_path_plan",
     "llm_plans",
+    "lm_complete",
     "Workspace",
     "Track",
     "text_workspace",
@@ -118,6 +119,8 @@ class ReloopConfig:
         Questions iterated together (one encoder / judge / head call per step for all of them).
     max_pack_triples : int
         KG runs: triples kept in the evidence pack (the supporting edges of the best answers).
+    plan_max_new_tokens, answer_max_new_tokens : int
+        Generation caps of the LLM planner and of the head.
     """
 
     planner: str = "heuristic"
@@ -131,11 +134,14 @@ class ReloopConfig:
     refine_fraction: float = 0.5
     batch_size: int = 16
     max_pack_triples: int = 12
+    plan_max_new_tokens: int = 96
+    answer_max_new_tokens: int = 32
 
     def __post_init__(self) -> None:
         if self.planner not in ("heuristic", "kg-path", "llm"):
             raise ConfigError(f"unknown planner {self.planner!r}; expected heuristic, kg-path or llm")
-        for name in ("k", "window", "max_steps", "max_tokens", "batch_size", "max_pack_triples"):
+        for name in ("k", "window", "max_steps", "max_tokens", "batch_size", "max_pack_triples", "plan_max_new_tokens",
+                     "answer_max_new_tokens"):
             if int(getattr(self, name)) < 1:
                 raise ConfigError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.window < self.k:
@@ -373,6 +379,24 @@ LLM_PLAN_PROMPT = (
 _ANSWER_TYPES = ("year", "number", "percent", "money", "person", "yes/no", "entity", "span")
 
 
+def lm_complete(gen: Generator, prompts: Sequence[str], question_ids: Sequence[str], *, stop: Sequence[str],
+                max_new_tokens: int, ledger: CostLedger | None = None) -> list[str]:
+    """One batched stateless generation whose sessions are named by the question ids.
+
+    ``Generator.complete`` names its sessions ``_complete_i``, so a backend that records its
+    cost per session would book it to no question; opening the sessions under the question ids
+    puts the reasoner cost on the right question in the ledger.
+    """
+    qids = [str(q) for q in question_ids]
+    if len(set(qids)) != len(qids):
+        return gen.complete(prompts, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger, question_ids=qids)
+    gen.start(qids, list(prompts))
+    try:
+        return gen.generate(qids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)
+    finally:
+        gen.end(qids)
+
+
 def _parse_plan_json(text: str, question: str, base: Plan) -> Plan:
     m = re.search(r"\{.*\}", text, re.DOTALL)
     if not m:
@@ -392,14 +416,16 @@ def _parse_plan_json(text: str, question: str, base: Plan) -> Plan:
 
 
 def llm_plans(questions: Sequence[str], generator: Generator, *, ledger: CostLedger | None = None,
-              question_ids: Sequence[str] | None = None, multi_doc: bool = True) -> list[Plan]:
+              question_ids: Sequence[str] | None = None, multi_doc: bool = True,
+              max_new_tokens: int = 96) -> list[Plan]:
     """Ask a generator for one JSON plan per question (one batched call).
 
     An output that does not parse falls back to :func:`heuristic_plan`, marked
     ``source="llm-fallback"`` so the report can count them.
     """
     prompts = [LLM_PLAN_PROMPT.format(question=q) for q in questions]
-    outs = generator.complete(prompts, stop=["\n\n"], max_new_tokens=96, ledger=ledger, question_ids=question_ids)
+    qids = list(question_ids) if question_ids is not None else [f"_plan{i}" for i in range(len(prompts))]
+    outs = lm_complete(generator, prompts, qids, stop=["\n\n"], max_new_tokens=max_new_tokens, ledger=ledger)
     plans = []
     for q, o in zip(questions, outs):
         base = heuristic_plan(q, multi_doc=multi_doc)
@@ -867,12 +893,13 @@ def render_pack(question: str, pack: Sequence[dict[str, Any]], answer_type: str 
         else:
             tag = f"text | {it.get('title', 'paragraph %s' % it.get('para_index'))}"
         snip = " ".join(it["snippet"].split())
-        lines.append(f"[{it['rank']}] ({tag}) {snip}")
+        # a tab ends the tag: titles may hold parentheses, whitespace-normalised snippets hold no tab
+        lines.append(f"[{it['rank']}] ({tag})\t{snip}")
     lines.append("Answer:")
     return "\n".join(lines)
 
 
-_PACK_LINE = re.compile(r"^\[(\d+)\] \((text|cell|triple) ([^)]*)\) (.*)$")
+_PACK_LINE = re.compile(r"^\[(\d+)\] \((text|cell|triple) (.*)\)\t(.*)$")
 
 
 def _parse_prompt(prompt: str) -> tuple[str, str, list[dict[str, Any]]]:
@@ -959,7 +986,8 @@ class ExtractiveHead(Generator):
         t0 = time.perf_counter()
         outs = [" ".join(self.extract(self._sessions[i]).split()[:max_new_tokens]) for i in ids]
         if ledger is not None and ids:
-            qids = list(question_ids) if question_ids is not None else [None] * len(ids)
+            # sessions opened under question ids (see lm_complete) book their cost to them
+            qids = list(question_ids) if question_ids is not None else list(ids)
             ledger.add_batch("reasoner", qids, seconds=time.perf_counter() - t0,
                              input_tokens=[count_tokens(self._sessions[i]) for i in ids],
                              output_tokens=[count_tokens(o) for o in outs])
@@ -1154,8 +1182,8 @@ def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger 
     """Canonicalise each track's evidence and answer from the pack only (one batched call)."""
     packs = [canonicalise(t.ws, t.selected, t.context) for t in tracks]
     prompts = [render_pack(t.ws.question, p, t.plan.answer_type) for t, p in zip(tracks, packs)]
-    outs = generator.complete(prompts, stop=["\n"], max_new_tokens=max_new_tokens, ledger=ledger,
-                              question_ids=[t.ws.qid for t in tracks])
+    outs = lm_complete(generator, prompts, [t.ws.qid for t in tracks], stop=["\n"], max_new_tokens=max_new_tokens,
+                       ledger=ledger)
     return [(o.strip(), p) for o, p in zip(outs, packs)]
 
 
@@ -1190,7 +1218,8 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
             if planner_generator is None:
                 raise ConfigError("planner 'llm' needs a generator for the plans (--planner-model)")
             plans = llm_plans([w.question for w in batch], planner_generator, ledger=ledger,
-                              question_ids=[w.qid for w in batch], multi_doc=multi)
+                              question_ids=[w.qid for w in batch], multi_doc=multi,
+                              max_new_tokens=cfg.plan_max_new_tokens)
         elif cfg.planner == "heuristic":
             plans = [heuristic_plan(w.question, multi_doc=multi) for w in batch]
         else:
@@ -1201,7 +1230,7 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
                 judge.set_plan(w.question, p)
         tracks = [Track(w, p) for w, p in zip(batch, plans)]
         iterate(tracks, encoder, judge, cfg, ledger=ledger, emb_cache=emb_cache, topk_backend=topk_backend)
-        results = answer(tracks, generator, ledger=ledger)
+        results = answer(tracks, generator, ledger=ledger, max_new_tokens=cfg.answer_max_new_tokens)
         refined = [False] * len(tracks)
         checks: list[tuple[bool, str]] = [(True, "not run")] * len(tracks)
         if cfg.verify:
@@ -1215,7 +1244,7 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
                         max_steps=max(1, int(round(cfg.max_steps * cfg.refine_fraction))),
                         extra_tokens=max(1, int(cfg.max_tokens * cfg.refine_fraction)), emb_cache=emb_cache,
                         topk_backend=topk_backend)
-                again = answer(sub, generator, ledger=ledger)
+                again = answer(sub, generator, ledger=ledger, max_new_tokens=cfg.answer_max_new_tokens)
                 for i, res in zip(redo, again):
                     results[i] = res
                     refined[i] = True
@@ -1341,8 +1370,8 @@ def run_kg_path(questions: Sequence[Question], seq: HSeq, *, cfg: ReloopConfig, 
             plans.append(plan)
             walks.append(res)
         prompts = [render_pack(p.question, r.pack, "entity") for p, r in zip(plans, walks)]
-        outs = generator.complete(prompts, stop=["\n"], max_new_tokens=32, ledger=ledger,
-                                  question_ids=[q.id for q in batch])
+        outs = lm_complete(generator, prompts, [q.id for q in batch], stop=["\n"],
+                           max_new_tokens=cfg.answer_max_new_tokens, ledger=ledger)
         wall = time.perf_counter() - t_start
         for q, plan, res, out in zip(batch, plans, walks, outs):
             em, f1v = _metrics(out.strip(), q.golden_answers)
@@ -1393,12 +1422,20 @@ def _judge_for(kind: str, spec: str) -> Judge:
         return HeuristicSufficiency(multi_doc=(kind == "text"))
 
 
-def _generator_for(spec: str | None, device: str = "cpu") -> Generator:
+def _generator_for(spec: "str | Generator | None", device: str = "cpu") -> Generator:
+    if isinstance(spec, Generator):
+        return spec
     if spec in (None, "", "extractive"):
         return ExtractiveHead()
     from ragfast.models.generator import HFGenerator
 
     return HFGenerator(spec, device=device)
+
+
+def _spec_name(spec: Any) -> str:
+    if isinstance(spec, Generator):
+        return getattr(spec, "name", type(spec).__name__)
+    return spec or "extractive"
 
 
 def _summary(rows: Sequence[dict[str, Any]], wall: float, ledger: CostLedger) -> dict[str, Any]:
@@ -1427,8 +1464,8 @@ def _summary(rows: Sequence[dict[str, Any]], wall: float, ledger: CostLedger) ->
 
 
 def run(data: str, out_dir: str, cfg: ReloopConfig, *, kb: str | None = None, limit: int | None = None,
-        resume: bool = False, encoder: str = "minilm", judge: str = "auto", generator: str | None = None,
-        planner_model: str | None = None, device: str = "cpu", progress: bool = True,
+        resume: bool = False, encoder: str = "minilm", judge: str = "auto", generator: "str | Generator | None" = None,
+        planner_model: "str | Generator | None" = None, device: str = "cpu", progress: bool = True,
         topk_backend: str | None = None) -> dict[str, Any]:
     """Run RELOOP on a QA file or sample and write ``results.jsonl``, ``manifest.json``, ``summary.json``.
 
@@ -1452,10 +1489,11 @@ def run(data: str, out_dir: str, cfg: ReloopConfig, *, kb: str | None = None, li
     encoder : {"minilm", "hashing"}
         Dense scorer of the iterator.
     judge : {"auto", "heuristic", "encoder"}
-    generator : str, optional
-        ``extractive`` (default, not an LLM) or a local causal-LM directory for the head.
-    planner_model : str, optional
-        Local causal-LM directory for ``--planner llm``.
+    generator : str or Generator, optional
+        ``extractive`` (default, not an LLM), a local causal-LM directory, or a Generator instance
+        for the head.
+    planner_model : str or Generator, optional
+        Local causal-LM directory (or Generator) for ``--planner llm``.
 
     Returns
     -------
@@ -1494,14 +1532,17 @@ def run(data: str, out_dir: str, cfg: ReloopConfig, *, kb: str | None = None, li
                             "runs need HotpotQA-style metadata['context']")
         enc = default_encoder(encoder)
         jd = _judge_for(kind, judge)
-        plan_gen = _generator_for(planner_model, device) if cfg.planner == "llm" else None
+        # one model instance when the planner and the head are the same checkpoint
+        plan_gen = (head if planner_model is not None and planner_model == generator else
+                    _generator_for(planner_model, device)) if cfg.planner == "llm" else None
         if cfg.planner == "llm" and planner_model is None:
             raise ConfigError("--planner llm needs --planner-model PATH (a local causal LM); none is bundled")
         slots = {"planner": plan_gen if plan_gen is not None else
                  {"name": f"{cfg.planner} question templates", "meaningful": True},
                  "encoder": enc, "judge": jd, "head": head}
     write_manifest(out, pipeline="reloop", slots=slots, config={**asdict(cfg), "kind": kind, "encoder": encoder,
-                                                                   "judge": judge, "generator": generator or "extractive"},
+                                                                   "judge": judge,
+                                                                   "generator": _spec_name(generator)},
                    seed=0, extra={"data": str(path), "layout": layout, "limit": limit, "kb": kb})
     res_path = out / "results.jsonl"
     t0 = time.perf_counter()
