@@ -262,9 +262,38 @@ def _tie_aware_equal(s1, i1, s2, i2, tol=1e-5):
             assert set(i1[r][sel]) == set(i2[r][sel])
 
 
+class HashEncoder:
+    """A deterministic stand-in query encoder: each text maps to a fixed random vector."""
+
+    def __init__(self, dim: int):
+        self.dim = dim
+
+    def describe(self):
+        return {"name": "hash", "dim": self.dim}
+
+    def encode_queries(self, texts, *, ledger=None, question_ids=None):
+        import zlib
+
+        import torch
+
+        return torch.from_numpy(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim)
+                                          for t in texts]).astype(np.float32))
+
+
+def test_gpus_per_worker_rule():
+    from ragfast.distributed import gpus_per_worker
+
+    assert gpus_per_worker(0, 4) == 0.0
+    assert gpus_per_worker(8, 4) == 1.0
+    assert gpus_per_worker(2, 4) == 0.5  # four replicas share two GPUs
+    assert gpus_per_worker(4, 4, retriever_gpus=1) == 0.75
+    assert gpus_per_worker(1, 1, retriever_gpus=1) == 0.0
+
+
 def test_ray_sharded_equals_unsharded(cluster, tmp_path):
-    from ragfast.distributed import RayShardedIndex, write_vectors
-    from ragfast.retrieval.dense import DenseIndex
+    from ragfast.data import Corpus
+    from ragfast.distributed import sharded_dense_retriever, write_vectors
+    from ragfast.retrieval.dense import DenseIndex, DenseRetriever
 
     rng = np.random.default_rng(7)
     n, d = 389, 24
@@ -277,7 +306,17 @@ def test_ray_sharded_equals_unsharded(cluster, tmp_path):
     q[0] = emb[5] * 3.0  # row 5 and its copies are the top hits of query 0
     storage = "fp32"
     ref = DenseIndex.build(emb, storage=storage)
-    with RayShardedIndex(path, 2, storage=storage, shard_cpus=0.5) as idx:
+    corpus = Corpus.from_rows({"id": f"p{i}", "contents": f'"T{i}"\ntext {i}'} for i in range(n))
+    sharded = sharded_dense_retriever(corpus, path, 2, encoder=HashEncoder(d), shard_cpus=0.5)
+    with sharded.index as idx:
+        # The sharded index is a drop-in DenseIndex: the retriever over it returns the same hits.
+        enc = HashEncoder(d)
+        texts = ["who wrote it", "a river", "the 1990s"]
+        got = sharded.search(texts, 4, exclude=[["p1"], [], ["p200", "p5"]])
+        want = DenseRetriever(enc, ref, corpus).search(texts, 4, exclude=[["p1"], [], ["p200", "p5"]])
+        assert [[h.id for h in r] for r in got] == [[h.id for h in r] for r in want]
+        np.testing.assert_allclose([[h.score for h in r] for r in got], [[h.score for h in r] for r in want],
+                                   rtol=1e-5)
         assert len(idx) == n and idx.dim == d and idx.num_shards == 2
         infos = idx.describe()["shards"]
         assert [i["lo"] for i in infos] == [0, 195] and [i["hi"] for i in infos] == [195, 389]

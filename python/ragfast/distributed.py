@@ -65,6 +65,8 @@ __all__ = [
     "RayShardedIndex",
     "write_vectors",
     "sort_results",
+    "sharded_dense_retriever",
+    "gpus_per_worker",
 ]
 
 
@@ -507,6 +509,28 @@ def _positive_int(v: Any, name: str, minimum: int = 1) -> int:
     return int(v)
 
 
+def gpus_per_worker(cluster_gpus: float, num_workers: int, retriever_gpus: float = 0.0) -> float:
+    """The ``worker_gpus="auto"`` rule: GPUs each generator actor asks Ray for.
+
+    One whole GPU per worker when the cluster has at least one per worker (after the
+    retriever's share); otherwise an equal fraction, so every replica still lands on a GPU
+    (several small models can share one); 0 on a cluster without GPUs.
+
+    Parameters
+    ----------
+    cluster_gpus : float
+        ``ray.cluster_resources()["GPU"]`` (0 when absent).
+    num_workers : int
+        Worker actors that will run.
+    retriever_gpus : float
+        GPUs held by the shared retriever actor.
+    """
+    free = float(cluster_gpus) - float(retriever_gpus)
+    if free <= 0 or num_workers < 1:
+        return 0.0
+    return 1.0 if free >= num_workers else free / num_workers
+
+
 def _fit_workers(ray: Any, want: int, worker_cpus: float, worker_gpus: float, retriever_cpus: float,
                  retriever_gpus: float) -> int:
     """How many workers the cluster can hold next to the retriever (Ray would leave the rest pending)."""
@@ -675,9 +699,8 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
            batch_timeout_s: float | None, on_result: Callable[[dict[str, Any]], None] | None) -> None:
     t_start = time.perf_counter()
     if worker_gpus == "auto":
-        gpus = float(ray.cluster_resources().get("GPU", 0.0)) - retriever_gpus
-        n = min(num_workers, len(batches))
-        worker_gpus = 0.0 if gpus <= 0 else (1.0 if gpus >= n else gpus / n)
+        worker_gpus = gpus_per_worker(float(ray.cluster_resources().get("GPU", 0.0)),
+                                      min(num_workers, len(batches)), retriever_gpus)
     n_workers = _fit_workers(ray, min(num_workers, len(batches)), worker_cpus, float(worker_gpus),
                              retriever_cpus, retriever_gpus)
     retriever = RayRetriever.launch(make_retriever, num_cpus=retriever_cpus, num_gpus=retriever_gpus,
@@ -1025,3 +1048,48 @@ class RayShardedIndex:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def sharded_dense_retriever(corpus: Any, vectors: str | os.PathLike, num_shards: int, *, encoder: Any = "minilm",
+                            storage: str | None = None, kernel_backend: str | None = None,
+                            shard_cpus: float = 1.0, shard_gpus: float = 0.0, threads_per_shard: int | None = None,
+                            device: str = "cpu") -> Any:
+    """A :class:`~ragfast.retrieval.DenseRetriever` whose index is a :class:`RayShardedIndex`.
+
+    Meant as ``make_retriever`` of :func:`run_on_ray` for indexes too big for one process:
+    ``functools.partial(sharded_dense_retriever, corpus_path, "vectors.npy", 16, encoder=...)``.
+    The shared retriever actor then holds the encoder and the corpus, and S shard actors hold
+    the rows (memory-mapped). Needs a Ray connection (inside an actor there always is one).
+
+    Parameters
+    ----------
+    corpus : ragfast.data.Corpus, path or sample name
+        Row i of the corpus is row i of ``vectors``.
+    vectors : path
+        The ``.npy`` matrix (:func:`write_vectors`) or a flat ragfast index directory.
+    num_shards : int
+        Shard actors.
+    encoder : Encoder, preset name or checkpoint path
+        The query encoder (default the bundled MiniLM).
+    storage, kernel_backend, shard_cpus, shard_gpus, threads_per_shard
+        As for :class:`RayShardedIndex`.
+    device : str
+        Device of the query encoder.
+    """
+    from ragfast.retrieval.dense import DenseRetriever
+
+    if isinstance(corpus, (str, os.PathLike)):
+        from ragfast.data import load_corpus
+
+        corpus = load_corpus(corpus)
+    if isinstance(encoder, (str, os.PathLike)):
+        from ragfast.retrieval.encoder import Encoder
+
+        encoder = Encoder(str(encoder), device=device)
+    index = RayShardedIndex(vectors, num_shards, storage=storage, kernel_backend=kernel_backend,
+                            shard_cpus=shard_cpus, shard_gpus=shard_gpus, threads_per_shard=threads_per_shard)
+    try:
+        return DenseRetriever(encoder, index, corpus)
+    except Exception:
+        index.close()
+        raise
