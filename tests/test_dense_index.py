@@ -107,11 +107,14 @@ def test_quantized_storage_and_bytes_scanned(data):
         assert idx.bytes_per_search() < fp32.bytes_per_search()
 
 
-def test_faiss_factories_build_and_train(data):
+def test_faiss_factories_build_and_train(data, tmp_path):
     x, q = data
     _, want = _brute(x, q, 10)
     ivf = DenseIndex.build(x, "faiss", factory="IVF8,Flat", search_params={"nprobe": 8})
     assert torch.equal(ivf.search(q, 10)[1], torch.from_numpy(want))  # all lists probed: exact
+    ivf.save(tmp_path / "ivf")  # IVF lists load memory-mapped; search params travel with the index
+    back = DenseIndex.load(tmp_path / "ivf")
+    assert back.describe()["search_params"] == {"nprobe": 8} and torch.equal(back.search(q, 10)[1], ivf.search(q, 10)[1])
     hnsw = DenseIndex.build(x, "faiss", factory="HNSW16", search_params={"efSearch": 128})
     got = hnsw.search(q, 10)[1].numpy()
     assert np.mean([len(set(got[r]) & set(want[r])) / 10 for r in range(len(q))]) >= 0.9

@@ -433,13 +433,25 @@ def _ivf_class():
 def _read_faiss(path: Path, mmap: bool):
     import faiss
 
-    # MMAP maps IVF inverted lists, MMAP_IFC the codes of flat indexes (e5_Flat.index is 60 GB
-    # at wiki-18 scale: mapping it lets several server workers share one copy).
-    flags = (faiss.IO_FLAG_MMAP | getattr(faiss, "IO_FLAG_MMAP_IFC", 0)) if mmap else 0
+    # MMAP_IFC maps the codes of flat indexes (e5_Flat.index is 60 GB at wiki-18 scale: mapping
+    # it lets several server workers share one copy); MMAP maps IVF inverted lists. Not every
+    # index type takes every flag (faiss 1.15 refuses MMAP_IFC for IVF lists), so try them in
+    # turn and fall back to a plain read.
+    attempts = [getattr(faiss, "IO_FLAG_MMAP_IFC", None), faiss.IO_FLAG_MMAP, 0] if mmap else [0]
     try:
-        return faiss.read_index(str(path), flags)
-    except RuntimeError as exc:
-        raise DataError(f"{path} is not a readable faiss index: {str(exc).splitlines()[0]}") from exc
+        with open(path, "rb") as f:
+            fourcc = f.read(4)
+    except OSError as exc:
+        raise DataError(f"cannot read faiss index {path}: {exc}") from exc
+    if mmap and fourcc.startswith((b"Iw", b"Iv")):  # IVF family: map the inverted lists first
+        attempts = [faiss.IO_FLAG_MMAP, 0]
+    last: Exception | None = None
+    for flags in [f for f in attempts if f is not None]:
+        try:
+            return faiss.read_index(str(path), flags)
+        except RuntimeError as exc:
+            last = exc
+    raise DataError(f"{path} is not a readable faiss index: {str(last).splitlines()[0]}") from last
 
 
 def _as_matrix(embeddings: Any) -> np.ndarray:
