@@ -698,7 +698,14 @@ class ShardedIndex:
                 lo, hi = int(self.offsets[s_]), int(self.offsets[s_ + 1])
                 local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex] if ex is not None else None
                 shard.submit(q, min(k, len(shard)), local_ex, min_score)
-            parts = [shard.result() for shard in self.shards]
+            parts, errors = [], []
+            for shard in self.shards:  # drain every pipe, even after a failure, to stay in step
+                try:
+                    parts.append(shard.result())
+                except RuntimeError as exc:
+                    errors.append(exc)
+            if errors:
+                raise errors[0]
         elif len(self.shards) == 1:
             parts = [one(0)]
         else:
