@@ -51,17 +51,21 @@ def scripted(device: str = "cpu"):
 
 
 class CrashOnce(Generator):
-    """The scripted oracle, except that the first actor to make its ``after``-th generate call
-    dies right there (once per marker file): ``mode="exit"`` exits the process (Ray restarts
-    the actor and re-runs the batch), ``mode="kill"`` kills the actor for good (the driver
-    must resubmit the batch to a fresh actor)."""
+    """The scripted oracle, except that actor lives die on purpose, once per event.
 
-    name = "scripted evidence oracle (crash once)"
+    ``events`` is a list of (marker file, mode). The first actor life to make its ``after``-th
+    generate call claims the first unclaimed event (creating its marker) and dies there:
+    ``"exit"`` exits the process (Ray restarts the actor and re-runs the batch), ``"kill"``
+    kills the actor for good and ``"hang"`` never answers (both leave it to the driver to
+    resubmit the batch to a fresh actor). A life claims at most one event.
+    """
+
+    name = "scripted evidence oracle (crashes on purpose)"
     meaningful = False
 
-    def __init__(self, marker: str, after: int, mode: str):
+    def __init__(self, events, after: int):
         self.inner = ScriptedGenerator(seed=0, max_searches=4)
-        self.marker, self.after, self.mode = marker, after, mode
+        self.events, self.after = list(events), after
         self.calls = 0
 
     def bind_questions(self, qs):
@@ -82,27 +86,31 @@ class CrashOnce(Generator):
     def end(self, ids):
         self.inner.end(ids)
 
+    def _die(self, mode: str) -> None:
+        if mode == "exit":
+            os._exit(17)
+        if mode == "kill":
+            import ray as _ray
+
+            _ray.kill(_ray.get_runtime_context().current_actor, no_restart=True)
+        time.sleep(600)  # "hang"; after a kill, the kill lands first
+
     def generate(self, ids, *, stop, max_new_tokens, ledger=None):
         self.calls += 1
-        if self.calls >= self.after:
-            try:
-                fd = os.open(self.marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # first one only
-            except FileExistsError:
-                fd = None
-            if fd is not None:
+        if self.calls == self.after:
+            for marker, mode in self.events:
+                try:
+                    fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # claimed once, ever
+                except FileExistsError:
+                    continue
                 os.write(fd, str(os.getpid()).encode())
                 os.close(fd)
-                if self.mode == "exit":
-                    os._exit(17)
-                import ray as _ray
-
-                _ray.kill(_ray.get_runtime_context().current_actor, no_restart=True)
-                time.sleep(60)  # never returns: the kill lands first
+                self._die(mode)
         return self.inner.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)
 
 
-def crash_once(marker: str, after: int, mode: str):
-    return CrashOnce(marker, after, mode)
+def crash_once(events, after: int):
+    return CrashOnce(events, after)
 
 
 # -- fixtures ------------------------------------------------------------------------------------
@@ -186,21 +194,27 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
 def test_worker_process_exit_is_restarted_by_ray(cluster, questions, config, single, tmp_path):
     marker = tmp_path / "crashed"
     out = tmp_path / "results.jsonl"
-    res = _run(questions, config, out, make_generator=functools.partial(crash_once, str(marker), 5, "exit"))
+    res = _run(questions, config, out, make_generator=functools.partial(crash_once, [(str(marker), "exit")], 5))
     assert marker.exists()  # a worker really died mid-run
     _assert_same(res, out, single, questions)
     assert res.restarted_batches >= 1  # finished by the actor Ray restarted
     assert res.retried_batches == 0
 
 
-def test_killed_actor_batch_goes_to_a_fresh_actor(cluster, questions, config, single, tmp_path):
-    marker = tmp_path / "killed"
+def test_killed_and_hung_actors_batches_go_to_fresh_actors(cluster, questions, config, single, tmp_path):
+    killed, hung = tmp_path / "killed", tmp_path / "hung"
     out = tmp_path / "results.jsonl"
-    res = _run(questions, config, out, make_generator=functools.partial(crash_once, str(marker), 5, "kill"))
-    assert marker.exists()
+    started = []
+    # Every first life dies in its first batch (2nd generate call): one is killed for good,
+    # the next hangs until the driver's batch timeout kills it.
+    res = _run(questions, config, out, make_generator=functools.partial(crash_once, [(str(killed), "kill"),
+                                                                                    (str(hung), "hang")], 2),
+               batch_timeout_s=6.0, on_start=started.append)
+    assert killed.exists() and hung.exists()
     _assert_same(res, out, single, questions)
-    assert res.retried_batches == 1  # Ray could not restart it (no_restart): the driver resubmitted
+    assert res.retried_batches == 2  # Ray could not restart either: the driver resubmitted both
     assert res.batches == N_QUESTIONS // BATCH
+    assert len(started) == 1 and started[0]["retriever"]["name"] == "bm25" and started[0]["workers"] == 2
 
 
 def test_resume_runs_only_the_rest(cluster, questions, config, single, tmp_path):

@@ -574,6 +574,7 @@ def run_on_ray(
     local_cpus: int | None = None,
     runtime_env: dict[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
 ) -> RayRunResult:
     """Run a multi-round RAG loop over ``questions`` on Ray actors; results go to one JSONL file.
 
@@ -625,6 +626,10 @@ def run_on_ray(
         Ray runtime environment for a cluster this call connects to.
     on_result : callable, optional
         Called in the driver with each record right after it is written (progress bars).
+    on_start : callable, optional
+        Called in the driver once the actors are up, before any batch runs, with
+        ``{"reasoner": describe(), "retriever": describe(), "workers", "worker_gpus", "batches"}``
+        (e.g. to write the run manifest). Not called when there is nothing left to run.
 
     Returns
     -------
@@ -661,8 +666,9 @@ def run_on_ray(
     for name, f in (("make_generator", make_generator), ("make_retriever", make_retriever)):
         if not callable(f):
             raise ConfigError(f"{name} must be callable, got {type(f).__name__}")
-    if make_loop is not None and not callable(make_loop):
-        raise ConfigError(f"make_loop must be callable, got {type(make_loop).__name__}")
+    for name, f in (("make_loop", make_loop), ("on_result", on_result), ("on_start", on_start)):
+        if f is not None and not callable(f):
+            raise ConfigError(f"{name} must be callable, got {type(f).__name__}")
     _check_picklable(make_generator, "make_generator")
     _check_picklable(make_retriever, "make_retriever")
     if make_loop is not None:
@@ -685,7 +691,7 @@ def run_on_ray(
                        worker_cpus=float(worker_cpus), worker_gpus=worker_gpus, retriever_cpus=float(retriever_cpus),
                        retriever_gpus=float(retriever_gpus), max_restarts=max_restarts,
                        max_task_retries=max_task_retries, max_attempts=max_attempts,
-                       batch_timeout_s=batch_timeout_s, on_result=on_result)
+                       batch_timeout_s=batch_timeout_s, on_result=on_result, on_start=on_start)
     sort_results(out_path, order)
     result.records = [r for r in read_results(out_path) if str(r["id"]) in want] if out_path.exists() else []
     result.summary = _summarise(result.records)
@@ -696,7 +702,8 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
            make_generator: Callable[..., Any], make_retriever: Callable[..., Any], make_loop: Any,
            num_workers: int, worker_cpus: float, worker_gpus: float | str, retriever_cpus: float,
            retriever_gpus: float, max_restarts: int, max_task_retries: int, max_attempts: int,
-           batch_timeout_s: float | None, on_result: Callable[[dict[str, Any]], None] | None) -> None:
+           batch_timeout_s: float | None, on_result: Callable[[dict[str, Any]], None] | None,
+           on_start: Callable[[dict[str, Any]], None] | None) -> None:
     t_start = time.perf_counter()
     if worker_gpus == "auto":
         worker_gpus = gpus_per_worker(float(ray.cluster_resources().get("GPU", 0.0)),
@@ -721,11 +728,17 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
         ray.kill(retriever.actor, no_restart=True)
         raise ConfigError(f"a worker actor failed to build its generator: {exc}") from None
     result.workers = infos
+    if on_start is not None:
+        on_start({"reasoner": dict(infos[0]), "retriever": dict(result.retriever), "workers": n_workers,
+                  "worker_gpus": float(worker_gpus), "batches": len(batches)})
 
     pending = list(range(len(batches)))[::-1]  # pop() takes batch 0 first
     attempts = [0] * len(batches)
     done_batches: set[int] = set()
     in_flight: dict[Any, tuple[int, int, float]] = {}  # ref -> (batch, worker slot, start time)
+    timed_out: set[Any] = set()
+    # Poll often enough that a hung batch is noticed within a quarter of its timeout.
+    poll = None if batch_timeout_s is None else max(0.1, min(batch_timeout_s / 4, 5.0))
 
     def submit(slot: int) -> None:
         if not pending:
@@ -739,18 +752,19 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
         for slot in range(n_workers):
             submit(slot)
         while in_flight:
-            ready, _ = ray.wait(list(in_flight), num_returns=1,
-                                timeout=None if batch_timeout_s is None else min(batch_timeout_s, 5.0))
+            ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=poll)
             if not ready:
                 now = time.perf_counter()
                 for ref, (b, slot, t0) in list(in_flight.items()):
-                    if now - t0 > batch_timeout_s:
+                    if now - t0 > batch_timeout_s and ref not in timed_out:
                         # A hung batch: kill its actor for good; its reply becomes an actor error
                         # below, and the batch goes to a fresh actor.
+                        timed_out.add(ref)
                         ray.kill(workers[slot], no_restart=True)
                 continue
             ref = ready[0]
             b, slot, _ = in_flight.pop(ref)
+            timed_out.discard(ref)
             try:
                 reply = ray.get(ref)
             except ray.exceptions.RayError as exc:
@@ -765,6 +779,13 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
                 with contextlib.suppress(Exception):
                     ray.kill(workers[slot], no_restart=True)
                 workers[slot] = new_worker()
+                try:
+                    # Wait until the replacement has built its generator, so that its start-up
+                    # time never counts against the batch timeout.
+                    ray.get(workers[slot].describe.remote())
+                except ray.exceptions.RayError as start_exc:
+                    raise ConfigError(f"a replacement worker actor failed to build its generator: "
+                                      f"{start_exc}") from None
                 result.retried_batches += 1
                 pending.append(b)
                 submit(slot)
