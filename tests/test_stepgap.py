@@ -240,6 +240,8 @@ def test_from_turn_checks_only_new_steps():
     res = check([t1()], llm, nli, from_turn={"t1": 2})
     assert [lab.claim for lab in res.labels] == ["Their debut show happened in Tulsa city.", "Tulsa"]
     assert [lab.step for lab in res.labels] == [5, 6]  # indices stay those of the whole trajectory
+    with pytest.raises(DataError, match="duplicate trajectory ids"):
+        check([t1(), t1()])
 
 
 # -- rewards -----------------------------------------------------------------------------------

@@ -542,6 +542,9 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
             raise ConfigError(f"max_new_tokens: bad entry {k!r}: {v!r} (stages A, B, C; at least 1)")
         budget[k] = int(v)
     trajs = [_coerce(t) for t in trajectories]
+    dup = [k for k, c in Counter(t.id for t in trajs).items() if c > 1]
+    if dup:
+        raise DataError(f"duplicate trajectory ids {dup[:3]}: step labels are keyed by (id, step)")
     steps: list[Step] = []
     for tr in trajs:
         start = (from_turn or {}).get(tr.id, 0)
