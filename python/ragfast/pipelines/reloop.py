@@ -682,20 +682,33 @@ def _expansion_rows(ws: Workspace, row: int) -> list[int]:
 
 def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger | None,
                        cache: dict[str, Any] | None) -> None:
-    texts, owners = [], []
+    # Questions over the same document (TAT-QA has ~6 per report) share one encoding: within
+    # the batch by key, and across batches through ``cache``.
+    texts: list[str] = []
+    owners: list[str] = []
+    first: dict[str, Track] = {}
+    pending: list[tuple[Track, str | None]] = []
     for t in tracks:
+        if t.ws.emb is not None:
+            continue
         key = t.ws.meta.get("cache_key")
         if cache is not None and key is not None and key in cache:
             t.ws.emb = cache[key]
             continue
+        if key is not None and key in first:
+            pending.append((t, key))
+            continue
+        if key is not None:
+            first[key] = t
+        pending.append((t, None))
         texts += t.ws.views
-        owners += [t] * len(t.ws.views)
+        owners += [t.ws.qid] * len(t.ws.views)
     if not texts:
         return
-    emb = encoder.encode_passages(texts, ledger=ledger, question_ids=[o.ws.qid for o in owners])
+    emb = encoder.encode_passages(texts, ledger=ledger, question_ids=owners)
     pos = 0
-    for t in tracks:
-        if t.ws.emb is not None:
+    for t, shared in pending:
+        if shared is not None:
             continue
         n = len(t.ws.views)
         t.ws.emb = emb[pos:pos + n]
@@ -703,6 +716,9 @@ def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger
         key = t.ws.meta.get("cache_key")
         if cache is not None and key is not None:
             cache[key] = t.ws.emb
+    for t, shared in pending:
+        if shared is not None:
+            t.ws.emb = first[shared].ws.emb
 
 
 def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConfig, *,
