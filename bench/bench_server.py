@@ -56,7 +56,8 @@ def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None,
         retriever = build_default_retriever(corpus, progress=False)
     retriever.search(["warm-up query"], 3)
     app = create_app(retriever, default_topk=3, batching=batching)
-    ready.set()
+    ready.send("ready")
+    ready.close()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
 
 
@@ -124,11 +125,19 @@ def main() -> None:
     procs, urls = {}, {}
     try:
         for mode, batching in (("batched", True), ("one-at-a-time", False)):
-            port, ready = _free_port(), ctx.Event()
-            p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, args.threads or None, ready), daemon=True)
+            port = _free_port()
+            ready, child = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, args.threads or None,
+                                                 child), daemon=True)
             p.start()
-            if not ready.wait(timeout=1800):
+            child.close()
+            if not ready.poll(timeout=1800):  # the first run may embed the corpus (cached afterwards)
                 raise RuntimeError(f"{mode} server did not come up")
+            try:
+                ready.recv()
+            except EOFError:  # the server process died before it was ready
+                p.join(5)
+                raise RuntimeError(f"{mode} server process exited with code {p.exitcode}") from None
             procs[mode], urls[mode] = p, f"http://127.0.0.1:{port}"
         import httpx
 

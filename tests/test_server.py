@@ -141,7 +141,7 @@ def live_server():
 
 
 def test_concurrent_requests_are_batched_and_answered_correctly(bm25, live_server):
-    slow = Slow(bm25, delay=0.05)
+    slow = Slow(bm25, delay=0.1)  # while one call sleeps, the other requests queue up
     url = live_server(create_app(slow, default_topk=4, max_wait_ms=5.0))
     queries = [f"{TOPICS[i % len(TOPICS)]} number {i}" for i in range(32)]
     ks = [1 + i % 5 for i in range(32)]
