@@ -242,6 +242,7 @@ class RayRetriever(Retriever):
         self.name = str(self._info.get("name", "ray-retriever"))
         self.meaningful = bool(self._info.get("meaningful", True))
         self.rpc_seconds = 0.0
+        self._factory_ref = None  # set by launch(): keeps the factory alive for restarts
         self.remote_seconds = 0.0
         self.calls = 0
 
@@ -272,15 +273,20 @@ class RayRetriever(Retriever):
         ray = _ray()
         _check_picklable(make_retriever, "make_retriever")
         actor_cls = ray.remote(_RetrieverActor)
+        # A restarted actor re-reads its constructor arguments from the object store: hold a
+        # reference to the factory for as long as this proxy lives, so a restart can find it.
+        factory_ref = ray.put(make_retriever)
         actor = actor_cls.options(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=max_restarts,
                                   max_task_retries=max_task_retries, max_concurrency=max_concurrency
-                                  ).remote(make_retriever)
+                                  ).remote(factory_ref)
         try:
             info = ray.get(actor.describe.remote())
         except ray.exceptions.RayError as exc:
             ray.kill(actor, no_restart=True)
             raise ConfigError(f"the retriever actor failed to build its retriever: {exc}") from None
-        return cls(actor, info)
+        proxy = cls(actor, info)
+        proxy._factory_ref = factory_ref
+        return proxy
 
     def describe(self) -> dict[str, Any]:
         return {**{k: v for k, v in self._info.items() if k != "pid"}, "via": "ray actor", "proxy": type(self).__name__}
@@ -716,8 +722,11 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
     worker_cls = ray.remote(_Worker).options(num_cpus=worker_cpus, num_gpus=float(worker_gpus),
                                              max_restarts=max_restarts, max_task_retries=max_task_retries)
 
+    # Held until the run ends: Ray restarts a worker from these constructor arguments.
+    gen_ref, loop_ref = ray.put(make_generator), ray.put(make_loop)
+
     def new_worker():
-        return worker_cls.remote(make_generator, retriever.actor, retriever._info, make_loop)
+        return worker_cls.remote(gen_ref, retriever.actor, retriever._info, loop_ref)
 
     workers = [new_worker() for _ in range(n_workers)]
     try:
