@@ -249,6 +249,59 @@ inline __mmask16 m16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16
 inline __mmask32 m32(int64_t n) { return n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1); }
 inline __mmask64 m64(int64_t n) { return n >= 64 ? ~__mmask64(0) : __mmask64((uint64_t(1) << n) - 1); }
 
+// Horizontal sums of 16 vectors at once: result lane p = sum of the lanes of v[p]. A shuffle
+// tree (15 adds, 30 shuffles) instead of 16 separate reductions (~8 ops each); with d = 384 and
+// one query the separate reductions cost about as much as the dot products themselves.
+// The tree yields lane 4j+e = sum(input 4e+j), so the inputs are fed transposed.
+inline __m512 as_ps(__m512 a) { return a; }
+inline __m512 as_ps(__m512i a) { return _mm512_castsi512_ps(a); }
+template <class V> inline V from_ps(__m512 a);
+template <> inline __m512 from_ps<__m512>(__m512 a) { return a; }
+template <> inline __m512i from_ps<__m512i>(__m512 a) { return _mm512_castps_si512(a); }
+
+template <class V, class Add>
+inline V reduce16_tree(const V* x, Add add) {
+  auto f4 = [](V a, V b, int imm) -> V {
+    __m512 fa = as_ps(a), fb = as_ps(b), r;
+    switch (imm) {
+      case 0x44: r = _mm512_shuffle_f32x4(fa, fb, 0x44); break;
+      case 0xEE: r = _mm512_shuffle_f32x4(fa, fb, 0xEE); break;
+      case 0x88: r = _mm512_shuffle_f32x4(fa, fb, 0x88); break;
+      default: r = _mm512_shuffle_f32x4(fa, fb, 0xDD); break;
+    }
+    return from_ps<V>(r);
+  };
+  auto f1 = [](V a, V b, bool even) -> V {
+    __m512 fa = as_ps(a), fb = as_ps(b);
+    __m512 r = even ? _mm512_shuffle_ps(fa, fb, 0x88) : _mm512_shuffle_ps(fa, fb, 0xDD);
+    return from_ps<V>(r);
+  };
+  V v[16];
+  for (int p = 0; p < 16; ++p) v[p] = x[(p % 4) * 4 + p / 4];  // transpose the 4x4 index grid
+  V s[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i) s[i] = add(f4(v[2 * i], v[2 * i + 1], 0x44), f4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i) u[i] = add(f4(s[2 * i], s[2 * i + 1], 0x88), f4(s[2 * i], s[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i) w[i] = add(f1(u[2 * i], u[2 * i + 1], true), f1(u[2 * i], u[2 * i + 1], false));
+  return add(f1(w[0], w[1], true), f1(w[0], w[1], false));
+}
+inline __m512 reduce16(const __m512* x) {
+  return reduce16_tree<__m512>(x, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+inline __m512i reduce16(const __m512i* x) {
+  return reduce16_tree<__m512i>(x, [](__m512i a, __m512i b) { return _mm512_add_epi32(a, b); });
+}
+
+// Write the QB x RB sums of `acc` to out[b * RB + i].
+template <int QB, int RB>
+inline void finish_f(const __m512 (&acc)[QB][RB], float* out) {
+  if constexpr (QB * RB == 16) {
+    _mm512_storeu_ps(out, reduce16(&acc[0][0]));
+  } else {
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) out[b * RB + i] = _mm512_reduce_add_ps(acc[b][i]);
+  }
+}
+
 template <int KIND>
 inline __m512 load_f(const char* row, int64_t j, __mmask16 m, bool full) {
   if (KIND == kF32) {
@@ -290,8 +343,7 @@ inline void sk_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
       for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_fmadd_ps(qv, rv[i], acc[b][i]);
     }
   }
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) out[b * RB + i] = _mm512_reduce_add_ps(acc[b][i]);
+  finish_f<QB, RB>(acc, out);
 }
 
 #ifdef TK_BF16
@@ -317,12 +369,14 @@ inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
       for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_dpbf16_ps(acc[b][i], (__m512bh)qv, (__m512bh)rv[i]);
     }
   }
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) out[b * RB + i] = _mm512_reduce_add_ps(acc[b][i]);
+  finish_f<QB, RB>(acc, out);
 }
 #endif
 
 #ifdef TK_VNNI
+inline __m512i _mm512_rem_epu32_fallback(__m512i x, int m) { return _mm512_and_si512(x, _mm512_set1_epi32(m - 1)); }
+inline __m512i _mm512_div_fallback(__m512i x, int m) { return _mm512_srlv_epi32(x, _mm512_set1_epi32(__builtin_ctz(unsigned(m)))); }
+
 template <int QB, int RB>
 inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
   __m512i acc[QB][RB];
@@ -345,12 +399,23 @@ inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
       for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], qv, rv[i]);
     }
   }
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) {
-      int64_t r = r0 + i;
-      int32_t dot = _mm512_reduce_add_epi32(acc[b][i]) - 128 * p.rowsum[r];
-      out[b * RB + i] = float(dot) * p.scale[r] * p.qdeq[b0 + b];
-    }
+  if constexpr (QB * RB == 16) {
+    // lane L = (query L / RB, row L % RB): spread the per-row and per-query factors to match
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i rowi = _mm512_rem_epu32_fallback(lane, RB), qi = _mm512_div_fallback(lane, RB);
+    __m512i rsum = _mm512_permutexvar_epi32(rowi, _mm512_maskz_loadu_epi32(__mmask16((1u << RB) - 1), p.rowsum + r0));
+    __m512 rsc = _mm512_permutexvar_ps(rowi, _mm512_maskz_loadu_ps(__mmask16((1u << RB) - 1), p.scale + r0));
+    __m512 qd = _mm512_permutexvar_ps(qi, _mm512_maskz_loadu_ps(__mmask16((1u << QB) - 1), p.qdeq.data() + b0));
+    __m512i dot = _mm512_sub_epi32(reduce16(&acc[0][0]), _mm512_slli_epi32(rsum, 7));
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(rsc, qd)));
+  } else {
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) {
+        int64_t r = r0 + i;
+        int32_t dot = _mm512_reduce_add_epi32(acc[b][i]) - 128 * p.rowsum[r];
+        out[b * RB + i] = float(dot) * p.scale[r] * p.qdeq[b0 + b];
+      }
+  }
 }
 #endif
 
@@ -373,15 +438,26 @@ inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
 
 template <int QB>
 void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
-  // One query: 8 rows at a time (8 independent chains); more queries: 4 rows, so QB*RB <= 16
-  // accumulators stay in registers.
-  constexpr int RB = QB <= 2 ? 8 : 4;
-  float out[QB * RB];
+  // QB x RB = 16 accumulators (16 independent chains for one query), reduced together.
+  constexpr int RB = QB == 3 ? 4 : 16 / QB;
+  alignas(64) float out[QB * RB];
   int64_t r = r0;
   for (; r + RB <= r1; r += RB) {
     stream_block<QB, RB>(p, b0, r, out);
-    for (int b = 0; b < QB; ++b)
-      for (int i = 0; i < RB; ++i) tk[b0 + b].push(out[b * RB + i], r + i);
+    if constexpr (QB * RB == 16) {
+      // one vector compare against each lane's query threshold; pushes are rare
+      alignas(64) float thr[16];
+      for (int L = 0; L < 16; ++L) thr[L] = tk[b0 + L / RB].thr;
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_load_ps(out), _mm512_load_ps(thr), _CMP_GE_OQ);
+      while (m) {
+        const int L = __builtin_ctz(m);
+        m &= m - 1;
+        tk[b0 + L / RB].push(out[L], r + L % RB);
+      }
+    } else {
+      for (int b = 0; b < QB; ++b)
+        for (int i = 0; i < RB; ++i) tk[b0 + b].push(out[b * RB + i], r + i);
+    }
   }
   for (; r < r1; ++r) {
     stream_block<QB, 1>(p, b0, r, out);
@@ -521,10 +597,17 @@ void pk_float(const Problem& p, const float* P, int64_t b0, int64_t t0, int rows
       acc[b][3] = _mm512_fmadd_ps(qv, v3, acc[b][3]);
     }
   }
-  for (int g = 0; g < 4; ++g) {
-    __mmask16 valid = m16(std::max(0, rows - g * 16));
-    if (!valid) break;
-    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], acc[b][g], t0 + g * 16, valid);
+  // Spill once through a buffer: indexing the accumulators with the runtime group count
+  // below would otherwise make GCC keep them on the stack inside the hot loop (measured: every
+  // FMA paired with a load and a store).
+  alignas(64) float buf[QB][4][16];
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_ps(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
+    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], _mm512_load_ps(buf[b][g]), t0 + g * 16, valid);
   }
 }
 
@@ -548,10 +631,17 @@ void pk_bf16(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0,
       acc[b][3] = _mm512_dpbf16_ps(acc[b][3], (__m512bh)qv, (__m512bh)v3);
     }
   }
-  for (int g = 0; g < 4; ++g) {
-    __mmask16 valid = m16(std::max(0, rows - g * 16));
-    if (!valid) break;
-    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], acc[b][g], t0 + g * 16, valid);
+  // Spill once through a buffer: indexing the accumulators with the runtime group count
+  // below would otherwise make GCC keep them on the stack inside the hot loop (measured: every
+  // FMA paired with a load and a store).
+  alignas(64) float buf[QB][4][16];
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_ps(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
+    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], _mm512_load_ps(buf[b][g]), t0 + g * 16, valid);
   }
 }
 #endif
@@ -576,16 +666,19 @@ void pk_i8(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0, i
       acc[b][3] = _mm512_dpbusd_epi32(acc[b][3], qv, v3);
     }
   }
-  for (int g = 0; g < 4; ++g) {
-    const int n = std::max(0, rows - g * 16);
-    __mmask16 valid = m16(n);
-    if (!valid) break;
+  alignas(64) int32_t buf[QB][4][16];  // see pk_float: keeps the accumulators in registers
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_si512(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
     const int64_t r0 = t0 + g * 16;
     __m512i rsum = _mm512_maskz_loadu_epi32(valid, p.rowsum + r0);
     __m512 rscale = _mm512_maskz_loadu_ps(valid, p.scale + r0);
     __m512i off = _mm512_slli_epi32(rsum, 7);  // 128 * rowsum
     for (int b = 0; b < QB; ++b) {
-      __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(acc[b][g], off)),
+      __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(buf[b][g]), off)),
                                 _mm512_mul_ps(rscale, _mm512_set1_ps(p.qdeq[b0 + b])));
       push16(tk[b0 + b], sc, r0, valid);
     }
