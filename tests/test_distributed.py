@@ -113,6 +113,32 @@ def crash_once(events, after: int):
     return CrashOnce(events, after)
 
 
+def crashing_bm25(questions, marker: str, after: int):
+    """BM25 whose first actor life exits on its ``after``-th search (once per marker file)."""
+    from ragfast.retrieval.base import Retriever
+
+    inner = build_bm25(questions)
+
+    class Crashing(Retriever):
+        name = inner.name
+        calls = 0
+
+        def describe(self):
+            return inner.describe()
+
+        def search(self, queries, k, **kw):
+            Crashing.calls += 1
+            if Crashing.calls == after:
+                try:
+                    os.close(os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+                    os._exit(19)
+                except FileExistsError:
+                    pass
+            return inner.search(queries, k, **kw)
+
+    return Crashing()
+
+
 # -- fixtures ------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -149,9 +175,9 @@ def _run(questions, config, out, **kw):
     from ragfast.distributed import run_on_ray
 
     kw.setdefault("make_generator", scripted)
+    kw.setdefault("make_retriever", functools.partial(build_bm25, questions))
     kw.setdefault("worker_cpus", 0.5)
-    return run_on_ray(questions, make_retriever=functools.partial(build_bm25, questions), config=config,
-                      out_path=out, num_workers=2, retriever_cpus=0.5, **kw)
+    return run_on_ray(questions, config=config, out_path=out, num_workers=2, retriever_cpus=0.5, **kw)
 
 
 def _assert_same(result, out, single, questions):
@@ -191,11 +217,12 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
     assert res.ledger.totals()["search"]["calls"] > 0
 
 
-def test_worker_process_exit_is_restarted_by_ray(cluster, questions, config, single, tmp_path):
-    marker = tmp_path / "crashed"
+def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, config, single, tmp_path):
+    marker, r_marker = tmp_path / "crashed", tmp_path / "retriever-crashed"
     out = tmp_path / "results.jsonl"
-    res = _run(questions, config, out, make_generator=functools.partial(crash_once, [(str(marker), "exit")], 5))
-    assert marker.exists()  # a worker really died mid-run
+    res = _run(questions, config, out, make_generator=functools.partial(crash_once, [(str(marker), "exit")], 5),
+               make_retriever=functools.partial(crashing_bm25, questions, str(r_marker), 4))
+    assert marker.exists() and r_marker.exists()  # a worker and the shared retriever really died mid-run
     _assert_same(res, out, single, questions)
     assert res.restarted_batches >= 1  # finished by the actor Ray restarted
     assert res.retried_batches == 0
