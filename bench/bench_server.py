@@ -19,6 +19,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
+import signal
 import socket
 import sys
 import time
@@ -164,8 +166,13 @@ def main() -> None:
                       f"errors {w['errors']}  mean batch {w['batch']:.1f}", flush=True)
     finally:
         for p in procs.values():
-            p.terminate()
-            p.join(10)
+            # SIGINT lets uvicorn shut down cleanly (its semaphores are released); then make sure.
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGINT)
+            p.join(15)
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
 
     params = (f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g},"
               f"threads={args.threads or 'default'}")
