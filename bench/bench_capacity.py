@@ -196,7 +196,8 @@ def capacity_markdown(facts: dict, bw: dict, bw_cpu: dict, rows_n: int, threads_
     L.append(f"Read bandwidth (summing pass over {rows_n * DIM * 4 / 1e9:.2f} GB): one thread "
              f"{bw_cpu['ram'][1]:.1f} GB per CPU-second from RAM and {bw_cpu['mmap-warm'][1]:.1f} from a warm "
              f"memory map (wall-clock {bw['ram'][1]:.1f} / {bw['mmap-warm'][1]:.1f} GB/s on this shared machine); "
-             f"{threads_all} threads: wall-clock {bw['ram'][threads_all]:.1f} / {bw['mmap-warm'][threads_all]:.1f} GB/s.\n")
+             f"{threads_all} threads: wall-clock {bw['ram'][threads_all]:.1f} / "
+             f"{bw['mmap-warm'][threads_all]:.1f} GB/s.\n")
     L.append("### Memory at paper scale\n")
     L.append("| storage | bytes/row held | bytes/row scanned | index GB | GB per shard, S=2 | S=4 | S=8 | S=16 | "
              "fits one H200 (141 GB, nominal) |")
@@ -227,7 +228,8 @@ def capacity_markdown(facts: dict, bw: dict, bw_cpu: dict, rows_n: int, threads_
             qps_gpu = b / gpu_sec
             cores = math.ceil(target_qps / qps_core)
             gpus = max(math.ceil(target_qps / qps_gpu), math.ceil(res_total / H200["memory_bytes"]))
-            L.append(f"| {s_} | {b} | {cpu21:.2f} | {wall21:.2f} | {qps_core:.2f} | {qps_gpu:,.0f} | {cores} | {gpus} |")
+            L.append(f"| {s_} | {b} | {cpu21:.2f} | {wall21:.2f} | {qps_core:.2f} | {qps_gpu:,.0f} | {cores} "
+                     f"| {gpus} |")
     L.append("")
     L.append(f"### Shards and nodes for {target_qps:g} QPS (batch 64, {ram_per_node / 1e9:.0f} GB RAM per node)\n")
     L.append("One shard actor per core, each scanning 1/S of the rows, so S = cores needed; nodes must hold "

@@ -13,7 +13,8 @@ Batch evaluation (:func:`run_on_ray`)
   worker actor runs the whole multi-turn loop over it and returns its trajectories and cost
   records in one reply. Because the batches are the same, every per-question record (answers,
   retrieved ids, scores, tokens, bytes scanned) equals the single-process one; only wall and
-  device seconds differ (:func:`ragfast.results.strip_timing`).
+  device seconds differ (:func:`ragfast.results.strip_timing`). Workers run batches in
+  parallel, so W workers need at least W batches: ``batch_size <= len(questions) / W``.
 - Each worker actor builds its own generator replica from a picklable factory, on a GPU when
   the cluster has GPUs (``num_gpus`` per actor; the factory is told ``device="cuda"``).
 - Retrieval is ONE shared actor (:class:`RayRetriever` proxies to it), so the corpus and index
@@ -661,7 +662,8 @@ def run_on_ray(
     max_attempts = _positive_int(max_attempts, "max_attempts")
     max_restarts = _positive_int(max_restarts, "max_restarts", 0)
     max_task_retries = _positive_int(max_task_retries, "max_task_retries", 0)
-    for name, v in (("worker_cpus", worker_cpus), ("retriever_cpus", retriever_cpus), ("retriever_gpus", retriever_gpus)):
+    for name, v in (("worker_cpus", worker_cpus), ("retriever_cpus", retriever_cpus),
+                    ("retriever_gpus", retriever_gpus)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
             raise ConfigError(f"{name} must be a number >= 0, got {v!r}")
     if not (worker_gpus == "auto" or (isinstance(worker_gpus, (int, float)) and not isinstance(worker_gpus, bool)
@@ -688,6 +690,12 @@ def run_on_ray(
     with ResultsWriter(out_path, resume=resume) as writer:
         todo = [q for q in qs if q.id not in writer.done]
         batches = [todo[i:i + bs] for i in range(0, len(todo), bs)]
+        if batches and len(batches) < num_workers:
+            # The batch is the unit of work (and what makes results equal the single-process
+            # run), so fewer batches than workers leaves workers idle.
+            warnings.warn(f"{len(todo)} questions in batches of {bs} make {len(batches)} batch(es) for {num_workers} "
+                          f"workers; lower config.batch_size to about {max(1, len(todo) // num_workers)} to use "
+                          "them all", RuntimeWarning, stacklevel=2)
         if batches:
             need = int(math.ceil(retriever_cpus + min(num_workers, len(batches)) * worker_cpus))
             cpus = local_cpus if local_cpus is not None else max(os.cpu_count() or 1, need)
@@ -908,7 +916,8 @@ class _ShardActor:
         self.info = {"path": path, "lo": int(lo), "hi": int(hi), "rows": int(hi - lo), "dim": int(view.shape[1]),
                      "storage": storage, "mmap": isinstance(whole, np.memmap), "zero_copy": self.zero_copy,
                      "scan_bytes": self.scan_bytes,
-                     "offset_bytes": int(whole.offset + lo * view.shape[1] * 4) if isinstance(whole, np.memmap) else None,
+                     "offset_bytes": (int(whole.offset + lo * view.shape[1] * 4)
+                                      if isinstance(whole, np.memmap) else None),
                      "device": self.device, "pid": os.getpid()}
 
     def describe(self) -> dict[str, Any]:
