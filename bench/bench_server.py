@@ -40,7 +40,7 @@ def _corpus(spec: str):
     return load_corpus(spec)
 
 
-def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None, ready) -> None:
+def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None, max_wait_ms: float, ready) -> None:
     """Server process: build the retriever (cached embeddings) and run uvicorn on loopback."""
     import uvicorn
 
@@ -57,7 +57,7 @@ def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None,
 
         retriever = build_default_retriever(corpus, progress=False)
     retriever.search(["warm-up query"], 3)
-    app = create_app(retriever, default_topk=3, batching=batching)
+    app = create_app(retriever, default_topk=3, batching=batching, max_wait_ms=max_wait_ms)
     ready.send("ready")
     ready.close()
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
@@ -115,6 +115,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads per server process (0: torch's default). 1 avoids OpenMP spinning "
                          "when the clients share the cores.")
+    ap.add_argument("--max-wait-ms", type=float, default=2.0,
+                    help="How long the first request of a batch waits for company (0: take what is queued).")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_server.csv"))
     args = ap.parse_args()
     if args.duration <= 0 or args.clients < 1 or args.reps < 1:
@@ -130,7 +132,7 @@ def main() -> None:
             port = _free_port()
             ready, child = ctx.Pipe(duplex=False)
             p = ctx.Process(target=_serve, args=(args.corpus, args.retriever, port, batching, args.threads or None,
-                                                 child), daemon=True)
+                                                 args.max_wait_ms, child), daemon=True)
             p.start()
             child.close()
             if not ready.poll(timeout=1800):  # the first run may embed the corpus (cached afterwards)
@@ -175,7 +177,7 @@ def main() -> None:
                 p.join(5)
 
     params = (f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g},"
-              f"threads={args.threads or 'default'}")
+              f"threads={args.threads or 'default'},max_wait_ms={args.max_wait_ms:g}")
     rows = []
     tput = {}
     for mode, ws in res.items():
