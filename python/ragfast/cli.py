@@ -27,8 +27,9 @@ COMMAND_MODULES = (
     "ragfast.commands.data",
     "ragfast.commands.judge",
     "ragfast.commands.run",
-    "ragfast.commands.retrieval",
+    "ragfast.commands.bench",
     "ragfast.commands.reloop",
+    "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
 )
 
