@@ -1403,11 +1403,28 @@ def run_kg_path(questions: Sequence[Question], seq: HSeq, *, cfg: ReloopConfig, 
     return rows
 
 
+_KG_CACHE: dict[tuple[str, int, float], HSeq] = {}
+
+
 def metaqa_kg(path: Any = None) -> HSeq:
-    """The MetaQA knowledge base as a triple HSEQ (default: the bundled ``metaqa-kb`` sample)."""
+    """The MetaQA knowledge base as a triple HSEQ (default: the bundled ``metaqa-kb`` sample).
+
+    Built once per file (path, size, mtime) and process: the 129k-triple KB takes about a
+    second to index, and several runs in one process (tests, benchmarks) share it.
+    """
+    from pathlib import Path
+
     from ragfast.data import load_triples, sample
 
-    return from_triples(load_triples(path if path is not None else sample("metaqa-kb")), relations=METAQA_RELATIONS)
+    p = Path(path) if path is not None else sample("metaqa-kb")
+    if not p.is_file():
+        raise DataError(f"knowledge base not found: {p}")
+    st = p.stat()
+    key = (str(p.resolve()), st.st_size, st.st_mtime)
+    seq = _KG_CACHE.get(key)
+    if seq is None:
+        seq = _KG_CACHE[key] = from_triples(load_triples(p), relations=METAQA_RELATIONS)
+    return seq
 
 
 def workspace_key(doc: dict[str, Any]) -> str:
