@@ -7,14 +7,16 @@ The loop, per question (batched over questions at every step):
    path. It comes from heuristic templates of the question (:func:`heuristic_plan`), from the
    deterministic MetaQA template parser (:func:`kg_path_plan`, planner ``kg-path``), or from an
    LLM asked for a JSON plan (:func:`llm_plans`, planner ``llm``).
-2. **Iterate.** The candidates are the leaf segments of the question's HSEQ (sentences, table
-   cells, triples). Each step ranks the unread candidates by dense score against the guided
+2. **Iterate.** The candidates are the leaf segments of the question's HSEQ (sentences and
+   non-header table cells; MetaQA questions take the knowledge-graph walk described below). Each step ranks the unread candidates by dense score against the guided
    query (an :class:`~ragfast.retrieval.Encoder` plus :func:`ragfast.ops.topk_ip.topk_ip` with
    the already-read rows excluded): the top ``window`` form the sliding window, the best ``k``
    of the window (dense score plus guidance bonuses) are read, each one pulls in its structural
-   context (the first sentence of its paragraph; a cell's row and column headers) through the
-   vectorised neighbour operations of :mod:`ragfast.hseq`, and a :class:`~ragfast.models.Judge`
-   scores the state. The loop stops at the first sufficient state, or when the step or token
+   context (the lead sentence of its paragraph; a cell's row-label cell, its headers being part
+   of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.hseq`; for
+   multi-hop plans the next query adds bridge names met in the evidence; a :class:`~ragfast.models.Judge`
+   scores the state (``judge="auto"``: the trained EncoderJudge on text when its weights are
+   installed, else :class:`HeuristicSufficiency`, a documented rule). The loop stops at the first sufficient state, or when the step or token
    budget is spent, or when nothing is left to read. Budgets are hard: a segment that would
    cross the token budget is never added.
 3. **Head.** :func:`canonicalise` packs the selected segments with provenance (segment id, source
@@ -25,8 +27,9 @@ The loop, per question (batched over questions at every step):
    optional verifier (:func:`verify`) checks the answer against the pack and, on a
    contradiction, runs one refinement with a reduced budget.
 
-For MetaQA the ``kg-path`` planner follows the parsed relation path from the topic entity with
-:meth:`ragfast.hseq.KGraph.hop_counts` (one step per hop); the answer set is every entity
+For MetaQA the ``kg-path`` planner follows the parsed relation path from the topic entity by
+path-count propagation over the per-relation CSR adjacency (as
+:meth:`ragfast.hseq.KGraph.hop_counts`, one iterator step per hop); the answer set is every entity
 reached, and the single answer string is the first of them in a deterministic order (most
 supporting paths first, then earliest supporting triple in the KB file): EM is then Hits@1
 against the gold list, and set-level precision/recall/F1 against the gold set are reported too.
