@@ -40,6 +40,7 @@ def test_text_roundtrip_every_hotpotqa_context():
         assert [given_.contents[i] for i in sent_rows] == list(sents)
         if k % 50 == 0:
             _check_spans(own, lambda i: text)
+            assert to_source(own.segments()) == to_source(own)
         n += 1
     assert n > 5900  # 2 x 300 questions, (up to) 10 contexts each
 
@@ -65,6 +66,8 @@ def test_tatqa_roundtrip_every_document():
             p = int(seq.parent[i])
             assert seq.contents[p][seq.start[i]:seq.end[i]] == seq.contents[i]
         assert len(paras) == len(doc["paragraphs"])
+        # a plain list of Segment objects is enough to rebuild the source too
+        assert to_source(seq.segments()) == back
 
 
 def test_metaqa_kb_roundtrip_whole_kb():
@@ -72,6 +75,8 @@ def test_metaqa_kb_roundtrip_whole_kb():
     seq = from_triples(triples, relations=hseq.METAQA_RELATIONS)
     assert to_source(seq) == triples
     assert len(seq.where("triple")) == len(triples)
+    part = triples[:5000]
+    assert to_source(from_triples(part).segments()) == part
     # every triple hangs under its head entity
     tr = seq.where("triple")[:1000]
     assert all(seq.contents[seq.parent[i]] == triples[seq.tidx[i]][0] for i in tr)
@@ -255,3 +260,21 @@ def test_gather_csr_matches_loop():
     want = [(indices[indptr[r]:indptr[r + 1]].tolist() if r >= 0 else []) for r in rows]
     assert vals.tolist() == [v for w in want for v in w]
     assert owner.tolist() == [j for j, w in enumerate(want) for _ in w]
+
+
+def test_from_segments_errors_and_self_contained_segments():
+    seq = from_text("d", "T", "One. Two.")
+    segs = seq.segments()
+    assert segs[0].meta["source"]["kind"] == "text" and "source" not in segs[1].meta
+    assert segs[2].meta["start"] == 0 and segs[2].meta["doc_id"] == "d"
+    with pytest.raises(DataError, match="parent 'd/p0' is not in the list"):
+        to_source([segs[0], segs[2]])
+    stripped = [hseq.Segment(x.id, x.level, x.parent, x.content, {k: v for k, v in x.meta.items() if k != "source"})
+                for x in segs]
+    with pytest.raises(DataError, match="no segment carries the record of source 'd'"):
+        to_source(stripped)
+    bad = hseq.Segment("x", "chapter", None, "", {})
+    with pytest.raises(DataError, match="unknown level 'chapter'"):
+        HSeq.from_segments([bad])
+    kg = from_triples([("A", "r", "B")]).segments()
+    assert kg[-1].meta["head"] == "A" and kg[-1].meta["relation"] == "r"

@@ -290,20 +290,113 @@ class HSeq:
     def level_name(self, i: int) -> str:
         return LEVELS[int(self.level[i])]
 
+    _DERIVED = ("doc_id", "row", "col", "start", "end", "tidx", "source", "head", "relation", "tail")
+
+    def _first_rows(self) -> dict[int, int]:
+        if not hasattr(self, "_firsts"):
+            d = self.doc.astype(np.int64)
+            ok = np.nonzero(d >= 0)[0]
+            uniq, first = np.unique(d[ok], return_index=True)
+            self._firsts = {int(u): int(ok[f]) for u, f in zip(uniq, first)}
+        return self._firsts
+
     def segment(self, i: int) -> Segment:
-        """Row ``i`` as a :class:`Segment` (meta gains the coordinates and offsets it has)."""
+        """Row ``i`` as a self-contained :class:`Segment`.
+
+        ``meta`` gains ``doc_id`` and the coordinates, offsets and triple index it has; a
+        triple also gets its ``head``/``relation``/``tail`` names, and the first segment of each
+        source carries that source's record (``meta["source"]``), so that a plain list of
+        segments is enough for :func:`to_source`.
+        """
         i = int(i)
         m = dict(self.meta[i])
-        m["doc_id"] = self.sources[int(self.doc[i])]["id"] if self.doc[i] >= 0 else None
+        d = int(self.doc[i])
+        m["doc_id"] = self.sources[d]["id"] if d >= 0 else None
         for c in ("row", "col", "start", "end", "tidx"):
             v = int(getattr(self, c)[i])
             if v >= 0:
                 m[c] = v
+        if d >= 0 and self._first_rows().get(d) == i:
+            m["source"] = dict(self.sources[d])
+        if self.level[i] == _LV["triple"] and self.kg is not None:
+            m["head"] = self.kg.entities[int(self.head[i])]
+            m["relation"] = self.kg.relations[int(self.rel[i])]
+            m["tail"] = self.kg.entities[int(self.tail[i])]
         p = int(self.parent[i])
         return Segment(self.ids[i], LEVELS[int(self.level[i])], self.ids[p] if p >= 0 else None, self.contents[i], m)
 
     def segments(self) -> list[Segment]:
         return [self.segment(i) for i in range(len(self))]
+
+    @classmethod
+    def from_segments(cls, segments: Sequence[Segment]) -> "HSeq":
+        """Rebuild the columnar sequence from :class:`Segment` objects (as :meth:`segments` gives them).
+
+        Raises
+        ------
+        DataError
+            An unknown level, a parent id that is not in the list, a segment whose source
+            record is missing.
+        """
+        segs = list(segments)
+        index: dict[str, int] = {}
+        for i, sg in enumerate(segs):
+            if not isinstance(sg, Segment):
+                raise DataError(f"segment {i}: expected a Segment, got {type(sg).__name__}")
+            if sg.id in index:
+                raise DataError(f"duplicate segment id {sg.id!r}")
+            index[sg.id] = i
+        sources: list[dict[str, Any]] = []
+        src_of: dict[str, int] = {}
+        for sg in segs:
+            if "source" in sg.meta:
+                src_of[sg.meta["source"]["id"]] = len(sources)
+                sources.append(dict(sg.meta["source"]))
+        n = len(segs)
+        cols = {c: np.full(n, -1, dtype=np.int64) for c in cls._INT_COLS}
+        ids, contents, meta = [], [], []
+        ent_names: list[str] = []
+        ent_id: dict[str, int] = {}
+        rel_id: dict[str, int] = {}
+        for i, sg in enumerate(segs):
+            if sg.level not in _LV:
+                raise DataError(f"segment {sg.id!r}: unknown level {sg.level!r}; expected one of {LEVELS}")
+            cols["level"][i] = _LV[sg.level]
+            if sg.parent is not None:
+                if sg.parent not in index:
+                    raise DataError(f"segment {sg.id!r}: parent {sg.parent!r} is not in the list")
+                cols["parent"][i] = index[sg.parent]
+            doc = sg.meta.get("doc_id")
+            if doc is not None:
+                if doc not in src_of:
+                    raise DataError(f"segment {sg.id!r}: no segment carries the record of source {doc!r}")
+                cols["doc"][i] = src_of[doc]
+            for c in ("row", "col", "start", "end", "tidx"):
+                if c in sg.meta:
+                    cols[c][i] = int(sg.meta[c])
+            if sg.level == "entity":
+                cols["tail"][i] = ent_id.setdefault(sg.content, len(ent_id))
+                if cols["tail"][i] == len(ent_names):
+                    ent_names.append(sg.content)
+            ids.append(sg.id)
+            contents.append(sg.content)
+            meta.append({k: v for k, v in sg.meta.items() if k not in cls._DERIVED})
+        tri = [i for i, sg in enumerate(segs) if sg.level == "triple"]
+        for i in tri:
+            m = segs[i].meta
+            for k in ("head", "tail"):
+                if m.get(k) not in ent_id:
+                    raise DataError(f"segment {segs[i].id!r}: triple {k} {m.get(k)!r} has no entity segment")
+            cols["head"][i] = ent_id[m["head"]]
+            cols["rel"][i] = rel_id.setdefault(m["relation"], len(rel_id))
+            cols["tail"][i] = ent_id[m["tail"]]
+        seq = cls(ids, contents, meta, sources, **cols)
+        if tri:
+            t = np.asarray(tri, dtype=np.int64)
+            seq.kg = KGraph(ent_names, list(rel_id), seq.head[t], seq.rel[t], seq.tail[t])
+            # the KG's triple rows must line up with the ids the columns hold
+            seq.head[t], seq.rel[t], seq.tail[t] = seq.kg.head, seq.kg.rel, seq.kg.tail
+        return seq
 
     def __iter__(self) -> Iterator[Segment]:
         for i in range(len(self)):
@@ -771,9 +864,9 @@ def to_source(segments: HSeq, doc: int | str | None = None) -> Any:
 
     Parameters
     ----------
-    segments : HSeq
+    segments : HSeq or list of Segment
         A sequence from :func:`from_text`, :func:`from_tatqa` or :func:`from_triples` (or a
-        :meth:`HSeq.concat` of several).
+        :meth:`HSeq.concat` of several), or its :meth:`HSeq.segments` list.
     doc : int or str, optional
         Which source of a concatenated sequence (position or document id); required when there
         are several.
@@ -784,8 +877,10 @@ def to_source(segments: HSeq, doc: int | str | None = None) -> Any:
         ``{"id", "title", "text"}`` for a text; ``{"id", "table", "paragraphs"}`` for a TAT-QA
         document; the list of ``(head, relation, tail)`` tuples, in input order, for triples.
     """
+    if isinstance(segments, (list, tuple)):
+        segments = HSeq.from_segments(segments)
     if not isinstance(segments, HSeq):
-        raise DataError(f"to_source expects an HSeq, got {type(segments).__name__}")
+        raise DataError(f"to_source expects an HSeq or a list of Segments, got {type(segments).__name__}")
     if not segments.sources:
         raise DataError("to_source: the sequence has no sources")
     if doc is None:
