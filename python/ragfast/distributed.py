@@ -131,7 +131,10 @@ def ray_session(address: str | None = "local", *, num_cpus: int | None = None, n
         try:
             ray.init(address=address, **kw)
         except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {exc}") from None
+            # Ray wraps the real reason (e.g. a missing auth token) as the cause: show it.
+            cause = exc.__cause__
+            why = f"; cause: {type(cause).__name__}: {str(cause)[:400]}" if cause is not None else ""
+            raise ConfigError(f"cannot connect to the Ray cluster at {address!r}: {exc}{why}") from None
     try:
         yield ray
     finally:
