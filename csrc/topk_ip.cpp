@@ -6,9 +6,11 @@
 //    top-`fetch` per query and the lists are merged at the end, so no locks in the hot loop;
 //  * small batches (bandwidth-bound) use "stream" micro-kernels that read rows in place and
 //    dot along d with QB x RB accumulators (several independent FMA chains per row);
-//  * larger batches (compute-bound) transpose a 64-row tile once into a packed buffer and run a
-//    GEMM-style micro-kernel (6 queries x 64 rows = 24 accumulators, query broadcast), which
-//    needs no horizontal reductions and emits 16 scores per vector for a vector threshold test;
+//  * mid/large batches (compute-bound) use one of two GEMM-style kernels with no horizontal
+//    reductions, 16 scores per vector and a vector threshold test: "query-major" (queries
+//    transposed once per call, 16 per vector, corpus elements broadcast from the rows: fp32,
+//    bf16) or "packed" (a 64-row tile transposed once and reused by every block of 6 queries:
+//    fp16, int8). The batch sizes at which kernels switch were measured (see Paths);
 //  * bf16 uses AVX512_BF16 vdpbf16ps (query rounded to bf16), int8 uses AVX512_VNNI vpdpbusd
 //    (query quantised to int8 and offset to unsigned, the offset removed with a per-row code
 //    sum). Both are approximate first passes: they over-fetch candidates and re-score them
@@ -17,6 +19,7 @@
 #include "registry.h"
 
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>
 
 #include <algorithm>
 #include <cmath>
@@ -184,7 +187,11 @@ struct Problem {
   std::vector<uint16_t> qh;      // bf16 queries
   int64_t qs8 = 0;               // stride of qb in bytes, padded to 64
   std::vector<uint8_t> qb;       // int8 queries + 128
-  std::vector<float> qdeq;       // int8 query dequantisation factor
+  std::vector<float> qdeq;       // int8 query dequantisation factor (padded to Bp for qmajor)
+  // query-major layout (qmajor kernels): depth-major, 16 queries per vector
+  bool qmajor = false;
+  int64_t Bp = 0;                // B rounded up to 16
+  std::vector<uint32_t> qt;      // [depth][Bp]: fp32 bits, a bf16 pair, or four unsigned int8 codes
 
   const char* row(int64_t r) const { return base + (r * rs) * esize; }
 };
@@ -214,6 +221,27 @@ void prepare_queries(Problem& p) {
         p.qb[b * p.qs8 + j] = uint8_t(v + 128);
       }
     }
+  }
+  if (p.qmajor) {
+    p.Bp = (B + 15) / 16 * 16;
+    const int per = p.kind == kBF16 ? 2 : p.kind == kI8 ? 4 : 1;
+    const int64_t D = (d + per - 1) / per;
+    // padding lanes and depth are 0: for int8 that is an unsigned 0 (not the +128 offset), so
+    // padded depth contributes nothing and the rowsum correction stays exact.
+    p.qt.assign(size_t(D * p.Bp), 0u);
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t j = 0; j < d; ++j) {
+        uint32_t v;
+        if (p.kind == kBF16) {
+          v = uint32_t(p.qh[b * p.qs16 + j]) << (16 * (j % 2));
+        } else if (p.kind == kI8) {
+          v = uint32_t(p.qb[b * p.qs8 + j]) << (8 * (j % 4));
+        } else {
+          std::memcpy(&v, &p.q[b * d + j], 4);
+        }
+        p.qt[(j / per) * p.Bp + b] |= v;
+      }
+    if (p.kind == kI8) p.qdeq.resize(size_t(p.Bp), 0.f);
   }
 }
 
@@ -315,50 +343,59 @@ inline __m512 load_f(const char* row, int64_t j, __mmask16 m, bool full) {
   }
 }
 
+// S > 1 splits d over S accumulator sets per (query, row): with one query, 4 rows x 4 splits
+// keep 16 FMA chains in flight while reading only 4 row streams. 16 row streams (RB = 16)
+// measured 1.7x slower on int8 at batch 1 (9.6 vs 5.6 ms per 200k rows at batch 4, which
+// reads 4 streams): the hardware prefetcher tracks few concurrent strided streams.
+template <int QB, int RB, int S, class V, class Add>
+inline void fold_splits(V (&acc)[S][QB][RB], Add add) {
+  for (int t = 1; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[0][b][i] = add(acc[0][b][i], acc[t][b][i]);
+}
+
 // fp32 / fp16 (and bf16 without AVX512_BF16): convert to fp32 in registers, FMA with fp32 query.
-template <int KIND, int QB, int RB>
+template <int KIND, int QB, int RB, int S>
 inline void sk_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
-  __m512 acc[QB][RB];
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_setzero_ps();
+  __m512 acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_setzero_ps();
   const char* rows[RB];
   for (int i = 0; i < RB; ++i) rows[i] = p.row(r0 + i);
   const float* q = p.qf.data() + b0 * p.qs;
   const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, __mmask16 m, bool full) {
+    __m512 rv[RB];
+    for (int i = 0; i < RB; ++i) rv[i] = load_f<KIND>(rows[i], j, m, full);
+    for (int b = 0; b < QB; ++b) {
+      __m512 qv = _mm512_loadu_ps(q + b * p.qs + j);  // zero padded past d
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_fmadd_ps(qv, rv[i], acc[t][b][i]);
+    }
+  };
   int64_t j = 0;
-  for (; j + 16 <= d; j += 16) {
-    __m512 rv[RB];
-    for (int i = 0; i < RB; ++i) rv[i] = load_f<KIND>(rows[i], j, 0, true);
-    for (int b = 0; b < QB; ++b) {
-      __m512 qv = _mm512_loadu_ps(q + b * p.qs + j);
-      for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_fmadd_ps(qv, rv[i], acc[b][i]);
-    }
-  }
-  if (j < d) {
-    __mmask16 m = m16(d - j);
-    __m512 rv[RB];
-    for (int i = 0; i < RB; ++i) rv[i] = load_f<KIND>(rows[i], j, m, false);
-    for (int b = 0; b < QB; ++b) {
-      __m512 qv = _mm512_loadu_ps(q + b * p.qs + j);  // zero padded
-      for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_fmadd_ps(qv, rv[i], acc[b][i]);
-    }
-  }
-  finish_f<QB, RB>(acc, out);
+  for (; j + 16 * S <= d; j += 16 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 16 * t, 0, true);
+  for (; j + 16 <= d; j += 16) chunk(0, j, 0, true);
+  if (j < d) chunk(0, j, m16(d - j), false);
+  fold_splits<QB, RB, S>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
+  finish_f<QB, RB>(acc[0], out);
 }
 
 #ifdef TK_BF16
-template <int QB, int RB>
+template <int QB, int RB, int S>
 inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
-  __m512 acc[QB][RB];
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_setzero_ps();
+  __m512 acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_setzero_ps();
   const uint16_t* rows[RB];
   for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const uint16_t*>(p.row(r0 + i));
   const uint16_t* q = p.qh.data() + b0 * p.qs16;
   const int64_t d = p.d;
-  for (int64_t j = 0; j < d; j += 32) {
+  auto chunk = [&](int t, int64_t j, bool full) {
     __m512i rv[RB];
-    if (j + 32 <= d) {
+    if (full) {
       for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
     } else {
       __mmask32 m = m32(d - j);
@@ -366,10 +403,16 @@ inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
     }
     for (int b = 0; b < QB; ++b) {
       __m512i qv = _mm512_loadu_si512(q + b * p.qs16 + j);
-      for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_dpbf16_ps(acc[b][i], (__m512bh)qv, (__m512bh)rv[i]);
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_dpbf16_ps(acc[t][b][i], (__m512bh)qv, (__m512bh)rv[i]);
     }
-  }
-  finish_f<QB, RB>(acc, out);
+  };
+  int64_t j = 0;
+  for (; j + 32 * S <= d; j += 32 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 32 * t, true);
+  for (; j + 32 <= d; j += 32) chunk(0, j, true);
+  if (j < d) chunk(0, j, false);
+  fold_splits<QB, RB, S>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
+  finish_f<QB, RB>(acc[0], out);
 }
 #endif
 
@@ -377,18 +420,19 @@ inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
 inline __m512i _mm512_rem_epu32_fallback(__m512i x, int m) { return _mm512_and_si512(x, _mm512_set1_epi32(m - 1)); }
 inline __m512i _mm512_div_fallback(__m512i x, int m) { return _mm512_srlv_epi32(x, _mm512_set1_epi32(__builtin_ctz(unsigned(m)))); }
 
-template <int QB, int RB>
+template <int QB, int RB, int S>
 inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
-  __m512i acc[QB][RB];
-  for (int b = 0; b < QB; ++b)
-    for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_setzero_si512();
+  __m512i accs[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) accs[t][b][i] = _mm512_setzero_si512();
   const int8_t* rows[RB];
   for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const int8_t*>(p.row(r0 + i));
   const uint8_t* q = p.qb.data() + b0 * p.qs8;
   const int64_t d = p.d;
-  for (int64_t j = 0; j < d; j += 64) {
+  auto chunk = [&](int t, int64_t j, bool full) {
     __m512i rv[RB];
-    if (j + 64 <= d) {
+    if (full) {
       for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
     } else {
       __mmask64 m = m64(d - j);
@@ -396,9 +440,16 @@ inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
     }
     for (int b = 0; b < QB; ++b) {
       __m512i qv = _mm512_loadu_si512(q + b * p.qs8 + j);
-      for (int i = 0; i < RB; ++i) acc[b][i] = _mm512_dpbusd_epi32(acc[b][i], qv, rv[i]);
+      for (int i = 0; i < RB; ++i) accs[t][b][i] = _mm512_dpbusd_epi32(accs[t][b][i], qv, rv[i]);
     }
-  }
+  };
+  int64_t j = 0;
+  for (; j + 64 * S <= d; j += 64 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 64 * t, true);
+  for (; j + 64 <= d; j += 64) chunk(0, j, true);
+  if (j < d) chunk(0, j, false);
+  fold_splits<QB, RB, S>(accs, [](__m512i x, __m512i y) { return _mm512_add_epi32(x, y); });
+  auto& acc = accs[0];
   if constexpr (QB * RB == 16) {
     // lane L = (query L / RB, row L % RB): spread the per-row and per-query factors to match
     const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
@@ -419,18 +470,18 @@ inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
 }
 #endif
 
-template <int QB, int RB>
+template <int QB, int RB, int S>
 inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
   switch (p.kind) {
-    case kF32: sk_float<kF32, QB, RB>(p, b0, r0, out); break;
-    case kF16: sk_float<kF16, QB, RB>(p, b0, r0, out); break;
+    case kF32: sk_float<kF32, QB, RB, S>(p, b0, r0, out); break;
+    case kF16: sk_float<kF16, QB, RB, S>(p, b0, r0, out); break;
 #ifdef TK_BF16
-    case kBF16: sk_bf16<QB, RB>(p, b0, r0, out); break;
+    case kBF16: sk_bf16<QB, RB, S>(p, b0, r0, out); break;
 #else
-    case kBF16: sk_float<kBF16, QB, RB>(p, b0, r0, out); break;
+    case kBF16: sk_float<kBF16, QB, RB, S>(p, b0, r0, out); break;
 #endif
 #ifdef TK_VNNI
-    case kI8: sk_i8<QB, RB>(p, b0, r0, out); break;
+    case kI8: sk_i8<QB, RB, S>(p, b0, r0, out); break;
 #endif
     default: break;
   }
@@ -438,12 +489,13 @@ inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
 
 template <int QB>
 void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
-  // QB x RB = 16 accumulators (16 independent chains for one query), reduced together.
-  constexpr int RB = QB == 3 ? 4 : 16 / QB;
+  // 4 rows; QB x 4 x S >= 12 accumulators (independent FMA chains).
+  constexpr int RB = 4;
+  constexpr int S = QB == 1 ? 4 : QB == 2 ? 2 : 1;
   alignas(64) float out[QB * RB];
   int64_t r = r0;
   for (; r + RB <= r1; r += RB) {
-    stream_block<QB, RB>(p, b0, r, out);
+    stream_block<QB, RB, S>(p, b0, r, out);
     if constexpr (QB * RB == 16) {
       // one vector compare against each lane's query threshold; pushes are rare
       alignas(64) float thr[16];
@@ -460,7 +512,7 @@ void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk)
     }
   }
   for (; r < r1; ++r) {
-    stream_block<QB, 1>(p, b0, r, out);
+    stream_block<QB, 1, S>(p, b0, r, out);
     for (int b = 0; b < QB; ++b) tk[b0 + b].push(out[b], r);
   }
 }
@@ -716,31 +768,196 @@ void scan_packed(const Problem& p, int64_t r0, int64_t r1, TopK* tk, std::vector
     }
   }
 }
-#endif  // TK_SIMD
 
-// Batch size from which the packed (transpose-once, GEMM-style) kernels win over streaming.
-int packed_min_batch(int kind) {
-  switch (kind) {
-    case kI8: return 8;
-    case kBF16: return 16;
-    default: return 24;
+// ---------------------------------------------------------------------------- query-major kernels
+// For mid-size batches: 16 queries per vector (queries transposed once per call), corpus
+// elements broadcast straight from the rows (embedded {1to16} broadcasts), so no corpus
+// transpose and no horizontal reduction. RB rows x G query groups = 24 accumulators.
+// bf16 broadcasts a pair of codes into vdpbf16ps, int8 four codes into vpdpbusd.
+
+template <int KIND> struct AccOf { using type = __m512; };
+template <> struct AccOf<kI8> { using type = __m512i; };
+
+template <int KIND, int RB, int G>
+inline void qm_block(const Problem& p, int64_t g0, int64_t r0, TopK* tk) {
+  constexpr int per = KIND == kBF16 ? 2 : KIND == kI8 ? 4 : 1;
+  using V = typename AccOf<KIND>::type;
+  V acc[RB][G];
+  for (int i = 0; i < RB; ++i)
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kI8) acc[i][g] = _mm512_setzero_si512();
+      else acc[i][g] = _mm512_setzero_ps();
+    }
+  const char* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = p.row(r0 + i);
+  const uint32_t* qt = p.qt.data() + g0 * 16;
+  const int64_t Bp = p.Bp;
+  const int64_t full = p.d / per;  // depth steps read whole 32-bit words from every row
+  auto step = [&](int64_t j, const uint32_t* words) {
+    V qv[G];
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kF32) qv[g] = _mm512_loadu_ps(reinterpret_cast<const float*>(qt + j * Bp + g * 16));
+      else if constexpr (KIND == kBF16) qv[g] = _mm512_castsi512_ps(_mm512_loadu_si512(qt + j * Bp + g * 16));
+      else qv[g] = _mm512_loadu_si512(qt + j * Bp + g * 16);
+    }
+    for (int i = 0; i < RB; ++i) {
+      if constexpr (KIND == kF32) {
+        const __m512 c = _mm512_set1_ps(reinterpret_cast<const float*>(rows[i])[j]);
+        for (int g = 0; g < G; ++g) acc[i][g] = _mm512_fmadd_ps(qv[g], c, acc[i][g]);
+      } else {
+        uint32_t w;
+        if (words) w = words[i];
+        else std::memcpy(&w, rows[i] + j * 4, 4);
+        const __m512i c = _mm512_set1_epi32(int(w));
+        for (int g = 0; g < G; ++g) {
+#if defined(TK_BF16)
+          if constexpr (KIND == kBF16)
+            acc[i][g] = _mm512_dpbf16_ps(acc[i][g], (__m512bh)_mm512_castps_si512(qv[g]), (__m512bh)c);
+#endif
+#if defined(TK_VNNI)
+          if constexpr (KIND == kI8) acc[i][g] = _mm512_dpbusd_epi32(acc[i][g], qv[g], c);
+#endif
+        }
+      }
+    }
+  };
+  for (int64_t j = 0; j < full; ++j) step(j, nullptr);
+  if constexpr (per > 1) {
+    if (full * per < p.d) {  // the last, partial word of each row: never read past the row
+      uint32_t words[RB];
+      const int64_t nb = (p.d - full * per) * p.esize;
+      for (int i = 0; i < RB; ++i) {
+        words[i] = 0;
+        std::memcpy(&words[i], rows[i] + full * 4, size_t(nb));
+      }
+      step(full, words);
+    }
+  }
+  // spill once (see pk_float), then threshold-test 16 queries per vector
+  alignas(64) float sc[RB][G][16];
+  for (int i = 0; i < RB; ++i)
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kI8) {
+        const int64_t r = r0 + i;
+        __m512i dot = _mm512_sub_epi32(acc[i][g], _mm512_set1_epi32(128 * p.rowsum[r]));
+        _mm512_store_ps(sc[i][g], _mm512_mul_ps(_mm512_cvtepi32_ps(dot),
+                                                _mm512_mul_ps(_mm512_set1_ps(p.scale[r]),
+                                                              _mm512_loadu_ps(p.qdeq.data() + g0 * 16 + g * 16))));
+      } else {
+        _mm512_store_ps(sc[i][g], acc[i][g]);
+      }
+    }
+  for (int g = 0; g < G; ++g) {
+    const int64_t q0 = (g0 + g) * 16;
+    const int nq = int(std::min<int64_t>(16, p.B - q0));
+    alignas(64) float thr[16];
+    for (int L = 0; L < 16; ++L) thr[L] = L < nq ? tk[q0 + L].thr : std::numeric_limits<float>::infinity();
+    const __m512 tv = _mm512_load_ps(thr);
+    for (int i = 0; i < RB; ++i) {
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_load_ps(sc[i][g]), tv, _CMP_GE_OQ) & m16(nq);
+      while (m) {
+        const int L = __builtin_ctz(m);
+        m &= m - 1;
+        tk[q0 + L].push(sc[i][g][L], r0 + i);
+      }
+    }
   }
 }
 
-void scan_range(const Problem& p, int64_t r0, int64_t r1, TopK* tk, std::vector<float>& scratch) {
+template <int KIND, int G>
+void qm_rows(const Problem& p, int64_t g0, int64_t r0, int64_t r1, TopK* tk) {
+  constexpr int RB = 24 / G;
+  int64_t r = r0;
+  for (; r + RB <= r1; r += RB) qm_block<KIND, RB, G>(p, g0, r, tk);
+  for (; r < r1; ++r) qm_block<KIND, 1, G>(p, g0, r, tk);
+}
+
+template <int KIND>
+void scan_qmajor_k(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  const int64_t groups = p.Bp / 16;
+  // Row tiles small enough to stay in L2 while every group of 64 queries passes over them.
+  const int64_t tile = std::max<int64_t>(24, (96 << 10) / std::max<int64_t>(1, p.d * p.esize) / 24 * 24);
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t t1 = std::min(r1, t0 + tile);
+    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+      switch (std::min<int64_t>(4, groups - g0)) {
+        case 4: qm_rows<KIND, 4>(p, g0, t0, t1, tk); break;
+        case 3: qm_rows<KIND, 3>(p, g0, t0, t1, tk); break;
+        case 2: qm_rows<KIND, 2>(p, g0, t0, t1, tk); break;
+        default: qm_rows<KIND, 1>(p, g0, t0, t1, tk); break;
+      }
+    }
+  }
+}
+
+void scan_qmajor(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  switch (p.kind) {
+#ifdef TK_BF16
+    case kBF16: return scan_qmajor_k<kBF16>(p, r0, r1, tk);
+#endif
+#ifdef TK_VNNI
+    case kI8: return scan_qmajor_k<kI8>(p, r0, r1, tk);
+#endif
+    default: return scan_qmajor_k<kF32>(p, r0, r1, tk);
+  }
+}
+#endif  // TK_SIMD
+
+// Kernel choice by batch size: stream below `qmajor_min`, query-major from there, packed from
+// `packed_min` (fp16 has no query-major kernel: a broadcast fp16 element needs a conversion
+// per FMA). Settable through _C.topk_ip_paths so tests can force every path on small inputs.
+struct Paths {
+  // Single-thread medians at N=50k, d=384 (ms, stream/query-major/packed), from which these
+  // come: fp32 B=32 23.7/16.1/29.2, B=256 146/97/107; fp16 B=64 36.4/-/38.6, B=256 130/-/105;
+  // bf16 B=32 11.2/10.2/16.2; int8 B=16 4.0/4.8/4.5, B=32 7.1/9.9/6.4, B=256 38/63/31.
+  int64_t qmajor_min[4] = {24, 1 << 30, 32, 1 << 30};
+  int64_t packed_min[4] = {1 << 30, 128, 1 << 30, 24};
+};
+Paths g_paths;
+
+bool qmajor_supported(int kind) {
+#ifdef TK_SIMD
+  if (kind == kF32) return true;
+#ifdef TK_BF16
+  if (kind == kBF16) return true;
+#endif
+#ifdef TK_VNNI
+  if (kind == kI8) return true;
+#endif
+#endif
+  (void)kind;
+  return false;
+}
+
+enum Path { kStream = 0, kQmajor = 1, kPacked = 2, kScalar = 3 };
+
+int choose_path(int kind, int64_t B) {
 #ifdef TK_SIMD
 #ifndef TK_VNNI
-  if (p.kind == kI8) {
-    if (p.B >= packed_min_batch(kF32)) return scan_packed(p, r0, r1, tk, scratch);  // dequantised to fp32
-    return scan_scalar(p, r0, r1, tk);
+  if (kind == kI8) return B >= g_paths.packed_min[kF32] ? kPacked : kScalar;  // packed dequantises to fp32
+#endif
+  if (B >= g_paths.packed_min[kind]) return kPacked;
+  if (B >= g_paths.qmajor_min[kind] && qmajor_supported(kind)) return kQmajor;
+  return kStream;
+#else
+  (void)kind;
+  (void)B;
+  return kScalar;
+#endif
+}
+
+void scan_range(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, std::vector<float>& scratch) {
+#ifdef TK_SIMD
+  switch (path) {
+    case kPacked: return scan_packed(p, r0, r1, tk, scratch);
+    case kQmajor: return scan_qmajor(p, r0, r1, tk);
+    case kStream: return scan_stream(p, r0, r1, tk);
+    default: break;
   }
 #endif
-  if (p.B >= packed_min_batch(p.kind)) return scan_packed(p, r0, r1, tk, scratch);
-  return scan_stream(p, r0, r1, tk);
-#else
+  (void)path;
   (void)scratch;
   scan_scalar(p, r0, r1, tk);
-#endif
 }
 
 // ---------------------------------------------------------------------------- driver
@@ -764,6 +981,8 @@ struct Args {
 void run(Args& a) {
   Problem& p = a.p;
   const int64_t B = p.B, N = p.N;
+  const int path = choose_path(p.kind, B);
+  p.qmajor = path == kQmajor;
   prepare_queries(p);
 
   // Exclusion lists: sorted and unique per query, ids outside [0, N) dropped.
@@ -820,7 +1039,7 @@ void run(Args& a) {
 #ifdef RAGFAST_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-    for (int64_t i = 0; i < nblk; ++i) scan_range(p, i * blk, std::min(N, (i + 1) * blk), tk, scratch);
+    for (int64_t i = 0; i < nblk; ++i) scan_range(p, path, i * blk, std::min(N, (i + 1) * blk), tk, scratch);
   }
 
   // Merge the per-thread lists, re-score approximate candidates, write k results per query.
@@ -950,7 +1169,32 @@ void topk_ip_binding(py::array queries, py::array corpus, int kind, py::object s
 
 }  // namespace
 
+py::dict topk_ip_paths(py::dict set) {
+  for (auto item : set) {
+    const std::string key = py::str(item.first);
+    auto v = item.second.cast<std::vector<int64_t>>();
+    if (v.size() != 4) throw std::invalid_argument("topk_ip_paths: each value is 4 batch sizes (fp32, fp16, bf16, int8)");
+    int64_t* dst = key == "qmajor_min" ? g_paths.qmajor_min : key == "packed_min" ? g_paths.packed_min : nullptr;
+    if (!dst) throw std::invalid_argument("topk_ip_paths: keys are 'qmajor_min' and 'packed_min'");
+    for (int i = 0; i < 4; ++i) dst[i] = std::max<int64_t>(1, v[size_t(i)]);
+  }
+  py::dict out;
+  out["qmajor_min"] = std::vector<int64_t>(g_paths.qmajor_min, g_paths.qmajor_min + 4);
+  out["packed_min"] = std::vector<int64_t>(g_paths.packed_min, g_paths.packed_min + 4);
+  py::dict chosen;
+  for (int kind = 0; kind < 4; ++kind) {
+    py::list l;
+    for (int64_t B : {1, 4, 16, 64, 256}) l.append(choose_path(kind, B));
+    chosen[py::int_(kind)] = l;
+  }
+  out["path_at_1_4_16_64_256"] = chosen;  // 0 stream, 1 query-major, 2 packed, 3 scalar
+  return out;
+}
+
 RAGFAST_REGISTER(topk_ip, [](py::module_& m) {
+  m.def("topk_ip_paths", &topk_ip_paths, py::arg("set") = py::dict(),
+        "Get (and with `set`, change) the batch sizes at which topk_ip switches kernels, per storage kind "
+        "(fp32, fp16, bf16, int8). For tests and tuning.");
   m.def("topk_ip", &topk_ip_binding, py::arg("queries"), py::arg("corpus"), py::arg("kind"), py::arg("scale"),
         py::arg("rowsum"), py::arg("rescore"), py::arg("rescore_kind"), py::arg("k"), py::arg("fetch"),
         py::arg("min_score"), py::arg("exclude"), py::arg("out_scores"), py::arg("out_ids"), py::arg("threads") = 0,

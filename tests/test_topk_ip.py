@@ -129,6 +129,43 @@ def test_cpp_packed_path_large_batches(B, N, d):
         assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d))
 
 
+@pytest.fixture
+def force_path():
+    """Force the C++ kernel choice (stream / query-major / packed) for every storage kind."""
+    from ragfast import _C
+
+    saved = _C.topk_ip_paths()
+    big = 1 << 30
+
+    def force(path):
+        if path == "stream":
+            _C.topk_ip_paths({"qmajor_min": [big] * 4, "packed_min": [big] * 4})
+        elif path == "qmajor":
+            _C.topk_ip_paths({"qmajor_min": [1] * 4, "packed_min": [big] * 4})
+        else:
+            _C.topk_ip_paths({"qmajor_min": [big] * 4, "packed_min": [1] * 4})
+        return _C.topk_ip_paths()["path_at_1_4_16_64_256"]
+
+    yield force
+    _C.topk_ip_paths({"qmajor_min": saved["qmajor_min"], "packed_min": saved["packed_min"]})
+
+
+@needs_cpp
+@pytest.mark.parametrize("path", ["stream", "qmajor", "packed"])
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
+def test_cpp_every_kernel_path(force_path, path, dtype):
+    chosen = force_path(path)
+    assert len(set(chosen[0])) == 1  # the same path at every batch size
+    for B, N, d, k in [(1, 19, 7, 5), (5, 123, 33, 10), (19, 989, 384, 10), (40, 301, 66, 7), (17, 100, 1, 3),
+                       (33, 250, 2, 4), (3, 61, 3, 61)]:
+        q, c = rand(B, d), rand(N, d)
+        store = c if dtype == "fp32" else quantize(c, dtype, oversample=N)  # full over-fetch: exact
+        dense = c if dtype == "fp32" else (store.rescore.float() if dtype == "int8" else store.data.float())
+        ex = [[0, 5, -1]] * B
+        s, i = call("cpp", q, store, k, exclude=ex)
+        assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex)
+
+
 TRITON_GRID = [(1, 19, 7, 5), (3, 123, 32, 10), (19, 989, 32, 10), (3, 4097, 7, 1), (5, 70, 384, 5), (17, 1, 7, 1)]
 
 
