@@ -226,10 +226,15 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
 
 
 def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, config, single, tmp_path):
+    from ragfast.distributed import PipelineLoop
+    from ragfast.pipelines.searchr1 import run_searchr1
+
     marker, r_marker = tmp_path / "crashed", tmp_path / "retriever-crashed"
     out = tmp_path / "results.jsonl"
+    # The loop comes through make_loop (a pipeline function), as S2G / StepGap runs do.
     res = _run(questions, config, out, make_generator=functools.partial(crash_once, [(str(marker), "exit")], 5),
-               make_retriever=functools.partial(crashing_bm25, questions, str(r_marker), 4))
+               make_retriever=functools.partial(crashing_bm25, questions, str(r_marker), 4),
+               make_loop=PipelineLoop(run_searchr1))
     assert marker.exists() and r_marker.exists()  # a worker and the shared retriever really died mid-run
     _assert_same(res, out, single, questions)
     assert res.restarted_batches >= 1  # finished by the actor Ray restarted
@@ -271,6 +276,49 @@ def test_resume_runs_only_the_rest(cluster, questions, config, single, tmp_path)
     again = _run(questions, config, out, resume=True)  # finished: no new work, no Ray needed
     assert again.questions_done == 0 and again.batches == 0 and not again.ledger.records
     _assert_same(again, out, single, questions, whole_ledger=False)
+
+
+class ForceAnswer:
+    """A hook: every trajectory answers right after its first search."""
+
+    def __call__(self, ctx):
+        ctx.force_answer(ctx.active, "forced")
+
+
+def make_force_answer(device: str = "cpu"):
+    return ForceAnswer()
+
+
+def searchr1_with_hook(questions, generator, retriever, *, stopper, config, ledger):
+    return SearchR1Loop(generator, retriever, config, ledger=ledger, hooks=[stopper]).run(questions)
+
+
+def generator_is(questions, generator, retriever, *, me, config, ledger):
+    assert me is generator
+    return []
+
+
+def test_pipeline_loop_builds_slots_once_and_runs_the_function(questions, config):
+    from ragfast.distributed import GENERATOR, PipelineLoop
+    from ragfast.cost import CostLedger
+
+    ml = PipelineLoop(searchr1_with_hook, slots={"stopper": make_force_answer})
+    ml = ray.cloudpickle.loads(ray.cloudpickle.dumps(ml))  # what a worker actor receives
+    ret, led = build_bm25(questions), CostLedger()
+    bound = ml(ScriptedGenerator(seed=0, max_searches=4), ret, config, led)
+    trajs = bound.run(questions[:3])
+    assert [t.id for t in trajs] == [q.id for q in questions[:3]]
+    assert all(t.searches <= 1 for t in trajs) and any(t.stop_reason == "forced" for t in trajs)
+    assert led.totals()["search"]["calls"] > 0
+    stopper = bound.kwargs["stopper"]
+    assert ml(ScriptedGenerator(), ret, config, led).kwargs["stopper"] is stopper  # built once per actor
+    assert ray.cloudpickle.loads(ray.cloudpickle.dumps(ml))._built is None  # models never travel
+    gen = ScriptedGenerator()
+    PipelineLoop(generator_is, slots={"me": GENERATOR})(gen, ret, config, led).run(questions[:1])
+    with pytest.raises(ConfigError, match="given twice"):
+        PipelineLoop(searchr1_with_hook, slots={"stopper": make_force_answer}, stopper=1)
+    with pytest.raises(ConfigError, match="factory or GENERATOR"):
+        PipelineLoop(searchr1_with_hook, slots={"stopper": 3})
 
 
 def test_bad_input_is_named(questions, config, tmp_path):

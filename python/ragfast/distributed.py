@@ -68,6 +68,8 @@ __all__ = [
     "sort_results",
     "sharded_dense_retriever",
     "gpus_per_worker",
+    "PipelineLoop",
+    "GENERATOR",
 ]
 
 
@@ -339,6 +341,72 @@ def _default_loop(generator: Any, retriever: Any, config: Any, ledger: CostLedge
     return SearchR1Loop(generator, retriever, config, ledger=ledger)
 
 
+#: In :class:`PipelineLoop` slots: pass the worker's own generator (e.g. StepGap's checker LLM).
+GENERATOR = "<worker generator>"
+
+
+class PipelineLoop:
+    """``make_loop`` for pipelines written as functions (``run_s2g``, ``run_stepgap``, ...).
+
+    Each batch calls ``fn(questions, generator, retriever, config=config, ledger=ledger,
+    **slots, **kwargs)``. The extra slots (a judge, an NLI model) are built from their
+    factories once per worker actor, on its device, the first time it runs a batch; the
+    string :data:`GENERATOR` as a slot passes the worker's generator itself.
+
+    Parameters
+    ----------
+    fn : callable
+        Module-level pipeline function returning the batch's list of Trajectory.
+    slots : dict, optional
+        keyword -> picklable factory (called as ``factory(device=...)`` when it takes a device)
+        or :data:`GENERATOR`.
+    **kwargs
+        Plain keyword arguments for ``fn`` (e.g. ``threshold=0.7``).
+
+    Examples
+    --------
+    >>> from ragfast.pipelines.s2g import run_s2g  # doctest: +SKIP
+    >>> make_loop = PipelineLoop(run_s2g, slots={"judge": EncoderJudge}, threshold=0.7)  # doctest: +SKIP
+    >>> run_on_ray(questions, make_loop=make_loop, ...)  # doctest: +SKIP
+    """
+
+    def __init__(self, fn: Callable[..., Any], slots: dict[str, Any] | None = None, **kwargs: Any):
+        if not callable(fn):
+            raise ConfigError(f"PipelineLoop needs a callable pipeline function, got {type(fn).__name__}")
+        self.fn = fn
+        self.slots = dict(slots or {})
+        for name, f in self.slots.items():
+            if not (isinstance(f, str) and f == GENERATOR) and not callable(f):
+                raise ConfigError(f"PipelineLoop slot {name!r} must be a factory or GENERATOR, got {type(f).__name__}")
+        clash = set(self.slots) & set(kwargs) | ({"config", "ledger"} & (set(self.slots) | set(kwargs)))
+        if clash:
+            raise ConfigError(f"PipelineLoop: {sorted(clash)} given twice (config and ledger are passed by the loop)")
+        self.kwargs = kwargs
+        self._built: dict[str, Any] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Ship the factories, never models built in this process.
+        return {**self.__dict__, "_built": None}
+
+    def __call__(self, generator: Any, retriever: Any, config: Any, ledger: CostLedger) -> "_BoundPipeline":
+        if self._built is None:
+            device = _device_of_actor() if _ray().is_initialized() else "cpu"
+            self._built = {name: (None if isinstance(f, str) else _call_factory(f, device))
+                           for name, f in self.slots.items()}
+        built = {name: (generator if isinstance(self.slots[name], str) else v) for name, v in self._built.items()}
+        return _BoundPipeline(self.fn, generator, retriever, config, ledger, {**built, **self.kwargs})
+
+
+class _BoundPipeline:
+    def __init__(self, fn, generator, retriever, config, ledger, kwargs):
+        self.fn, self.generator, self.retriever = fn, generator, retriever
+        self.config, self.ledger, self.kwargs = config, ledger, kwargs
+
+    def run(self, questions: list[Question]) -> list[Any]:
+        return self.fn(list(questions), self.generator, self.retriever, config=self.config, ledger=self.ledger,
+                       **self.kwargs)
+
+
 class _Worker:
     """One generator replica; runs whole batches through the multi-turn loop."""
 
@@ -585,6 +653,7 @@ def run_on_ray(
     runtime_env: dict[str, Any] | None = None,
     on_result: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[dict[str, Any]], None] | None = None,
+    batch_size: int | None = None,
 ) -> RayRunResult:
     """Run a multi-round RAG loop over ``questions`` on Ray actors; results go to one JSONL file.
 
@@ -640,6 +709,10 @@ def run_on_ray(
         Called in the driver once the actors are up, before any batch runs, with
         ``{"reasoner": describe(), "retriever": describe(), "workers", "worker_gpus", "batches"}``
         (e.g. to write the run manifest). Not called when there is nothing left to run.
+    batch_size : int, optional
+        Questions per unit of work; default ``config.batch_size`` (or ``config.searchr1.batch_size``
+        for configs that wrap a SearchR1Config, like StepGap's). Keep it equal to the batch
+        size the pipeline itself uses, or a batch will not run as the single-process one does.
 
     Returns
     -------
@@ -659,8 +732,13 @@ def run_on_ray(
 
     qs = _check_questions(questions)
     cfg = config if config is not None else SearchR1Config()
-    bs = getattr(cfg, "batch_size", None)
-    bs = _positive_int(bs, "config.batch_size")
+    if batch_size is None:
+        batch_size = getattr(cfg, "batch_size", None)
+        if batch_size is None:
+            batch_size = getattr(getattr(cfg, "searchr1", None), "batch_size", None)
+        if batch_size is None:
+            raise ConfigError(f"{type(cfg).__name__} has no batch_size; pass batch_size= to run_on_ray")
+    bs = _positive_int(batch_size, "batch_size")
     num_workers = _positive_int(num_workers, "num_workers")
     max_attempts = _positive_int(max_attempts, "max_attempts")
     max_restarts = _positive_int(max_restarts, "max_restarts", 0)
