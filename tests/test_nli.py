@@ -40,13 +40,21 @@ def test_canonical_order_by_name():
 def test_plan_batches_respects_budget_and_covers_all():
     rng = np.random.default_rng(1)
     lens = rng.integers(3, 300, size=989)
-    batches = plan_batches(lens, 1024)
-    seen = np.concatenate(batches)
-    assert sorted(seen.tolist()) == list(range(989))
-    for b in batches:
-        assert len(b) * lens[b].max() <= 1024
-        assert lens[b[0]] == lens[b].max()  # first row is the longest: padding known up front
+    for frac in (1.0, 0.3, 0.0):
+        batches = plan_batches(lens, 1024, max_padding=frac)
+        seen = np.concatenate(batches)
+        assert sorted(seen.tolist()) == list(range(989))
+        for b in batches:
+            assert len(b) * lens[b].max() <= 1024
+            assert lens[b[0]] == lens[b].max()  # first row is the longest: padding known up front
+            assert lens[b].min() >= (1 - frac) * lens[b].max()
+    # The spread cap only ever splits batches.
+    assert len(plan_batches(lens, 1024, 0.3)) >= len(plan_batches(lens, 1024, 1.0))
+    assert [len(b) for b in plan_batches([10, 9, 5, 4], 100, 0.3)] == [2, 2]
+    assert [len(b) for b in plan_batches([10, 9, 5, 4], 100, 1.0)] == [4]
     assert plan_batches([], 64) == []
+    with pytest.raises(ConfigError, match="max_padding"):
+        plan_batches([3], 64, 1.5)
     # A pair longer than the budget still runs, alone.
     assert [len(b) for b in plan_batches([100, 5], 50)] == [1, 1]
 
