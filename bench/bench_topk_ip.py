@@ -9,7 +9,8 @@ process on the same data:
 * ``ragfast-fp32`` (exact), ``ragfast-fp16``, ``ragfast-bf16``, ``ragfast-int8`` (with its
   re-scoring), from :func:`ragfast.ops.topk_ip` with ``backend="cpp"``.
 
-Reported per (size, batch, provider): median latency, the speed ratio against the faster
+Providers are timed round-robin (one call each in turn, repeated), so load spikes on a shared
+machine hit all of them alike. Reported per (size, batch, provider): median latency, the speed ratio against the faster
 anchor (>1 = faster), recall@10 against exact search, and at batch 1 the ratio of the latency
 to the memory-bandwidth floor (bytes scanned / read bandwidth, both measured in this run).
 
@@ -47,6 +48,24 @@ def timed(fn, reps: int, budget_s: float) -> np.ndarray:
         fn()
         out.append(time.perf_counter() - t0)
     return np.asarray(out)
+
+
+def timed_round_robin(fns: dict, reps: int, budget_s: float) -> dict:
+    """Like :func:`timed` for several providers, interleaved call by call, so that a load spike
+    on a shared machine hits every provider alike instead of whichever ran during it."""
+    first = {}
+    for name, fn in fns.items():
+        t0 = time.perf_counter()
+        fn()
+        first[name] = time.perf_counter() - t0
+    n = max(3, min(reps, int(budget_s * len(fns) / max(sum(first.values()), 1e-6))))
+    out = {name: [] for name in fns}
+    for _ in range(n):
+        for name, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            out[name].append(time.perf_counter() - t0)
+    return {name: np.asarray(v) for name, v in out.items()}
 
 
 def read_bandwidth(nbytes: int, reps: int) -> float:
@@ -125,8 +144,9 @@ def main(argv=None) -> int:
             truth = torch.topk(q.double() @ corpus.double().T, args.k, dim=1).indices.numpy()
             params = f"N={N},d={d},k={args.k},B={B}"
             med, rec = {}, {}
+            all_samples = timed_round_robin({name: calls[name] for name in providers}, args.reps, args.budget)
             for name in providers:
-                samples = timed(calls[name], args.reps, args.budget)
+                samples = all_samples[name]
                 med[name] = float(np.median(samples))
                 rows.append(row(OP, name, params, "latency", "ms", samples * 1e3))
                 res = calls[name]()
