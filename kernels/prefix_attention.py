@@ -28,14 +28,19 @@ _NEG_BIG = -1.0e30
 
 @triton.jit
 def _attend_range(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, hi, lo, a, m_ok, d_ok, offs_d,
-                  lo_n, hi_n, Lk, scale, BLOCK_N: tl.constexpr):
+                  lo_n, hi_n, Lk, scale, BLOCK_N: tl.constexpr, IEEE: tl.constexpr):
     # One online-softmax pass over the key blocks [lo_n, hi_n).
     for start_n in range(lo_n, hi_n, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_ok = offs_n < Lk
         k = tl.load(k_base + offs_n[None, :] * skn + offs_d[:, None] * skd,
                     mask=n_ok[None, :] & d_ok[:, None], other=0.0)
-        s = tl.dot(q, k) * scale
+        if IEEE:
+            # fp32 inputs: full-precision products (the default would be TF32 on NVIDIA GPUs,
+            # about 1e-3 relative error, too coarse for packed == naive within 1e-4).
+            s = tl.dot(q, k, input_precision="ieee") * scale
+        else:
+            s = tl.dot(q, k) * scale
         vis = (offs_n[None, :] < hi[:, None]) | ((offs_n[None, :] >= lo[:, None]) & (offs_n[None, :] <= a[:, None]))
         vis = vis & n_ok[None, :] & m_ok[:, None]
         s = tl.where(vis, s, float("-inf"))
@@ -45,7 +50,10 @@ def _attend_range(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, hi, lo, 
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_base + offs_n[:, None] * svn + offs_d[None, :] * svd,
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        if IEEE:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -63,6 +71,7 @@ def _prefix_attn_fwd(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    IEEE: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -99,9 +108,9 @@ def _prefix_attn_fwd(
     k_base = K + b * skb + hk * skh
     v_base = V + b * svb + hk * svh
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, hi, lo, a, m_ok, d_ok,
-                                  offs_d, 0, end1, Lk, scale, BLOCK_N)
+                                  offs_d, 0, end1, Lk, scale, BLOCK_N, IEEE)
     acc, m_i, l_i = _attend_range(acc, m_i, l_i, q, k_base, v_base, skn, skd, svn, svd, hi, lo, a, m_ok, d_ok,
-                                  offs_d, start2, end2, Lk, scale, BLOCK_N)
+                                  offs_d, start2, end2, Lk, scale, BLOCK_N, IEEE)
 
     # Every valid row sees at least itself (checked by the wrapper), so l_i > 0 there.
     l_safe = tl.where(l_i > 0, l_i, 1.0)
@@ -130,5 +139,6 @@ def prefix_attention(q, k, v, prefix_hi, seg_lo, scale: float, out=None, block_m
         *prefix_hi.stride(), *seg_lo.stride(),
         H, Lq, Lk, D, float(scale),
         GROUP=H // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE=q.dtype == torch.float32,
     )
     return out

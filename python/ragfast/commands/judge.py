@@ -7,6 +7,7 @@ whichever request they came from.
 """
 # No `from __future__ import annotations`: FastAPI must see the request models as classes.
 import asyncio
+import contextlib
 import math
 import threading
 import time
@@ -103,7 +104,13 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 
     batcher = _Batcher(judge, max_wait_ms / 1e3, max_batch_states)
     batcher.ledger = CostLedger()
-    app = FastAPI(title="ragfast judge", description="STOP scores of retrieval states")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        yield
+        batcher.close()
+
+    app = FastAPI(title="ragfast judge", description="STOP scores of retrieval states", lifespan=lifespan)
     app.state.batcher = batcher
     desc = judge.describe()
 
@@ -130,10 +137,6 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
         return {"scores": [None if not math.isfinite(float(x)) else float(x) for x in scores],
                 "judge": desc["name"], "meaningful": desc["meaningful"]}
 
-    @app.on_event("shutdown")
-    def _close() -> None:
-        batcher.close()
-
     return app
 
 
@@ -158,9 +161,12 @@ def register(app: typer.Typer) -> None:
         card = train_encoder_judge(data, out, dev=dev, val_fraction=val_fraction, seed=seed, k=k, turns=turns,
                                    encoder=encoder, device=device, log=lambda m: typer.echo(m, err=True))
         m = card["metrics"]
-        typer.echo(f"wrote {Path(out) / 'encoder_judge.safetensors'}: validation AP {m['validation']['ap']:.4f}, "
+        def f(x):
+            return "undefined" if x is None else f"{x:.4f}"
+
+        typer.echo(f"wrote {Path(out) / 'encoder_judge.safetensors'}: validation AP {f(m['validation']['ap'])}, "
                    f"Brier {m['validation']['brier']:.4f}"
-                   + (f"; dev AP {m['dev']['ap']:.4f}, Brier {m['dev']['brier']:.4f}" if "dev" in m else ""))
+                   + (f"; dev AP {f(m['dev']['ap'])}, Brier {m['dev']['brier']:.4f}" if "dev" in m else ""))
 
     @app.command("serve-judge")
     def serve_judge(

@@ -296,13 +296,15 @@ def _register_attention() -> None:
         if spec is None:
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                           scaling=scaling, **kwargs)
-        from ragfast.ops.prefix_attention import prefix_attention, prefix_attention_flex
+        from ragfast.ops.prefix_attention import prefix_attention, prefix_attention_flex, prefix_attention_ref
 
-        hi, lo, backend, block_mask = spec
+        hi, lo, backend, prebuilt = spec
         if backend == "flex":
-            out = prefix_attention_flex(query, key, value, hi, lo, scaling, block_mask=block_mask)
+            out = prefix_attention_flex(query, key, value, hi, lo, scaling, block_mask=prebuilt)
+        elif backend == "ref":
+            out = prefix_attention_ref(query, key, value, hi, lo, scaling, mask=prebuilt)
         else:
-            # Validated once per forward by the judge, not once per layer.
+            # The description comes from CausalJudge._pack (valid by construction): no per-layer checks.
             out = prefix_attention(query, key, value, hi, lo, scaling, backend=backend, check=False)
         return out.transpose(1, 2).contiguous(), None
 
@@ -428,6 +430,13 @@ class CausalJudge(Judge):
                 "parse_stats": dict(self.parse_stats)}
 
     # -- prompt pieces ------------------------------------------------------------------------
+    def set_system_prompt(self, text: str | None) -> None:
+        """Use another system instruction (None: :data:`SYSTEM_PROMPT`); drops the cached prefix KV."""
+        self.system_prompt = SYSTEM_PROMPT if text is None else str(text)
+        self._piece_cache.clear()
+        self._sys_kv = None
+        self._build_prompt_pieces()
+
     def _build_prompt_pieces(self) -> None:
         tok = self.tokenizer
         if getattr(tok, "chat_template", None):
@@ -656,17 +665,22 @@ class CausalJudge(Judge):
                     hi[r, :L] = torch.tensor(p["hi"], dtype=torch.int32)
                     lo[r, :L] = torch.tensor(p["lo"], dtype=torch.int32)
                 ids, pos, hi, lo = (t.to(self.device) for t in (ids, pos, hi, lo))
-                block_mask = None
+                # The mask is built once per forward and shared by every layer.
+                prebuilt = None
                 if self.attention == "flex":
                     from ragfast.ops.prefix_attention import flex_block_mask
 
-                    block_mask = flex_block_mask(hi, lo, S + W)
+                    prebuilt = flex_block_mask(hi, lo, S + W)
+                elif self.attention == "ref":
+                    from ragfast.ops.prefix_attention import dense_mask
+
+                    prebuilt = dense_mask(hi, lo, S + W)
                 cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))
                                                      for k, v in sys_kv], config=self.config)
                 # A dict of masks skips transformers' own mask construction; the mask lives in
                 # ragfast_mask, read by the registered attention function.
                 h = dec(input_ids=ids, position_ids=pos, attention_mask={t: None for t in layer_types},
-                        cache=cache, use_cache=True, ragfast_mask=(hi, lo, self.attention, block_mask)).last_hidden_state
+                        cache=cache, use_cache=True, ragfast_mask=(hi, lo, self.attention, prebuilt)).last_hidden_state
                 sel_r, sel_c, dest = [], [], []
                 for r, g in enumerate(rows):
                     for i, c in zip(chains[g], packs[g]["last"]):
@@ -989,38 +1003,50 @@ def build_training_states(questions: Sequence[Any], corpus: Any, features: "_Fea
     doc_texts = [_split_docs(_observation([p]))[0] for p in passages]
     features.embed_documents(doc_texts)
     P = np.stack([features.doc_vector(t) for t in doc_texts])
-    states, labels, qids = [], [], []
-    qvec = features.encoder.encode_queries([q.question for q in qs]).numpy()
-    for qi, q in enumerate(qs):
-        seen: set[int] = set()
-        ev: list[str] = []
-        titles: list[str] = []
-        states.append(State(q.question, [], q.id, 0))
-        labels.append(0)
-        qids.append(q.id)
-        vec = qvec[qi]
-        for t in range(turns):
-            if t > 0:
-                vec = features.encoder.encode_queries([f"{q.question} {normalize_title(best)}"]).numpy()[0]
-            s = P @ vec
-            s[list(seen)] = -np.inf
-            hits = [int(i) for i in np.argsort(-s, kind="stable")[:k]]
-            seen.update(hits)
-            best = passages[hits[0]].title
-            titles += [passages[i].title for i in hits]
-            ev = ev + [_observation([passages[i] for i in hits])]
-            states.append(State(q.question, list(ev), q.id, t + 1))
-            labels.append(int(sufficient(titles, q.supporting_titles)))
-            qids.append(q.id)
+    # Turn by turn over all questions, so each turn's queries are one batched encoder call.
+    per_q: list[list[tuple[State, int]]] = [[(State(q.question, [], q.id, 0), 0)] for q in qs]
+    seen: list[set[int]] = [set() for _ in qs]
+    evs: list[list[str]] = [[] for _ in qs]
+    titles: list[list[str]] = [[] for _ in qs]
+    best: list[str] = [""] * len(qs)
+    for t in range(turns):
+        texts = [q.question if t == 0 else f"{q.question} {normalize_title(best[i])}" for i, q in enumerate(qs)]
+        sims = features.encoder.encode_queries(texts).numpy() @ P.T
+        for i, q in enumerate(qs):
+            s = sims[i]
+            s[list(seen[i])] = -np.inf
+            hits = [int(j) for j in np.argsort(-s, kind="stable")[:k]]
+            seen[i].update(hits)
+            best[i] = passages[hits[0]].title
+            titles[i] += [passages[j].title for j in hits]
+            evs[i] = evs[i] + [_observation([passages[j] for j in hits])]
+            per_q[i].append((State(q.question, list(evs[i]), q.id, t + 1),
+                             int(sufficient(titles[i], q.supporting_titles))))
+    states = [st for rows in per_q for st, _ in rows]
+    labels = [lab for rows in per_q for _, lab in rows]
+    qids = [st.trajectory_id for st in states]
     return states, np.asarray(labels, dtype=np.int8), qids
 
 
 def _metrics(labels: np.ndarray, logits: np.ndarray) -> dict[str, float]:
-    from sklearn.metrics import average_precision_score, brier_score_loss
+    from sklearn.metrics import brier_score_loss
 
     probs = 1.0 / (1.0 + np.exp(-logits))
-    return {"ap": float(average_precision_score(labels, logits)), "brier": float(brier_score_loss(labels, probs)),
+    return {"ap": _ap(labels, logits), "brier": float(brier_score_loss(labels, probs)),
             "n_states": int(labels.size), "base_rate": float(labels.mean())}
+
+
+def _fmt(x: float | None) -> str:
+    return "undefined (one class)" if x is None else f"{x:.4f}"
+
+
+def _ap(labels: np.ndarray, scores: np.ndarray) -> float | None:
+    """Average precision, or None when the labels hold one class only (AP is undefined)."""
+    from sklearn.metrics import average_precision_score
+
+    if labels.size == 0 or labels.min() == labels.max():
+        return None
+    return float(average_precision_score(labels, scores))
 
 
 def train_encoder_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path | None = None,
@@ -1082,9 +1108,13 @@ def train_encoder_judge(data: str | Path, out_dir: str | Path, *, dev: str | Pat
 
     for c in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3):
         aps = []
-        for tr, te in GroupKFold(n_splits=5).split(Z, ytr, gtr):
+        for tr, te in GroupKFold(n_splits=min(5, len(set(gtr)))).split(Z, ytr, gtr):
+            if len(set(ytr[tr].tolist())) < 2 or ytr[te].sum() == 0:
+                continue  # a fold without both classes says nothing about ranking
             m = LogisticRegression(C=c, max_iter=2000).fit(Z[tr], ytr[tr])
             aps.append(average_precision_score(ytr[te], m.decision_function(Z[te])))
+        if not aps:
+            raise DataError("too few sufficient/insufficient states to choose the head's regularisation")
         ap = float(np.mean(aps))
         log(f"  C={c:g}: grouped-CV AP {ap:.4f}")
         if ap > best_ap:
@@ -1098,20 +1128,20 @@ def train_encoder_judge(data: str | Path, out_dir: str | Path, *, dev: str | Pat
     metrics: dict[str, Any] = {
         "train": {**_metrics(ytr, Z @ model.coef_[0] + model.intercept_[0]), "n_questions": len(uq) - len(val_q)},
         "validation": {**_metrics(y[is_val], val_logits), "n_questions": len(val_q),
-                       "ap_ndocs_baseline": float(average_precision_score(y[is_val], ndocs[is_val]))},
+                       "ap_ndocs_baseline": _ap(y[is_val], ndocs[is_val])},
         "cv_ap": best_ap,
     }
-    log(f"  chose C={best_c:g}; validation AP {metrics['validation']['ap']:.4f} "
-        f"(#docs baseline {metrics['validation']['ap_ndocs_baseline']:.4f}), Brier {metrics['validation']['brier']:.4f}")
+    log(f"  chose C={best_c:g}; validation AP {_fmt(metrics['validation']['ap'])} "
+        f"(#docs baseline {_fmt(metrics['validation']['ap_ndocs_baseline'])}), Brier {metrics['validation']['brier']:.4f}")
     if dev is not None:
         dq = load_qa(dev)
         ds, dy, _ = build_training_states(dq, corpus_from_contexts(dq), feats, k=k, turns=turns)
         DX = feats(ds)
         dl = DX.astype(np.float64) @ w.astype(np.float64) + float(b)
         metrics["dev"] = {**_metrics(dy, dl), "n_questions": len(set(s.trajectory_id for s in ds)),
-                          "ap_ndocs_baseline": float(average_precision_score(dy, DX[:, 4 * feats.dim + 4])),
+                          "ap_ndocs_baseline": _ap(dy, DX[:, 4 * feats.dim + 4]),
                           "source": str(dev)}
-        log(f"  dev ({dev}): AP {metrics['dev']['ap']:.4f} (#docs baseline {metrics['dev']['ap_ndocs_baseline']:.4f}), "
+        log(f"  dev ({dev}): AP {_fmt(metrics['dev']['ap'])} (#docs baseline {_fmt(metrics['dev']['ap_ndocs_baseline'])}), "
             f"Brier {metrics['dev']['brier']:.4f}")
     out = Path(out_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)

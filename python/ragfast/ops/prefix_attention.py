@@ -89,7 +89,8 @@ def dense_mask(prefix_hi: Any, seg_lo: Any, lk: int) -> Any:
     return vis[:, None]
 
 
-def prefix_attention_ref(q: Any, k: Any, v: Any, prefix_hi: Any, seg_lo: Any, scale: float | None = None) -> Any:
+def prefix_attention_ref(q: Any, k: Any, v: Any, prefix_hi: Any, seg_lo: Any, scale: float | None = None, *,
+                         mask: Any = None) -> Any:
     """Reference: dense boolean mask and ``scaled_dot_product_attention`` computed in fp32.
 
     Parameters
@@ -102,24 +103,24 @@ def prefix_attention_ref(q: Any, k: Any, v: Any, prefix_hi: Any, seg_lo: Any, sc
         Integer ``[B, Lq]`` row description of the mask (see the module docstring).
     scale : float, optional
         Softmax scale; default ``1 / sqrt(D)``.
+    mask : torch.Tensor, optional
+        The :func:`dense_mask` of the description, when the caller already built it (a model
+        reuses one mask for all its layers).
 
     Returns
     -------
     torch.Tensor
         ``[B, H, Lq, D]`` in ``q``'s dtype.
     """
-    import torch
     import torch.nn.functional as F
 
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     scale = D ** -0.5 if scale is None else float(scale)
-    mask = dense_mask(prefix_hi, seg_lo, Lk)
-    kk, vv = k.float(), v.float()
-    if Hkv != H:
-        kk = kk.repeat_interleave(H // Hkv, dim=1)
-        vv = vv.repeat_interleave(H // Hkv, dim=1)
-    out = F.scaled_dot_product_attention(q.float(), kk, vv, attn_mask=mask, scale=scale)
+    if mask is None:
+        mask = dense_mask(prefix_hi, seg_lo, Lk)
+    out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
+                                         enable_gqa=Hkv != H)
     return out.to(q.dtype)
 
 
