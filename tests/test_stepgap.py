@@ -494,3 +494,19 @@ def test_loop_full_path_with_tiny_models():
     slots = pipe.slots()
     assert slots["reasoner"]["meaningful"] is False and slots["nli"]["meaningful"] is False
     assert "reasoner" in pipe.ledger.totals()
+
+
+def test_repair_queries_and_retraction_text():
+    from ragfast.stepgap import repair_query, retraction_text
+
+    res, _, _, _ = run_all()
+    by = {(lab.trajectory_id, lab.claim): (s, lab) for s, lab in zip(res.steps, res.labels)}
+    s, lab = by[("t2", "Heat won an Oscar in 1996.")]  # MB with a quote from "Heat (1995 film)"
+    q = repair_query(s, lab)
+    assert q.startswith("Heat (1995 film)") and "oscar" in q and "1996" in q and "directed" not in q
+    s, lab = by[("t1", "Tulsa")]  # IE from C; entity from stage A's table default ("x")
+    assert repair_query(s, lab) == f"x {s.question}"
+    s, lab = by[("t2", "Heat was directed by Ridley Scott.")]
+    assert repair_query(s, lab) is None  # CC is retracted, not searched
+    tx = retraction_text(s, lab)
+    assert "Heat was directed by Ridley Scott." in tx and "Michael Mann" in tx and "<information>" not in tx
