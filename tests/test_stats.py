@@ -185,11 +185,12 @@ def test_average_precision_nan_ranks_last_and_no_positive():
 def test_brier_and_calibration_match_sklearn(seed):
     rng = np.random.default_rng(seed)
     p = rng.random(500)
-    p[:3] = [0.0, 1.0, 0.5]
+    p[:8] = [0.0, 1.0, 0.5, 0.2, 0.4, 0.6, 1 / 7, 2 / 7]  # bin edges for 10 and for 7 bins
     y = (rng.random(500) < p).astype(int)
     assert brier(y, p) == pytest.approx(brier_score_loss(y, p), abs=1e-14)
-    tab = calibration_table(y, p, n_bins=7)
-    frac, mean = calibration_curve(y, p, n_bins=7, strategy="uniform")
+    n_bins = 7 if seed % 2 else 10
+    tab = calibration_table(y, p, n_bins=n_bins)
+    frac, mean = calibration_curve(y, p, n_bins=n_bins, strategy="uniform")
     rows = [r for r in tab["bins"] if r["count"] > 0]
     np.testing.assert_allclose([r["frac_positive"] for r in rows], frac, atol=1e-12)
     np.testing.assert_allclose([r["mean_prob"] for r in rows], mean, atol=1e-12)

@@ -299,8 +299,9 @@ def sigmoid(x) -> np.ndarray:
 def calibration_table(labels, probs, n_bins: int = 10) -> dict[str, Any]:
     """Reliability table on ``n_bins`` equal-width probability bins.
 
-    Bins are ``[0, 1/n), ..., [(n-1)/n, 1]`` (as ``sklearn.calibration.calibration_curve``
-    with ``strategy="uniform"``). NaN probabilities are left out and counted.
+    Bins are ``[0, 1/n], (1/n, 2/n], ..., ((n-1)/n, 1]``: a probability on an edge falls in the
+    lower bin, as in ``sklearn.calibration.calibration_curve`` with ``strategy="uniform"``. NaN
+    probabilities are left out and counted.
 
     Returns
     -------
@@ -318,7 +319,7 @@ def calibration_table(labels, probs, n_bins: int = 10) -> dict[str, Any]:
     if (p < 0).any() or (p > 1).any():
         raise ValueError("probs must lie in [0, 1]")
     edges = np.linspace(0.0, 1.0, n_bins + 1)
-    idx = np.clip(np.searchsorted(edges[1:-1], p, side="right"), 0, n_bins - 1)
+    idx = np.searchsorted(edges[1:-1], p, side="left")
     cnt = np.bincount(idx, minlength=n_bins)
     sp = np.bincount(idx, weights=p, minlength=n_bins)
     sy = np.bincount(idx, weights=y, minlength=n_bins)
