@@ -115,7 +115,10 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
                          batch_size=batch_size, seed=seed)
     gen = make_generator(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
-    ret = make_retriever(retriever, list(all_test) + list(all_val), corpus=corpus, device=device, progress=progress)
+    # The corpus comes from every question of both files (deduplicated by id: validation and test
+    # may be two slices of one file), so it does not depend on --limit.
+    pool = list({q.id: q for q in list(all_test) + list(all_val)}.values())
+    ret = make_retriever(retriever, pool, corpus=corpus, device=device, progress=progress)
     jd = load_judge(judge, device=device)
     slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret), "judge": slot_entry(jd)}
     write_manifest(out_dir, pipeline="s2g", slots=slots, config={**cfg.to_dict(), "gap_queries": gap_queries,
