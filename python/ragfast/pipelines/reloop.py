@@ -8,17 +8,19 @@ The loop, per question (batched over questions at every step):
    deterministic MetaQA template parser (:func:`kg_path_plan`, planner ``kg-path``), or from an
    LLM asked for a JSON plan (:func:`llm_plans`, planner ``llm``).
 2. **Iterate.** The candidates are the leaf segments of the question's HSEQ (sentences and
-   non-header table cells; MetaQA questions take the knowledge-graph walk described below). Each step ranks the unread candidates by dense score against the guided
-   query (an :class:`~ragfast.retrieval.Encoder` plus :func:`ragfast.ops.topk_ip.topk_ip` with
-   the already-read rows excluded): the top ``window`` form the sliding window, the best ``k``
-   of the window (dense score plus guidance bonuses) are read, each one pulls in its structural
+   non-header table cells; MetaQA questions take the knowledge-graph walk described below). Each
+   step ranks the unread candidates by dense score against the guided query (an
+   :class:`~ragfast.retrieval.Encoder` plus :func:`ragfast.ops.topk_ip.topk_ip` with the
+   already-read rows excluded): the top ``window`` form the sliding window, the best ``k`` of
+   the window (dense score plus guidance bonuses) are read, each one pulls in its structural
    context (the lead sentence of its paragraph; a cell's row-label cell, its headers being part
    of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.hseq`; for
-   multi-hop plans the next query adds bridge names met in the evidence; a :class:`~ragfast.models.Judge`
-   scores the state (``judge="auto"``: the trained EncoderJudge on text when its weights are
-   installed, else :class:`HeuristicSufficiency`, a documented rule). The loop stops at the first sufficient state, or when the step or token
-   budget is spent, or when nothing is left to read. Budgets are hard: a segment that would
-   cross the token budget is never added.
+   multi-hop plans the next query adds bridge names met in the evidence; a
+   :class:`~ragfast.models.Judge` scores the state (``judge="auto"``: the trained EncoderJudge
+   on text when its weights are installed, else :class:`HeuristicSufficiency`, a documented
+   rule). The loop stops at the first sufficient state, or when the step or token budget is
+   spent, or when nothing is left to read. Budgets are hard: a segment that would cross the
+   token budget is never added.
 3. **Head.** :func:`canonicalise` packs the selected segments with provenance (segment id, source
    document id, char offsets / cell coordinates / triple index, the exact snippet); the prompt
    holds only that pack, and a :class:`~ragfast.models.Generator` answers from it. Without an
@@ -254,7 +256,9 @@ def heuristic_plan(question: str, *, multi_doc: bool = True) -> Plan:
     hops = 1
     if multi_doc and (re.search(r"\bboth\b|\bwhich (one|came|was|is) (first|older|younger|larger|longer)\b|"
                                 r"\b(older|younger|earlier|later|first)\b.*\bor\b", q)
-                      or re.search(r"\b(that|who|which|whose|where)\b|\band (when|where|who|what|which|how)\b", q[12:])
+                      # a relative clause or a second question after the first word: a bridge
+                      or re.search(r"\b(that|who|which|whose|where)\b|\band (when|where|who|what|which|how)\b",
+                                   q.split(" ", 1)[-1])
                       or len(ents) >= 2):
         hops = 2
     return Plan(question=question, entities=ents, hops=hops, answer_type=answer_type_of(question),
@@ -1127,13 +1131,15 @@ class ExtractiveHead(Generator):
         info = []
         for o in opts:
             ow = set(_content_words(o)) or set(_words(o))
-            mine = [it for it in items if ow and len(ow & set(_words(it["text"] + " " + it.get("title", "")))) >= 0.6 * len(ow)]
+            mine = [it for it in items
+                    if ow and len(ow & set(_words(it["text"] + " " + it.get("title", "")))) >= 0.6 * len(ow)]
             years = [int(y) for it in mine for y in _YEAR.findall(it["text"])]
             overlap = sum(len(rest & set(_words(it["text"]))) for it in mine)
             info.append((min(years) if years else None, overlap))
-        if re.search(r"\b(older|oldest|first|earlier|earliest|before)\b", qlow) and all(y is not None for y, _ in info):
+        dated = all(y is not None for y, _ in info)
+        if re.search(r"\b(older|oldest|first|earlier|earliest|before)\b", qlow) and dated:
             return opts[0] if info[0][0] <= info[1][0] else opts[1]
-        if re.search(r"\b(younger|youngest|later|latest|newer|most recent|last)\b", qlow) and all(y is not None for y, _ in info):
+        if re.search(r"\b(younger|youngest|later|latest|newer|most recent|last)\b", qlow) and dated:
             return opts[0] if info[0][0] >= info[1][0] else opts[1]
         return opts[0] if info[0][1] >= info[1][1] else opts[1]
 
