@@ -166,6 +166,13 @@ def test_segment_rule():
         ("search", "Tulsa founded"),
         ("abstain", "not enough information"),  # "Nothing here." has < 3 words; injected turn gives no step
     ]
+    # An observation truncated before </information> (Search-R1's 500-token cap) still counts.
+    from ragfast.stepgap import parse_docs
+
+    cut = t1().turns[0].observation[:120]
+    assert "</information>" not in cut
+    docs = parse_docs(cut, 0)
+    assert [d.title for d in docs] == ["Tinted Windows (band)"] and docs[0].text.startswith("Tinted Windows is")
     # A dict record (as read back from results JSONL) segments the same.
     assert [s.claim for s in segment(t1().to_dict())] == [s.claim for s in steps]
     with pytest.raises(DataError):

@@ -111,7 +111,8 @@ _ABSTAIN = re.compile(r"\b(?:undeterminable|cannot be determined|can ?not determ
                       r"not enough information|insufficient (?:information|evidence)|impossible to (?:tell|determine)|"
                       r"no information (?:about|on)|unable to determine|(?:is|remains) unknown)\b", re.IGNORECASE)
 _DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |\Z)", re.DOTALL)
-_INFO = re.compile(r"<information>(.*?)</information>", re.DOTALL)
+# The closing tag is optional: Search-R1 truncates observations to 500 tokens, which can cut it.
+_INFO = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
 _WORD = re.compile(r"[A-Za-z0-9]+")
 _STOPWORDS = frozenset("a an the of in on at to for from by with and or is are was were be been it its this that "
                        "which who whom what when where why how did does do as than then so also not".split())
@@ -181,7 +182,11 @@ class Step:
 
 
 def parse_docs(observation: str, turn: int) -> list[Doc]:
-    """Documents of a Search-R1 observation (``Doc i(Title: t) text`` lines inside ``<information>``)."""
+    """Documents of a Search-R1 observation (``Doc i(Title: t) text`` lines inside ``<information>``).
+
+    An observation truncated before ``</information>`` still yields its documents (the last one
+    cut where the truncation cut it).
+    """
     blocks = _INFO.findall(observation or "")
     out: list[Doc] = []
     for b in blocks:
