@@ -15,8 +15,17 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "run"
-    cfg = make_config(limit=10, out=str(out), val_limit=12, n_resamples=2000)
+    # 24 real dev questions: 12 validate the S2G threshold, 10 are the test set; the corpus is
+    # their own context paragraphs (~240 passages) so the test embeds in seconds, not minutes.
+    from ragfast.data import sample
+
+    tmp = tmp_path_factory.mktemp("bench")
+    lines = sample("hotpotqa-dev").read_text(encoding="utf-8").splitlines()[:24]
+    data = tmp / "dev24.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp / "run"
+    cfg = make_config(data=str(data), val_data=str(data), corpus=["contexts"], val_offset=0, val_limit=12, offset=12,
+                      limit=10, out=str(out), n_resamples=2000)
     summary = run_bench(cfg)
     return cfg, out, summary
 
@@ -106,3 +115,27 @@ def test_paper_preset_names_every_missing_file(tmp_path, monkeypatch):
     for name in ("SearchR1-nq_hotpotqa_train-qwen2.5-7b-em-ppo-v0.2", "e5-base-v2", "e5_Flat.index", "wiki-18.jsonl"):
         assert name in msg, msg
     assert "Traceback" not in msg
+
+
+def test_ray_bench_equals_single_process(bench_run, tmp_path):
+    """``ragfast bench --ray local`` gives the same per-question outcomes as one process."""
+    import dataclasses
+
+    cfg, out, summary = bench_run
+    methods = ["searchr1", "s2g", "stepgap"]
+    rcfg = dataclasses.replace(cfg, out=str(tmp_path / "ray"), ray="local", ray_workers=2, methods=methods)
+    rsum = run_bench(rcfg)
+    for m in methods:
+        a = {r["id"]: r for r in read_results(out / "trajectories" / f"{m}.jsonl")}
+        b = {r["id"]: r for r in read_results(Path(rcfg.out) / "trajectories" / f"{m}.jsonl")}
+        assert set(a) == set(b), m
+        for qid in a:
+            for key in ("answer", "em", "f1", "searches", "stop_reason"):
+                assert a[qid][key] == b[qid][key], (m, qid, key)
+            assert [t["retrieved_ids"] for t in a[qid]["turns"]] == [t["retrieved_ids"] for t in b[qid]["turns"]], (m, qid)
+        assert rsum["methods"][m]["em"] == summary["methods"][m]["em"]
+        # the ledger of the Ray run adds up to its per-question records too
+        led = load_ledger(Path(rcfg.out) / "ledgers" / f"{m}.jsonl", set(b))
+        for qid, r in b.items():
+            for comp, row in r["cost"].items():
+                assert led.per_question()[qid][comp]["calls"] == pytest.approx(row["calls"]), (m, qid, comp)

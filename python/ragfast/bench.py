@@ -59,6 +59,10 @@ class BenchConfig:
         Test questions are ``data[offset:offset + limit]``. By default the first 100 dev
         questions are the S2G validation split and the remaining 200 the test set (the S2G
         study's layout: validation 100-199, test 200-999).
+    ray : str, optional
+        Run searchr1, s2g and stepgap on Ray: ``"local"`` starts a local cluster, else a
+        cluster address. Each worker actor holds its own reasoner (and judge / NLI); retrieval
+        is one shared actor. RELOOP and the S2G threshold selection run in this process.
     threshold : float, optional
         The S2G STOP threshold; None selects it on validation questions
         (``val_data[val_offset:val_offset + val_limit]``) for STOP precision >= ``min_precision``
@@ -86,6 +90,8 @@ class BenchConfig:
     seed: int = 0
     n_resamples: int = 10000
     out: str = "ragfast-bench"
+    ray: str | None = None
+    ray_workers: int = 2
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -97,6 +103,8 @@ class BenchConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if not 0 < self.min_precision <= 1:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
+        if self.ray_workers < 1:
+            raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
 
 
 # The S2G study's setting. Model and data files are the user's: they live under
@@ -516,6 +524,82 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
              ledger=rec.ledger, on_result=done)
 
 
+# -- Ray: picklable slot factories, built inside the actors (never ship a loaded model) --------
+def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu") -> Any:
+    """The reasoner slot of ``reasoner``, built in a Ray worker on ``device``."""
+    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
+
+    if reasoner == "scripted":
+        return ScriptedGenerator(seed=seed, max_searches=budget)
+    if reasoner == "tiny":
+        from ragfast.models.tiny import tiny_path
+
+        return HFGenerator(tiny_path("qwen2"), device=device)
+    if _is_url(reasoner):
+        base, _, model = reasoner.partition("#")
+        return OpenAIGenerator(base, model or "default")
+    return HFGenerator(reasoner, device=device)
+
+
+def ray_retriever(cfg_dict: dict[str, Any]) -> Any:
+    """The retrieval slot, built once in the shared retriever actor (embeddings come from the
+    on-disk cache the driver already filled)."""
+    from ragfast.data import load_qa
+
+    cfg = BenchConfig(**cfg_dict)
+    return build_retriever(cfg, build_corpus(cfg, load_qa(cfg.data)))
+
+
+def ray_judge(spec: str, device: str = "cpu") -> Any:
+    return build_judge(BenchConfig(judge=spec))
+
+
+def ray_nli(spec: str, device: str = "cpu") -> Any:
+    return build_nli(BenchConfig(nli=spec))
+
+
+def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, resume: bool,
+                      progress: Callable[[int], None], threshold: float | None = None) -> None:
+    """One method on Ray: the driver writes trajectories (question order) and ledger records."""
+    import functools
+
+    from ragfast.distributed import GENERATOR, PipelineLoop, run_on_ray
+    from ragfast.results import finished_ids, repair_tail
+
+    traj = out / "trajectories" / f"{method}.jsonl"
+    ledger_path = out / "ledgers" / f"{method}.jsonl"
+    ledger_path.parent.mkdir(parents=True, exist_ok=True)
+    if resume and ledger_path.exists():
+        repair_tail(ledger_path)
+        done = finished_ids(traj) if traj.exists() else set()
+        kept = load_ledger(ledger_path, done)
+        with open(ledger_path, "w", encoding="utf-8") as f:
+            for r in kept.records:
+                f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    config: Any = _searchr1_config(cfg)
+    make_loop = None
+    if method == "s2g":
+        from ragfast.pipelines.s2g import run_s2g as _s2g
+
+        make_loop = PipelineLoop(_s2g, slots={"judge": functools.partial(ray_judge, cfg.judge)}, threshold=threshold)
+    elif method == "stepgap":
+        from ragfast.pipelines.stepgap import StepGapConfig, run_stepgap as _sg
+
+        scripted = cfg.reasoner == "scripted"
+        config = StepGapConfig(searchr1=config, stages="DE" if scripted else "ABCDE")
+        make_loop = PipelineLoop(_sg, slots={"nli": functools.partial(ray_nli, cfg.nli),
+                                             **({} if scripted else {"checker": GENERATOR})})
+    # one unit of work per worker at least, else workers sit idle
+    bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.ray_workers)))
+    res = run_on_ray(slots.questions, make_generator=functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget),
+                     make_retriever=functools.partial(ray_retriever, dataclasses.asdict(cfg)), config=config,
+                     out_path=traj, address=cfg.ray, num_workers=cfg.ray_workers, resume=resume,
+                     make_loop=make_loop, batch_size=bs, on_result=lambda r: progress(1))
+    with open(ledger_path, "a", encoding="utf-8") as f:
+        for r in res.ledger.records:
+            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+
+
 RUNNERS: dict[str, Callable[..., None]] = {"searchr1": run_searchr1, "s2g": run_s2g, "stepgap": run_stepgap,
                                            "reloop": run_reloop}
 
@@ -649,7 +733,7 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ragfast.results import read_results, write_manifest
+    from ragfast.results import finished_ids, read_results, write_manifest
 
     console = console or Console(stderr=True)
     check_paths(cfg)
@@ -666,7 +750,9 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
         "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
         "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
     }
-    write_manifest(out, pipeline="bench", slots=slot_info, config=dataclasses.asdict(cfg), seed=cfg.seed,
+    # How a run executes (Ray or not, where it writes) is not part of what it computes.
+    run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
+    write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
                    extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
     for k, v in slot_info.items():
         console.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
@@ -674,6 +760,12 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as prog:
         for m in cfg.methods:
+            if cfg.ray and m != "reloop":
+                done = finished_ids(out / "trajectories" / f"{m}.jsonl") if resume else set()
+                task = prog.add_task(m, total=len(slots.questions), completed=len(done & {q.id for q in slots.questions}))
+                th = select_s2g_threshold(cfg, slots, out, console)["threshold"] if m == "s2g" else None
+                run_method_on_ray(cfg, m, slots, out, resume, lambda n, t=task: prog.advance(t, n), th)
+                continue
             rec = MethodRecorder(out, m, resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
             task = prog.add_task(m, total=len(slots.questions), completed=len(slots.questions) - len(todo))

@@ -26,6 +26,8 @@ def register(app: typer.Typer) -> None:
         threshold: Optional[float] = typer.Option(None, "--threshold", help="S2G STOP threshold (default: selected on validation questions)."),
         methods: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Repeat to pick methods: searchr1 s2g stepgap reloop."),
         seed: Optional[int] = typer.Option(None, "--seed"),
+        ray: Optional[str] = typer.Option(None, "--ray", help="Run searchr1/s2g/stepgap on Ray: 'local' or a cluster address."),
+        ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Reasoner replicas (Ray worker actors); default 2."),
     ) -> None:
         """Run native Search-R1, S2G stopping, StepGap and RELOOP on the same questions.
 
@@ -39,5 +41,5 @@ def register(app: typer.Typer) -> None:
 
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
                           encoder=encoder, index=index, budget=budget, topk=topk, threshold=threshold,
-                          methods=list(methods) if methods else None, seed=seed)
+                          methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers)
         run_bench(cfg, resume=resume)
