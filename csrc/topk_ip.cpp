@@ -521,7 +521,8 @@ void scan_stream(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
   // Rows in L1-sized tiles, all query blocks over one tile before the next: the corpus is read
   // from memory once whatever B is.
   const int64_t rowbytes = p.d * p.esize;
-  const int64_t tile = std::max<int64_t>(8, std::min<int64_t>(256, (24 << 10) / std::max<int64_t>(rowbytes, 1)));
+  // a multiple of the 4-row micro-block, so only the range's last rows take the 1-row kernel
+  const int64_t tile = std::max<int64_t>(8, std::min<int64_t>(256, (24 << 10) / std::max<int64_t>(rowbytes, 1))) / 4 * 4;
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t t1 = std::min(r1, t0 + tile);
     int64_t b = 0;
@@ -1111,6 +1112,8 @@ void topk_ip_binding(py::array queries, py::array corpus, int kind, py::object s
   if (corpus.shape(1) != p.d) throw std::invalid_argument("topk_ip: dimension mismatch");
   if (p.N <= 0) throw std::invalid_argument("topk_ip: empty corpus");
   if (k <= 0 || k > p.N) throw std::invalid_argument("topk_ip: need 1 <= k <= N");
+  // int8: 255 * 127 * d must fit the int32 VNNI accumulators
+  if (kind == kI8 && p.d > 65000) throw std::invalid_argument("topk_ip: int8 storage supports d <= 65000");
   p.q = static_cast<const float*>(queries.data());
   p.base = static_cast<const char*>(corpus.data());
   p.rs = corpus.strides(0) / p.esize;

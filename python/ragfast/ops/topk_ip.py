@@ -360,7 +360,9 @@ def _cpp_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclude:
         data = _rows_unit_stride(corpus)
         scale = rowsum = rescore = None
         rkind = -1
-        fetch = k
+        # a bare bf16 tensor gets quantize()'s default bf16 over-fetch (the first pass rounds the
+        # query to bf16; the candidates are re-scored with the fp32 query)
+        fetch = min(len(corpus), 2 * k) if kind == "bf16" else k
     if out is None:
         scores = torch.empty((B, k), dtype=torch.float32)
         ids = torch.empty((B, k), dtype=torch.int64)
