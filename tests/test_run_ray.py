@@ -1,0 +1,163 @@
+"""``ragfast run searchr1 --ray``: a Ray run writes what the single-process run writes.
+
+The command runs as a user runs it (``python -m ragfast.cli`` in a subprocess), on 8 HotpotQA
+questions with the scripted reasoner and BM25: once in one process (default batch size), once
+on a local Ray cluster (``--ray local --ray-workers 2 --batch-size 2``: 4 batches over 2
+workers). Per-question records (timing aside), EM, F1 and searches must be identical; resume
+and bad options are checked too.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("ray")
+
+from ragfast.results import read_manifest, read_results, strip_timing  # noqa: E402
+
+N = 8
+ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+       "RAY_DEDUP_LOGS": "0"}
+
+
+def _cli(data: Path, out: Path, *extra: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
+           "--data", str(data), "--no-progress", "--out", str(out), *extra]
+    return subprocess.run(cmd, capture_output=True, text=True, env=ENV, timeout=timeout, cwd=str(data.parent))
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {r["id"]: strip_timing(r) for r in read_results(out / "results.jsonl", allow_partial_tail=False)}
+
+
+def _summary_line(stdout: str) -> str:
+    """The ``searchr1: ...`` line with its timing numbers blanked."""
+    line = next(x for x in stdout.splitlines() if x.startswith("searchr1: "))
+    line = re.sub(r"[0-9.]+ q/s", "<q/s>", line)
+    return re.sub(r"(reasoner|search) [0-9.]+s", r"\1 <s>", line)
+
+
+def _untimed_cost(summary: dict) -> dict:
+    # "batches" counts loop batches, which differ with --batch-size; everything else must match.
+    return {c: {k: v for k, v in row.items() if k not in ("seconds", "device_seconds", "batches")}
+            for c, row in summary["cost"].items()}
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A small QA file: the first 8 questions of the bundled HotpotQA dev sample."""
+    from ragfast.data import sample
+
+    lines = sample("hotpotqa-dev").read_text(encoding="utf-8").splitlines(keepends=True)
+    path = tmp_path_factory.mktemp("data") / "hotpot8.jsonl"
+    path.write_text("".join(lines[:N]), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def single(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("single") / "A"
+    r = _cli(data, out)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, r
+
+
+@pytest.fixture(scope="module")
+def on_ray(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray") / "B"
+    r = _cli(data, out, "--ray", "local", "--ray-workers", "2", "--batch-size", "2")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return out, r
+
+
+def test_ray_run_equals_single_process_run(data, single, on_ray):
+    (a, ra), (b, rb) = single, on_ray
+    from ragfast.data import load_qa
+
+    ids = [q.id for q in load_qa(data)]
+    recs_a, recs_b = _records(a), _records(b)
+    assert len(recs_a) == N and recs_a == recs_b
+    assert list(recs_b) == ids  # the Ray run's file is in question order, each question once
+
+    sa, sb = (json.loads((d / "summary.json").read_text()) for d in (a, b))
+    for key in ("questions", "em", "f1", "searches_per_question", "this_run_questions", "answers_meaningful"):
+        assert sa[key] == sb[key], key
+    assert sb["questions"] == N and sb["this_run_questions"] == N and sb["questions_per_second"] > 0
+    assert _untimed_cost(sa) == _untimed_cost(sb)
+    assert sb["ray"]["address"] == "local" and sb["ray"]["workers"] == 2
+    assert sb["ray"]["batches_run"] == N // 2 and sb["ray"]["retried_batches"] == 0
+    assert sb["slots"] == read_manifest(b)["slots"]
+
+    ma, mb = read_manifest(a), read_manifest(b)
+    assert mb["pipeline"] == "searchr1" and mb["seed"] == ma["seed"] == 0
+    assert mb["config"] == {**ma["config"], "batch_size": 2}
+    assert mb["ray"] == {"address": "local", "workers": 2, "worker_gpus": 0.0}
+    assert mb["slots"]["reasoner"]["class"] == "ScriptedGenerator" and mb["slots"]["reasoner"]["meaningful"] is False
+    assert mb["slots"]["reasoner"]["device"] == "cpu"
+    assert mb["slots"]["retriever"]["name"] == "bm25" and mb["slots"]["retriever"]["via"] == "ray actor"
+    assert "pid" not in mb["slots"]["reasoner"]
+
+    ledgers = sorted(b.glob("ledger-*.jsonl"))
+    assert len(ledgers) == 1
+    led = [json.loads(x) for x in ledgers[0].read_text().splitlines()]
+    assert {r["question_id"] for r in led} == set(ids)  # every question's costs, none from elsewhere
+
+    # The same summary line (timing aside) and the same NOTE, on stdout.
+    assert _summary_line(rb.stdout) == _summary_line(ra.stdout)
+    assert rb.stdout.splitlines()[-1] == ra.stdout.splitlines()[-1]
+    assert "NOT meaningful" in rb.stdout
+    assert "ray: 2 worker(s) at 'local', 4 batch(es)" in rb.stderr
+    assert "Traceback" not in rb.stderr
+
+
+def test_ray_limit_then_resume_runs_only_the_rest(data, single, tmp_path):
+    a, _ = single
+    out = tmp_path / "C"
+    # --limit on Ray: the first 5 questions, answered exactly as in the full run (the corpus
+    # still comes from every question of the file).
+    first = _cli(data, out, "--ray", "local", "--ray-workers", "2", "--batch-size", "2", "--limit", "5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    from ragfast.data import load_qa
+
+    ids = [q.id for q in load_qa(data)]
+    recs_a = _records(a)  # in finish order: compare by id
+    assert _records(out) == {i: recs_a[i] for i in ids[:5]}
+    assert "searchr1: 5 questions (5 this run)" in first.stdout
+    # ... then interrupted mid-line.
+    with open(out / "results.jsonl", "a", encoding="utf-8") as f:
+        f.write('{"id": "torn", "em"')
+
+    # Another configuration is refused before any Ray actor starts.
+    bad = _cli(data, out, "--ray", "local", "--batch-size", "2", "--topk", "5", "--resume", timeout=120)
+    assert bad.returncode == 2 and "config differs" in bad.stderr and "Traceback" not in bad.stderr
+
+    r = _cli(data, out, "--ray", "local", "--ray-workers", "2", "--batch-size", "2", "--resume")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "cut a partial last line" in r.stderr and f"resume: 5 of {N} questions already done" in r.stderr
+    assert _records(out) == recs_a
+    s = json.loads((out / "summary.json").read_text())
+    assert s["questions"] == N and s["this_run_questions"] == N - 5
+    ledgers = sorted(out.glob("ledger-*.jsonl"), key=lambda p: p.stat().st_mtime)
+    led = [json.loads(x) for x in ledgers[-1].read_text().splitlines()]
+    assert {x["question_id"] for x in led} == set(ids[5:])  # only the rest was paid for
+    assert f"searchr1: {N} questions ({N - 5} this run)" in r.stdout
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--ray", "local", "--ray-workers", "0"), "--ray-workers must be an integer >= 1, got 0"),
+    (("--ray-workers", "2"), "--ray-workers needs --ray"),
+    (("--ray", "local", "--device", "cuda"), "--device cannot be used with --ray"),
+])
+def test_bad_ray_options_are_clear_errors(data, tmp_path, extra, message):
+    out = tmp_path / "out"
+    r = _cli(data, out, *extra, timeout=120)
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert message in " ".join(r.stderr.split())  # rich may wrap the line
+    assert "Traceback" not in r.stderr
+    assert not (out / "results.jsonl").exists()  # refused before anything ran
