@@ -142,3 +142,14 @@ def test_bad_input_is_named(deberta, scorer):
         NLIScorer("/nonexistent/model")
     assert scorer.score([], []).shape == (0, 3)
     assert scorer.meaningful is False and scorer.describe()["meaningful"] is False
+
+
+def test_onnx_backend_exports_once_into_cache(deberta, scorer, tmp_path, monkeypatch):
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    a = NLIScorer(deberta, backend="onnx", max_length=128, token_budget=512)
+    assert a.onnx_file.is_file() and tmp_path in a.onnx_file.parents
+    mtime = a.onnx_file.stat().st_mtime_ns
+    b = NLIScorer(deberta, backend="onnx", max_length=128, token_budget=512)
+    assert b.onnx_file == a.onnx_file and b.onnx_file.stat().st_mtime_ns == mtime  # reused, not re-exported
+    prem, hyp = _pairs(9, seed=5)
+    np.testing.assert_allclose(b.score(prem, hyp), scorer.score(prem, hyp), atol=1e-4)
