@@ -460,14 +460,15 @@ except ImportError:  # pragma: no cover
 if given is not None and HAS_CPP:
 
     @settings(max_examples=40, deadline=None)
-    @given(B=st.integers(1, 30), N=st.integers(1, 300), d=st.integers(1, 70), kfrac=st.floats(0, 1),
-           seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(["fp32", "fp16", "bf16"]),
+    # B up to 40 reaches every default kernel switch point (stream / query-major / packed)
+    @given(B=st.integers(1, 40), N=st.integers(1, 300), d=st.integers(1, 70), kfrac=st.floats(0, 1),
+           seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(["fp32", "fp16", "bf16", "int8"]),
            n_ex=st.integers(0, 5), use_min=st.booleans())
     def test_property_cpp_equals_reference(B, N, d, kfrac, seed, dtype, n_ex, use_min):
         k = max(1, int(round(kfrac * N)))
         q, c = rand(B, d, seed=seed), rand(N, d, seed=seed + 1)
         corpus = c if dtype == "fp32" else quantize(c, dtype, oversample=N)
-        dense = c if dtype == "fp32" else corpus.data.float()
+        dense = c if dtype == "fp32" else (corpus.rescore.float() if dtype == "int8" else corpus.data.float())
         gen = np.random.default_rng(seed)
         ex = [gen.integers(-1, N, size=n_ex).tolist() for _ in range(B)]
         ms = float(gen.normal()) if use_min else None
