@@ -104,6 +104,11 @@ def test_prompt_ids_are_the_templated_text(qwen2_judge):
     want = qwen2_judge.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True) + ANSWER_PREFIX
     assert text == want
     assert qwen2_judge.tokenizer.decode(qwen2_judge.prompt_ids(st)) == text
+    # The piece boundaries (system | question | each block with its leading separator | tail) are
+    # stable: tokenising the pieces separately gives the whole text's own tokenisation.
+    for s in _mixed_states(seed=7):
+        whole = qwen2_judge.tokenizer(qwen2_judge.prompt_text(s), add_special_tokens=False)["input_ids"]
+        assert whole == qwen2_judge.prompt_ids(s)
 
 
 def test_score_is_logp_true_minus_logp_false(qwen2_judge):
