@@ -160,8 +160,11 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     # 4. the live run with the judge in the loop
     if live:
         led = CostLedger()
+        # A fresh judge: one that kept the recording pass's caches (EncoderJudge embeds each
+        # document once) would score the live states for free and understate the judge's cost.
+        live_judge = load_judge(judge, device=device)
         with ResultsWriter(out_dir / "s2g.jsonl") as w:
-            run_s2g(test, gen, ret, jd, thr, cfg, gap_queries=gap_queries, ledger=led,
+            run_s2g(test, gen, ret, live_judge, thr, cfg, gap_queries=gap_queries, ledger=led,
                     on_finish=lambda t: w.write(t.to_dict()))
         led.save(out_dir / "ledger-s2g.jsonl")
     ev = report_s2g(out_dir, n_resamples=n_resamples, seed=seed)
