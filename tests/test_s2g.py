@@ -238,7 +238,8 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
     assert c["flops"]["net"] == pytest.approx(c["flops"]["saved"] - c["flops"]["judge"])
     # the replay estimate judges exactly the states the live run judged (1e6 FLOPs each here)
     cr = ev["cost_replay"]
-    assert cr["judge_states"] == c["judge_calls"] and cr["flops"]["judge"] == pytest.approx(c["flops"]["judge"])
+    assert cr["judge_states"] == c["judge_states"] == c["judge_calls"]
+    assert cr["flops"]["judge"] == pytest.approx(c["flops"]["judge"])
     assert cr["seconds"]["judge"] == pytest.approx(0.001 * c["judge_calls"])
     assert "Cost estimate from replay" in render_markdown(ev)
     md = render_markdown(ev)

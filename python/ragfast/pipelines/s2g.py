@@ -639,20 +639,23 @@ def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str,
     Paired by question id over the questions both runs finished. ``saved`` is native minus
     S2G for reasoner, encoder and search (it includes the answer-only generations S2G added);
     ``net`` = saved - judge; ``break_even_judge`` is the judge cost at which the stops would
-    just pay for themselves (= saved), also per judge call; ``judge_over_saved`` the ratio.
+    just pay for themselves (= saved), also per judged state; ``judge_over_saved`` the ratio.
     """
     nat = {r["id"]: r for r in native}
     pairs = [(nat[r["id"]], r) for r in s2g if r["id"] in nat]
     out: dict[str, Any] = {"questions": len(pairs)}
-    calls = sum(_comp(b, "judge", "calls") for _, b in pairs)
-    out["judge_calls"] = calls
+    # judged states (the unit a deployment pays per), not ledger calls: an encoder judge
+    # records one call per text it embeds
+    states = sum(max(0, len((b.get("extra") or {}).get("judge_scores") or [None]) - 1) for _, b in pairs)
+    out["judge_states"] = states
+    out["judge_calls"] = sum(_comp(b, "judge", "calls") for _, b in pairs)
     for f in ("flops", "seconds"):
         saved_parts = {c: sum(_comp(a, c, f) - _comp(b, c, f) for a, b in pairs) for c in ("reasoner", "encoder", "search")}
         saved = sum(saved_parts.values())
         judge = sum(_comp(b, "judge", f) for _, b in pairs)
         out[f] = {"saved_by_component": saved_parts, "saved": saved, "judge": judge, "net": saved - judge,
                   "judge_over_saved": judge / saved if saved > 0 else float("inf") if judge > 0 else float("nan"),
-                  "break_even_judge": saved, "break_even_per_judge_call": saved / calls if calls else float("nan"),
+                  "break_even_judge": saved, "break_even_per_judge_call": saved / states if states else float("nan"),
                   "pays_for_itself": bool(saved - judge > 0)}
     return out
 
@@ -811,7 +814,7 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
     if "cost" in ev:
         c = ev["cost"]
         L += ["", "## Total cost: does the judge pay for the searches it saves?", "",
-              "| measure | saved (reasoner + retrieval) | judge | net | judge / saved | break-even judge cost | per judge call |",
+              "| measure | saved (reasoner + retrieval) | judge | net | judge / saved | break-even judge cost | per judged state |",
               "|---|---|---|---|---|---|---|"]
         for f, unit in (("flops", "FLOPs"), ("seconds", "s")):
             x = c[f]
@@ -819,7 +822,8 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
                      f"{_f(x['break_even_judge'])} | {_f(x['break_even_per_judge_call'])} |")
         sv = c["seconds"]["saved_by_component"]
         L += ["", "Saved by component (seconds): " + ", ".join(f"{k} {_f(v)}" for k, v in sv.items())
-              + f"; {int(c['judge_calls'])} judge calls over {c['questions']} questions."]
+              + f"; {c['judge_states']} judged states ({int(c['judge_calls'])} judge ledger calls) over "
+              f"{c['questions']} questions."]
         if not c["flops"]["saved"]:
             L.append("Saved FLOPs are 0 when the reasoner and retrieval slots count none (the scripted "
                      "reasoner, BM25): compare seconds then.")
