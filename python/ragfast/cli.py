@@ -81,7 +81,9 @@ def main() -> None:
     try:
         app()
     except RagfastError as exc:
-        console.print(f"[bold red]error:[/] {exc}")
+        from rich.markup import escape
+
+        console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
         sys.exit(2)
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; finished results are on disk (use --resume)[/]")

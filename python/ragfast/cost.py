@@ -152,6 +152,12 @@ class CostLedger:
         with t:
             yield t
 
+    def extend(self, records: Iterable[CostRecord]) -> None:
+        """Append records (e.g. a finished question's, handed over from a batch ledger)."""
+        recs = list(records)
+        with self._lock:
+            self.records.extend(recs)
+
     def merge(self, other: "CostLedger") -> None:
         """Append every record of ``other`` (e.g. from a worker process)."""
         with self._lock:

@@ -555,6 +555,12 @@ class SearchR1Loop:
                 finished = [it for it in act if it.done]
                 if finished:
                     gen.end([it.qid for it in finished])
+                    # Hand a finished question's records to the run's ledger now, so that an
+                    # on_finish callback (e.g. a crash-safe writer) sees all of its costs.
+                    ids = {it.qid for it in finished}
+                    done_recs = [r for r in led.records if r.question_id in ids]
+                    led.records = [r for r in led.records if r.question_id not in ids]
+                    self.ledger.extend(done_recs)
                 for it in finished:
                     self._finalise(it, acc)
                     if on_finish is not None:
