@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
+
 from typing import Optional
 
 import typer
@@ -11,6 +13,12 @@ from rich.console import Console
 
 import ragfast
 from ragfast.errors import RagfastError
+
+# ragfast loads every model from a local path: never reach for a hub, and keep the loaders'
+# own per-file progress bars out of the run's output (ragfast shows its own). Nothing above
+# imports transformers, so this takes effect for every command.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 app = typer.Typer(
     name="ragfast",
