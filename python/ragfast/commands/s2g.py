@@ -80,7 +80,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
     from ragfast.models.judge import load_judge
-    from ragfast.pipelines.s2g import RecordedStates, record_states, run_s2g
+    from ragfast.pipelines.s2g import record_states, run_s2g
     from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop
     from ragfast.policy import select_threshold, stop_precision_recall
     from ragfast.results import ResultsWriter, slot_entry, write_manifest

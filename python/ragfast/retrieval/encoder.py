@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -465,7 +465,6 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
     else:
         meta_path.write_text(json.dumps(meta, indent=1))
     todo = [i for i in range(total) if not _chunk_file(out, i).exists()]
-    done_before = total - len(todo)
     if max_chunks is not None:
         todo = todo[:max(0, int(max_chunks))]
 
