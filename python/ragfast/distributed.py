@@ -55,6 +55,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError, RagfastError
+from ragfast.results import summarise
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.types import Question
 
@@ -557,16 +558,6 @@ class RayRunResult:
         return self.questions_done / self.seconds if self.seconds > 0 and self.questions_done else 0.0
 
 
-def _summarise(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    # Same definition as ``ragfast run``'s summary line (ragfast.commands.run.summarise).
-    n = len(records)
-    if n == 0:
-        return {"questions": 0, "em": 0.0, "f1": 0.0, "searches_per_question": 0.0}
-    return {"questions": n, "em": sum(float(r["em"]) for r in records) / n,
-            "f1": sum(float(r["f1"]) for r in records) / n,
-            "searches_per_question": sum(int(r["searches"]) for r in records) / n}
-
-
 def _check_questions(questions: Sequence[Question]) -> list[Question]:
     qs = list(questions)
     seen: set[str] = set()
@@ -789,7 +780,7 @@ def run_on_ray(
                        batch_timeout_s=batch_timeout_s, on_result=on_result, on_start=on_start)
     sort_results(out_path, order)
     result.records = [r for r in read_results(out_path) if str(r["id"]) in want] if out_path.exists() else []
-    result.summary = _summarise(result.records)
+    result.summary = summarise(result.records)
     return result
 
 

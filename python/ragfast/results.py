@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from ragfast.errors import DataError
 
@@ -297,3 +297,13 @@ def strip_timing(obj: Any, fields: Iterable[str] = TIMING_FIELDS) -> Any:
     if isinstance(obj, list):
         return [strip_timing(v, drop) for v in obj]
     return obj
+
+
+def summarise(records: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """EM, F1, searches per question and question count over finished results records."""
+    n = len(records)
+    if n == 0:
+        return {"questions": 0, "em": 0.0, "f1": 0.0, "searches_per_question": 0.0}
+    return {"questions": n, "em": sum(float(r["em"]) for r in records) / n,
+            "f1": sum(float(r["f1"]) for r in records) / n,
+            "searches_per_question": sum(int(r["searches"]) for r in records) / n}

@@ -13,6 +13,7 @@ from typing import Any, Optional, Sequence
 import typer
 
 from ragfast.errors import ConfigError
+from ragfast.results import summarise
 
 run_app = typer.Typer(help="Run a multi-round RAG pipeline over a QA file (results as JSONL, resumable).",
                       no_args_is_help=True)
@@ -86,16 +87,6 @@ def make_retriever(spec: str, questions: Sequence[Any], *, corpus: str | None = 
 
         return load_retriever(_corpus(), p, device=device, progress=progress)
     raise ConfigError(f"--retriever {spec!r} is not 'default', 'bm25', an existing index path or an http(s) URL")
-
-
-def summarise(records: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """EM, F1, searches/question and question count over finished results records."""
-    n = len(records)
-    if n == 0:
-        return {"questions": 0, "em": 0.0, "f1": 0.0, "searches_per_question": 0.0}
-    return {"questions": n, "em": sum(float(r["em"]) for r in records) / n,
-            "f1": sum(float(r["f1"]) for r in records) / n,
-            "searches_per_question": sum(int(r["searches"]) for r in records) / n}
 
 
 def _abs_if_path(spec: str | None) -> str | None:
