@@ -103,6 +103,8 @@ class BenchConfig:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
         if not 0 < self.min_precision <= 1:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
+        if self.judge == "none" and "s2g" in self.methods:
+            raise ConfigError("S2G needs a judge: drop --judge none, or leave s2g out with --method")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
 
