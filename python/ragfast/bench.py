@@ -217,7 +217,6 @@ class Slots:
     generator_info: dict[str, Any]
     judge: Any
     nli: Any
-    encoder_info: dict[str, Any]
 
 
 def _select(questions: list[Question], offset: int, limit: int | None) -> list[Question]:
@@ -284,7 +283,7 @@ def _generator_factory(cfg: BenchConfig) -> tuple[Callable[[], Any], dict[str, A
     return make, slot_entry(g)
 
 
-def build_slots(cfg: BenchConfig, console: Any = None) -> Slots:
+def build_slots(cfg: BenchConfig) -> Slots:
     """Load data and build every slot (encoder/index, reasoner, judge, NLI) once."""
     from ragfast.data import load_qa
 
@@ -295,8 +294,7 @@ def build_slots(cfg: BenchConfig, console: Any = None) -> Slots:
     make_gen, gen_info = _generator_factory(cfg)
     judge = build_judge(cfg) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
     nli = build_nli(cfg) if "stepgap" in cfg.methods else None
-    enc_info = retriever.describe() if hasattr(retriever, "describe") else {"name": str(cfg.encoder)}
-    return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli, enc_info)
+    return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli)
 
 
 def build_judge(cfg: BenchConfig):
@@ -745,7 +743,7 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with console.status("loading data and building slots (first run embeds the corpus; later runs reuse the cache)"):
-        slots = build_slots(cfg, console)
+        slots = build_slots(cfg)
     slot_info = {
         "reasoner": slots.generator_info,
         "retriever": _retriever_slot(slots.retriever),
