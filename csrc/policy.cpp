@@ -13,11 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "isa.h"
+#include "policy_common.h"
 #include "registry.h"
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
 
 namespace py = pybind11;
 
@@ -128,45 +127,12 @@ static inline uint64_t bounded(uint64_t z, uint64_t n) {
   return static_cast<uint64_t>((static_cast<unsigned __int128>(z) * n) >> 64);
 }
 
-// Micro-tile of the resample-mean product out[k, r] = sum_i D[k, i] * C[r, i] / n: 8 resamples
-// (one 512-bit vector of counts) times 12 rows of D (12 accumulators), streamed over i.
-static constexpr int64_t kRB = 8;
-static constexpr int64_t kKT = 12;
+// Micro-tile of the resample-mean product (see policy_common.h), portable version.
+using policy_common::kKT;
+using policy_common::kRB;
 
-static inline void tile_kernel(const double* CT, const double* DT, int64_t n, int64_t Kp, int64_t k0,
+static void tile_kernel(const double* CT, const double* DT, int64_t n, int64_t Kp, int64_t k0,
                                double* acc /* [kKT][kRB] */) {
-#ifdef __AVX512F__
-  __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0, a8 = a0,
-          a9 = a0, a10 = a0, a11 = a0;
-  for (int64_t i = 0; i < n; ++i) {
-    const __m512d c = _mm512_loadu_pd(CT + i * kRB);
-    const double* d = DT + i * Kp + k0;
-    a0 = _mm512_fmadd_pd(_mm512_set1_pd(d[0]), c, a0);
-    a1 = _mm512_fmadd_pd(_mm512_set1_pd(d[1]), c, a1);
-    a2 = _mm512_fmadd_pd(_mm512_set1_pd(d[2]), c, a2);
-    a3 = _mm512_fmadd_pd(_mm512_set1_pd(d[3]), c, a3);
-    a4 = _mm512_fmadd_pd(_mm512_set1_pd(d[4]), c, a4);
-    a5 = _mm512_fmadd_pd(_mm512_set1_pd(d[5]), c, a5);
-    a6 = _mm512_fmadd_pd(_mm512_set1_pd(d[6]), c, a6);
-    a7 = _mm512_fmadd_pd(_mm512_set1_pd(d[7]), c, a7);
-    a8 = _mm512_fmadd_pd(_mm512_set1_pd(d[8]), c, a8);
-    a9 = _mm512_fmadd_pd(_mm512_set1_pd(d[9]), c, a9);
-    a10 = _mm512_fmadd_pd(_mm512_set1_pd(d[10]), c, a10);
-    a11 = _mm512_fmadd_pd(_mm512_set1_pd(d[11]), c, a11);
-  }
-  _mm512_storeu_pd(acc + 0 * kRB, a0);
-  _mm512_storeu_pd(acc + 1 * kRB, a1);
-  _mm512_storeu_pd(acc + 2 * kRB, a2);
-  _mm512_storeu_pd(acc + 3 * kRB, a3);
-  _mm512_storeu_pd(acc + 4 * kRB, a4);
-  _mm512_storeu_pd(acc + 5 * kRB, a5);
-  _mm512_storeu_pd(acc + 6 * kRB, a6);
-  _mm512_storeu_pd(acc + 7 * kRB, a7);
-  _mm512_storeu_pd(acc + 8 * kRB, a8);
-  _mm512_storeu_pd(acc + 9 * kRB, a9);
-  _mm512_storeu_pd(acc + 10 * kRB, a10);
-  _mm512_storeu_pd(acc + 11 * kRB, a11);
-#else
   for (int64_t t = 0; t < kKT * kRB; ++t) acc[t] = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const double* c = CT + i * kRB;
@@ -174,7 +140,20 @@ static inline void tile_kernel(const double* CT, const double* DT, int64_t n, in
     for (int64_t kk = 0; kk < kKT; ++kk)
       for (int64_t j = 0; j < kRB; ++j) acc[kk * kRB + j] += d[kk] * c[j];
   }
+}
+
+// The tile kernel of the ISA level in use (csrc/isa.cpp): AVX-512 / AVX2 builds live in their
+// own translation units (csrc/isa/policy_<level>.cpp); this file holds the portable one.
+using TileFn = void (*)(const double*, const double*, int64_t, int64_t, int64_t, double*);
+TileFn pick_tile_kernel() {
+  switch (isa::current()) {
+#ifdef RAGFAST_X86_LEVELS
+    case isa::kAvx2: return &policy_common::tile_kernel_avx2;
+    case isa::kAvx512:
+    case isa::kAvx512Bf16: return &policy_common::tile_kernel_avx512;
 #endif
+    default: return &tile_kernel;
+  }
 }
 
 // diffs: [K, n] (any strides) or [n]. Every row is resampled with the SAME question indices in
@@ -213,6 +192,7 @@ py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resa
   const uint64_t key = mix64(seed + kGolden);
   const int64_t nblocks = (n_resamples + kRB - 1) / kRB;
   const bool par = nblocks > 1 && n * Kp * n_resamples > kParallelWork;
+  const TileFn tile = pick_tile_kernel();
   {
     py::gil_scoped_release release;
 #pragma omp parallel if (par)
@@ -233,7 +213,7 @@ py::array_t<double> bootstrap_means(py::array_t<double, 0> diffs, int64_t n_resa
           }
         }
         for (int64_t k0 = 0; k0 < Kp; k0 += kKT) {
-          tile_kernel(CT.data(), DT.data(), n, Kp, k0, acc);
+          tile(CT.data(), DT.data(), n, Kp, k0, acc);
           const int64_t kend = std::min<int64_t>(kKT, K - k0);
           for (int64_t kk = 0; kk < kend; ++kk)
             for (int64_t j = 0; j < nr; ++j) O[(k0 + kk) * n_resamples + r0 + j] = acc[kk * kRB + j] * inv_n;

@@ -272,3 +272,34 @@ def test_threshold_curve_against_loop(backend):
     assert cur.stops[-1] == 0 and cur.d_em[-1] == 0 and cur.d_em_low[-1] == 0 and cur.d_em_high[-1] == 0
     assert bool(cur.non_inferior[-1])
     assert len(cur.rows()) == 4
+
+
+# -- every ISA level of the bootstrap tile kernel ------------------------------------------------
+
+LEVELS = list(__import__("ragfast._C", fromlist=["isa_info"]).isa_info()["supported"]) if HAS_CPP else []
+
+
+def _boot_at(level, d, R, seed):
+    from ragfast import _C
+
+    before = _C.isa_info()["chosen"]
+    _C.set_isa(level)
+    try:
+        return bootstrap_means(d, R, seed, backend="cpp")
+    finally:
+        _C.set_isa(before)
+
+
+@needs_cpp
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("K,n,R", [(1, 1, 1), (3, 17, 9), (13, 101, 33), (25, 64, 8)])
+def test_bootstrap_every_isa_level_agrees(level, K, n, R):
+    # the compiled generator is the same at every level; only the tile kernel differs (FMA or
+    # not), so the means agree to rounding with the portable level and with a direct check
+    rng = np.random.default_rng(K * 1000 + n)
+    d = rng.normal(size=(K, n))
+    got = _boot_at(level, d, R, 11)
+    np.testing.assert_allclose(got, _boot_at("generic", d, R, 11), rtol=0, atol=1e-12)
+    # one-question case: every resample mean is that question's value
+    one = _boot_at(level, d[:, :1], R, 5)
+    np.testing.assert_allclose(one, np.repeat(d[:, :1], R, axis=1), rtol=0, atol=1e-15)

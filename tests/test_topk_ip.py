@@ -23,6 +23,14 @@ HAS_TRITON = available()["triton"]
 needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="ragfast._C not built")
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not usable here (no GPU, TRITON_INTERPRET unset)")
 
+if HAS_CPP:
+    from ragfast import _C
+
+    # every ISA level compiled into this build that this CPU runs (e.g. generic, avx2, avx512...)
+    LEVELS = list(_C.isa_info()["supported"])
+else:
+    LEVELS = []
+
 POISON_S = float("nan")
 POISON_I = -7777
 
@@ -128,12 +136,22 @@ def test_cpp_packed_path_large_batches(B, N, d):
         assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d))
 
 
+@pytest.fixture(params=LEVELS or ["none"])
+def isa(request):
+    """Run the test at each ISA level this build carries and this CPU supports."""
+    if not HAS_CPP:
+        pytest.skip("ragfast._C not built")
+    before = _C.isa_info()["chosen"] or "auto"
+    assert _C.set_isa(request.param) == request.param
+    yield request.param
+    _C.set_isa(before)
+
+
 @pytest.fixture
 def force_path():
-    """Force the C++ kernel choice (stream / query-major / packed) for every storage kind."""
-    from ragfast import _C
-
-    saved = _C.topk_ip_paths()
+    """Force the C++ kernel choice (stream / query-major / packed) for every storage kind, at
+    the ISA level in use when ``force`` is called."""
+    saved = {lvl: _C.topk_ip_paths(isa=lvl) for lvl in _C.isa_info()["compiled"]}
     big = 1 << 30
 
     def force(path):
@@ -146,13 +164,14 @@ def force_path():
         return _C.topk_ip_paths()["path_at_1_4_16_64_256"]
 
     yield force
-    _C.topk_ip_paths({"qmajor_min": saved["qmajor_min"], "packed_min": saved["packed_min"]})
+    for lvl, p in saved.items():
+        _C.topk_ip_paths({"qmajor_min": p["qmajor_min"], "packed_min": p["packed_min"]}, isa=lvl)
 
 
 @needs_cpp
 @pytest.mark.parametrize("path", ["stream", "qmajor", "packed"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
-def test_cpp_every_kernel_path(force_path, path, dtype):
+def test_cpp_every_kernel_path(isa, force_path, path, dtype):
     chosen = force_path(path)
     assert len(set(chosen[0])) == 1  # the same path at every batch size
     for B, N, d, k in [(1, 19, 7, 5), (5, 123, 33, 10), (19, 989, 384, 10), (40, 301, 66, 7), (17, 100, 1, 3),
@@ -188,7 +207,9 @@ def test_triton_fp16_storage_and_semantics():
 # ----------------------------------------------------------------------------- ties, strides
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_ties_broken_by_lower_id(backend):
+def test_ties_broken_by_lower_id(backend, isa):
+    if backend == "triton" and isa != (LEVELS or ["none"])[0]:
+        pytest.skip("the ISA level only concerns the C++ backend")
     if not available()[backend]:
         pytest.skip(f"{backend} not available")
     # small integers: every dot product is exact, so many scores tie exactly
@@ -203,7 +224,9 @@ def test_ties_broken_by_lower_id(backend):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_strided_inputs(backend):
+def test_strided_inputs(backend, isa):
+    if backend == "triton" and isa != (LEVELS or ["none"])[0]:
+        pytest.skip("the ISA level only concerns the C++ backend")
     if not available()[backend]:
         pytest.skip(f"{backend} not available")
     big_q, big_c = rand(9, 70), rand(600, 90)
@@ -292,7 +315,7 @@ def test_agrees_with_faiss_flat_ip():
 @needs_cpp
 @pytest.mark.parametrize("dtype", ["fp16", "bf16", "int8"])
 @pytest.mark.parametrize("B", [1, 5, 30])
-def test_quantized_exact_with_full_oversample(dtype, B):
+def test_quantized_exact_with_full_oversample(dtype, B, isa):
     # With the approximate pass fetching every row, the re-scored result is exactly the
     # reference over the stored vectors (bf16, the int8 re-score copy): checks the kernels'
     # bookkeeping independently of their precision.
@@ -312,7 +335,7 @@ def recall_at(ids, truth):
 
 
 @needs_cpp
-def test_low_precision_recall_random_unit():
+def test_low_precision_recall_random_unit(isa):
     N, d, B = 20_000, 384, 48
     c, q = unit(N, d), unit(B, d)
     _, truth = topk_ip(q, c, 10, backend="cpp")
@@ -456,12 +479,20 @@ except ImportError:  # pragma: no cover
 
 if given is not None and HAS_CPP:
 
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=60, deadline=None)
     # B up to 40 reaches every default kernel switch point (stream / query-major / packed)
     @given(B=st.integers(1, 40), N=st.integers(1, 300), d=st.integers(1, 70), kfrac=st.floats(0, 1),
            seed=st.integers(0, 2**31 - 1), dtype=st.sampled_from(["fp32", "fp16", "bf16", "int8"]),
-           n_ex=st.integers(0, 5), use_min=st.booleans())
-    def test_property_cpp_equals_reference(B, N, d, kfrac, seed, dtype, n_ex, use_min):
+           n_ex=st.integers(0, 5), use_min=st.booleans(), level=st.sampled_from(LEVELS))
+    def test_property_cpp_equals_reference(B, N, d, kfrac, seed, dtype, n_ex, use_min, level):
+        before = _C.isa_info()["chosen"]
+        _C.set_isa(level)
+        try:
+            _property_case(B, N, d, kfrac, seed, dtype, n_ex, use_min)
+        finally:
+            _C.set_isa(before)
+
+    def _property_case(B, N, d, kfrac, seed, dtype, n_ex, use_min):
         k = max(1, int(round(kfrac * N)))
         q, c = rand(B, d, seed=seed), rand(N, d, seed=seed + 1)
         corpus = c if dtype == "fp32" else quantize(c, dtype, oversample=N)

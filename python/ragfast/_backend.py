@@ -126,7 +126,8 @@ def backends() -> dict[str, Any]:
         ``available``: backend -> bool; ``ops``: op -> {"implementations": [...],
         "default": backend}; ``override``: the ``RAGFAST_BACKEND`` value or None;
         ``triton``: why triton is or is not usable; ``build``: ``ragfast._C.build_info()``
-        or None.
+        or None; ``isa``: ``ragfast._C.isa_info()`` (ISA levels compiled in, supported by this
+        CPU, the one chosen and why; set ``RAGFAST_ISA`` to force one) or None.
     """
     _ensure_ops_loaded()
     c = _cpp_module()
@@ -135,6 +136,7 @@ def backends() -> dict[str, Any]:
         "override": _env_backend(),
         "triton": _triton_status()[1],
         "build": dict(c.build_info()) if c is not None else None,
+        "isa": dict(c.isa_info()) if c is not None else None,
         "ops": {
             op: {"implementations": sorted(impls), "default": default_backend(op)}
             for op, impls in sorted(_REGISTRY.items())

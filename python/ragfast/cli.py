@@ -70,7 +70,16 @@ def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     out.print(f"triton: {info['triton']}")
     if info["build"]:
         b = info["build"]
-        out.print(f"_C build: openmp={b['openmp']} threads={b['max_threads']} isa={','.join(b['isa'])}")
+        out.print(f"_C build: openmp={b['openmp']} threads={b['max_threads']} native={b.get('native', False)}")
+    isa = info.get("isa")
+    if isa:
+        missing = "; ".join(f"{lvl} lacks {', '.join(f)}" for lvl, f in isa["missing"].items())
+        out.print(f"ISA levels compiled: {', '.join(isa['compiled'])}; this CPU runs: {', '.join(isa['supported'])}"
+                  + (f" ({missing})" if missing else ""))
+        if isa["chosen"]:
+            out.print(f"ISA level chosen: {isa['chosen']} ({isa['reason']})")
+        else:
+            out.print(f"[bold red]ISA level refused:[/] {isa['error']}")
     t = Table(title="ops")
     t.add_column("op")
     t.add_column("implementations")

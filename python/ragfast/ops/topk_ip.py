@@ -10,12 +10,16 @@ Corpus storage: a float32/float16/bfloat16 tensor, or a :class:`QuantizedCorpus`
 :func:`quantize` (fp16, bf16, or int8 with a per-vector scale).
 
 Backends (``ragfast._backend``): ``ref`` (torch, the oracle and fallback), ``cpp``
-(``ragfast._C.topk_ip``: OpenMP + AVX-512 FMA / BF16 / VNNI), ``triton``
-(``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16 storage).
+(``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512
+with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
+``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16
+storage). By default on CPU a measured table picks, per level, storage and batch size, between
+the compiled kernels and torch mm + topk (:mod:`ragfast.ops.topk_ip_choice`).
 """
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -23,6 +27,7 @@ import numpy as np
 import torch
 
 from ragfast._backend import register, resolve
+from ragfast.ops.topk_ip_choice import choose as choose_path
 
 __all__ = [
     "QuantizedCorpus",
@@ -32,6 +37,8 @@ __all__ = [
     "RetrieveStep",
     "retrieve_step",
     "retrieve_step_ref",
+    "default_path",
+    "topk_ip_torch",
 ]
 
 _STORAGE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
@@ -374,6 +381,66 @@ def _cpp_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclude:
     return scores, ids
 
 
+# ----------------------------------------------------------------------------- torch path
+
+
+def _torch_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclude: torch.Tensor | None):
+    """mm + topk with the reference's semantics: the same score matrix as :func:`topk_ip_ref`
+    (so the same scores), selected by ``torch.topk`` instead of a full sort. ``topk`` does not
+    order equal scores by id, so the k results are re-sorted by (score desc, id asc), and a row
+    whose k-th and (k+1)-th scores tie (the cut could have kept a higher id) is redone with the
+    reference's stable sort."""
+    s = q.float() @ _dense(corpus).to(q.device).T
+    if exclude is not None:
+        rows = torch.arange(q.shape[0], device=s.device)[:, None].expand_as(exclude)
+        keep = exclude >= 0
+        s[rows[keep], exclude[keep]] = -math.inf
+    s.masked_fill_(torch.isnan(s), -math.inf)
+    if min_score is not None:
+        s.masked_fill_(s < min_score, -math.inf)
+    N = s.shape[1]
+    kk = min(k + 1, N)
+    vals, idx = torch.topk(s, kk, dim=1)
+    if kk > k:
+        cut_tie = (vals[:, k - 1] == vals[:, k]) & (vals[:, k - 1] > -math.inf)
+        vals, idx = vals[:, :k], idx[:, :k]
+    else:
+        cut_tie = None
+    # (score desc, id asc): sort by id, then a stable sort by score
+    o = torch.argsort(idx, dim=1)
+    vals, idx = vals.gather(1, o), idx.gather(1, o)
+    o = torch.sort(vals, dim=1, descending=True, stable=True).indices
+    vals, idx = vals.gather(1, o).contiguous(), idx.gather(1, o).contiguous()
+    if cut_tie is not None and bool(cut_tie.any()):
+        rows = torch.nonzero(cut_tie).reshape(-1)
+        rv, ri = _select(s[rows], k, None)
+        vals[rows], idx[rows] = rv, ri
+    return vals, idx.masked_fill(vals == -math.inf, -1)
+
+
+def topk_ip_torch(queries: Any, corpus: Any, k: int, *, min_score: float | None = None,
+                  exclude: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`topk_ip` through torch mm + topk, the path the default chooser takes where it is
+    faster than the compiled kernels. Same parameters and results as :func:`topk_ip_ref`."""
+    q, corpus, k, min_score, ex = _validate(queries, corpus, k, min_score, exclude)
+    if q.shape[0] == 0:
+        return torch.empty((0, k), dtype=torch.float32), torch.empty((0, k), dtype=torch.int64)
+    return _torch_impl(q, corpus, k, min_score, ex)
+
+
+def default_path(batch: int, storage: str = "fp32"):
+    """What :func:`topk_ip` runs by default on this machine for ``batch`` queries over
+    ``storage``: a :class:`~ragfast.ops.topk_ip_choice.Choice` (compiled kernels at the ISA
+    level in use, or torch mm + topk), or None when the compiled backend is not available."""
+    from ragfast._backend import available
+
+    if not available()["cpp"]:
+        return None
+    from ragfast import _C
+
+    return choose_path(_C.isa_current(), storage, batch)
+
+
 # ----------------------------------------------------------------------------- Triton backend
 
 
@@ -421,6 +488,9 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
         tensor uses -1 as padding; duplicates are fine. Ids must lie in ``[0, N)``.
     backend : {"ref", "cpp", "triton"}, optional
         Implementation; default from ``RAGFAST_BACKEND`` or the device (see ``ragfast.backends()``).
+        On CPU with neither set, the call takes the compiled kernels or torch mm + topk,
+        whichever the measured table (:mod:`ragfast.ops.topk_ip_choice`) says is faster for
+        this ISA level, storage and batch size; ``backend="cpp"`` forces the kernels.
     out : (torch.Tensor, torch.Tensor), optional
         Preallocated contiguous ``[B, k]`` float32 scores and int64 ids to write into.
 
@@ -451,6 +521,14 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
                 or i_out.dtype != torch.int64 or not s_out.is_contiguous() or not i_out.is_contiguous()):
             raise ValueError(f"out must be contiguous ([{B}, {k}] float32, [{B}, {k}] int64) tensors")
     name, fn = resolve("topk_ip", backend, q.device.type)
+    if name == "cpp" and backend is None and not os.environ.get("RAGFAST_BACKEND") and B > 0 \
+            and q.device.type == "cpu":
+        # default path: the compiled kernels or torch mm + topk, whichever the measured table
+        # says is faster here (topk_ip_choice); naming backend="cpp" forces the kernels
+        from ragfast import _C
+
+        if choose_path(_C.isa_current(), _corpus_info(corpus)[2], B).path == "torch":
+            name, fn = "torch", _torch_impl
     if B == 0:
         s, i = torch.empty((0, k), dtype=torch.float32, device=q.device), torch.empty((0, k), dtype=torch.int64, device=q.device)
     elif name == "cpp":

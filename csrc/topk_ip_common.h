@@ -1,0 +1,85 @@
+// Types shared by the topk_ip dispatcher (csrc/topk_ip.cpp) and its per-ISA kernel translation
+// units (csrc/isa/topk_ip_<level>.cpp, each compiled with its own -m flags).
+//
+// Everything here is plain data with no inline functions: a type or inline function defined
+// in several translation units compiled with different target flags would be merged by the
+// linker into one copy, possibly the AVX-512 one, and then run on a CPU without AVX-512. The
+// kernels themselves live in an anonymous namespace per level (csrc/topk_ip_kernels.h), so
+// each level keeps its own copy; the only symbol a level exports is its `Kernels` table.
+#pragma once
+#include <cstdint>
+
+namespace ragfast {
+namespace topk_ip_common {
+
+enum Kind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
+enum Path : int { kStream = 0, kQmajor = 1, kPacked = 2, kScalar = 3 };
+constexpr int kTile = 64;  // rows per packed tile
+
+struct Hit {
+  float s;
+  int64_t id;
+};
+
+// Running top-`cap` of one query inside one thread, kept sorted best-first. `thr` is the score a
+// candidate must reach: the floor (min_score or -inf) until the list is full, then its worst.
+struct TopK {
+  Hit* h;
+  int n, cap;
+  float thr;
+  const int64_t* ex;  // sorted, unique excluded ids
+  int nex;
+};
+
+// One search, with its queries prepared by the dispatcher in the layouts the level asked for.
+struct Problem {
+  int64_t B, N, d;
+  int kind;
+  const float* q;        // [B, d] contiguous fp32
+  const char* base;      // corpus storage
+  int64_t rs;            // row stride in elements of the storage type
+  int esize;
+  const float* scale;    // int8
+  const int32_t* rowsum;  // int8
+  int64_t qs;            // stride of qf (floats), padded to 16
+  const float* qf;       // fp32 copy, zero padded
+  int64_t qs16;          // stride of qh in uint16, padded to 32
+  const uint16_t* qh;    // bf16 queries
+  int64_t qs8;           // stride of qb in bytes, padded to 64
+  const uint8_t* qb;     // int8 queries + 128 (VNNI: unsigned x signed)
+  int64_t qsw;           // stride of qw in int16, padded to 32
+  const int16_t* qw;     // int8 query codes widened to int16 (AVX2 vpmaddwd)
+  const float* qdeq;     // int8 query dequantisation factor per query (padded to Bp)
+  bool qmajor;
+  int64_t Bp;            // B rounded up to 16
+  const uint32_t* qt;    // query-major [depth][Bp]: fp32 bits, a bf16 pair or four int8 codes
+};
+
+// Batch sizes from which a level switches kernel, per storage kind (fp32, fp16, bf16, int8).
+struct Paths {
+  int64_t qmajor_min[4];
+  int64_t packed_min[4];
+};
+
+// What one ISA level provides. Constant-initialised (no static constructor runs any code).
+struct Kernels {
+  const char* name;
+  Paths defaults;
+  int (*choose_path)(int kind, int64_t B, const Paths& paths);
+  int (*qmajor_per)(int kind);  // depth elements per 32-bit word of the query-major layout
+  int64_t (*scratch_floats)(const Problem& p, int path);
+  void (*scan)(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch);
+  float (*dot_exact)(const float* q, const void* row, int kind, int d, float scale);
+};
+
+extern const Kernels kernels_generic;
+#ifdef RAGFAST_X86_LEVELS
+extern const Kernels kernels_avx2;
+extern const Kernels kernels_avx512;
+#ifdef RAGFAST_HAVE_AVX512BF16
+extern const Kernels kernels_avx512bf16;
+#endif
+#endif
+
+}  // namespace topk_ip_common
+}  // namespace ragfast

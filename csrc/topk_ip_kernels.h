@@ -1,0 +1,1193 @@
+// topk_ip kernel bodies for one ISA level. Included once by each csrc/isa/topk_ip_<level>.cpp,
+// which is compiled with that level's target flags and defines TK_TABLE (the exported table's
+// name) and TK_NAME; TK_GENERIC forces the portable path whatever the flags.
+//
+// Everything is in an anonymous namespace (internal linkage), and no std:: template is used on
+// shared types, so nothing compiled here can be merged by the linker with another level's copy
+// (an AVX-512 copy of a helper must never be what the AVX2 or generic level calls).
+//
+// Kernel families (see csrc/topk_ip.cpp for the driver):
+//  * stream: QB queries x RB rows, dot along d, split accumulators for 1-2 queries;
+//  * packed: a 64-row tile transposed once, reused by every block of queries (GEMM-style);
+//  * query-major (AVX-512 only): 16 queries per vector, corpus elements broadcast.
+// AVX-512 uses BF16 vdpbf16ps and VNNI vpdpbusd where the level has them (approximate first
+// passes, re-scored exactly by the driver); AVX2 widens fp16/bf16 to fp32 in registers and
+// scores int8 with vpmaddwd on sign-extended int16 (16-bit products summed in pairs into
+// int32: 2 * 127 * 127 per lane per step, no saturation possible).
+#include "topk_ip_common.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if !defined(TK_GENERIC) && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && \
+    defined(__AVX512DQ__)
+#define TK_SIMD 1
+#elif !defined(TK_GENERIC) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define TK_AVX2 1
+#endif
+#if defined(TK_SIMD) && defined(__AVX512BF16__)
+#define TK_BF16 1
+#endif
+#if defined(TK_SIMD) && defined(__AVX512VNNI__)
+#define TK_VNNI 1
+#endif
+#if defined(TK_SIMD) || defined(TK_AVX2)
+#include <immintrin.h>
+#endif
+
+namespace ragfast {
+namespace topk_ip_common {
+namespace {
+
+constexpr float kNegInf = -__builtin_inff();
+constexpr float kInf = __builtin_inff();
+
+inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
+inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+inline bool better(float s1, int64_t i1, float s2, int64_t i2) { return s1 > s2 || (s1 == s2 && i1 < i2); }
+
+inline bool excluded(const TopK& t, int64_t id) {
+  int64_t lo = 0, hi = t.nex;  // binary search in the sorted exclusion list
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (t.ex[mid] < id) lo = mid + 1; else hi = mid;
+  }
+  return lo < t.nex && t.ex[lo] == id;
+}
+
+void tk_insert(TopK& t, float s, int64_t id) {
+  if (s == kNegInf) return;  // -inf marks an empty slot, never a hit
+  if (t.n == t.cap && !better(s, id, t.h[t.n - 1].s, t.h[t.n - 1].id)) return;
+  if (t.nex && excluded(t, id)) return;
+  int j = t.n < t.cap ? t.n++ : t.cap - 1;
+  while (j > 0 && better(s, id, t.h[j - 1].s, t.h[j - 1].id)) {
+    t.h[j] = t.h[j - 1];
+    --j;
+  }
+  t.h[j] = Hit{s, id};
+  if (t.n == t.cap) t.thr = t.h[t.cap - 1].s;
+}
+
+inline void tk_push(TopK& t, float s, int64_t id) {
+  if (!(s >= t.thr)) return;  // the common case; also rejects NaN
+  tk_insert(t, s, id);
+}
+
+inline const char* row_of(const Problem& p, int64_t r) { return p.base + (r * p.rs) * p.esize; }
+
+// ---------------------------------------------------------------------------- scalar helpers
+
+inline float half_to_float(uint16_t h) {
+  uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (man == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      int e = -1;
+      do {
+        ++e;
+        man <<= 1;
+      } while (!(man & 0x400));
+      bits = sign | uint32_t(127 - 15 - e) << 23 | (man & 0x3ff) << 13;
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000u | man << 13;
+  } else {
+    bits = sign | (exp + 127 - 15) << 23 | man << 13;
+  }
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+inline float bf16_to_float(uint16_t h) {
+  uint32_t bits = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+
+#if defined(TK_AVX2)
+// ---------------------------------------------------------------------------- AVX2 helpers
+
+inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+inline int32_t hsum8i(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Eight consecutive elements of a row as fp32 (fp32; fp16 through F16C; bf16 by a 16-bit shift;
+// int8 codes). With n < 8 only the first n are read (never past the row), the rest are 0.
+template <int KIND>
+inline __m256 load8(const char* row, int64_t j, int64_t n) {
+  if (KIND == kF32) {
+    const float* r = reinterpret_cast<const float*>(row) + j;
+    if (n >= 8) return _mm256_loadu_ps(r);
+    float buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::memcpy(buf, r, size_t(n) * 4);
+    return _mm256_loadu_ps(buf);
+  } else if (KIND == kF16 || KIND == kBF16) {
+    const uint16_t* r = reinterpret_cast<const uint16_t*>(row) + j;
+    __m128i h;
+    if (n >= 8) {
+      h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r));
+    } else {
+      uint16_t buf[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      std::memcpy(buf, r, size_t(n) * 2);
+      h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+    }
+    if (KIND == kF16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+  } else {
+    const int8_t* r = reinterpret_cast<const int8_t*>(row) + j;
+    int64_t v = 0;
+    std::memcpy(&v, r, size_t(n >= 8 ? 8 : n));
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(v)));
+  }
+}
+#endif
+
+// Exact fp32 dot of a query (unpadded, d floats) with one stored row (dequantised by `scale`
+// for int8): the re-scoring of approximate candidates.
+float dot_exact_simd(const float* q, const void* row, int kind, int d, float scale) {
+#if defined(TK_SIMD)
+  __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+  int j = 0;
+  auto load = [&](int jj, __mmask16 m) -> __m512 {
+    switch (kind) {
+      case kF32:
+        return _mm512_maskz_loadu_ps(m, static_cast<const float*>(row) + jj);
+      case kF16:
+        return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + jj));
+      case kBF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(row) + jj)), 16));
+      default:
+        return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, static_cast<const int8_t*>(row) + jj)));
+    }
+  };
+  for (; j + 32 <= d; j += 32) {
+    acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j), load(j, 0xffff), acc0);
+    acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(q + j + 16), load(j + 16, 0xffff), acc1);
+  }
+  for (; j < d; j += 16) {
+    __mmask16 m = d - j >= 16 ? __mmask16(0xffff) : __mmask16((1u << (d - j)) - 1);
+    acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, q + j), load(j, m), acc0);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#elif defined(TK_AVX2)
+  const char* r = static_cast<const char*>(row);
+  const char* qc = reinterpret_cast<const char*>(q);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+  int j = 0;
+  auto load = [&](int jj, int n) -> __m256 {
+    switch (kind) {
+      case kF32: return load8<kF32>(r, jj, n);
+      case kF16: return load8<kF16>(r, jj, n);
+      case kBF16: return load8<kBF16>(r, jj, n);
+      default: return load8<kI8>(r, jj, n);
+    }
+  };
+  for (; j + 16 <= d; j += 16) {
+    acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j), load(j, 8), acc0);
+    acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(q + j + 8), load(j + 8, 8), acc1);
+  }
+  for (; j < d; j += 8) acc0 = _mm256_fmadd_ps(load8<kF32>(qc, j, d - j), load(j, d - j), acc0);
+  float s = hsum8(_mm256_add_ps(acc0, acc1));
+#else
+  float s = 0.f;
+  for (int j = 0; j < d; ++j) {
+    float v;
+    switch (kind) {
+      case kF32: v = static_cast<const float*>(row)[j]; break;
+      case kF16: v = half_to_float(static_cast<const uint16_t*>(row)[j]); break;
+      case kBF16: v = bf16_to_float(static_cast<const uint16_t*>(row)[j]); break;
+      default: v = float(static_cast<const int8_t*>(row)[j]); break;
+    }
+    s += q[j] * v;
+  }
+#endif
+  return kind == kI8 ? s * scale : s;
+}
+
+// ---------------------------------------------------------------------------- generic scan
+// Portable and compiler-vectorised: each row is converted to fp32 once into `deq` (zero padded
+// to a multiple of 8), then dotted with every query in 8 independent partial sums, which the
+// compiler turns into SIMD at whatever the target's width is (SSE2, NEON, ...).
+
+void scan_generic(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* deq) {
+  const int64_t d = p.d, d8 = (d + 7) / 8 * 8;
+  for (int64_t j = d; j < d8; ++j) deq[j] = 0.f;
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* row = row_of(p, r);
+    switch (p.kind) {
+      case kF32: std::memcpy(deq, row, size_t(d) * 4); break;
+      case kF16:
+        for (int64_t j = 0; j < d; ++j) deq[j] = half_to_float(reinterpret_cast<const uint16_t*>(row)[j]);
+        break;
+      case kBF16:
+        for (int64_t j = 0; j < d; ++j) deq[j] = bf16_to_float(reinterpret_cast<const uint16_t*>(row)[j]);
+        break;
+      default: {
+        const float sc = p.scale[r];
+        for (int64_t j = 0; j < d; ++j) deq[j] = float(reinterpret_cast<const int8_t*>(row)[j]) * sc;
+      }
+    }
+    for (int64_t b = 0; b < p.B; ++b) {
+      const float* q = p.qf + b * p.qs;  // zero padded to a multiple of 16
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int64_t j = 0; j < d8; j += 8)
+        for (int u = 0; u < 8; ++u) acc[u] += q[j + u] * deq[j + u];
+      const float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+      tk_push(tk[b], s, r);
+    }
+  }
+}
+
+#ifdef TK_SIMD
+// ---------------------------------------------------------------------------- stream kernels
+// Scores of QB queries x RB consecutive rows, dot along d; RB independent accumulator chains per
+// query hide the FMA latency when QB is 1.
+
+inline __mmask16 m16(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1); }
+inline __mmask32 m32(int64_t n) { return n >= 32 ? __mmask32(0xffffffffu) : __mmask32((1u << n) - 1); }
+inline __mmask64 m64(int64_t n) { return n >= 64 ? ~__mmask64(0) : __mmask64((uint64_t(1) << n) - 1); }
+
+// Horizontal sums of 16 vectors at once: result lane p = sum of the lanes of v[p]. A shuffle
+// tree (15 adds, 30 shuffles) instead of 16 separate reductions (~8 ops each); with d = 384 and
+// one query the separate reductions cost about as much as the dot products themselves.
+// The tree yields lane 4j+e = sum(input 4e+j), so the inputs are fed transposed.
+inline __m512 as_ps(__m512 a) { return a; }
+inline __m512 as_ps(__m512i a) { return _mm512_castsi512_ps(a); }
+template <class V> inline V from_ps(__m512 a);
+template <> inline __m512 from_ps<__m512>(__m512 a) { return a; }
+template <> inline __m512i from_ps<__m512i>(__m512 a) { return _mm512_castps_si512(a); }
+
+template <class V, class Add>
+inline V reduce16_tree(const V* x, Add add) {
+  auto f4 = [](V a, V b, int imm) -> V {
+    __m512 fa = as_ps(a), fb = as_ps(b), r;
+    switch (imm) {
+      case 0x44: r = _mm512_shuffle_f32x4(fa, fb, 0x44); break;
+      case 0xEE: r = _mm512_shuffle_f32x4(fa, fb, 0xEE); break;
+      case 0x88: r = _mm512_shuffle_f32x4(fa, fb, 0x88); break;
+      default: r = _mm512_shuffle_f32x4(fa, fb, 0xDD); break;
+    }
+    return from_ps<V>(r);
+  };
+  auto f1 = [](V a, V b, bool even) -> V {
+    __m512 fa = as_ps(a), fb = as_ps(b);
+    __m512 r = even ? _mm512_shuffle_ps(fa, fb, 0x88) : _mm512_shuffle_ps(fa, fb, 0xDD);
+    return from_ps<V>(r);
+  };
+  V v[16];
+  for (int p = 0; p < 16; ++p) v[p] = x[(p % 4) * 4 + p / 4];  // transpose the 4x4 index grid
+  V s[8], u[4], w[2];
+  for (int i = 0; i < 8; ++i) s[i] = add(f4(v[2 * i], v[2 * i + 1], 0x44), f4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 4; ++i) u[i] = add(f4(s[2 * i], s[2 * i + 1], 0x88), f4(s[2 * i], s[2 * i + 1], 0xDD));
+  for (int i = 0; i < 2; ++i) w[i] = add(f1(u[2 * i], u[2 * i + 1], true), f1(u[2 * i], u[2 * i + 1], false));
+  return add(f1(w[0], w[1], true), f1(w[0], w[1], false));
+}
+inline __m512 reduce16(const __m512* x) {
+  return reduce16_tree<__m512>(x, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+inline __m512i reduce16(const __m512i* x) {
+  return reduce16_tree<__m512i>(x, [](__m512i a, __m512i b) { return _mm512_add_epi32(a, b); });
+}
+
+// Write the QB x RB sums of `acc` to out[b * RB + i].
+template <int QB, int RB>
+inline void finish_f(const __m512 (&acc)[QB][RB], float* out) {
+  if constexpr (QB * RB == 16) {
+    _mm512_storeu_ps(out, reduce16(&acc[0][0]));
+  } else {
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) out[b * RB + i] = _mm512_reduce_add_ps(acc[b][i]);
+  }
+}
+
+template <int KIND>
+inline __m512 load_f(const char* row, int64_t j, __mmask16 m, bool full) {
+  if (KIND == kF32) {
+    const float* r = reinterpret_cast<const float*>(row) + j;
+    return full ? _mm512_loadu_ps(r) : _mm512_maskz_loadu_ps(m, r);
+  } else if (KIND == kI8) {
+    const int8_t* r = reinterpret_cast<const int8_t*>(row) + j;
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(full ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r))
+                                                        : _mm_maskz_loadu_epi8(m, r)));
+  } else {
+    const uint16_t* r = reinterpret_cast<const uint16_t*>(row) + j;
+    __m256i h = full ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(r)) : _mm256_maskz_loadu_epi16(m, r);
+    if (KIND == kF16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+}
+
+// S > 1 splits d over S accumulator sets per (query, row): with one query, 4 rows x 4 splits
+// keep 16 FMA chains in flight while reading only 4 row streams. 16 row streams (RB = 16)
+// measured 1.7x slower on int8 at batch 1 (9.6 vs 5.6 ms per 200k rows at batch 4, which
+// reads 4 streams): the hardware prefetcher tracks few concurrent strided streams.
+template <int QB, int RB, int S, class V, class Add>
+inline void fold_splits(V (&acc)[S][QB][RB], Add add) {
+  for (int t = 1; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[0][b][i] = add(acc[0][b][i], acc[t][b][i]);
+}
+
+// fp32 / fp16 (and bf16 without AVX512_BF16): convert to fp32 in registers, FMA with fp32 query.
+template <int KIND, int QB, int RB, int S>
+inline void sk_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  __m512 acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_setzero_ps();
+  const char* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = row_of(p, r0 + i);
+  const float* q = p.qf + b0 * p.qs;
+  const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, __mmask16 m, bool full) {
+    __m512 rv[RB];
+    for (int i = 0; i < RB; ++i) rv[i] = load_f<KIND>(rows[i], j, m, full);
+    for (int b = 0; b < QB; ++b) {
+      __m512 qv = _mm512_loadu_ps(q + b * p.qs + j);  // zero padded past d
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_fmadd_ps(qv, rv[i], acc[t][b][i]);
+    }
+  };
+  int64_t j = 0;
+  for (; j + 16 * S <= d; j += 16 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 16 * t, 0, true);
+  for (; j + 16 <= d; j += 16) chunk(0, j, 0, true);
+  if (j < d) chunk(0, j, m16(d - j), false);
+  fold_splits<QB, RB, S>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
+  finish_f<QB, RB>(acc[0], out);
+  if constexpr (KIND == kI8)  // int8 without VNNI: codes widened to fp32, then the row scale
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) out[b * RB + i] *= p.scale[r0 + i];
+}
+
+#ifdef TK_BF16
+template <int QB, int RB, int S>
+inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  __m512 acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_setzero_ps();
+  const uint16_t* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const uint16_t*>(row_of(p, r0 + i));
+  const uint16_t* q = p.qh + b0 * p.qs16;
+  const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, bool full) {
+    __m512i rv[RB];
+    if (full) {
+      for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
+    } else {
+      __mmask32 m = m32(d - j);
+      for (int i = 0; i < RB; ++i) rv[i] = _mm512_maskz_loadu_epi16(m, rows[i] + j);
+    }
+    for (int b = 0; b < QB; ++b) {
+      __m512i qv = _mm512_loadu_si512(q + b * p.qs16 + j);
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm512_dpbf16_ps(acc[t][b][i], (__m512bh)qv, (__m512bh)rv[i]);
+    }
+  };
+  int64_t j = 0;
+  for (; j + 32 * S <= d; j += 32 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 32 * t, true);
+  for (; j + 32 <= d; j += 32) chunk(0, j, true);
+  if (j < d) chunk(0, j, false);
+  fold_splits<QB, RB, S>(acc, [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); });
+  finish_f<QB, RB>(acc[0], out);
+}
+#endif
+
+#ifdef TK_VNNI
+inline __m512i _mm512_rem_epu32_fallback(__m512i x, int m) { return _mm512_and_si512(x, _mm512_set1_epi32(m - 1)); }
+inline __m512i _mm512_div_fallback(__m512i x, int m) { return _mm512_srlv_epi32(x, _mm512_set1_epi32(__builtin_ctz(unsigned(m)))); }
+
+template <int QB, int RB, int S>
+inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  __m512i accs[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) accs[t][b][i] = _mm512_setzero_si512();
+  const int8_t* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const int8_t*>(row_of(p, r0 + i));
+  const uint8_t* q = p.qb + b0 * p.qs8;
+  const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, bool full) {
+    __m512i rv[RB];
+    if (full) {
+      for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
+    } else {
+      __mmask64 m = m64(d - j);
+      for (int i = 0; i < RB; ++i) rv[i] = _mm512_maskz_loadu_epi8(m, rows[i] + j);
+    }
+    for (int b = 0; b < QB; ++b) {
+      __m512i qv = _mm512_loadu_si512(q + b * p.qs8 + j);
+      for (int i = 0; i < RB; ++i) accs[t][b][i] = _mm512_dpbusd_epi32(accs[t][b][i], qv, rv[i]);
+    }
+  };
+  int64_t j = 0;
+  for (; j + 64 * S <= d; j += 64 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 64 * t, true);
+  for (; j + 64 <= d; j += 64) chunk(0, j, true);
+  if (j < d) chunk(0, j, false);
+  fold_splits<QB, RB, S>(accs, [](__m512i x, __m512i y) { return _mm512_add_epi32(x, y); });
+  auto& acc = accs[0];
+  if constexpr (QB * RB == 16) {
+    // lane L = (query L / RB, row L % RB): spread the per-row and per-query factors to match
+    const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i rowi = _mm512_rem_epu32_fallback(lane, RB), qi = _mm512_div_fallback(lane, RB);
+    __m512i rsum = _mm512_permutexvar_epi32(rowi, _mm512_maskz_loadu_epi32(__mmask16((1u << RB) - 1), p.rowsum + r0));
+    __m512 rsc = _mm512_permutexvar_ps(rowi, _mm512_maskz_loadu_ps(__mmask16((1u << RB) - 1), p.scale + r0));
+    __m512 qd = _mm512_permutexvar_ps(qi, _mm512_maskz_loadu_ps(__mmask16((1u << QB) - 1), p.qdeq + b0));
+    __m512i dot = _mm512_sub_epi32(reduce16(&acc[0][0]), _mm512_slli_epi32(rsum, 7));
+    _mm512_storeu_ps(out, _mm512_mul_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(rsc, qd)));
+  } else {
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) {
+        int64_t r = r0 + i;
+        int32_t dot = _mm512_reduce_add_epi32(acc[b][i]) - 128 * p.rowsum[r];
+        out[b * RB + i] = float(dot) * p.scale[r] * p.qdeq[b0 + b];
+      }
+  }
+}
+#endif
+
+template <int QB, int RB, int S>
+inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  switch (p.kind) {
+    case kF32: sk_float<kF32, QB, RB, S>(p, b0, r0, out); break;
+    case kF16: sk_float<kF16, QB, RB, S>(p, b0, r0, out); break;
+#ifdef TK_BF16
+    case kBF16: sk_bf16<QB, RB, S>(p, b0, r0, out); break;
+#else
+    case kBF16: sk_float<kBF16, QB, RB, S>(p, b0, r0, out); break;
+#endif
+#ifdef TK_VNNI
+    case kI8: sk_i8<QB, RB, S>(p, b0, r0, out); break;
+#else
+    case kI8: sk_float<kI8, QB, RB, S>(p, b0, r0, out); break;
+#endif
+    default: break;
+  }
+}
+
+template <int QB>
+void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
+  // 4 rows; QB x 4 x S >= 12 accumulators (independent FMA chains).
+  constexpr int RB = 4;
+  constexpr int S = QB == 1 ? 4 : QB == 2 ? 2 : 1;
+  alignas(64) float out[QB * RB];
+  int64_t r = r0;
+  for (; r + RB <= r1; r += RB) {
+    stream_block<QB, RB, S>(p, b0, r, out);
+    if constexpr (QB * RB == 16) {
+      // one vector compare against each lane's query threshold; pushes are rare
+      alignas(64) float thr[16];
+      for (int L = 0; L < 16; ++L) thr[L] = tk[b0 + L / RB].thr;
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_load_ps(out), _mm512_load_ps(thr), _CMP_GE_OQ);
+      while (m) {
+        const int L = __builtin_ctz(m);
+        m &= m - 1;
+        tk_push(tk[b0 + L / RB], out[L], r + L % RB);
+      }
+    } else {
+      for (int b = 0; b < QB; ++b)
+        for (int i = 0; i < RB; ++i) tk_push(tk[b0 + b], out[b * RB + i], r + i);
+    }
+  }
+  for (; r < r1; ++r) {
+    stream_block<QB, 1, S>(p, b0, r, out);
+    for (int b = 0; b < QB; ++b) tk_push(tk[b0 + b], out[b], r);
+  }
+}
+
+void scan_stream(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  // Rows in L1-sized tiles, all query blocks over one tile before the next: the corpus is read
+  // from memory once whatever B is.
+  const int64_t rowbytes = p.d * p.esize;
+  // a multiple of the 4-row micro-block, so only the range's last rows take the 1-row kernel
+  const int64_t tile = imax(8, imin(256, (24 << 10) / imax(rowbytes, 1))) / 4 * 4;
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t t1 = imin(r1, t0 + tile);
+    int64_t b = 0;
+    for (; b + 4 <= p.B; b += 4) stream_rows<4>(p, b, t0, t1, tk);
+    switch (p.B - b) {
+      case 3: stream_rows<3>(p, b, t0, t1, tk); break;
+      case 2: stream_rows<2>(p, b, t0, t1, tk); break;
+      case 1: stream_rows<1>(p, b, t0, t1, tk); break;
+      default: break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- packed kernels
+// A 64-row tile is transposed once into `P` (depth-major: for each depth step, 64 rows) and
+// reused by every query block. Depth step: 1 float (fp32/fp16/bf16-as-fp32), a pair of bf16,
+// or four int8 codes (one 32-bit lane each).
+
+// Whether the packed tile holds 32-bit lanes of several codes (bf16 pairs, int8 quads).
+bool packed_lanes(const Problem& p) {
+#ifdef TK_BF16
+  if (p.kind == kBF16) return true;
+#endif
+#ifdef TK_VNNI
+  if (p.kind == kI8) return true;
+#endif
+  (void)p;
+  return false;
+}
+
+int packed_depth(const Problem& p) {
+#ifdef TK_BF16
+  if (p.kind == kBF16) return int((p.d + 1) / 2);
+#endif
+#ifdef TK_VNNI
+  if (p.kind == kI8) return int((p.d + 3) / 4);
+#endif
+  return int(p.d);
+}
+
+void pack_tile(const Problem& p, int64_t t0, int rows, void* P) {
+  const int64_t d = p.d;
+  const int D = packed_depth(p);
+  if (packed_lanes(p)) {
+    uint32_t* out = static_cast<uint32_t*>(P);
+    const int per = p.kind == kBF16 ? 2 : 4;  // elements per 32-bit lane
+    const int es = p.esize;
+    for (int r = 0; r < kTile; ++r) {
+      if (r >= rows) {
+        for (int j = 0; j < D; ++j) out[j * kTile + r] = 0;
+        continue;
+      }
+      const char* row = row_of(p, t0 + r);
+      const int full = int(d / per);
+      for (int j = 0; j < full; ++j) {
+        uint32_t v;
+        std::memcpy(&v, row + int64_t(j) * 4, 4);
+        out[j * kTile + r] = v;
+      }
+      if (full < D) {
+        uint32_t v = 0;
+        std::memcpy(&v, row + int64_t(full) * 4, size_t((d - int64_t(full) * per) * es));
+        out[full * kTile + r] = v;
+      }
+    }
+    return;
+  }
+  float* out = static_cast<float*>(P);
+  for (int r = 0; r < kTile; ++r) {
+    if (r >= rows) {
+      for (int64_t j = 0; j < d; ++j) out[j * kTile + r] = 0.f;
+      continue;
+    }
+    const char* row = row_of(p, t0 + r);
+    if (p.kind == kF32) {
+      const float* x = reinterpret_cast<const float*>(row);
+      for (int64_t j = 0; j < d; ++j) out[j * kTile + r] = x[j];
+    } else {
+      // 16 at a time through the vector converters, then scattered by depth
+      alignas(64) float buf[16];
+      for (int64_t j = 0; j < d; j += 16) {
+        __mmask16 m = m16(d - j);
+        __m512 v = p.kind == kF16 ? load_f<kF16>(row, j, m, false)
+                  : p.kind == kBF16 ? load_f<kBF16>(row, j, m, false)
+                                    : _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                                                        _mm_maskz_loadu_epi8(m, reinterpret_cast<const int8_t*>(row) + j))),
+                                                    _mm512_set1_ps(p.scale[t0 + r]));
+        _mm512_store_ps(buf, v);
+        const int64_t n = imin(16, d - j);
+        for (int64_t u = 0; u < n; ++u) out[(j + u) * kTile + r] = buf[u];
+      }
+    }
+  }
+}
+
+// Push 16 scores (rows t0 + g*16 + lane) of one query, after a vector threshold test.
+inline void push16(TopK& t, __m512 sc, int64_t row0, __mmask16 valid) {
+  __mmask16 m = _mm512_cmp_ps_mask(sc, _mm512_set1_ps(t.thr), _CMP_GE_OQ) & valid;
+  if (!m) return;
+  alignas(64) float buf[16];
+  _mm512_store_ps(buf, sc);
+  while (m) {
+    int i = __builtin_ctz(m);
+    m &= m - 1;
+    tk_push(t, buf[i], row0 + i);
+  }
+}
+
+template <int QB>
+void pk_float(const Problem& p, const float* P, int64_t b0, int64_t t0, int rows, TopK* tk) {
+  __m512 acc[QB][4];
+  for (int b = 0; b < QB; ++b)
+    for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_setzero_ps();
+  const float* q = p.qf + b0 * p.qs;
+  const int64_t d = p.d;
+  for (int64_t j = 0; j < d; ++j) {
+    const float* pj = P + j * kTile;
+    __m512 v0 = _mm512_load_ps(pj), v1 = _mm512_load_ps(pj + 16), v2 = _mm512_load_ps(pj + 32),
+           v3 = _mm512_load_ps(pj + 48);
+    for (int b = 0; b < QB; ++b) {
+      __m512 qv = _mm512_set1_ps(q[b * p.qs + j]);
+      acc[b][0] = _mm512_fmadd_ps(qv, v0, acc[b][0]);
+      acc[b][1] = _mm512_fmadd_ps(qv, v1, acc[b][1]);
+      acc[b][2] = _mm512_fmadd_ps(qv, v2, acc[b][2]);
+      acc[b][3] = _mm512_fmadd_ps(qv, v3, acc[b][3]);
+    }
+  }
+  // Spill once through a buffer: indexing the accumulators with the runtime group count
+  // below would otherwise make GCC keep them on the stack inside the hot loop (measured: every
+  // FMA paired with a load and a store).
+  alignas(64) float buf[QB][4][16];
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_ps(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
+    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], _mm512_load_ps(buf[b][g]), t0 + g * 16, valid);
+  }
+}
+
+#ifdef TK_BF16
+template <int QB>
+void pk_bf16(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0, int rows, TopK* tk) {
+  __m512 acc[QB][4];
+  for (int b = 0; b < QB; ++b)
+    for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_setzero_ps();
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(p.qh + b0 * p.qs16);
+  const int64_t qs = p.qs16 / 2;
+  for (int j = 0; j < D; ++j) {
+    const uint32_t* pj = P + int64_t(j) * kTile;
+    __m512i v0 = _mm512_load_si512(pj), v1 = _mm512_load_si512(pj + 16), v2 = _mm512_load_si512(pj + 32),
+            v3 = _mm512_load_si512(pj + 48);
+    for (int b = 0; b < QB; ++b) {
+      __m512i qv = _mm512_set1_epi32(int(q[b * qs + j]));
+      acc[b][0] = _mm512_dpbf16_ps(acc[b][0], (__m512bh)qv, (__m512bh)v0);
+      acc[b][1] = _mm512_dpbf16_ps(acc[b][1], (__m512bh)qv, (__m512bh)v1);
+      acc[b][2] = _mm512_dpbf16_ps(acc[b][2], (__m512bh)qv, (__m512bh)v2);
+      acc[b][3] = _mm512_dpbf16_ps(acc[b][3], (__m512bh)qv, (__m512bh)v3);
+    }
+  }
+  // Spill once through a buffer: indexing the accumulators with the runtime group count
+  // below would otherwise make GCC keep them on the stack inside the hot loop (measured: every
+  // FMA paired with a load and a store).
+  alignas(64) float buf[QB][4][16];
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_ps(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
+    for (int b = 0; b < QB; ++b) push16(tk[b0 + b], _mm512_load_ps(buf[b][g]), t0 + g * 16, valid);
+  }
+}
+#endif
+
+#ifdef TK_VNNI
+template <int QB>
+void pk_i8(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0, int rows, TopK* tk) {
+  __m512i acc[QB][4];
+  for (int b = 0; b < QB; ++b)
+    for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_setzero_si512();
+  const uint32_t* q = reinterpret_cast<const uint32_t*>(p.qb + b0 * p.qs8);
+  const int64_t qs = p.qs8 / 4;
+  for (int j = 0; j < D; ++j) {
+    const uint32_t* pj = P + int64_t(j) * kTile;
+    __m512i v0 = _mm512_load_si512(pj), v1 = _mm512_load_si512(pj + 16), v2 = _mm512_load_si512(pj + 32),
+            v3 = _mm512_load_si512(pj + 48);
+    for (int b = 0; b < QB; ++b) {
+      __m512i qv = _mm512_set1_epi32(int(q[b * qs + j]));
+      acc[b][0] = _mm512_dpbusd_epi32(acc[b][0], qv, v0);
+      acc[b][1] = _mm512_dpbusd_epi32(acc[b][1], qv, v1);
+      acc[b][2] = _mm512_dpbusd_epi32(acc[b][2], qv, v2);
+      acc[b][3] = _mm512_dpbusd_epi32(acc[b][3], qv, v3);
+    }
+  }
+  alignas(64) int32_t buf[QB][4][16];  // see pk_float: keeps the accumulators in registers
+#pragma GCC unroll 32
+  for (int b = 0; b < QB; ++b)
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) _mm512_store_si512(buf[b][g], acc[b][g]);
+  for (int g = 0; g < 4 && g * 16 < rows; ++g) {
+    __mmask16 valid = m16(rows - g * 16);
+    const int64_t r0 = t0 + g * 16;
+    __m512i rsum = _mm512_maskz_loadu_epi32(valid, p.rowsum + r0);
+    __m512 rscale = _mm512_maskz_loadu_ps(valid, p.scale + r0);
+    __m512i off = _mm512_slli_epi32(rsum, 7);  // 128 * rowsum
+    for (int b = 0; b < QB; ++b) {
+      __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(buf[b][g]), off)),
+                                _mm512_mul_ps(rscale, _mm512_set1_ps(p.qdeq[b0 + b])));
+      push16(tk[b0 + b], sc, r0, valid);
+    }
+  }
+}
+#endif
+
+template <int QB>
+void packed_block(const Problem& p, const void* P, int D, int64_t b0, int64_t t0, int rows, TopK* tk) {
+#ifdef TK_BF16
+  if (p.kind == kBF16) return pk_bf16<QB>(p, static_cast<const uint32_t*>(P), D, b0, t0, rows, tk);
+#endif
+#ifdef TK_VNNI
+  if (p.kind == kI8) return pk_i8<QB>(p, static_cast<const uint32_t*>(P), D, b0, t0, rows, tk);
+#endif
+  pk_float<QB>(p, static_cast<const float*>(P), b0, t0, rows, tk);
+}
+
+void scan_packed(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch) {
+  const int D = packed_depth(p);
+  void* P = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
+  for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
+    const int rows = int(imin(kTile, r1 - t0));
+    pack_tile(p, t0, rows, P);
+    int64_t b = 0;
+    for (; b + 6 <= p.B; b += 6) packed_block<6>(p, P, D, b, t0, rows, tk);
+    switch (p.B - b) {
+      case 5: packed_block<5>(p, P, D, b, t0, rows, tk); break;
+      case 4: packed_block<4>(p, P, D, b, t0, rows, tk); break;
+      case 3: packed_block<3>(p, P, D, b, t0, rows, tk); break;
+      case 2: packed_block<2>(p, P, D, b, t0, rows, tk); break;
+      case 1: packed_block<1>(p, P, D, b, t0, rows, tk); break;
+      default: break;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------- query-major kernels
+// For mid-size batches: 16 queries per vector (queries transposed once per call), corpus
+// elements broadcast straight from the rows (embedded {1to16} broadcasts), so no corpus
+// transpose and no horizontal reduction. RB rows x G query groups = 24 accumulators.
+// bf16 broadcasts a pair of codes into vdpbf16ps, int8 four codes into vpdpbusd.
+
+template <int KIND> struct AccOf { using type = __m512; };
+template <> struct AccOf<kI8> { using type = __m512i; };
+
+template <int KIND, int RB, int G>
+inline void qm_block(const Problem& p, int64_t g0, int64_t r0, TopK* tk) {
+  constexpr int per = KIND == kBF16 ? 2 : KIND == kI8 ? 4 : 1;
+  using V = typename AccOf<KIND>::type;
+  V acc[RB][G];
+  for (int i = 0; i < RB; ++i)
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kI8) acc[i][g] = _mm512_setzero_si512();
+      else acc[i][g] = _mm512_setzero_ps();
+    }
+  const char* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = row_of(p, r0 + i);
+  const uint32_t* qt = p.qt + g0 * 16;
+  const int64_t Bp = p.Bp;
+  const int64_t full = p.d / per;  // depth steps read whole 32-bit words from every row
+  auto step = [&](int64_t j, const uint32_t* words) {
+    V qv[G];
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kF32) qv[g] = _mm512_loadu_ps(reinterpret_cast<const float*>(qt + j * Bp + g * 16));
+      else if constexpr (KIND == kBF16) qv[g] = _mm512_castsi512_ps(_mm512_loadu_si512(qt + j * Bp + g * 16));
+      else qv[g] = _mm512_loadu_si512(qt + j * Bp + g * 16);
+    }
+    for (int i = 0; i < RB; ++i) {
+      if constexpr (KIND == kF32) {
+        const __m512 c = _mm512_set1_ps(reinterpret_cast<const float*>(rows[i])[j]);
+        for (int g = 0; g < G; ++g) acc[i][g] = _mm512_fmadd_ps(qv[g], c, acc[i][g]);
+      } else {
+        uint32_t w;
+        if (words) w = words[i];
+        else std::memcpy(&w, rows[i] + j * 4, 4);
+        const __m512i c = _mm512_set1_epi32(int(w));
+        for (int g = 0; g < G; ++g) {
+#if defined(TK_BF16)
+          if constexpr (KIND == kBF16)
+            acc[i][g] = _mm512_dpbf16_ps(acc[i][g], (__m512bh)_mm512_castps_si512(qv[g]), (__m512bh)c);
+#endif
+#if defined(TK_VNNI)
+          if constexpr (KIND == kI8) acc[i][g] = _mm512_dpbusd_epi32(acc[i][g], qv[g], c);
+#endif
+        }
+      }
+    }
+  };
+  for (int64_t j = 0; j < full; ++j) step(j, nullptr);
+  if constexpr (per > 1) {
+    if (full * per < p.d) {  // the last, partial word of each row: never read past the row
+      uint32_t words[RB];
+      const int64_t nb = (p.d - full * per) * p.esize;
+      for (int i = 0; i < RB; ++i) {
+        words[i] = 0;
+        std::memcpy(&words[i], rows[i] + full * 4, size_t(nb));
+      }
+      step(full, words);
+    }
+  }
+  // spill once (see pk_float), then threshold-test 16 queries per vector
+  alignas(64) float sc[RB][G][16];
+  for (int i = 0; i < RB; ++i)
+    for (int g = 0; g < G; ++g) {
+      if constexpr (KIND == kI8) {
+        const int64_t r = r0 + i;
+        __m512i dot = _mm512_sub_epi32(acc[i][g], _mm512_set1_epi32(128 * p.rowsum[r]));
+        _mm512_store_ps(sc[i][g], _mm512_mul_ps(_mm512_cvtepi32_ps(dot),
+                                                _mm512_mul_ps(_mm512_set1_ps(p.scale[r]),
+                                                              _mm512_loadu_ps(p.qdeq + g0 * 16 + g * 16))));
+      } else {
+        _mm512_store_ps(sc[i][g], acc[i][g]);
+      }
+    }
+  for (int g = 0; g < G; ++g) {
+    const int64_t q0 = (g0 + g) * 16;
+    const int nq = int(imin(16, p.B - q0));
+    alignas(64) float thr[16];
+    for (int L = 0; L < 16; ++L) thr[L] = L < nq ? tk[q0 + L].thr : kInf;
+    const __m512 tv = _mm512_load_ps(thr);
+    for (int i = 0; i < RB; ++i) {
+      __mmask16 m = _mm512_cmp_ps_mask(_mm512_load_ps(sc[i][g]), tv, _CMP_GE_OQ) & m16(nq);
+      while (m) {
+        const int L = __builtin_ctz(m);
+        m &= m - 1;
+        tk_push(tk[q0 + L], sc[i][g][L], r0 + i);
+      }
+    }
+  }
+}
+
+template <int KIND, int G>
+void qm_rows(const Problem& p, int64_t g0, int64_t r0, int64_t r1, TopK* tk) {
+  constexpr int RB = 24 / G;
+  int64_t r = r0;
+  for (; r + RB <= r1; r += RB) qm_block<KIND, RB, G>(p, g0, r, tk);
+  for (; r < r1; ++r) qm_block<KIND, 1, G>(p, g0, r, tk);
+}
+
+template <int KIND>
+void scan_qmajor_k(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  const int64_t groups = p.Bp / 16;
+  // Row tiles small enough to stay in L2 while every group of 64 queries passes over them.
+  const int64_t tile = imax(24, (96 << 10) / imax(1, p.d * p.esize) / 24 * 24);
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t t1 = imin(r1, t0 + tile);
+    for (int64_t g0 = 0; g0 < groups; g0 += 4) {
+      switch (imin(4, groups - g0)) {
+        case 4: qm_rows<KIND, 4>(p, g0, t0, t1, tk); break;
+        case 3: qm_rows<KIND, 3>(p, g0, t0, t1, tk); break;
+        case 2: qm_rows<KIND, 2>(p, g0, t0, t1, tk); break;
+        default: qm_rows<KIND, 1>(p, g0, t0, t1, tk); break;
+      }
+    }
+  }
+}
+
+void scan_qmajor(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  switch (p.kind) {
+#ifdef TK_BF16
+    case kBF16: return scan_qmajor_k<kBF16>(p, r0, r1, tk);
+#endif
+#ifdef TK_VNNI
+    case kI8: return scan_qmajor_k<kI8>(p, r0, r1, tk);
+#endif
+    default: return scan_qmajor_k<kF32>(p, r0, r1, tk);
+  }
+}
+#endif  // TK_SIMD
+
+#if defined(TK_AVX2)
+// ---------------------------------------------------------------------------- AVX2 stream
+// QB x RB accumulators of 8 lanes, S splits along d for one query: 8 FMA chains in flight
+// (16 ymm registers: 8 accumulators, 4 row vectors, a query vector).
+
+template <int KIND, int QB, int RB, int S>
+inline void sk2_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  __m256 acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm256_setzero_ps();
+  const char* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = row_of(p, r0 + i);
+  const float* q = p.qf + b0 * p.qs;
+  const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, int64_t n) {
+    __m256 rv[RB];
+    for (int i = 0; i < RB; ++i) rv[i] = load8<KIND>(rows[i], j, n);
+    for (int b = 0; b < QB; ++b) {
+      const __m256 qv = _mm256_loadu_ps(q + b * p.qs + j);  // zero padded past d
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm256_fmadd_ps(qv, rv[i], acc[t][b][i]);
+    }
+  };
+  int64_t j = 0;
+  for (; j + 8 * S <= d; j += 8 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 8 * t, 8);
+  for (; j + 8 <= d; j += 8) chunk(0, j, 8);
+  if (j < d) chunk(0, j, d - j);
+  for (int t = 1; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[0][b][i] = _mm256_add_ps(acc[0][b][i], acc[t][b][i]);
+  for (int b = 0; b < QB; ++b)
+    for (int i = 0; i < RB; ++i) {
+      float s = hsum8(acc[0][b][i]);
+      if (KIND == kI8) s *= p.scale[r0 + i];
+      out[b * RB + i] = s;
+    }
+}
+
+// int8: 16 codes sign-extended to int16, vpmaddwd with the int16 query codes.
+template <int QB, int RB, int S>
+inline void sk2_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  __m256i acc[S][QB][RB];
+  for (int t = 0; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm256_setzero_si256();
+  const int8_t* rows[RB];
+  for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const int8_t*>(row_of(p, r0 + i));
+  const int16_t* q = p.qw + b0 * p.qsw;
+  const int64_t d = p.d;
+  auto chunk = [&](int t, int64_t j, int64_t n) {
+    __m256i rv[RB];
+    for (int i = 0; i < RB; ++i) {
+      __m128i c;
+      if (n >= 16) {
+        c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(rows[i] + j));
+      } else {
+        int8_t buf[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+        std::memcpy(buf, rows[i] + j, size_t(n));
+        c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+      }
+      rv[i] = _mm256_cvtepi8_epi16(c);
+    }
+    for (int b = 0; b < QB; ++b) {
+      const __m256i qv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + b * p.qsw + j));  // zero padded
+      for (int i = 0; i < RB; ++i) acc[t][b][i] = _mm256_add_epi32(acc[t][b][i], _mm256_madd_epi16(qv, rv[i]));
+    }
+  };
+  int64_t j = 0;
+  for (; j + 16 * S <= d; j += 16 * S)
+    for (int t = 0; t < S; ++t) chunk(t, j + 16 * t, 16);
+  for (; j + 16 <= d; j += 16) chunk(0, j, 16);
+  if (j < d) chunk(0, j, d - j);
+  for (int t = 1; t < S; ++t)
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) acc[0][b][i] = _mm256_add_epi32(acc[0][b][i], acc[t][b][i]);
+  for (int b = 0; b < QB; ++b)
+    for (int i = 0; i < RB; ++i)
+      out[b * RB + i] = float(hsum8i(acc[0][b][i])) * p.scale[r0 + i] * p.qdeq[b0 + b];
+}
+
+template <int QB, int RB, int S>
+inline void stream_block2(const Problem& p, int64_t b0, int64_t r0, float* out) {
+  switch (p.kind) {
+    case kF32: sk2_float<kF32, QB, RB, S>(p, b0, r0, out); break;
+    case kF16: sk2_float<kF16, QB, RB, S>(p, b0, r0, out); break;
+    case kBF16: sk2_float<kBF16, QB, RB, S>(p, b0, r0, out); break;
+    default: sk2_i8<QB, RB, S>(p, b0, r0, out); break;
+  }
+}
+
+template <int QB>
+void stream_rows2(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
+  constexpr int RB = 4;
+  constexpr int S = QB == 1 ? 2 : 1;
+  float out[QB * RB];
+  int64_t r = r0;
+  for (; r + RB <= r1; r += RB) {
+    stream_block2<QB, RB, S>(p, b0, r, out);
+    for (int b = 0; b < QB; ++b)
+      for (int i = 0; i < RB; ++i) tk_push(tk[b0 + b], out[b * RB + i], r + i);
+  }
+  for (; r < r1; ++r) {
+    stream_block2<QB, 1, S>(p, b0, r, out);
+    for (int b = 0; b < QB; ++b) tk_push(tk[b0 + b], out[b], r);
+  }
+}
+
+void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  // L1-sized row tiles, every query pair over one tile before the next (see scan_stream)
+  const int64_t rowbytes = p.d * p.esize;
+  const int64_t tile = imax(8, imin(256, (24 << 10) / imax(rowbytes, 1))) / 4 * 4;
+  for (int64_t t0 = r0; t0 < r1; t0 += tile) {
+    const int64_t t1 = imin(r1, t0 + tile);
+    int64_t b = 0;
+    for (; b + 2 <= p.B; b += 2) stream_rows2<2>(p, b, t0, t1, tk);
+    if (b < p.B) stream_rows2<1>(p, b, t0, t1, tk);
+  }
+}
+
+// ---------------------------------------------------------------------------- AVX2 packed
+// A 64-row tile converted to fp32 (int8 dequantised) and stored as four 16-row panels, each
+// depth-major ([panel][j][16]): one panel (16 x d floats, 24 KB at d = 384) stays in L1 while
+// every block of 6 queries passes over it; 6 x 2 accumulators, 2 panel loads and 6 broadcasts
+// per depth step.
+
+void pack_tile2(const Problem& p, int64_t t0, int rows, float* P) {
+  const int64_t d = p.d;
+  float buf[8];
+  for (int r = 0; r < kTile; ++r) {
+    float* dst = P + (r / 16) * d * 16 + (r % 16);
+    if (r >= rows) {
+      for (int64_t j = 0; j < d; ++j) dst[j * 16] = 0.f;
+      continue;
+    }
+    const char* row = row_of(p, t0 + r);
+    if (p.kind == kF32) {
+      const float* x = reinterpret_cast<const float*>(row);
+      for (int64_t j = 0; j < d; ++j) dst[j * 16] = x[j];
+      continue;
+    }
+    const __m256 sc = _mm256_set1_ps(p.kind == kI8 ? p.scale[t0 + r] : 1.f);
+    for (int64_t j = 0; j < d; j += 8) {
+      const int64_t n = imin(8, d - j);
+      __m256 v = p.kind == kF16 ? load8<kF16>(row, j, n) : p.kind == kBF16 ? load8<kBF16>(row, j, n)
+                                                                           : load8<kI8>(row, j, n);
+      _mm256_storeu_ps(buf, _mm256_mul_ps(v, sc));
+      for (int64_t u = 0; u < n; ++u) dst[(j + u) * 16] = buf[u];
+    }
+  }
+}
+
+template <int QB>
+void pk2(const Problem& p, const float* panel, int64_t b0, int64_t row0, int nvalid, TopK* tk) {
+  __m256 acc[QB][2];
+  for (int b = 0; b < QB; ++b) acc[b][0] = acc[b][1] = _mm256_setzero_ps();
+  const float* q = p.qf + b0 * p.qs;
+  const int64_t d = p.d, qs = p.qs;
+  for (int64_t j = 0; j < d; ++j) {
+    const __m256 v0 = _mm256_loadu_ps(panel + j * 16), v1 = _mm256_loadu_ps(panel + j * 16 + 8);
+    for (int b = 0; b < QB; ++b) {
+      const __m256 qv = _mm256_broadcast_ss(q + b * qs + j);
+      acc[b][0] = _mm256_fmadd_ps(qv, v0, acc[b][0]);
+      acc[b][1] = _mm256_fmadd_ps(qv, v1, acc[b][1]);
+    }
+  }
+  alignas(32) float buf[QB][16];  // spill once (see pk_float)
+  for (int b = 0; b < QB; ++b) {
+    _mm256_store_ps(buf[b], acc[b][0]);
+    _mm256_store_ps(buf[b] + 8, acc[b][1]);
+  }
+  for (int b = 0; b < QB; ++b) {
+    TopK& t = tk[b0 + b];
+    const __m256 thr = _mm256_set1_ps(t.thr);
+    unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(acc[b][0], thr, _CMP_GE_OQ))) |
+                 unsigned(_mm256_movemask_ps(_mm256_cmp_ps(acc[b][1], thr, _CMP_GE_OQ))) << 8;
+    m &= nvalid >= 16 ? 0xffffu : ((1u << nvalid) - 1);
+    while (m) {
+      const int L = __builtin_ctz(m);
+      m &= m - 1;
+      tk_push(t, buf[b][L], row0 + L);
+    }
+  }
+}
+
+void scan_packed2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* P) {
+  const int64_t d = p.d;
+  for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
+    const int rows = int(imin(kTile, r1 - t0));
+    pack_tile2(p, t0, rows, P);
+    for (int g = 0; g * 16 < rows; ++g) {
+      const float* panel = P + g * d * 16;
+      const int nvalid = rows - g * 16;
+      int64_t b = 0;
+      for (; b + 6 <= p.B; b += 6) pk2<6>(p, panel, b, t0 + g * 16, nvalid, tk);
+      switch (p.B - b) {
+        case 5: pk2<5>(p, panel, b, t0 + g * 16, nvalid, tk); break;
+        case 4: pk2<4>(p, panel, b, t0 + g * 16, nvalid, tk); break;
+        case 3: pk2<3>(p, panel, b, t0 + g * 16, nvalid, tk); break;
+        case 2: pk2<2>(p, panel, b, t0 + g * 16, nvalid, tk); break;
+        case 1: pk2<1>(p, panel, b, t0 + g * 16, nvalid, tk); break;
+        default: break;
+      }
+    }
+  }
+}
+#endif  // TK_AVX2
+
+// ---------------------------------------------------------------------------- level interface
+
+bool qmajor_supported(int kind) {
+#ifdef TK_SIMD
+  if (kind == kF32) return true;
+#ifdef TK_BF16
+  if (kind == kBF16) return true;
+#endif
+#ifdef TK_VNNI
+  if (kind == kI8) return true;
+#endif
+#endif
+  (void)kind;
+  return false;
+}
+
+int choose_path(int kind, int64_t B, const Paths& paths) {
+#if defined(TK_SIMD)
+  if (B >= paths.packed_min[kind]) return kPacked;
+  if (B >= paths.qmajor_min[kind]) return qmajor_supported(kind) ? kQmajor : kPacked;
+  return kStream;
+#elif defined(TK_AVX2)
+  (void)paths.qmajor_min;  // no query-major family on AVX2 (16 registers)
+  return B >= paths.packed_min[kind] ? kPacked : kStream;
+#else
+  (void)kind;
+  (void)B;
+  (void)paths;
+  return kScalar;
+#endif
+}
+
+int qmajor_per(int kind) {
+#ifdef TK_BF16
+  if (kind == kBF16) return 2;
+#endif
+#ifdef TK_VNNI
+  if (kind == kI8) return 4;
+#endif
+  (void)kind;
+  return 1;
+}
+
+int64_t scratch_floats(const Problem& p, int path) {
+  // packed tiles (AVX-512: depth x 64 words; AVX2: 64 x d floats), or one converted row
+  (void)path;
+  return int64_t(kTile) * (p.d + 1) + 64;
+}
+
+void scan_range(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch) {
+#if defined(TK_SIMD)
+  switch (path) {
+    case kPacked: return scan_packed(p, r0, r1, tk, scratch);
+    case kQmajor: return scan_qmajor(p, r0, r1, tk);
+    case kStream: return scan_stream(p, r0, r1, tk);
+    default: break;
+  }
+#elif defined(TK_AVX2)
+  switch (path) {
+    case kPacked: return scan_packed2(p, r0, r1, tk, scratch);
+    case kStream: return scan_stream2(p, r0, r1, tk);
+    default: break;
+  }
+#endif
+  scan_generic(p, r0, r1, tk, scratch);
+}
+
+float dot_exact(const float* q, const void* row, int kind, int d, float scale) {
+  return dot_exact_simd(q, row, kind, d, scale);
+}
+
+}  // namespace
+
+const Kernels TK_TABLE = {
+    TK_NAME,
+    TK_DEFAULT_PATHS,
+    &choose_path,
+    &qmajor_per,
+    &scratch_floats,
+    &scan_range,
+    &dot_exact,
+};
+
+}  // namespace topk_ip_common
+}  // namespace ragfast
