@@ -14,13 +14,30 @@ machine hit all of them alike. Reported per (size, batch, provider): median late
 anchor (>1 = faster), recall@10 against exact search, and at batch 1 the ratio of the latency
 to the memory-bandwidth floor (bytes scanned / read bandwidth, both measured in this run).
 
+ISA levels: the run measures ragfast at the level chosen for this CPU, and on an AVX-512 machine
+also at the AVX2 level forced (``--levels``), with the anchors restricted the same way: the
+forced level runs in a subprocess whose environment is set before torch / faiss import
+(``RAGFAST_ISA=avx2``, ``ATEN_CPU_CAPABILITY=avx2``, ``MKL_ENABLE_INSTRUCTIONS=AVX2``,
+``FAISS_OPT_LEVEL=avx2``). Every CSV row's params carry ``isa=<level>`` and ``aten=<torch CPU
+capability>``; the ``ragfast-*`` providers run the default path (compiled kernels or torch, as
+the chooser says: ``path=`` in params).
+
+``--calibrate`` also times the compiled kernels forced (``kernel-*``) and the torch path on the
+same storage (``torchpath-*``) and writes, per level, storage and batch, the faster of the two
+into python/ragfast/ops/topk_ip_choice.json (with the machine and command), the table the
+default path reads.
+
 Run ``python bench/bench_topk_ip.py`` (``--quick``: one 50k x 384 corpus, batches 1/16/256,
 about a minute). Rows are appended to bench/results/bench_topk_ip.csv in the harness schema.
 """
 from __future__ import annotations
 
 import argparse
+import datetime
+import json
 import os
+import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,8 +49,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, row, write_csv  # noqa: E402
 
 from ragfast.ops import quantize, topk_ip  # noqa: E402
+from ragfast.ops.topk_ip import default_path, topk_ip_torch  # noqa: E402
+from ragfast.ops.topk_ip_choice import TABLE_PATH  # noqa: E402
 
 OP = "topk_ip"
+STORAGES = ("fp32", "fp16", "bf16", "int8")
+# what a forced level restricts the anchors to (set before torch / faiss import: a subprocess)
+ANCHOR_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_OPT_LEVEL": "avx2"},
+              "generic": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+                          "FAISS_OPT_LEVEL": "generic"}}
 
 
 def timed(fn, reps: int, budget_s: float) -> np.ndarray:
@@ -84,6 +108,57 @@ def recall(ids: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(a) & set(b)) / len(b) for a, b in zip(ids.tolist(), truth.tolist())]))
 
 
+def isa_level() -> str:
+    from ragfast import _C
+
+    return _C.isa_current()
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def cpu_features() -> str:
+    from ragfast import _C
+
+    return " ".join(_C.isa_info()["cpu"])
+
+
+def write_choice(cells: dict, argv: list[str], path: Path) -> None:
+    """Merge measured cells {isa: {storage: {B: path}}} into the chooser table."""
+    table = json.loads(path.read_text()) if path.exists() else {}
+    merged = table.get("cells", {})
+    for lvl, per in cells.items():
+        merged[lvl] = per
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    table = {
+        "about": "topk_ip default path per ISA level / storage / batch class: 'cpp' (compiled kernels) or "
+                 "'torch' (mm + topk), whichever was faster; written by bench/bench_topk_ip.py --calibrate",
+        "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs, features: {cpu_features()}",
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_1min_at_write": round(load, 2),
+        "command": "python bench/bench_topk_ip.py " + " ".join(argv),
+        "cells": merged,
+    }
+    path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
+    print(f"chooser table -> {path}")
+
+
+def run_forced_level(level: str, argv: list[str]) -> int:
+    """Re-run this script in a subprocess at a forced ISA level, anchors restricted alike."""
+    env = dict(os.environ, RAGFAST_ISA=level, **ANCHOR_ENV.get(level, {}))
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--levels", level, "--child"]
+    print(f"\n#### ISA level {level} (subprocess: RAGFAST_ISA={level} "
+          + " ".join(f"{k}={v}" for k, v in ANCHOR_ENV.get(level, {}).items()) + ")", flush=True)
+    return subprocess.run(cmd, env=env).returncode
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="200000x384,100000x768", help="comma list of NxD")
@@ -95,12 +170,55 @@ def main(argv=None) -> int:
     ap.add_argument("--providers", default="faiss-flat,torch-mm,ragfast-fp32,ragfast-fp16,ragfast-bf16,ragfast-int8")
     ap.add_argument("--quick", action="store_true", help="50000x384, batches 1,16,256, 3 reps")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench_topk_ip.csv"))
+    ap.add_argument("--levels", default=None,
+                    help="comma list of ISA levels: 'auto' (this CPU's, in process) and forced ones, each in a "
+                         "subprocess (default: auto, plus avx2 when auto is an AVX-512 level)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="also time kernels forced and the torch path; write the chooser table")
+    ap.add_argument("--choice-out", default=str(TABLE_PATH), help="chooser table written by --calibrate")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = ap.parse_args(argv)
+    if not args.child:
+        auto = isa_level()
+        levels = [x for x in (args.levels or ("auto,avx2" if auto.startswith("avx512") else "auto")).split(",") if x]
+        base_argv = []
+        skip = False
+        for a in argv:  # drop --levels X from what the children get
+            if skip:
+                skip = False
+                continue
+            if a == "--levels":
+                skip = True
+                continue
+            if not a.startswith("--levels="):
+                base_argv.append(a)
+        rc = 0
+        for lvl in levels:
+            if lvl in ("auto", auto) and not os.environ.get("RAGFAST_ISA"):
+                rc |= run_level(args, argv)
+            else:
+                rc |= run_forced_level(lvl, base_argv)
+        return rc
+    return run_level(args, argv)
+
+
+def run_level(args, argv) -> int:
     if args.quick:
         args.sizes, args.batches, args.reps, args.budget = "50000x384", "1,16,256", 3, 2.0
+    level = isa_level()
+    aten = torch.backends.cpu.get_cpu_capability()
+    print(f"ISA level {level}; torch ATen CPU capability {aten}; "
+          f"MKL_ENABLE_INSTRUCTIONS={os.environ.get('MKL_ENABLE_INSTRUCTIONS', '-')} "
+          f"FAISS_OPT_LEVEL={os.environ.get('FAISS_OPT_LEVEL', '-')}", flush=True)
     sizes = [tuple(int(x) for x in s.lower().split("x")) for s in args.sizes.split(",") if s]
     batches = [int(b) for b in args.batches.split(",") if b]
     providers = [p for p in args.providers.split(",") if p]
+    if args.calibrate:
+        for st in STORAGES:
+            if f"ragfast-{st}" in providers:
+                providers += [f"kernel-{st}", f"torchpath-{st}"]
+    cells: dict = {}
     torch.set_num_threads(args.threads)
     try:
         import faiss
@@ -128,10 +246,10 @@ def main(argv=None) -> int:
             index.add(corpus.numpy())
         scan = {"ragfast-fp32": N * d * 4, "faiss-flat": N * d * 4, "torch-mm": N * d * 4}
         for name, st in stores.items():
-            if name != "ragfast-fp32":
-                scan[name] = st.scan_bytes
+            b = st.scan_bytes if name != "ragfast-fp32" else N * d * 4
+            scan[name] = scan["kernel-" + name[8:]] = scan["torchpath-" + name[8:]] = b
         print(f"\n== N={N} d={d} k={args.k}  (fp32 corpus {N * d * 4 / 1e6:.0f} MB) ==")
-        print(f"{'batch':>5} {'provider':<14} {'p50 ms':>9} {'vs best anchor':>15} {'recall@10':>10} "
+        print(f"{'batch':>5} {'provider [path]':<22} {'p50 ms':>9} {'vs best anchor':>15} {'recall@10':>10} "
               f"{'GB/s':>7} {'x bw floor':>10}")
         for B in batches:
             q = torch.nn.functional.normalize(torch.randn(B, d, generator=gen), dim=1).contiguous()
@@ -140,34 +258,46 @@ def main(argv=None) -> int:
                 "torch-mm": lambda: torch.topk(q @ corpus.T, args.k, dim=1),
             }
             for name, st in stores.items():
-                calls[name] = (lambda st=st: topk_ip(q, st, args.k, backend="cpp"))
+                calls[name] = (lambda st=st: topk_ip(q, st, args.k))  # the default path
+                calls["kernel-" + name[8:]] = (lambda st=st: topk_ip(q, st, args.k, backend="cpp"))
+                calls["torchpath-" + name[8:]] = (lambda st=st: topk_ip_torch(q, st, args.k))
             truth = torch.topk(q.double() @ corpus.double().T, args.k, dim=1).indices.numpy()
-            params = f"N={N},d={d},k={args.k},B={B}"
+            params = f"N={N},d={d},k={args.k},B={B},isa={level},aten={aten}"
+            paths = {f"ragfast-{st}": default_path(B, st).path for st in STORAGES}
             med, rec = {}, {}
             all_samples = timed_round_robin({name: calls[name] for name in providers}, args.reps, args.budget)
             for name in providers:
                 samples = all_samples[name]
                 med[name] = float(np.median(samples))
-                rows.append(row(OP, name, params, "latency", "ms", samples * 1e3))
+                pp = params + (f",path={paths[name]}" if name in paths else "")
+                rows.append(row(OP, name, pp, "latency", "ms", samples * 1e3))
                 res = calls[name]()
                 ids = res[1].numpy() if isinstance(res[1], torch.Tensor) else res[1]
                 rec[name] = recall(ids, truth)
-                rows.append(row(OP, name, params, "recall@10", "fraction", [rec[name]]))
+                rows.append(row(OP, name, pp, "recall@10", "fraction", [rec[name]]))
             anchors = [med[a] for a in ("faiss-flat", "torch-mm") if a in med]
             base = min(anchors) if anchors else None
+            for st in STORAGES:
+                if f"kernel-{st}" in med:
+                    faster = "cpp" if med[f"kernel-{st}"] <= med[f"torchpath-{st}"] else "torch"
+                    cells.setdefault(level, {}).setdefault(st, {})[str(B)] = faster
             for name in providers:
+                pp = params + (f",path={paths[name]}" if name in paths else "")
                 ratio = base / med[name] if base else float("nan")
                 gbs = scan[name] / med[name] / 1e9
                 floor = med[name] / (scan[name] / bw)
                 if base:
-                    rows.append(row(OP, name, params, "speedup_vs_best_anchor", "x", [ratio]))
-                rows.append(row(OP, name, params, "scan_bandwidth", "GB/s", [gbs]))
+                    rows.append(row(OP, name, pp, "speedup_vs_best_anchor", "x", [ratio]))
+                rows.append(row(OP, name, pp, "scan_bandwidth", "GB/s", [gbs]))
                 if B == 1:
-                    rows.append(row(OP, name, params, "latency_over_bw_floor", "x", [floor]))
-                print(f"{B:>5} {name:<14} {med[name] * 1e3:>9.2f} {ratio:>14.2f}x {rec[name]:>10.4f} {gbs:>7.1f} "
-                      f"{floor if B == 1 else float('nan'):>10.2f}")
+                    rows.append(row(OP, name, pp, "latency_over_bw_floor", "x", [floor]))
+                tag = f" [{paths[name]}]" if name in paths else ""
+                print(f"{B:>5} {name + tag:<22} {med[name] * 1e3:>9.2f} {ratio:>14.2f}x {rec[name]:>10.4f} "
+                      f"{gbs:>7.1f} {floor if B == 1 else float('nan'):>10.2f}", flush=True)
     path = write_csv(rows, args.out)
     print(f"\n{len(rows)} rows -> {path}")
+    if args.calibrate and cells:
+        write_choice(cells, [a for a in argv if a != "--child"], Path(args.choice_out))
     return 0
 
 

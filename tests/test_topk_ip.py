@@ -502,3 +502,84 @@ if given is not None and HAS_CPP:
         ms = float(gen.normal()) if use_min else None
         s, i = call("cpp", q, corpus, k, exclude=ex, min_score=ms)
         assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex, min_score=ms)
+
+
+# ----------------------------------------------------------------------------- default-path chooser
+
+from ragfast.ops import topk_ip_choice  # noqa: E402
+from ragfast.ops.topk_ip import default_path, topk_ip_torch  # noqa: E402
+
+
+def _tie_heavy(B, N, d, seed):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randint(-2, 3, (B, d), generator=g).float(), torch.randint(-1, 2, (N, d), generator=g).float())
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
+def test_torch_path_equals_reference_exactly(dtype):
+    # the torch path is the reference's score matrix with a cheaper selection: identical results
+    for B, N, d, k, ties in [(3, 50, 8, 5, True), (7, 301, 19, 12, True), (4, 40, 16, 40, False),
+                             (9, 1000, 33, 10, False), (2, 7, 3, 1, True)]:
+        q, c = _tie_heavy(B, N, d, B * N) if ties else (rand(B, d), rand(N, d))
+        if ties:
+            c[N - 1] = c[0]  # duplicate rows: an exact tie across the k-th cut
+        c[min(5, N - 1)] = float("nan") if dtype == "fp32" else c[min(5, N - 1)]
+        store = c if dtype == "fp32" else quantize(c, dtype)
+        ex = [[0, 1], [], [2, 2, -1]] + [[]] * (B - 3) if B >= 3 else None
+        for ms in (None, 0.0):
+            s, i = topk_ip_torch(q, store, k, exclude=ex, min_score=ms)
+            rs, ri = topk_ip_ref(q, store, k, exclude=ex, min_score=ms)
+            assert torch.equal(i, ri), (dtype, B, N, d, k, ms)
+            assert torch.equal(s, rs)
+
+
+def test_batch_classes_and_table_validation(tmp_path):
+    assert [topk_ip_choice.batch_class(b) for b in (1, 2, 3, 4, 7, 8, 16, 40, 64, 100, 256, 5000)] == \
+        [1, 1, 4, 4, 4, 4, 16, 64, 64, 64, 256, 256]
+    with pytest.raises(ValueError, match="batch size"):
+        topk_ip_choice.batch_class(0)
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps({"cells": {"avx2": {"fp32": {"1": "gpu"}}}}))
+    with pytest.raises(ValueError, match="not one of"):
+        topk_ip_choice.load_table(str(bad))
+    table = {"cells": {"avx2": {"fp32": {"1": "torch"}}}}
+    assert topk_ip_choice.choose("avx2", "fp32", 2, table).path == "torch"
+    assert topk_ip_choice.choose("avx2", "fp32", 2, table).source == "table"
+    assert topk_ip_choice.choose("avx2", "int8", 2, table) == topk_ip_choice.Choice("cpp", "avx2", "int8", 1, "default")
+    assert topk_ip_choice.choose("generic", "fp32", 300, table).path == "torch"
+
+
+def test_committed_table_is_measured_and_well_formed():
+    table = topk_ip_choice.load_table()
+    assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
+    for lvl, per in table["cells"].items():
+        assert lvl in ("generic", "avx2", "avx512", "avx512bf16")
+        for st, cells in per.items():
+            assert st in ("fp32", "fp16", "bf16", "int8")
+            assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
+
+
+@needs_cpp
+@pytest.mark.parametrize("forced", ["cpp", "torch"])
+def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeypatch):
+    # whatever the table says, the default call gives the reference's results
+    table = {"cells": {isa: {st: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
+                             for st in ("fp32", "fp16", "bf16", "int8")}}}
+    monkeypatch.setattr(topk_ip_choice, "load_table", lambda path=None: table)
+    monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
+    assert default_path(5, "int8").path == forced
+    for dtype in ("fp32", "bf16", "int8"):
+        for B, N, d, k in [(1, 300, 33, 5), (5, 989, 64, 10), (40, 200, 7, 9)]:
+            q, c = rand(B, d), rand(N, d)
+            store = c if dtype == "fp32" else quantize(c, dtype, oversample=N)
+            dense = c if dtype == "fp32" else (store.rescore.float() if dtype == "int8" else store.data.float())
+            ex = [[0, 3]] * B
+            out = poisoned(B, k)
+            s, i = topk_ip(q, store, k, exclude=ex, out=out)
+            assert s.data_ptr() == out[0].data_ptr()
+            assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex)
+    # retrieve_step takes the same default path
+    q, c = rand(4, 16), rand(100, 16)
+    got = retrieve_step(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
+    ref = retrieve_step_ref(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
+    assert torch.equal(got.ids, ref.ids)
