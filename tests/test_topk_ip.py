@@ -17,6 +17,7 @@ import torch
 
 from ragfast._backend import available
 from ragfast.ops import QuantizedCorpus, quantize, retrieve_step, retrieve_step_ref, topk_ip, topk_ip_ref
+from topk_compare import assert_topk_agree
 
 HAS_CPP = available()["cpp"]
 HAS_TRITON = available()["triton"]
@@ -306,8 +307,7 @@ def test_agrees_with_faiss_flat_ip():
     fs, fi = index.search(q.numpy(), 10)
     s, i = call("cpp", q, c, 10)
     assert_topk(q, c, 10, torch.from_numpy(fs), torch.from_numpy(fi), atol=1e-5)  # faiss itself is right
-    np.testing.assert_allclose(s.numpy(), fs, atol=1e-5)
-    assert (np.mean([len(set(a) & set(b)) / 10 for a, b in zip(i.tolist(), fi.tolist())])) >= 0.999
+    assert_topk_agree(s, i, fs, fi, atol=1e-5)  # ids agree wherever scores separate them
 
 
 # ----------------------------------------------------------------------------- low precision
@@ -448,8 +448,7 @@ def test_retrieve_step_matches_reference(backend):
     assert torch.equal(got.active, expect_active) and torch.equal(ref.active, expect_active)
     assert torch.equal(got.stopped, torch.tensor([False, True, False, True, False, False, True]))
     assert got.searched == 3
-    torch.testing.assert_close(got.scores, ref.scores, atol=1e-4, rtol=0)
-    assert torch.equal(got.ids, ref.ids)
+    assert_topk_agree(got.scores, got.ids, ref.scores, ref.ids, atol=1e-4)
     assert (got.ids[~expect_active] == -1).all() and (got.scores[~expect_active] == -math.inf).all()
     for b in torch.nonzero(expect_active).reshape(-1).tolist():
         assert not set(got.ids[b].tolist()) & set(seen[b])
@@ -459,7 +458,8 @@ def test_retrieve_step_matches_reference(backend):
     pad[0] = torch.tensor([1, 2])
     g2 = retrieve_step(q, c, k, stop_scores=torch.zeros(B), threshold=1.0, seen=pad, backend=backend)
     r2 = retrieve_step_ref(q, c, k, stop_scores=torch.zeros(B), threshold=1.0, seen=pad)
-    assert g2.active.all() and torch.equal(g2.ids, r2.ids)
+    assert g2.active.all()
+    assert_topk_agree(g2.scores, g2.ids, r2.scores, r2.ids, atol=1e-4)
 
     # everyone stops: no search, all rows empty
     g3 = retrieve_step(q, c, k, stop_scores=torch.ones(B), threshold=0.0, backend=backend)
@@ -582,4 +582,4 @@ def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeyp
     q, c = rand(4, 16), rand(100, 16)
     got = retrieve_step(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
     ref = retrieve_step_ref(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
-    assert torch.equal(got.ids, ref.ids)
+    assert_topk_agree(got.scores, got.ids, ref.scores, ref.ids, atol=1e-4)
