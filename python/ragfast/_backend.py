@@ -117,6 +117,25 @@ def resolve(op: str, backend: str | None = None, device: str = "cpu") -> tuple[s
     return name, impls[name]
 
 
+def _topk_ip_paths(c) -> dict[str, Any] | None:
+    """What topk_ip runs by default at the ISA level in use: storage -> {batch class: path}."""
+    if c is None:
+        return None
+    from ragfast.ops.topk_ip_choice import BATCH_CLASSES, choose, load_table
+
+    try:
+        level = c.isa_current()
+    except RuntimeError:  # RAGFAST_ISA refused: reported under "isa"
+        return None
+    table = load_table()
+    return {
+        "isa": level,
+        "table_machine": table.get("machine"),
+        "paths": {st: {b: choose(level, st, b, table).path for b in BATCH_CLASSES}
+                  for st in ("fp32", "fp16", "bf16", "int8")},
+    }
+
+
 def backends() -> dict[str, Any]:
     """Say which op backends are available and which one each op uses.
 
@@ -127,7 +146,9 @@ def backends() -> dict[str, Any]:
         "default": backend}; ``override``: the ``RAGFAST_BACKEND`` value or None;
         ``triton``: why triton is or is not usable; ``build``: ``ragfast._C.build_info()``
         or None; ``isa``: ``ragfast._C.isa_info()`` (ISA levels compiled in, supported by this
-        CPU, the one chosen and why; set ``RAGFAST_ISA`` to force one) or None.
+        CPU, the one chosen and why; set ``RAGFAST_ISA`` to force one) or None;
+        ``topk_ip_paths``: per storage and batch class, whether the default topk_ip runs the
+        compiled kernels (``cpp``) or torch mm + topk at that level, from the measured table.
     """
     _ensure_ops_loaded()
     c = _cpp_module()
@@ -137,6 +158,7 @@ def backends() -> dict[str, Any]:
         "triton": _triton_status()[1],
         "build": dict(c.build_info()) if c is not None else None,
         "isa": dict(c.isa_info()) if c is not None else None,
+        "topk_ip_paths": _topk_ip_paths(c),
         "ops": {
             op: {"implementations": sorted(impls), "default": default_backend(op)}
             for op, impls in sorted(_REGISTRY.items())

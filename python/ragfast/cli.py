@@ -80,6 +80,11 @@ def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON 
             out.print(f"ISA level chosen: {isa['chosen']} ({isa['reason']})")
         else:
             out.print(f"[bold red]ISA level refused:[/] {isa['error']}")
+    tp = info.get("topk_ip_paths")
+    if tp:
+        cells = "; ".join(f"{st} " + " ".join(f"B{b}:{p}" for b, p in per.items()) for st, per in tp["paths"].items())
+        out.print(f"topk_ip default path at {tp['isa']}: {cells}")
+        out.print(f"  (table measured on: {tp['table_machine'] or 'no table'})")
     t = Table(title="ops")
     t.add_column("op")
     t.add_column("implementations")

@@ -39,6 +39,7 @@ __all__ = [
     "retrieve_step_ref",
     "default_path",
     "topk_ip_torch",
+    "isa_level",
 ]
 
 _STORAGE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
@@ -428,6 +429,23 @@ def topk_ip_torch(queries: Any, corpus: Any, k: int, *, min_score: float | None 
     return _torch_impl(q, corpus, k, min_score, ex)
 
 
+def isa_level() -> str:
+    """The ISA level the compiled kernels run at (``ragfast._C.isa_info()`` says why).
+
+    Raises
+    ------
+    ConfigError
+        ``RAGFAST_ISA`` names an unknown level, one not compiled in, or one this CPU lacks.
+    """
+    from ragfast import _C
+    from ragfast.errors import ConfigError
+
+    try:
+        return _C.isa_current()
+    except RuntimeError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def default_path(batch: int, storage: str = "fp32"):
     """What :func:`topk_ip` runs by default on this machine for ``batch`` queries over
     ``storage``: a :class:`~ragfast.ops.topk_ip_choice.Choice` (compiled kernels at the ISA
@@ -436,9 +454,7 @@ def default_path(batch: int, storage: str = "fp32"):
 
     if not available()["cpp"]:
         return None
-    from ragfast import _C
-
-    return choose_path(_C.isa_current(), storage, batch)
+    return choose_path(isa_level(), storage, batch)
 
 
 # ----------------------------------------------------------------------------- Triton backend
@@ -521,14 +537,13 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
                 or i_out.dtype != torch.int64 or not s_out.is_contiguous() or not i_out.is_contiguous()):
             raise ValueError(f"out must be contiguous ([{B}, {k}] float32, [{B}, {k}] int64) tensors")
     name, fn = resolve("topk_ip", backend, q.device.type)
-    if name == "cpp" and backend is None and not os.environ.get("RAGFAST_BACKEND") and B > 0 \
-            and q.device.type == "cpu":
-        # default path: the compiled kernels or torch mm + topk, whichever the measured table
-        # says is faster here (topk_ip_choice); naming backend="cpp" forces the kernels
-        from ragfast import _C
-
-        if choose_path(_C.isa_current(), _corpus_info(corpus)[2], B).path == "torch":
-            name, fn = "torch", _torch_impl
+    if name == "cpp":
+        level = isa_level()  # a refused RAGFAST_ISA fails here, before any kernel runs
+        if backend is None and not os.environ.get("RAGFAST_BACKEND") and B > 0 and q.device.type == "cpu":
+            # default path: the compiled kernels or torch mm + topk, whichever the measured
+            # table says is faster here (topk_ip_choice); naming backend="cpp" forces the kernels
+            if choose_path(level, _corpus_info(corpus)[2], B).path == "torch":
+                name, fn = "torch", _torch_impl
     if B == 0:
         s, i = torch.empty((0, k), dtype=torch.float32, device=q.device), torch.empty((0, k), dtype=torch.int64, device=q.device)
     elif name == "cpp":
