@@ -989,8 +989,9 @@ inline void stream_block2(const Problem& p, int64_t b0, int64_t r0, float* out) 
   }
 }
 
-template <int QB, int RB = 4>
+template <int QB>
 void stream_rows2(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
+  constexpr int RB = 4;
   constexpr int S = QB == 1 ? 2 : 1;
   float out[QB * RB];
   int64_t r = r0;
@@ -1005,18 +1006,13 @@ void stream_rows2(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk
   }
 }
 
-// `wide`: blocks of 4 queries x 2 rows instead of 2 x 4 (the same 8 accumulators): each row
-// vector loaded and converted (fp16/bf16/int8) serves 4 queries instead of 2, which pays once
-// a batch has queries to share it. On AVX2 this is what the query-major path slot selects.
-void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, bool wide) {
-  // L1-sized row tiles, every query block over one tile before the next (see scan_stream)
+void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
+  // L1-sized row tiles, every query pair over one tile before the next (see scan_stream)
   const int64_t rowbytes = p.d * p.esize;
   const int64_t tile = imax(8, imin(256, (24 << 10) / imax(rowbytes, 1))) / 4 * 4;
   for (int64_t t0 = r0; t0 < r1; t0 += tile) {
     const int64_t t1 = imin(r1, t0 + tile);
     int64_t b = 0;
-    if (wide)
-      for (; b + 4 <= p.B; b += 4) stream_rows2<4, 2>(p, b, t0, t1, tk);
     for (; b + 2 <= p.B; b += 2) stream_rows2<2>(p, b, t0, t1, tk);
     if (b < p.B) stream_rows2<1>(p, b, t0, t1, tk);
   }
@@ -1132,9 +1128,8 @@ int choose_path(int kind, int64_t B, const Paths& paths) {
   if (B >= paths.qmajor_min[kind]) return qmajor_supported(kind) ? kQmajor : kPacked;
   return kStream;
 #elif defined(TK_AVX2)
-  // no query-major family on AVX2 (16 registers): its slot selects the 4-query stream blocks
-  if (B >= paths.packed_min[kind]) return kPacked;
-  return B >= paths.qmajor_min[kind] ? kQmajor : kStream;
+  (void)paths.qmajor_min;  // no query-major family on AVX2 (16 registers)
+  return B >= paths.packed_min[kind] ? kPacked : kStream;
 #else
   (void)kind;
   (void)B;
@@ -1171,8 +1166,7 @@ void scan_range(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, fl
 #elif defined(TK_AVX2)
   switch (path) {
     case kPacked: return scan_packed2(p, r0, r1, tk, scratch);
-    case kQmajor: return scan_stream2(p, r0, r1, tk, true);
-    case kStream: return scan_stream2(p, r0, r1, tk, false);
+    case kStream: return scan_stream2(p, r0, r1, tk);
     default: break;
   }
 #endif
