@@ -51,11 +51,13 @@ def _no_constant(name: str) -> Any:
 def parse_json_body(raw: bytes) -> dict[str, Any]:
     """Parse a request body as one JSON object; NaN/Infinity and non-objects are refused (422)."""
     try:
-        body = json.loads(raw, parse_constant=_no_constant)
-    except RequestError:
-        raise
+        text = raw.decode("utf-8")  # strictly: json.loads would guess UTF-16/32 from the bytes
     except UnicodeDecodeError as exc:
         raise RequestError(400, f"the body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    try:
+        body = json.loads(text, parse_constant=_no_constant)
+    except RequestError:
+        raise
     except ValueError as exc:  # JSONDecodeError and friends
         raise RequestError(400, f"the body is not valid JSON: {exc}") from None
     except RecursionError:
