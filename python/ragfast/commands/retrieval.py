@@ -71,10 +71,18 @@ def register(app: typer.Typer) -> None:
         """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
         from rich.console import Console
 
+        from ragfast.outdir import output_dir
+
+        con = Console(stderr=True)
+        with output_dir(out):
+            _build(corpus, out, encoder, backend, factory, storage, chunk_size, batch_size, device, keep_chunks,
+                   shards, con)
+
+    def _build(corpus, out, encoder, backend, factory, storage, chunk_size, batch_size, device, keep_chunks, shards,
+               con) -> None:
         from ragfast.data import load_corpus
         from ragfast.errors import ConfigError
 
-        con = Console(stderr=True)
         t0 = time.perf_counter()
         corp = load_corpus(corpus)
         outp = Path(out)
