@@ -381,3 +381,52 @@ def test_fair_batcher_bisects_a_failing_batch():
         else:
             assert o == [f"Q{i}", f"R{i}"]
     assert stats.batches == 1 and stats.failed_requests == 2 and stats.isolation_retries >= 2
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path):
+    """serve-retriever on SIGTERM: the request being served still gets its full answer, then it exits."""
+    import os
+    import signal
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ragfast.cli", "serve-retriever", "--corpus", "wiki-sample",
+                             "--encoder", "bm25", "--port", str(port), "--graceful-s", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+            time.sleep(0.1)
+        from ragfast.data import load_qa
+
+        queries = ([q.question for q in load_qa("hotpotqa-dev")] * 4)[:1024]
+        got = {}
+
+        def big():
+            got["r"] = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 100}, timeout=120)
+
+        th = threading.Thread(target=big)
+        th.start()
+        while True:  # wait until the server is working on it
+            m = httpx.get(url + "/metrics", timeout=5).text
+            if "ragfast_retriever_requests_total 1" in m:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        th.join(120)
+        r = got["r"]
+        assert r.status_code == 200 and len(r.json()["result"]) == 1024
+        assert max(len(row) for row in r.json()["result"]) == 100  # BM25 may find fewer for some queries
+        # uvicorn re-raises the signal once it has shut down cleanly: the status says SIGTERM.
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
