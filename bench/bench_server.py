@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -105,6 +106,86 @@ async def _window(url: str, queries: list[str], clients: int, seconds: float, se
     return {"lat": np.asarray(lat), "errors": errors, "wall": wall, "stats": health}
 
 
+def _start(target, args: tuple, what: str, ctx) -> tuple[Any, str]:
+    """Start a server process on a free loopback port; (process, url) once it answers /health."""
+    import httpx
+
+    port = _free_port()
+    ready, child = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=target, args=(*args, port, child), daemon=True)
+    p.start()
+    child.close()
+    if not ready.poll(timeout=1800):  # the first run may embed the corpus (cached afterwards)
+        raise RuntimeError(f"{what} server did not come up")
+    try:
+        ready.recv()
+    except EOFError:
+        p.join(5)
+        raise RuntimeError(f"{what} server process exited with code {p.exitcode}") from None
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(600):
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return p, url
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        # SIGINT lets uvicorn shut down cleanly (its semaphores are released); then make sure.
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGINT)
+        p.join(15)
+        if p.is_alive():
+            p.terminate()
+            p.join(5)
+
+
+def run_faults_mode(args) -> None:
+    """``--faults``: both servers under malformed, huge and bursty load (bench/server_faults.py)."""
+    from bench import server_faults as sf
+    from ragfast.data import load_corpus, load_qa
+
+    questions = [q.question for q in load_qa("hotpotqa-dev")]
+    wiki = load_corpus("wiki-sample")
+    docs = [wiki.row(i)["contents"] for i in range(min(500, len(wiki)))]
+    ctx = mp.get_context("spawn")
+    procs = []
+    try:
+        rp, r_url = _start(_serve_faults_retriever, (args.corpus, args.retriever, args.threads or None), "retriever",
+                           ctx)
+        procs.append(rp)
+        jp, j_url = _start(_serve_faults_judge, (args.threads or None, args.judge_passage_chars), "judge", ctx)
+        procs.append(jp)
+        res = asyncio.run(sf.run_faults(r_url, j_url, questions, [str(d) for d in docs], clients=args.clients,
+                                        phase_s=args.phase_s, max_requests=args.max_requests,
+                                        burst_mb=args.judge_burst_mb, passage_chars=args.judge_passage_chars))
+    finally:
+        _stop(procs)
+    out, lines, ok = sf.summarise(res)
+    params = (f"retriever={args.retriever},corpus={args.corpus},clients={args.clients},phase_s={args.phase_s:g},"
+              f"threads={args.threads or 'default'},judge_burst_mb={args.judge_burst_mb:g}")
+    rows = [row("serve_faults", prov, params, metric, unit, vals) for prov, metric, unit, vals in out]
+    write_csv(rows, args.csv)
+    for ln in lines:
+        print(ln)
+    print(f"all goals met: {'yes' if ok else 'NO'}; csv: {args.csv}")
+
+
+def _serve_faults_retriever(spec, kind, threads, port, ready) -> None:
+    from bench.server_faults import serve_retriever
+
+    serve_retriever(spec, kind, port, threads, ready)
+
+
+def _serve_faults_judge(threads, passage_chars, port, ready) -> None:
+    from bench.server_faults import serve_judge
+
+    serve_judge(port, threads, passage_chars, ready)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--duration", type=float, default=20.0, help="Seconds of load per mode (split into --reps windows).")
@@ -118,9 +199,22 @@ def main() -> None:
     ap.add_argument("--max-wait-ms", type=float, default=2.0,
                     help="How long the first request of a batch waits for company (0: take what is queued).")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_server.csv"))
+    ap.add_argument("--faults", action="store_true",
+                    help="Hostile-input and mixed-load run of both servers (see bench/server_faults.py).")
+    ap.add_argument("--phase-s", type=float, default=10.0, help="--faults: seconds per phase.")
+    ap.add_argument("--max-requests", type=int, default=20000, help="--faults: most requests per phase.")
+    ap.add_argument("--judge-burst-mb", type=float, default=100.0,
+                    help="--faults: MB of distinct passages sent to the judge in the burst phase.")
+    ap.add_argument("--judge-passage-chars", type=int, default=1_000_000,
+                    help="--faults: characters per burst passage (the judge is started with this limit).")
     args = ap.parse_args()
     if args.duration <= 0 or args.clients < 1 or args.reps < 1:
         ap.error("--duration, --clients and --reps must be positive")
+    if args.faults:
+        if args.phase_s <= 0 or args.max_requests < 1 or args.judge_burst_mb <= 0 or args.judge_passage_chars < 1:
+            ap.error("--phase-s, --max-requests, --judge-burst-mb and --judge-passage-chars must be positive")
+        run_faults_mode(args)
+        return
 
     from ragfast.data import load_qa
 

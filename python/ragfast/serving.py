@@ -233,6 +233,7 @@ class FairBatcher:
         self.chunk = max(1, min(int(chunk), self.max_batch))
         self.max_wait_s = float(max_wait_s)
         self.enabled = enabled
+        self.idle_trim_s = 0.5
         self.stats = BatchStats()
         # One thread runs the model: a batch is one call, and torch's own pool gets the cores.
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -328,13 +329,17 @@ class FairBatcher:
         trimmed = True
         while True:
             if not self._pending:
-                if not trimmed:
-                    # Going idle after work: return the burst's freed memory to the OS.
-                    await loop.run_in_executor(self.pool, trim_memory)
-                    trimmed = True
-                    if self._pending:
-                        continue
                 self._wake.clear()
+                if not trimmed:
+                    # Idle for a moment after work (answers sent, buffers freed): hand the burst's
+                    # freed memory back to the OS.
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), self.idle_trim_s)
+                    except asyncio.TimeoutError:
+                        await loop.run_in_executor(self.pool, trim_memory)
+                        trimmed = True
+                    idle = True
+                    continue
                 await self._wake.wait()
                 idle = True
             if idle and self.enabled and self.max_wait_s > 0:

@@ -25,12 +25,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
@@ -95,18 +96,47 @@ def _search_parts(retriever: Retriever, parts: list[tuple[list[str], int]]) -> l
     return out
 
 
-def _result_bytes(hits: list[list[Any]], return_scores: bool) -> bytes:
+class _DocBytes:
+    """Corpus rows as JSON bytes, cached by corpus id (byte-capped, least recently used out).
+
+    A 1024-query, topk-100 answer holds 100k rows: serialising each row once and reusing its
+    bytes makes building that answer a join instead of 100k dict encodes, which would hold the
+    interpreter for seconds while small requests wait.
+    """
+
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024):
+        from ragfast.cache import ByteLRU
+
+        self.cache = ByteLRU(max_bytes, size_of=len)
+
+    def __call__(self, hit: Any) -> bytes:
+        got = self.cache.get(hit.id)
+        if got is None:
+            got = json_bytes(hit.document)
+            self.cache.put(hit.id, got)
+        return got
+
+
+def _result_bytes(hits: list[list[Any]], return_scores: bool, doc: Callable[[Any], bytes] | None = None) -> bytes:
     """The response body, byte for byte what ``JSONResponse({"result": ...})`` would send.
 
-    Serialised row by row, so a big answer built on a worker thread gives the event loop (and
-    the other requests) the interpreter between rows instead of holding it for one long dump.
+    Built from each row's JSON bytes (``doc``, cached per corpus id) and ``float.__repr__`` of
+    the score, exactly as :func:`json.dumps` writes a finite float; a non-finite score raises
+    ValueError as ``json.dumps(allow_nan=False)`` does.
     """
+    doc = doc or (lambda h: json_bytes(h.document))
     rows = []
     for row in hits:
         if return_scores:
-            rows.append(json_bytes([{"document": h.document, "score": float(h.score)} for h in row]))
+            parts = []
+            for h in row:
+                sc = float(h.score)
+                if not math.isfinite(sc):
+                    raise ValueError(f"Out of range float values are not JSON compliant: {sc!r}")
+                parts.append(b'{"document":' + doc(h) + b',"score":' + float.__repr__(sc).encode() + b"}")
         else:
-            rows.append(json_bytes([h.document for h in row]))
+            parts = [doc(h) for h in row]
+        rows.append(b"[" + b",".join(parts) + b"]")
     return b'{"result":[' + b",".join(rows) + b"]}"
 
 
@@ -161,8 +191,9 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
     stats = _Stats()
     batcher = FairBatcher(lambda parts: _search_parts(retriever, parts), max_batch=int(max_batch), chunk=int(chunk),
                           max_wait_s=max_wait_ms / 1e3, enabled=batching, name="ragfast-retrieve")
-    # Big answers are serialised off the event loop (row by row, see _result_bytes).
+    # Big answers are built off the event loop, from cached per-row bytes (see _result_bytes).
     encode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragfast-encode")
+    doc_bytes = _DocBytes()
 
     @asynccontextmanager
     async def lifespan(app: Any):
@@ -202,9 +233,10 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
                                            f"(request id {request.scope.get('state', {}).get('request_id', '-')})"},
                                 status_code=500)
         if len(queries) * k <= 256:
-            body = _result_bytes(hits, return_scores)
+            body = _result_bytes(hits, return_scores, doc_bytes)
         else:
-            body = await asyncio.get_running_loop().run_in_executor(encode_pool, _result_bytes, hits, return_scores)
+            body = await asyncio.get_running_loop().run_in_executor(encode_pool, _result_bytes, hits, return_scores,
+                                                                    doc_bytes)
         return Response(body, media_type="application/json")
 
     # The body is read and checked by hand (strictly, see _check_request); FastAPI only documents it.
