@@ -352,10 +352,12 @@ def test_fair_batcher_interleaves_a_big_request_with_small_ones():
     big, *smalls = asyncio.run(main())
     assert big == [(x, "big") for x in range(40)]  # results in order, whatever the batching
     assert smalls == [[(100 + i, f"s{i}")] for i in range(3)]
-    assert calls[0] == [(16, "big")]  # alone: the whole batch
+    assert calls[0] == [(16, "big")]  # alone, no small request about: the whole batch
     # Next batch: the big request's fair share (one chunk) and every small request.
     assert sorted(calls[1]) == sorted([(4, "big"), (1, "s0"), (1, "s1"), (1, "s2")])
     assert sum(n for c in calls for n, p in c if p == "big") == 40
+    # Small requests were about lately: the big one keeps to one chunk per batch from now on.
+    assert all(n <= 4 for c in calls[1:] for n, p in c if p == "big")
 
 
 def test_fair_batcher_bisects_a_failing_batch():

@@ -211,8 +211,10 @@ class FairBatcher:
     max_batch : int
         Most items in one call.
     chunk : int
-        Most items one request contributes to a batch while other requests wait (its fair
-        share); a request alone in the queue may fill the whole batch.
+        While small requests (at most ``chunk`` items) are about, the most items one request puts
+        in one batch: its fair share, and the latency quantum, since a small request waits for at
+        most the batch in flight. With no small request in the last second (or three batch
+        times), big requests split the whole ``max_batch`` between them.
     max_wait_s : float
         When the worker is idle, how long the first request waits for company.
     enabled : bool
@@ -221,8 +223,8 @@ class FairBatcher:
     Notes
     -----
     Scheduling is round-robin over waiting requests: a 1024-item request is cut into chunks,
-    and every batch first takes one chunk from each waiting request in turn, so a small request
-    waits for at most the batch in flight plus its own. If a call raises, its parts are retried
+    and every batch takes one chunk from each waiting request in turn (up to ``max_batch``), so
+    under mixed load a small request waits for at most the batch in flight plus its own. If a call raises, its parts are retried
     by bisection, so a request that cannot be served fails alone with its own error.
     """
 
@@ -234,6 +236,9 @@ class FairBatcher:
         self.max_wait_s = float(max_wait_s)
         self.enabled = enabled
         self.idle_trim_s = 0.5
+        self.min_mixed_s = 1.0
+        self._last_small = -1e9  # when the last request of at most one chunk arrived (monotonic)
+        self._last_batch_s = 0.0
         self.stats = BatchStats()
         # One thread runs the model: a batch is one call, and torch's own pool gets the cores.
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
@@ -252,6 +257,8 @@ class FairBatcher:
             return []
         self._ensure_started()
         fut = asyncio.get_running_loop().create_future()
+        if len(items) <= self.chunk:
+            self._last_small = time.monotonic()
         job = _Job(items, param, fut)
         self._pending.append(job)
         self.stats.queued_requests += 1
@@ -306,7 +313,12 @@ class FairBatcher:
             return [(j, start, j.next)]
         parts: list[tuple[_Job, int, int]] = []
         n = 0
-        share = self.max_batch if len(live) == 1 else self.chunk
+        # While small requests are about (one arrived lately), every request gets one chunk per
+        # batch: whatever is in flight is what the next small one waits for, so it stays short.
+        # With only big requests about, they split the whole batch (fewer, bigger calls).
+        now = time.monotonic()
+        recent = max(self.min_mixed_s, 3.0 * self._last_batch_s)
+        share = self.chunk if now - self._last_small < recent else max(self.chunk, self.max_batch // len(live))
         again: deque[_Job] = deque()
         while live and n < self.max_batch:
             j = live.popleft()
@@ -363,12 +375,14 @@ class FairBatcher:
             self.stats.inflight_requests = len({id(j) for j, _, _ in parts})
             self.stats.inflight_items = n
             calls = [(j.items[a:b], j.param) for j, a, b in parts]
+            t0 = time.monotonic()
             try:
                 outs = await loop.run_in_executor(self.pool, self._isolated, calls)
             except Exception as exc:  # the pool itself failed (shutdown): fail these, keep serving
                 outs = [exc] * len(parts)
             finally:
                 self.stats.inflight_requests = self.stats.inflight_items = 0
+                self._last_batch_s = time.monotonic() - t0
             for (j, a, b), out in zip(parts, outs):
                 if j.future.done():
                     continue

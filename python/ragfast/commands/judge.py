@@ -70,7 +70,7 @@ def _check_states(body: dict, lim: JudgeLimits) -> list:
     return out
 
 
-def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 1024, chunk_states: int = 64,
+def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 1024, chunk_states: int = 16,
              limits: Optional[JudgeLimits] = None):
     """The FastAPI app of ``serve-judge`` around an already loaded judge.
 
@@ -210,8 +210,9 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="cpu or cuda."),
         max_wait_ms: float = typer.Option(5.0, help="How long a request waits for others to share its batch."),
         max_batch_states: int = typer.Option(1024, help="Most states in one micro-batch."),
-        chunk_states: int = typer.Option(64, "--chunk-states", help="Most states one request puts in a batch while "
-                                                                    "others wait (big requests are interleaved)."),
+        chunk_states: int = typer.Option(16, "--chunk-states", help="While small requests are about, the most states "
+                                                                    "one request puts in a batch (big ones are "
+                                                                    "interleaved)."),
         max_states: int = typer.Option(MAX_STATES_PER_REQUEST, "--max-states", help="Most states per request."),
         max_passages: int = typer.Option(64, "--max-passages", help="Most evidence passages per state."),
         max_passage_chars: int = typer.Option(20_000, "--max-passage-chars", help="Longest evidence passage."),

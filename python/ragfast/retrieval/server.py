@@ -142,7 +142,7 @@ def _result_bytes(hits: list[list[Any]], return_scores: bool, doc: Callable[[Any
 
 def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int = 1024, max_query_chars: int = 4096,
                max_topk: int = 100, max_body_bytes: int = 16 * 1024 * 1024, batching: bool = True,
-               max_batch: int = 256, chunk: int = 32, max_wait_ms: float = 2.0):
+               max_batch: int = 256, chunk: int = 8, max_wait_ms: float = 2.0):
     """A FastAPI app serving Search-R1's ``POST /retrieve`` (and ``GET /health``, ``GET /metrics``).
 
     Parameters
@@ -160,8 +160,9 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
     max_batch : int
         Most queries per gathered call.
     chunk : int
-        Most queries one request puts in a batch while others wait: big requests are cut into
-        chunks and interleaved round-robin with small ones, so small requests stay fast.
+        While small requests are about, the most queries one request puts in a batch: big
+        requests are cut into chunks and interleaved round-robin with small ones, so small
+        requests stay fast (see :class:`ragfast.serving.FairBatcher`).
     max_wait_ms : float
         How long the first request of a batch waits for others (when the worker is idle).
 
