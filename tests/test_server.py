@@ -432,3 +432,24 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_bounded_fault_script(tmp_path):
+    """bench/bench_server.py --faults, short: valid clients see no errors, every malformed request a 4xx."""
+    import csv
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "bench_server.py"
+    out = tmp_path / "faults.csv"
+    p = subprocess.run([sys.executable, str(script), "--faults", "--retriever", "bm25", "--corpus", "wiki-sample",
+                        "--phase-s", "1", "--clients", "4", "--max-requests", "200", "--judge-burst-mb", "1",
+                        "--judge-passage-chars", "100000", "--csv", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    by = {(r["provider"], r["metric"]): float(r["p50"]) for r in csv.DictReader(open(out))}
+    for phase in ("retriever/baseline", "retriever/faults", "retriever/huge", "judge/faults"):
+        assert by[(phase, "valid_errors")] == 0, (phase, p.stdout)
+    assert by[("retriever/baseline", "requests")] > 0 and by[("retriever/huge", "requests")] > 0
+    assert by[("retriever/malformed", "non_4xx")] == 0 and by[("judge/malformed", "non_4xx")] == 0
+    assert by[("judge/burst", "rss_peak")] >= by[("judge/burst", "rss_before")] > 0
+    assert "all goals met" in p.stdout
