@@ -232,3 +232,224 @@ def test_bounded_load_test_script(tmp_path):
     assert float(by[("batched", "errors")]["p50"]) == 0 and float(by[("one-at-a-time", "errors")]["p50"]) == 0
     assert float(by[("batched", "throughput")]["p50"]) > 0 and float(by[("one-at-a-time", "mean_batch")]["p50"]) == 1
     assert ("batched/one-at-a-time", "throughput_ratio") in by
+
+
+# -- hostile input and mixed load --------------------------------------------------------------------
+def test_malformed_requests_are_refused_alone_and_named(bm25):
+    app = create_app(bm25, default_topk=2, max_topk=10, max_query_chars=50, max_body_bytes=4000)
+    raw = [  # (body bytes, status, words the message must hold)
+        (b'{"queries": ["a\\ud800b"]}', 422, "queries[0]"),  # valid JSON, but no tokenizer takes a lone surrogate
+        (b'{"queries": ["a"], "topk": NaN}', 422, "finite"),
+        (b'{"queries": ["a"], "topk": Infinity}', 422, "finite"),
+        (b'{"queries": ["a"], "topk": true}', 422, "topk must be an integer"),
+        (b'{"queries": ["a"], "topk": "3"}', 422, "topk must be an integer"),
+        (b'{"queries": ["a"], "topk": 3.0}', 422, "topk must be an integer"),
+        (b'{"queries": ["a"], "return_scores": "yes"}', 422, "return_scores"),
+        (b'{"queries": ["a"], "return_scores": 1}', 422, "return_scores"),
+        (b'["a"]', 422, "JSON object"),
+        (b'\xff\xfe', 400, "UTF-8"),
+        (b'{"queries": [["nested"]]}', 422, "queries[0] must be a string"),
+        (b'{"queries": ["a"]}' + b" " * 4000, 413, "--max-body-bytes"),
+    ]
+    with TestClient(app, raise_server_exceptions=False) as cl:
+        for body, status, word in raw:
+            r = cl.post("/retrieve", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == status, (body[:60], r.status_code, r.text)
+            assert word in r.json()["detail"], (body[:60], r.text)
+            assert r.headers.get("x-request-id")
+        # A body without Content-Length (chunked) is counted as it streams.
+        r = cl.post("/retrieve", content=iter([b'{"queries": ["a"]', b" " * 5000, b"}"]))
+        assert r.status_code == 413 and "4000 bytes" in r.json()["detail"]
+        # Search-R1's fallbacks still hold: null/missing topk and null return_scores use the defaults.
+        ok = cl.post("/retrieve", json={"queries": ["volcano"], "topk": None, "return_scores": None})
+        assert ok.status_code == 200 and len(ok.json()["result"][0]) == 2
+        # The answer is byte for byte what a plain JSONResponse of the same result would send.
+        from fastapi.responses import JSONResponse
+
+        r = cl.post("/retrieve", json={"queries": ["volcano", "penguin"], "topk": 3, "return_scores": True})
+        want = [[{"document": h.document, "score": float(h.score)} for h in row]
+                for row in bm25.search(["volcano", "penguin"], 3)]
+        assert r.content == JSONResponse({"result": want}).body
+        assert r.headers["content-type"] == "application/json"
+        assert cl.post("/retrieve", json={"queries": ["x"]}, headers={"x-request-id": "abc-1"}).headers[
+            "x-request-id"] == "abc-1"
+        h = cl.get("/health").json()
+        assert h["stats"]["rejected"] == len(raw) + 1 and h["limits"]["max_body_bytes"] == 4000
+        m = cl.get("/metrics").text
+        assert "ragfast_retriever_queued_requests 0" in m and f"ragfast_retriever_rejected_total {len(raw) + 1}" in m
+
+
+def test_a_failing_request_fails_alone_among_concurrent_ones(bm25, live_server, caplog):
+    slow = Slow(bm25, delay=0.05)
+    url = live_server(create_app(slow, default_topk=3, max_wait_ms=20.0))
+    queries = [f"{TOPICS[i % len(TOPICS)]} number {i}" for i in range(24)]
+    bad = {3, 10, 17}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as cl:
+            reqs = [cl.post(url + "/retrieve", json={"queries": ["boom" if i in bad else q], "topk": 3})
+                    for i, q in enumerate(queries)]
+            return await asyncio.gather(*reqs)
+
+    with caplog.at_level("ERROR", logger="ragfast.server"):
+        answers = asyncio.run(run())
+    for i, (q, a) in enumerate(zip(queries, answers)):
+        if i in bad:
+            assert a.status_code == 500 and "kaboom" in a.text
+            assert a.headers["x-request-id"] in a.text  # the id the log line names
+        else:
+            assert a.status_code == 200, a.text
+            assert [d["id"] for d in a.json()["result"][0]] == [h.id for h in bm25.search([q], 3)[0]]
+    assert max(slow.calls) > 1  # the good requests did share batches with the bad ones
+    logged = [r.getMessage() for r in caplog.records if "answered 500" in r.getMessage()]
+    assert len(logged) == len(bad) and all(a.headers["x-request-id"] in " ".join(logged)
+                                           for i, a in enumerate(answers) if i in bad)
+    st = httpx.get(url + "/health").json()["stats"]
+    assert st["failed_requests"] == len(bad) and st["isolation_retries"] >= 1
+
+
+def test_oversized_body_refused_from_its_header_before_it_is_sent(bm25, live_server):
+    url = live_server(create_app(bm25, max_body_bytes=1 << 20))
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        # Declare 200 MB but send none of it: the answer must come from the header alone.
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 200000000\r\n\r\n")
+        reply = b""
+        while b"\r\n\r\n" not in reply:
+            got = s.recv(65536)
+            if not got:
+                break
+            reply += got
+    assert reply.startswith(b"HTTP/1.1 413"), reply[:200]
+    assert httpx.post(url + "/retrieve", json={"queries": ["volcano"]}).status_code == 200
+
+
+def test_fair_batcher_interleaves_a_big_request_with_small_ones():
+    from ragfast.serving import FairBatcher
+
+    calls = []
+    gate = threading.Event()
+
+    def run(parts):
+        calls.append([(len(items), p) for items, p in parts])
+        if len(calls) == 1:
+            gate.wait(10)  # hold the first batch so the other requests queue behind it
+        return [[(x, p) for x in items] for items, p in parts]
+
+    async def main():
+        b = FairBatcher(run, max_batch=16, chunk=4, max_wait_s=0.0)
+        big = asyncio.ensure_future(b.submit(list(range(40)), "big"))
+        await asyncio.sleep(0.05)
+        smalls = [asyncio.ensure_future(b.submit([100 + i], f"s{i}")) for i in range(3)]
+        await asyncio.sleep(0.05)
+        assert b.stats.queued_requests == 4 and b.stats.inflight_items == 16
+        gate.set()
+        out = await asyncio.gather(big, *smalls)
+        await b.close()
+        return out
+
+    big, *smalls = asyncio.run(main())
+    assert big == [(x, "big") for x in range(40)]  # results in order, whatever the batching
+    assert smalls == [[(100 + i, f"s{i}")] for i in range(3)]
+    assert calls[0] == [(16, "big")]  # alone, no small request about: the whole batch
+    # Next batch: the big request's fair share (one chunk) and every small request.
+    assert sorted(calls[1]) == sorted([(4, "big"), (1, "s0"), (1, "s1"), (1, "s2")])
+    assert sum(n for c in calls for n, p in c if p == "big") == 40
+    # Small requests were about lately: the big one keeps to one chunk per batch from now on.
+    assert all(n <= 4 for c in calls[1:] for n, p in c if p == "big")
+
+
+def test_fair_batcher_bisects_a_failing_batch():
+    from ragfast.serving import FairBatcher
+
+    def run(parts):
+        if any("bad" in items for items, _ in parts):
+            raise ValueError("bad item")
+        return [[x.upper() for x in items] for items, _ in parts]
+
+    async def main():
+        b = FairBatcher(run, max_batch=64, chunk=8, max_wait_s=0.05)
+        reqs = [b.submit(["bad"] if i in (2, 5) else [f"q{i}", f"r{i}"]) for i in range(8)]
+        out = await asyncio.gather(*reqs, return_exceptions=True)
+        stats = b.stats
+        await b.close()
+        return out, stats
+
+    out, stats = asyncio.run(main())
+    for i, o in enumerate(out):
+        if i in (2, 5):
+            assert isinstance(o, ValueError)
+        else:
+            assert o == [f"Q{i}", f"R{i}"]
+    assert stats.batches == 1 and stats.failed_requests == 2 and stats.isolation_retries >= 2
+
+
+def test_sigterm_drains_in_flight_requests(tmp_path):
+    """serve-retriever on SIGTERM: the request being served still gets its full answer, then it exits."""
+    import os
+    import signal
+
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "ragfast.cli", "serve-retriever", "--corpus", "wiki-sample",
+                             "--encoder", "bm25", "--port", str(port), "--graceful-s", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()[-2000:]
+            time.sleep(0.1)
+        from ragfast.data import load_qa
+
+        queries = ([q.question for q in load_qa("hotpotqa-dev")] * 4)[:1024]
+        got = {}
+
+        def big():
+            got["r"] = httpx.post(url + "/retrieve", json={"queries": queries, "topk": 100}, timeout=120)
+
+        th = threading.Thread(target=big)
+        th.start()
+        while True:  # wait until the server is working on it
+            m = httpx.get(url + "/metrics", timeout=5).text
+            if "ragfast_retriever_requests_total 1" in m:
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGTERM)
+        th.join(120)
+        r = got["r"]
+        assert r.status_code == 200 and len(r.json()["result"]) == 1024
+        assert max(len(row) for row in r.json()["result"]) == 100  # BM25 may find fewer for some queries
+        # uvicorn re-raises the signal once it has shut down cleanly: the status says SIGTERM.
+        assert proc.wait(60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_bounded_fault_script(tmp_path):
+    """bench/bench_server.py --faults, short: valid clients see no errors, every malformed request a 4xx."""
+    import csv
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "bench" / "bench_server.py"
+    out = tmp_path / "faults.csv"
+    p = subprocess.run([sys.executable, str(script), "--faults", "--retriever", "bm25", "--corpus", "wiki-sample",
+                        "--phase-s", "1", "--clients", "4", "--max-requests", "200", "--judge-burst-mb", "1",
+                        "--judge-passage-chars", "100000", "--csv", str(out)], capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    by = {(r["provider"], r["metric"]): float(r["p50"]) for r in csv.DictReader(open(out))}
+    for phase in ("retriever/baseline", "retriever/faults", "retriever/huge", "judge/faults"):
+        assert by[(phase, "valid_errors")] == 0, (phase, p.stdout)
+    assert by[("retriever/baseline", "requests")] > 0 and by[("retriever/huge", "requests")] > 0
+    assert by[("retriever/malformed", "non_4xx")] == 0 and by[("judge/malformed", "non_4xx")] == 0
+    assert by[("judge/burst", "rss_peak")] >= by[("judge/burst", "rss_before")] > 0
+    assert "all goals met" in p.stdout

@@ -203,6 +203,13 @@ def check_paths(cfg: BenchConfig) -> None:
     if missing:
         raise ConfigError("missing files for this bench configuration:\n  " + "\n  ".join(missing)
                           + "\n(put them there, or point the slot elsewhere with a flag or --config YAML)")
+    from ragfast.retrieval.remote import check_reachable
+
+    # A server that is not there fails now, before --out exists, not after the slots are built.
+    if _is_url(cfg.index):
+        check_reachable(cfg.index, "--index server")
+    if _is_url(cfg.reasoner):
+        check_reachable(cfg.reasoner.partition("#")[0], "--reasoner server")
 
 
 # -- building the slots ----------------------------------------------------------------------

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 import ragfast
-from ragfast.errors import RagfastError
+from ragfast.errors import RagfastError, missing_dependency_message
 
 # ragfast loads every model from a local path: never reach for a hub, and keep the loaders'
 # own per-file progress bars out of the run's output (ragfast shows its own). Nothing above
@@ -98,15 +98,30 @@ for _mod in COMMAND_MODULES:
     importlib.import_module(_mod).register(app)
 
 
+def _fail(message: str) -> None:
+    """Print one ``error:`` line (bad input, never a traceback) and exit with status 2."""
+    from rich.markup import escape
+
+    console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True, highlight=False)
+    sys.exit(2)
+
+
 def main() -> None:
     """Entry point: run the app, turning ragfast's own errors into one clear line."""
     try:
         app()
     except RagfastError as exc:
-        from rich.markup import escape
-
-        console.print(f"[bold red]error:[/] {escape(str(exc))}", soft_wrap=True, highlight=False)
-        sys.exit(2)
+        _fail(str(exc))
+    except ModuleNotFoundError as exc:  # an optional extra that is not installed
+        msg = missing_dependency_message(exc)
+        if msg is None:
+            raise
+        _fail(msg)
+    except OSError as exc:
+        if exc.filename is None:  # not about a path the user gave: a real failure, keep its traceback
+            raise
+        # A path the user named that cannot be read or written (permissions, a file for a directory...).
+        _fail(f"{exc.strerror or type(exc).__name__}: {exc.filename}")
     except KeyboardInterrupt:
         console.print("[yellow]interrupted; finished results are on disk (use --resume)[/]")
         sys.exit(130)

@@ -94,7 +94,7 @@ def _parse_line(line: str, p: Path, n: int) -> dict[str, Any]:
     try:
         obj = json.loads(line)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{p}:{n}: line does not parse as JSON ({exc.msg} at column {exc.colno})") from None
+        raise DataError(f"{p}:{n}: line does not parse as JSON (column {exc.colno}: {exc.msg})") from None
     if not isinstance(obj, dict):
         raise DataError(f"{p}:{n}: expected a JSON object per line, got {type(obj).__name__}")
     return obj
@@ -122,7 +122,7 @@ def _load_json_file(p: Path) -> Any:
         with open(p, encoding="utf-8") as f:
             return json.load(f)
     except json.JSONDecodeError as exc:
-        raise DataError(f"{p}:{exc.lineno}: JSON does not parse ({exc.msg} at column {exc.colno})") from None
+        raise DataError(f"{p}:{exc.lineno}: JSON does not parse (column {exc.colno}: {exc.msg})") from None
 
 
 def detect_layout(path: str | Path) -> str:

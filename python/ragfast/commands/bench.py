@@ -42,4 +42,7 @@ def register(app: typer.Typer) -> None:
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
                           encoder=encoder, index=index, budget=budget, topk=topk, threshold=threshold,
                           methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers)
-        run_bench(cfg, resume=resume)
+        from ragfast.outdir import output_dir
+
+        with output_dir(cfg.out):
+            run_bench(cfg, resume=resume)

@@ -6,14 +6,10 @@ micro-batch, so the CausalJudge packs the states of every trajectory in it (pref
 whichever request they came from.
 """
 # No `from __future__ import annotations`: FastAPI must see the request models as classes.
-import asyncio
 import contextlib
 import math
-import threading
-import time
-from concurrent.futures import Future
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from queue import Empty, Queue
 from typing import Any, Optional
 
 import typer
@@ -21,122 +17,159 @@ import typer
 MAX_STATES_PER_REQUEST = 4096
 
 
-class _Batcher:
-    """Merges concurrent /score requests into one judge call (a worker thread owns the model)."""
+@dataclass
+class JudgeLimits:
+    """Per-request limits of ``serve-judge``; a request over one gets 413 naming the limit."""
 
-    def __init__(self, judge: Any, max_wait_s: float = 0.005, max_states: int = 1024):
-        self.judge = judge
-        self.max_wait_s = max_wait_s
-        self.max_states = max_states
-        self.q: Queue = Queue()
-        self.batches = 0
-        self.ledger = None
-        self._thread = threading.Thread(target=self._run, name="ragfast-judge-batcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, states: list[Any]) -> Future:
-        fut: Future = Future()
-        self.q.put((states, fut))
-        return fut
-
-    def _run(self) -> None:
-        while True:
-            item = self.q.get()
-            if item is None:
-                return
-            group = [item]
-            n = len(item[0])
-            deadline = time.perf_counter() + self.max_wait_s
-            while n < self.max_states:
-                left = deadline - time.perf_counter()
-                if left <= 0:
-                    break
-                try:
-                    nxt = self.q.get(timeout=left)
-                except Empty:
-                    break
-                if nxt is None:
-                    self.q.put(None)
-                    break
-                group.append(nxt)
-                n += len(nxt[0])
-            states = [s for st, _ in group for s in st]
-            try:
-                scores = self.judge.stop_scores(states, ledger=self.ledger)
-                self.batches += 1
-                off = 0
-                for st, fut in group:
-                    fut.set_result(scores[off:off + len(st)])
-                    off += len(st)
-            except Exception as exc:  # hand the error to every waiting request
-                for _, fut in group:
-                    if not fut.done():
-                        fut.set_exception(exc)
-
-    def close(self) -> None:
-        self.q.put(None)
-        self._thread.join(timeout=5)
+    max_states: int = MAX_STATES_PER_REQUEST
+    max_passages: int = 64
+    max_passage_chars: int = 20_000
+    max_question_chars: int = 4096
+    max_body_bytes: int = 16 * 1024 * 1024
 
 
-def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 1024):
+_STATE_KEYS = ("question", "evidence", "trajectory_id")
+
+
+def _check_states(body: dict, lim: JudgeLimits) -> list:
+    """The states of one parsed ``/score`` body, each field checked; a RequestError names the first bad one."""
+    from ragfast.serving import RequestError, check_text, check_text_list
+    from ragfast.types import State
+
+    extra = sorted(set(body) - {"states"})
+    if extra:
+        raise RequestError(422, f"unknown field {extra[0]!r} (the body is {{\"states\": [...]}})")
+    if "states" not in body:
+        raise RequestError(422, "states: field required (a list of {question, evidence, trajectory_id})")
+    raw = body["states"]
+    if not isinstance(raw, list):
+        raise RequestError(422, "states must be a list of objects")
+    if len(raw) > lim.max_states:
+        raise RequestError(413, f"too many states in one request: {len(raw)} > {lim.max_states} (--max-states)")
+    out = []
+    for i, st in enumerate(raw):
+        if not isinstance(st, dict):
+            raise RequestError(422, f"states[{i}] must be an object")
+        bad = sorted(set(st) - set(_STATE_KEYS))
+        if bad:
+            raise RequestError(422, f"states[{i}]: unknown field {bad[0]!r}")
+        if "question" not in st:
+            raise RequestError(422, f"states[{i}].question: field required")
+        q = check_text(st["question"], f"states[{i}].question", max_chars=lim.max_question_chars,
+                       limit_name="--max-question-chars")
+        if not q.strip():
+            raise RequestError(400, f"state {i}: empty question")
+        ev = st.get("evidence")
+        ev = [] if ev is None else check_text_list(ev, f"states[{i}].evidence", max_items=lim.max_passages,
+                                                   items_limit="--max-passages", max_chars=lim.max_passage_chars,
+                                                   chars_limit="--max-passage-chars", item_name="passages")
+        tid = st.get("trajectory_id")
+        if tid is not None:
+            tid = check_text(tid, f"states[{i}].trajectory_id", max_chars=256, limit_name="256")
+        out.append(State(q, ev, tid, 0))
+    return out
+
+
+def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 1024, chunk_states: int = 16,
+             limits: Optional[JudgeLimits] = None):
     """The FastAPI app of ``serve-judge`` around an already loaded judge.
 
     Endpoints: ``POST /score`` -> ``{"scores": [float | null], "judge": str, "meaningful": bool}``
-    (null where a state could not be scored); ``GET /health`` -> the judge's ``describe()``.
-    Bad requests get 400/422 with the problem named.
+    (null where a state could not be scored); ``GET /health`` -> the judge's ``describe()``, queue
+    depth and in-flight work; ``GET /metrics`` -> the same in Prometheus text format.
+
+    Every request is checked on its own before it joins a micro-batch (strict types, text UTF-8
+    can encode, the limits in ``limits``); bad requests get 400/413/422 naming the field or limit.
+    Big requests are cut into ``chunk_states`` pieces interleaved with small ones, and a batch that
+    fails anyway is bisected so only the request that caused it fails.
     """
-    from fastapi import FastAPI, HTTPException
-    from pydantic import BaseModel, ConfigDict, Field
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse
 
     from ragfast.cost import CostLedger
-    from ragfast.errors import RagfastError
-    from ragfast.types import State
+    from ragfast.errors import ConfigError, RagfastError
+    from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
+                                 parse_json_body, prometheus_text, rss_bytes)
 
-    class StateIn(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        question: str
-        evidence: list[str] = Field(default_factory=list)
-        trajectory_id: Optional[str] = None
+    lim = limits or JudgeLimits()
+    if min(lim.max_states, lim.max_passages, lim.max_passage_chars, lim.max_question_chars, lim.max_body_bytes,
+           max_batch_states, chunk_states) < 1 or max_wait_ms < 0:
+        raise ConfigError(f"serve-judge limits must be positive: {lim}, max_batch_states={max_batch_states}, "
+                          f"chunk_states={chunk_states}, max_wait_ms={max_wait_ms}")
+    ledger = CostLedger()
 
-    class ScoreIn(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        states: list[StateIn]
+    def run(parts):
+        states = [s for st, _ in parts for s in st]
+        scores = judge.stop_scores(states, ledger=ledger)
+        out, off = [], 0
+        for st, _ in parts:
+            out.append([float(x) for x in scores[off:off + len(st)]])
+            off += len(st)
+        return out
 
-    batcher = _Batcher(judge, max_wait_ms / 1e3, max_batch_states)
-    batcher.ledger = CostLedger()
+    batcher = FairBatcher(run, max_batch=max_batch_states, chunk=chunk_states, max_wait_s=max_wait_ms / 1e3,
+                          name="ragfast-judge")
+    counts = {"rejected": 0, "errors": 0}
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         yield
-        batcher.close()
+        await batcher.close()
 
     app = FastAPI(title="ragfast judge", description="STOP scores of retrieval states", lifespan=lifespan)
     app.state.batcher = batcher
+    app.state.limits = lim
     desc = judge.describe()
+
+    def stats() -> dict[str, Any]:
+        return {**batcher.stats.to_dict(), **counts}
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        tot = batcher.ledger.totals().get("judge", {})
-        return {"judge": judge.describe(), "batches": batcher.batches,
+        tot = ledger.totals().get("judge", {})
+        return {"judge": judge.describe(), "batches": batcher.stats.batches, "limits": asdict(lim),
+                "stats": stats(), "rss_bytes": rss_bytes(),
                 "cost": {k: tot.get(k, 0) for k in ("calls", "input_tokens", "cached_tokens", "flops", "seconds")}}
 
+    @app.get("/metrics")
+    def metrics():
+        st = stats()
+        vals = {"requests_total": st["requests"], "states_total": st["items"], "batches_total": st["batches"],
+                "errors_total": st["errors"], "rejected_total": st["rejected"],
+                "isolation_retries_total": st["isolation_retries"], "queued_requests": st["queued_requests"],
+                "queued_states": st["queued_items"], "inflight_requests": st["inflight_requests"],
+                "inflight_states": st["inflight_items"], "resident_memory_bytes": rss_bytes()}
+        return PlainTextResponse(prometheus_text("ragfast_judge", vals), media_type="text/plain; version=0.0.4")
+
     @app.post("/score")
-    async def score(req: ScoreIn) -> dict[str, Any]:
-        if len(req.states) > MAX_STATES_PER_REQUEST:
-            raise HTTPException(400, f"too many states in one request: {len(req.states)} > {MAX_STATES_PER_REQUEST}")
-        for i, s in enumerate(req.states):
-            if not s.question.strip():
-                raise HTTPException(400, f"state {i}: empty question")
-        states = [State(s.question, list(s.evidence), s.trajectory_id, 0) for s in req.states]
+    async def score(request: Request):
+        try:
+            states = _check_states(parse_json_body(await request.body()), lim)
+        except RequestError as exc:
+            counts["rejected"] += 1
+            return JSONResponse({"detail": exc.message}, status_code=exc.status)
         if not states:
             return {"scores": [], "judge": desc["name"], "meaningful": desc["meaningful"]}
         try:
-            scores = await asyncio.wrap_future(batcher.submit(states))
+            scores = await batcher.submit(states)
         except RagfastError as exc:
-            raise HTTPException(400, str(exc)) from exc
-        return {"scores": [None if not math.isfinite(float(x)) else float(x) for x in scores],
+            counts["rejected"] += 1
+            return JSONResponse({"detail": str(exc)}, status_code=400)
+        except Exception as exc:
+            rid = request.scope.get("state", {}).get("request_id", "-")
+            return JSONResponse({"detail": f"scoring failed: {type(exc).__name__}: {exc} (request id {rid})"},
+                                status_code=500)
+        return {"scores": [None if not math.isfinite(x) else x for x in scores],
                 "judge": desc["name"], "meaningful": desc["meaningful"]}
 
+    def on_error() -> None:
+        counts["errors"] += 1
+
+    def on_reject() -> None:
+        counts["rejected"] += 1
+
+    app.add_middleware(BodyLimitMiddleware, max_bytes=lim.max_body_bytes, on_reject=on_reject)
+    app.add_middleware(RequestIdMiddleware, on_error=on_error)
     return app
 
 
@@ -177,14 +210,35 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("cpu", help="cpu or cuda."),
         max_wait_ms: float = typer.Option(5.0, help="How long a request waits for others to share its batch."),
         max_batch_states: int = typer.Option(1024, help="Most states in one micro-batch."),
+        chunk_states: int = typer.Option(16, "--chunk-states", help="While small requests are about, the most states "
+                                                                    "one request puts in a batch (big ones are "
+                                                                    "interleaved)."),
+        max_states: int = typer.Option(MAX_STATES_PER_REQUEST, "--max-states", help="Most states per request."),
+        max_passages: int = typer.Option(64, "--max-passages", help="Most evidence passages per state."),
+        max_passage_chars: int = typer.Option(20_000, "--max-passage-chars", help="Longest evidence passage."),
+        max_question_chars: int = typer.Option(4096, "--max-question-chars", help="Longest question."),
+        max_body_bytes: int = typer.Option(16 * 1024 * 1024, "--max-body-bytes",
+                                           help="Largest request body, refused (413) before it is parsed."),
+        cache_mb: float = typer.Option(256.0, "--cache-mb", help="Byte cap of the judge's text/embedding caches "
+                                                                 "(least recently used entries go first)."),
+        graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
+                                                                    "may take to finish."),
     ) -> None:
         """Serve POST /score (states in, STOP scores out), micro-batched and prefix-packed."""
         import uvicorn
 
         from ragfast.models.judge import load_judge
 
+        from ragfast.cache import set_default_max_bytes
+        from ragfast.errors import ConfigError
+
+        if cache_mb < 0:
+            raise ConfigError(f"--cache-mb must be >= 0, got {cache_mb}")
+        set_default_max_bytes(int(cache_mb * 1024 * 1024))  # the judge's caches read it when built
         j = load_judge(judge, device=device)
         d = j.describe()
         typer.echo(f"judge: {d['name']} (meaningful: {d['meaningful']}) on http://{host}:{port}/score", err=True)
-        uvicorn.run(make_app(j, max_wait_ms=max_wait_ms, max_batch_states=max_batch_states), host=host, port=port,
-                    log_level="warning")
+        lim = JudgeLimits(max_states=max_states, max_passages=max_passages, max_passage_chars=max_passage_chars,
+                          max_question_chars=max_question_chars, max_body_bytes=max_body_bytes)
+        uvicorn.run(make_app(j, max_wait_ms=max_wait_ms, max_batch_states=max_batch_states, chunk_states=chunk_states,
+                             limits=lim), host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_s)

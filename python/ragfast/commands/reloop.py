@@ -33,8 +33,11 @@ def reloop_cmd(
 
     cfg = ReloopConfig(planner=planner, k=k, window=window, max_steps=max_steps, max_tokens=max_tokens,
                        verify=verify, batch_size=batch_size)
-    summary = run(data, out, cfg, kb=kb, limit=limit, resume=resume, encoder=encoder, judge=judge,
-                  generator=generator, planner_model=planner_model, device=device)
+    from ragfast.outdir import output_dir
+
+    with output_dir(out):
+        summary = run(data, out, cfg, kb=kb, limit=limit, resume=resume, encoder=encoder, judge=judge,
+                      generator=generator, planner_model=planner_model, device=device)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return

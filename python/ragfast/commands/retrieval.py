@@ -29,19 +29,26 @@ def register(app: typer.Typer) -> None:
         max_queries: int = typer.Option(1024, "--max-queries", help="Most queries per request."),
         max_query_chars: int = typer.Option(4096, "--max-query-chars", help="Longest query accepted."),
         max_topk: int = typer.Option(100, "--max-topk", help="Largest topk accepted."),
+        max_body_bytes: int = typer.Option(16 * 1024 * 1024, "--max-body-bytes",
+                                           help="Largest request body, refused (413) before it is parsed."),
         max_batch: int = typer.Option(256, "--max-batch", help="Most queries gathered into one retriever call."),
+        chunk: int = typer.Option(8, "--chunk", help="While small requests are about, the most queries one request "
+                                                      "puts in a batch (big requests are interleaved with small ones)."),
         max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="How long a request waits for batch company."),
         no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per worker (default: torch's; "
                                                                       "keep workers x threads <= cores)."),
+        graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
+                                                                    "may take to finish."),
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve
 
         serve(corpus, index, encoder, topk=topk, host=host, port=port, workers=workers, storage=storage,
-              device=device, threads=threads,
+              device=device, threads=threads, graceful_s=graceful_s,
               app_options={"max_queries": max_queries, "max_query_chars": max_query_chars, "max_topk": max_topk,
-                           "max_batch": max_batch, "max_wait_ms": max_wait_ms, "batching": not no_batching})
+                           "max_body_bytes": max_body_bytes, "max_batch": max_batch, "chunk": chunk,
+                           "max_wait_ms": max_wait_ms, "batching": not no_batching})
 
     index_app = typer.Typer(help="Build dense or BM25 indexes over a corpus.", no_args_is_help=True)
 
@@ -64,10 +71,18 @@ def register(app: typer.Typer) -> None:
         """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
         from rich.console import Console
 
+        from ragfast.outdir import output_dir
+
+        con = Console(stderr=True)
+        with output_dir(out):
+            _build(corpus, out, encoder, backend, factory, storage, chunk_size, batch_size, device, keep_chunks,
+                   shards, con)
+
+    def _build(corpus, out, encoder, backend, factory, storage, chunk_size, batch_size, device, keep_chunks, shards,
+               con) -> None:
         from ragfast.data import load_corpus
         from ragfast.errors import ConfigError
 
-        con = Console(stderr=True)
         t0 = time.perf_counter()
         corp = load_corpus(corpus)
         outp = Path(out)

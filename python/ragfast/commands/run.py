@@ -48,6 +48,9 @@ def make_generator(model: str, *, seed: int = 0, device: str = "cpu", dtype: str
     if _is_url(model):
         if not served_model:
             raise ConfigError("--model URL needs --served-model NAME (the model name the server serves)")
+        from ragfast.retrieval.remote import check_reachable
+
+        check_reachable(model, "--model server")
         return OpenAIGenerator(model, served_model, api_key=api_key, concurrency=concurrency, tokenizer=tokenizer,
                                seed=seed)
     p = Path(model)
@@ -65,7 +68,9 @@ def make_retriever(spec: str, questions: Sequence[Any], *, corpus: str | None = 
     """
     if _is_url(spec):
         from ragfast.retrieval import RemoteRetriever
+        from ragfast.retrieval.remote import check_reachable
 
+        check_reachable(spec, "--retriever server")
         return RemoteRetriever(spec)
 
     def _corpus():
@@ -454,12 +459,15 @@ def searchr1_cmd(
 
     With --ray the questions run on Ray actors; the files and per-question records are the same.
     """
-    run_searchr1_command(model=model, retriever=retriever, data=data, out=out, limit=limit, resume=resume,
-                         batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
-                         max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget,
-                         corpus=corpus, served_model=served_model, tokenizer=tokenizer, device=device, dtype=dtype,
-                         threads=threads, refill=refill, progress=not no_progress, ray=ray,
-                         ray_workers=ray_workers)
+    from ragfast.outdir import output_dir
+
+    with output_dir(out):
+        run_searchr1_command(model=model, retriever=retriever, data=data, out=out, limit=limit, resume=resume,
+                             batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
+                             max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget,
+                             corpus=corpus, served_model=served_model, tokenizer=tokenizer, device=device, dtype=dtype,
+                             threads=threads, refill=refill, progress=not no_progress, ray=ray,
+                             ray_workers=ray_workers)
 
 
 def register(app: typer.Typer) -> None:

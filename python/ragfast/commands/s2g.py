@@ -207,12 +207,15 @@ def s2g_run_cmd(
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
-    run_s2g_command(model=model, data=data, out=out, judge=judge, retriever=retriever, threshold=threshold,
-                    val_data=val_data, val_limit=val_limit, val_offset=val_offset, min_precision=min_precision,
-                    limit=limit, offset=offset, batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
-                    max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, gap_queries=gap_queries,
-                    live=not no_live, n_resamples=n_resamples, corpus=corpus, device=device, overwrite=overwrite,
-                    progress=not no_progress)
+    from ragfast.outdir import output_dir
+
+    with output_dir(out):
+        run_s2g_command(model=model, data=data, out=out, judge=judge, retriever=retriever, threshold=threshold,
+                        val_data=val_data, val_limit=val_limit, val_offset=val_offset, min_precision=min_precision,
+                        limit=limit, offset=offset, batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
+                        max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, gap_queries=gap_queries,
+                        live=not no_live, n_resamples=n_resamples, corpus=corpus, device=device, overwrite=overwrite,
+                        progress=not no_progress)
 
 
 @report_app.command("s2g")

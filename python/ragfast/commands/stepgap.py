@@ -254,12 +254,15 @@ def stepgap_run_cmd(
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
     """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge)."""
-    run_stepgap_command(model=model, retriever=retriever, data=data, out=out, nli=nli, nli_backend=nli_backend,
-                        checker_llm=checker_llm, stages=stages, entail=entail, contra=contra, repair=not no_repair,
-                        max_repairs=max_repairs, limit=limit, resume=resume, batch_size=batch_size,
-                        max_turns=max_turns, topk=topk, seed=seed, max_new_tokens=max_new_tokens,
-                        max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget, corpus=corpus, device=device,
-                        progress=not no_progress)
+    from ragfast.outdir import output_dir
+
+    with output_dir(out):
+        run_stepgap_command(model=model, retriever=retriever, data=data, out=out, nli=nli, nli_backend=nli_backend,
+                            checker_llm=checker_llm, stages=stages, entail=entail, contra=contra, repair=not no_repair,
+                            max_repairs=max_repairs, limit=limit, resume=resume, batch_size=batch_size,
+                            max_turns=max_turns, topk=topk, seed=seed, max_new_tokens=max_new_tokens,
+                            max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget, corpus=corpus, device=device,
+                            progress=not no_progress)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ragfast.cache import ByteLRU, text_key
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.base import Judge
@@ -414,7 +415,7 @@ class CausalJudge(Judge):
         self.meaningful = (not random_weights) if meaningful is None else bool(meaningful)
         self.name = str(path)
         self.parse_stats: Counter = Counter()
-        self._piece_cache: dict[str, list[int]] = {}
+        self._piece_cache = ByteLRU()  # text digest -> token ids, capped in bytes
         self._sys_kv = None
         self._build_prompt_pieces()
         self._true_ids, self._false_ids = self._word_ids()
@@ -457,11 +458,11 @@ class CausalJudge(Judge):
 
     def _ids(self, text: str) -> list[int]:
         # Pieces are tokenised on their own, so the naive and packed paths use identical ids.
-        got = self._piece_cache.get(text)
+        key = text_key(text)
+        got = self._piece_cache.get(key)
         if got is None:
             got = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-            if len(self._piece_cache) < 200_000:
-                self._piece_cache[text] = got
+            self._piece_cache.put(key, got)
         return got
 
     def _word_ids(self) -> tuple[list[int], list[int]]:
@@ -805,53 +806,59 @@ class _FeatureMaker:
     distinct text only once: the states of a trajectory share their documents.
     """
 
-    def __init__(self, encoder: Any, cache_size: int = 200_000):
+    def __init__(self, encoder: Any, cache_bytes: int | None = None):
         self.encoder = encoder
         self.dim = int(encoder.dim)
-        self.cache_size = cache_size
-        self._q: dict[str, np.ndarray] = {}
-        self._d: dict[str, np.ndarray] = {}
+        # Text digest -> vector, least recently used first out once over the byte cap.
+        self._q = ByteLRU(cache_bytes)
+        self._d = ByteLRU(cache_bytes)
 
     @property
     def n_features(self) -> int:
         return 4 * self.dim + _N_SCALARS
 
-    def _embed(self, texts: list[str], kind: str, store: dict[str, np.ndarray], qids: list[Any],
-                tmp: CostLedger) -> None:
+    def _embed(self, texts: list[str], kind: str, store: ByteLRU, qids: list[Any],
+                tmp: CostLedger) -> dict[str, np.ndarray]:
+        got: dict[str, np.ndarray] = {}  # this call's vectors: eviction cannot lose them mid-call
         todo: dict[str, Any] = {}
         for t, qid in zip(texts, qids):
-            if t not in store and t not in todo:
-                todo[t] = qid
+            if t not in got and t not in todo:
+                v = store.get(text_key(t))
+                if v is None:
+                    todo[t] = qid
+                else:
+                    got[t] = v
         if not todo:
-            return
+            return got
         keys = list(todo)
         vecs = self.encoder.encode(keys, kind=kind, ledger=tmp, question_ids=[todo[k] for k in keys]).numpy()
-        if len(store) + len(keys) > self.cache_size:
-            store.clear()
         for k, v in zip(keys, vecs):
-            store[k] = v.astype(np.float32)
+            got[k] = v.astype(np.float32)
+            store.put(text_key(k), got[k])
+        return got
 
     def embed_documents(self, texts: Sequence[str]) -> None:
         """Embed document texts into the cache (as the judge reads them)."""
         self._embed(list(texts), "passage", self._d, [None] * len(texts), CostLedger())
 
     def doc_vector(self, text: str) -> np.ndarray:
-        return self._d[text]
+        v = self._d.get(text_key(text))
+        return v if v is not None else self._embed([text], "passage", self._d, [None], CostLedger())[text]
 
     def __call__(self, states: Sequence[State], question_ids: Sequence[Any] | None = None,
                  tmp: CostLedger | None = None) -> np.ndarray:
         tmp = tmp if tmp is not None else CostLedger()
         qids = list(question_ids) if question_ids is not None else [None] * len(states)
         docs = [[d for b in context_blocks(s) for d in _split_docs(b)] for s in states]
-        self._embed([s.question for s in states], "query", self._q, qids, tmp)
+        qv = self._embed([s.question for s in states], "query", self._q, qids, tmp)
         flat = [(d, qid) for ds, qid in zip(docs, qids) for d in ds]
-        self._embed([d for d, _ in flat], "passage", self._d, [q for _, q in flat], tmp)
+        dv = self._embed([d for d, _ in flat], "passage", self._d, [q for _, q in flat], tmp)
         X = np.zeros((len(states), self.n_features), dtype=np.float32)
         D = self.dim
         for i, (s, ds) in enumerate(zip(states, docs)):
-            q = self._q[s.question]
+            q = qv[s.question]
             if ds:
-                E = np.stack([self._d[d] for d in ds])
+                E = np.stack([dv[d] for d in ds])
                 c = E.mean(0)
                 sims = np.sort(E @ q)[::-1]
             else:

@@ -13,7 +13,34 @@ from typing import Any, Sequence
 from ragfast.errors import ConfigError, RagfastError
 from ragfast.retrieval.base import Hit, Retriever
 
-__all__ = ["RemoteRetriever", "RemoteRetrievalError"]
+__all__ = ["RemoteRetriever", "RemoteRetrievalError", "check_reachable"]
+
+
+def check_reachable(url: str, what: str, timeout: float = 5.0) -> None:
+    """Open (and close) a TCP connection to ``url``'s host and port, or say plainly that it cannot.
+
+    Commands call it before they create anything, so an unreachable server is one error line
+    up front instead of a failure after the output directory exists.
+
+    Raises
+    ------
+    ragfast.errors.ConfigError
+        The URL is malformed or nothing accepts connections there.
+    """
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError as exc:
+        raise ConfigError(f"{what} URL {url!r} has a bad port: {exc}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"{what} URL must look like http://HOST:PORT, got {url!r}")
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConfigError(f"cannot reach the {what} at {url}: {exc.strerror or exc}") from None
 
 
 class RemoteRetrievalError(RagfastError):

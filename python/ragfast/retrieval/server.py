@@ -4,7 +4,8 @@ Protocol (Search-R1's retrieval server, see PROTOCOLS.md): ``POST /retrieve`` wi
 ``{"queries": [str, ...], "topk": int | null, "return_scores": bool = false}``; a null topk
 means the server's default. The answer is ``{"result": [...]}`` with one list per query:
 ``{"document": <corpus row>, "score": float}`` items when ``return_scores`` is true, bare corpus
-rows otherwise. ``GET /health`` says what serves and how much it has served.
+rows otherwise. ``GET /health`` says what serves and how much it has served, with queue depth
+and in-flight work; ``GET /metrics`` gives the same counters in Prometheus text format.
 
 Concurrent requests are gathered into one retriever call: the first request waits at most
 ``max_wait_ms`` for company, then the whole group (up to ``max_batch`` queries) is encoded and
@@ -12,31 +13,41 @@ searched at once, and each request gets its own slice back. While one batch runs
 one fills up, so under load the batch grows by itself. One encoder forward and one corpus scan
 per batch is where the throughput comes from: a flat scan reads the whole corpus once for
 however many queries ride along.
+
+Hostile input and mixed load (see :mod:`ragfast.serving`): each request is validated on its own
+before it joins a batch, bodies over ``max_body_bytes`` are refused before parsing, big requests
+are cut into ``chunk``-sized pieces interleaved round-robin with small ones, a failing batch is
+bisected so only the offending request fails, and every response carries ``X-Request-ID``.
+SIGTERM lets in-flight requests finish (up to ``graceful_s``) before the process exits.
 """
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import math
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Retriever
+from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
+                             check_int, check_text_list, json_bytes, parse_json_body, prometheus_text, rss_bytes)
 
 __all__ = ["create_app", "load_retriever", "serve", "set_threads", "ServerLimits", "RetrieveRequest"]
 
 _ENV_CONFIG = "RAGFAST_SERVE_CONFIG"
+log = logging.getLogger("ragfast.server")
 
 
 class RetrieveRequest(BaseModel):
-    """Search-R1's request body; unknown extra fields are ignored."""
+    """Search-R1's request body (documentation; the server checks bodies strictly itself)."""
 
     queries: list[str]
     topk: Optional[int] = None
@@ -50,123 +61,89 @@ class ServerLimits:
     max_queries: int = 1024
     max_query_chars: int = 4096
     max_topk: int = 100
-
-
-@dataclass
-class _Item:
-    queries: list[str]
-    k: int
-    future: asyncio.Future
+    max_body_bytes: int = 16 * 1024 * 1024
 
 
 @dataclass
 class _Stats:
-    requests: int = 0
-    queries: int = 0
-    batches: int = 0
-    batched_queries: int = 0
-    max_batch_seen: int = 0
-    errors: int = 0
     rejected: int = 0
-    started: float = field(default_factory=time.time)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"requests": self.requests, "queries": self.queries, "batches": self.batches,
-                "mean_batch_queries": (self.batched_queries / self.batches) if self.batches else 0.0,
-                "max_batch_queries": self.max_batch_seen, "errors": self.errors, "rejected": self.rejected,
-                "uptime_s": round(time.time() - self.started, 3)}
+    errors: int = 0
 
 
-class _Batcher:
-    """Gathers concurrent requests into one retriever call (or runs them one by one)."""
+def _check_request(body: dict[str, Any], limits: ServerLimits, default_topk: int) -> tuple[list[str], int, bool]:
+    """(queries, k, return_scores) of one parsed body, or a RequestError naming the field."""
+    if "queries" not in body:
+        raise RequestError(422, "queries: field required (a list of strings)")
+    queries = check_text_list(body["queries"], "queries", max_items=limits.max_queries, items_limit="--max-queries",
+                              max_chars=limits.max_query_chars, chars_limit="--max-query-chars", item_name="queries")
+    topk = body.get("topk")
+    # Search-R1's fallback: a missing or null topk means the server's default.
+    k = default_topk if topk is None else check_int(topk, "topk", lo=1, hi=limits.max_topk)
+    rs = body.get("return_scores")
+    return_scores = False if rs is None else check_bool(rs, "return_scores")
+    return queries, k, return_scores
 
-    def __init__(self, retriever: Retriever, *, enabled: bool, max_batch: int, max_wait_s: float, stats: _Stats):
-        self.retriever = retriever
-        self.enabled = enabled
-        self.max_batch = max_batch
-        self.max_wait_s = max_wait_s
-        self.stats = stats
-        # One thread runs the retriever: calls never overlap, so a batch is one kernel call and
-        # torch's own thread pool gets the cores.
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragfast-retrieve")
-        self.queue: asyncio.Queue | None = None
-        self.task: asyncio.Task | None = None
-        self.loop: asyncio.AbstractEventLoop | None = None
 
-    def _ensure_started(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self.loop is not loop or self.task is None or self.task.done():
-            self.loop = loop
-            self.queue = asyncio.Queue()
-            self.task = loop.create_task(self._run())
+def _search_parts(retriever: Retriever, parts: list[tuple[list[str], int]]) -> list[list[Any]]:
+    """One retriever call for every part of a batch, at the largest k; each part gets its own k."""
+    queries = [q for qs, _ in parts for q in qs]
+    k = max(k for _, k in parts)  # a smaller k is a prefix of the same ranking
+    hits = retriever.search(queries, k)
+    out, pos = [], 0
+    for qs, kk in parts:
+        out.append([h[:kk] for h in hits[pos:pos + len(qs)]])
+        pos += len(qs)
+    return out
 
-    async def submit(self, queries: list[str], k: int):
-        if not self.enabled:
-            return await self._call(queries, k)
-        self._ensure_started()
-        fut = asyncio.get_running_loop().create_future()
-        await self.queue.put(_Item(queries, k, fut))
-        return await fut
 
-    async def _call(self, queries: list[str], k: int):
-        loop = asyncio.get_running_loop()
-        self.stats.batches += 1
-        self.stats.batched_queries += len(queries)
-        self.stats.max_batch_seen = max(self.stats.max_batch_seen, len(queries))
-        return await loop.run_in_executor(self.pool, lambda: self.retriever.search(queries, k))
+class _DocBytes:
+    """Corpus rows as JSON bytes, cached by corpus id (byte-capped, least recently used out).
 
-    async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            first = await self.queue.get()
-            batch, n = [first], len(first.queries)
-            deadline = loop.time() + self.max_wait_s
-            while n < self.max_batch:
-                try:
-                    item = self.queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    timeout = deadline - loop.time()
-                    if timeout <= 0:
-                        break
-                    try:
-                        item = await asyncio.wait_for(self.queue.get(), timeout)
-                    except asyncio.TimeoutError:
-                        break
-                batch.append(item)
-                n += len(item.queries)
-            batch = [b for b in batch if not b.future.cancelled()]  # clients that gave up
-            if not batch:
-                continue
-            queries = [q for b in batch for q in b.queries]
-            # One call at the largest k; a smaller k is a prefix of the same ranking.
-            k = max(b.k for b in batch)
-            try:
-                hits = await self._call(queries, k)
-            except Exception as exc:  # a failing batch fails its requests, never the server
-                for b in batch:
-                    if not b.future.done():
-                        b.future.set_exception(exc)
-                continue
-            pos = 0
-            for b in batch:
-                part = [h[:b.k] for h in hits[pos:pos + len(b.queries)]]
-                pos += len(b.queries)
-                if not b.future.done():
-                    b.future.set_result(part)
+    A 1024-query, topk-100 answer holds 100k rows: serialising each row once and reusing its
+    bytes makes building that answer a join instead of 100k dict encodes, which would hold the
+    interpreter for seconds while small requests wait.
+    """
 
-    async def close(self) -> None:
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-            try:
-                await self.task
-            except (asyncio.CancelledError, Exception):
-                pass
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def __init__(self, max_bytes: int = 64 * 1024 * 1024):
+        from ragfast.cache import ByteLRU
+
+        self.cache = ByteLRU(max_bytes, size_of=len)
+
+    def __call__(self, hit: Any) -> bytes:
+        got = self.cache.get(hit.id)
+        if got is None:
+            got = json_bytes(hit.document)
+            self.cache.put(hit.id, got)
+        return got
+
+
+def _result_bytes(hits: list[list[Any]], return_scores: bool, doc: Callable[[Any], bytes] | None = None) -> bytes:
+    """The response body, byte for byte what ``JSONResponse({"result": ...})`` would send.
+
+    Built from each row's JSON bytes (``doc``, cached per corpus id) and ``float.__repr__`` of
+    the score, exactly as :func:`json.dumps` writes a finite float; a non-finite score raises
+    ValueError as ``json.dumps(allow_nan=False)`` does.
+    """
+    doc = doc or (lambda h: json_bytes(h.document))
+    rows = []
+    for row in hits:
+        if return_scores:
+            parts = []
+            for h in row:
+                sc = float(h.score)
+                if not math.isfinite(sc):
+                    raise ValueError(f"Out of range float values are not JSON compliant: {sc!r}")
+                parts.append(b'{"document":' + doc(h) + b',"score":' + float.__repr__(sc).encode() + b"}")
+        else:
+            parts = [doc(h) for h in row]
+        rows.append(b"[" + b",".join(parts) + b"]")
+    return b'{"result":[' + b",".join(rows) + b"]}"
 
 
 def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int = 1024, max_query_chars: int = 4096,
-               max_topk: int = 100, batching: bool = True, max_batch: int = 256, max_wait_ms: float = 2.0):
-    """A FastAPI app serving Search-R1's ``POST /retrieve`` (and ``GET /health``) over ``retriever``.
+               max_topk: int = 100, max_body_bytes: int = 16 * 1024 * 1024, batching: bool = True,
+               max_batch: int = 256, chunk: int = 8, max_wait_ms: float = 2.0):
+    """A FastAPI app serving Search-R1's ``POST /retrieve`` (and ``GET /health``, ``GET /metrics``).
 
     Parameters
     ----------
@@ -174,83 +151,109 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
         Any ragfast retriever (dense, BM25, even a remote one).
     default_topk : int
         Used when a request's ``topk`` is null or missing (Search-R1's default is 3).
-    max_queries, max_query_chars, max_topk : int
-        Request limits; exceeding one answers 413 (too large) or 422 (bad topk) with a message.
+    max_queries, max_query_chars, max_topk, max_body_bytes : int
+        Request limits; exceeding one answers 413 (too large) or 422 (bad topk) naming the limit.
+        The body limit is enforced before the body is parsed (from Content-Length, or while it
+        streams).
     batching : bool
         Gather concurrent requests into one retriever call (``False``: one request at a time).
     max_batch : int
         Most queries per gathered call.
+    chunk : int
+        While small requests are about, the most queries one request puts in a batch: big
+        requests are cut into chunks and interleaved round-robin with small ones, so small
+        requests stay fast (see :class:`ragfast.serving.FairBatcher`).
     max_wait_ms : float
-        How long the first request of a batch waits for others.
+        How long the first request of a batch waits for others (when the worker is idle).
 
     Returns
     -------
     fastapi.FastAPI
-    """
-    from fastapi import FastAPI, HTTPException
-    from fastapi.exception_handlers import request_validation_exception_handler
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
 
-    if not isinstance(default_topk, int) or default_topk < 1:
+    Notes
+    -----
+    Every request is checked on its own before it joins a batch: strict types (``topk`` an
+    integer, ``return_scores`` a boolean), finite numbers, text UTF-8 can encode; a failure
+    answers 4xx naming the field. A batch that fails anyway is bisected, so only the request
+    that caused it fails (500, with its ``X-Request-ID`` logged).
+    """
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+    if isinstance(default_topk, bool) or not isinstance(default_topk, int) or default_topk < 1:
         raise ConfigError(f"default_topk must be a positive int, got {default_topk!r}")
-    limits = ServerLimits(int(max_queries), int(max_query_chars), int(max_topk))
-    if min(limits.max_queries, limits.max_query_chars, limits.max_topk, max_batch) < 1 or max_wait_ms < 0:
-        raise ConfigError(f"server limits must be positive: {limits}, max_batch={max_batch}, max_wait_ms={max_wait_ms}")
+    limits = ServerLimits(int(max_queries), int(max_query_chars), int(max_topk), int(max_body_bytes))
+    if min(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_body_bytes, max_batch,
+           chunk) < 1 or max_wait_ms < 0:
+        raise ConfigError(f"server limits must be positive: {limits}, max_batch={max_batch}, chunk={chunk}, "
+                          f"max_wait_ms={max_wait_ms}")
     if default_topk > limits.max_topk:
         raise ConfigError(f"default_topk={default_topk} exceeds max_topk={limits.max_topk}")
     stats = _Stats()
-    batcher = _Batcher(retriever, enabled=batching, max_batch=int(max_batch), max_wait_s=max_wait_ms / 1e3,
-                       stats=stats)
+    batcher = FairBatcher(lambda parts: _search_parts(retriever, parts), max_batch=int(max_batch), chunk=int(chunk),
+                          max_wait_s=max_wait_ms / 1e3, enabled=batching, name="ragfast-retrieve")
+    # Big answers are built off the event loop, from cached per-row bytes (see _result_bytes).
+    encode_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ragfast-encode")
+    doc_bytes = _DocBytes()
 
     @asynccontextmanager
     async def lifespan(app: Any):
         yield
         await batcher.close()
+        encode_pool.shutdown(wait=False, cancel_futures=True)
 
     app = FastAPI(title="ragfast retriever", version="1", lifespan=lifespan,
                   description="Search-R1-compatible retrieval: POST /retrieve {queries, topk, return_scores}.")
     app.state.retriever = retriever
     app.state.stats = stats
     app.state.limits = limits
+    app.state.batcher = batcher
 
-    def reject(status: int, msg: str):
+    def rejected() -> None:
         stats.rejected += 1
-        raise HTTPException(status_code=status, detail=msg)
 
-    @app.post("/retrieve")
-    async def retrieve(req: RetrieveRequest):
-        stats.requests += 1
-        k = default_topk if req.topk is None else req.topk
-        if k < 1 or k > limits.max_topk:
-            reject(422, f"topk must be between 1 and {limits.max_topk}, got {k}")
-        if len(req.queries) > limits.max_queries:
-            reject(413, f"too many queries in one request: {len(req.queries)} > {limits.max_queries}")
-        for i, q in enumerate(req.queries):
-            if len(q) > limits.max_query_chars:
-                reject(413, f"query {i} has {len(q)} characters; the limit is {limits.max_query_chars}")
-        if not req.queries:
-            return JSONResponse({"result": []})
-        stats.queries += len(req.queries)
+    def errored() -> None:
+        stats.errors += 1
+
+    async def retrieve(request):
         try:
-            hits = await batcher.submit(list(req.queries), k)
+            queries, k, return_scores = _check_request(parse_json_body(await request.body()), limits, default_topk)
+        except RequestError as exc:
+            rejected()
+            return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        if not queries:
+            batcher.stats.requests += 1
+            return JSONResponse({"result": []})
+        try:
+            hits = await batcher.submit(queries, k)
         except (ValueError, DataError) as exc:
-            stats.errors += 1
-            raise HTTPException(status_code=422, detail=f"retrieval rejected the request: {exc}") from None
+            errored()
+            return JSONResponse({"detail": f"retrieval rejected the request: {exc}"}, status_code=422)
         except Exception as exc:
-            stats.errors += 1
-            raise HTTPException(status_code=500, detail=f"retrieval failed: {type(exc).__name__}: {exc}") from None
-        if req.return_scores:
-            result = [[{"document": h.document, "score": float(h.score)} for h in row] for row in hits]
+            return JSONResponse({"detail": f"retrieval failed: {type(exc).__name__}: {exc} "
+                                           f"(request id {request.scope.get('state', {}).get('request_id', '-')})"},
+                                status_code=500)
+        if len(queries) * k <= 256:
+            body = _result_bytes(hits, return_scores, doc_bytes)
         else:
-            result = [[h.document for h in row] for row in hits]
-        return JSONResponse({"result": result})
+            body = await asyncio.get_running_loop().run_in_executor(encode_pool, _result_bytes, hits, return_scores,
+                                                                    doc_bytes)
+        return Response(body, media_type="application/json")
 
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Any, exc: RequestValidationError):
-        # Malformed bodies (not JSON, wrong types, missing queries): FastAPI's usual 422, counted.
-        stats.rejected += 1
-        return await request_validation_exception_handler(request, exc)
+    # The body is read and checked by hand (strictly, see _check_request); FastAPI only documents it.
+    # The annotation is set here because this module's annotations are strings and Request is local.
+    retrieve.__annotations__["request"] = Request
+    app.post("/retrieve", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": RetrieveRequest.model_json_schema()}}}})(retrieve)
+
+    def state() -> dict[str, Any]:
+        st = batcher.stats.to_dict()
+        return {"requests": st["requests"], "queries": st["items"], "batches": st["batches"],
+                "mean_batch_queries": st["mean_batch_items"], "max_batch_queries": st["max_batch_items"],
+                "errors": stats.errors, "rejected": stats.rejected, "failed_requests": st["failed_requests"],
+                "isolation_retries": st["isolation_retries"], "queued_requests": st["queued_requests"],
+                "queued_queries": st["queued_items"], "inflight_requests": st["inflight_requests"],
+                "inflight_queries": st["inflight_items"], "uptime_s": st["uptime_s"]}
 
     @app.get("/health")
     async def health():
@@ -259,10 +262,23 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
         except Exception as exc:  # describing must never fail the health check
             desc = {"error": str(exc)}
         return {"status": "ok", "retriever": desc, "default_topk": default_topk,
-                "limits": limits.__dict__, "batching": {"enabled": batching, "max_batch": max_batch,
+                "limits": limits.__dict__, "batching": {"enabled": batching, "max_batch": max_batch, "chunk": chunk,
                                                         "max_wait_ms": max_wait_ms},
-                "stats": stats.to_dict(), "pid": os.getpid()}
+                "stats": state(), "rss_bytes": rss_bytes(), "pid": os.getpid()}
 
+    @app.get("/metrics")
+    async def metrics():
+        st = state()
+        vals = {"requests_total": st["requests"], "queries_total": st["queries"], "batches_total": st["batches"],
+                "errors_total": st["errors"], "rejected_total": st["rejected"],
+                "isolation_retries_total": st["isolation_retries"], "queued_requests": st["queued_requests"],
+                "queued_queries": st["queued_queries"], "inflight_requests": st["inflight_requests"],
+                "inflight_queries": st["inflight_queries"], "resident_memory_bytes": rss_bytes()}
+        return PlainTextResponse(prometheus_text("ragfast_retriever", vals), media_type="text/plain; version=0.0.4")
+
+    # Outermost first: request ids wrap everything, the body limit runs before any parsing.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes, on_reject=rejected)
+    app.add_middleware(RequestIdMiddleware, on_error=errored, logger=log)
     return app
 
 
@@ -355,11 +371,14 @@ def _app_from_env():
 def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, topk: int = 3,
           host: str = "127.0.0.1", port: int = 8000, workers: int = 1, storage: str | None = None,
           device: str = "cpu", batch_size: int = 64, cache_dir: str | None = None,
-          app_options: dict[str, Any] | None = None, log_level: str = "info", threads: int | None = None) -> None:
+          app_options: dict[str, Any] | None = None, log_level: str = "info", threads: int | None = None,
+          graceful_s: float = 30.0) -> None:
     """Build the retriever and run the server with uvicorn (blocks until stopped).
 
     With ``workers > 1`` the corpus is embedded once here first (with a progress bar), then each
-    uvicorn worker process loads the cached, memory-mapped vectors.
+    uvicorn worker process loads the cached, memory-mapped vectors. On SIGTERM or Ctrl-C the
+    server stops accepting connections and lets in-flight requests finish (at most ``graceful_s``
+    seconds) before it exits.
     """
     import uvicorn
 
@@ -369,7 +388,8 @@ def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, 
     retriever = load_retriever(corpus, index, encoder, storage=storage, device=device, batch_size=batch_size,
                                cache_dir=cache_dir, progress=True)
     if workers == 1:
-        uvicorn.run(create_app(retriever, topk, **(app_options or {})), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(retriever, topk, **(app_options or {})), host=host, port=port, log_level=log_level,
+                    timeout_graceful_shutdown=graceful_s)
         return
     del retriever  # the cache is warm; each worker maps it
     os.environ[_ENV_CONFIG] = json.dumps({"corpus": str(corpus), "index": str(index) if index else None,
@@ -377,4 +397,4 @@ def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, 
                                           "batch_size": batch_size, "cache_dir": cache_dir, "topk": topk,
                                           "threads": threads, "app": app_options or {}})
     uvicorn.run("ragfast.retrieval.server:_app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level)
+                log_level=log_level, timeout_graceful_shutdown=graceful_s)
