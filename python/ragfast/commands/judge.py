@@ -176,30 +176,40 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 def register(app: typer.Typer) -> None:
     @app.command("train-judge")
     def train_judge(
-        data: str = typer.Option("hotpotqa-train", "--data", help="QA file with supporting facts and context "
-                                                                  "paragraphs, or a sample name."),
-        out: Path = typer.Option(..., "--out", help="Output directory for encoder_judge.safetensors + .json."),
-        dev: Optional[str] = typer.Option(None, "--dev", help="Extra QA file/sample to report metrics on "
-                                                              "(e.g. hotpotqa-dev); never trained on."),
-        val_fraction: float = typer.Option(0.2, help="Share of questions held out for validation."),
-        seed: int = typer.Option(0, help="Split seed."),
-        k: int = typer.Option(3, help="Passages retrieved per turn."),
-        turns: int = typer.Option(4, help="Search turns per question."),
-        encoder: str = typer.Option("minilm", help="Frozen encoder: preset or checkpoint directory."),
+        out: Path = typer.Option(..., "--out", help="Output directory."),
+        kind: str = typer.Option("encoder", "--kind", help="encoder: fine-tune MiniLM as the cross-encoder judge "
+                                                          "(the bundled default); causal: LoRA SFT of a causal LM on "
+                                                          "labelled states; head: the frozen-feature logistic head."),
+        data: str = typer.Option("hotpotqa-train", "--data", help="encoder/head: QA file with supporting facts and "
+                                                                  "context paragraphs, or a sample name."),
+        dev: Optional[str] = typer.Option(None, "--dev", help="encoder/head: extra QA file/sample to report metrics "
+                                                              "on (e.g. hotpotqa-dev); never trained on."),
+        base: Optional[str] = typer.Option(None, "--base", help="causal: base causal-LM directory."),
+        labels: Optional[Path] = typer.Option(None, "--labels", help="causal: labelled_states.jsonl "
+                                                                     "(ragfast label-states)."),
+        label_source: str = typer.Option("auto", "--label-source", help="causal: teacher | gold | probe | auto."),
+        epochs: Optional[int] = typer.Option(None, help="Training epochs (encoder default 3, causal 2)."),
+        lr: Optional[float] = typer.Option(None, help="Learning rate (encoder default 1e-3, causal 2e-4)."),
+        lora_r: int = typer.Option(8, "--lora-r", help="LoRA rank (encoder, causal)."),
+        resume: bool = typer.Option(False, "--resume", help="causal: continue OUT/checkpoint."),
+        max_steps: Optional[int] = typer.Option(None, "--max-steps", help="causal: stop after this many steps "
+                                                                          "(checkpointed; --resume continues)."),
+        limit: Optional[int] = typer.Option(None, "--limit", help="encoder: only the first N questions (quick runs)."),
+        threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
+        val_fraction: float = typer.Option(0.2, help="head: share of questions held out for validation."),
+        seed: int = typer.Option(0, help="Split and initialisation seed."),
+        k: int = typer.Option(3, help="head: passages retrieved per turn."),
+        turns: int = typer.Option(4, help="head: search turns per question."),
+        encoder: str = typer.Option("minilm", help="head: frozen encoder, preset or checkpoint directory."),
         device: str = typer.Option("cpu", help="cpu or cuda."),
     ) -> None:
-        """Train the EncoderJudge head on states labelled by supporting facts."""
-        from ragfast.models.judge import train_encoder_judge
+        """Train a stopping judge: the bundled cross-encoder (encoder), a causal LM (causal) or the head."""
+        from ragfast.commands.judge_training import train_judge_command
 
-        card = train_encoder_judge(data, out, dev=dev, val_fraction=val_fraction, seed=seed, k=k, turns=turns,
-                                   encoder=encoder, device=device, log=lambda m: typer.echo(m, err=True))
-        m = card["metrics"]
-        def f(x):
-            return "undefined" if x is None else f"{x:.4f}"
-
-        typer.echo(f"wrote {Path(out) / 'encoder_judge.safetensors'}: validation AP {f(m['validation']['ap'])}, "
-                   f"Brier {m['validation']['brier']:.4f}"
-                   + (f"; dev AP {f(m['dev']['ap'])}, Brier {m['dev']['brier']:.4f}" if "dev" in m else ""))
+        train_judge_command(kind=kind, out=out, data=data, dev=dev, base=base, labels=labels,
+                            label_source=label_source, epochs=epochs, lr=lr, lora_r=lora_r, resume=resume,
+                            max_steps=max_steps, limit=limit, threads=threads, val_fraction=val_fraction, seed=seed,
+                            k=k, turns=turns, encoder=encoder, device=device)
 
     @app.command("serve-judge")
     def serve_judge(

@@ -182,7 +182,8 @@ def s2g_run_cmd(
     model: str = typer.Option(..., "--model", help="Reasoner: scripted | tiny | a local model directory | a URL."),
     data: str = typer.Option(..., "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
     out: str = typer.Option(..., "--out", help="Output directory."),
-    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled head) | a head file/dir | a causal-LM dir."),
+    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled cross-encoder) | head (frozen-feature "
+                                                         "head) | a judge file/dir | a causal-LM dir."),
     retriever: str = typer.Option("default", "--retriever", help="default | bm25 | an index path | a URL."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
                                                                         "--val-data)."),
@@ -224,10 +225,34 @@ def s2g_report_cmd(
     n_resamples: int = typer.Option(10000, "--n-resamples"),
     seed: int = typer.Option(0, "--seed"),
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),
+    judge: Optional[list[str]] = typer.Option(None, "--judge", help="Also compare judges side by side on the recorded "
+                                                                    "states (repeatable): recorded | encoder | head | "
+                                                                    "a judge path. Writes s2g_judges.md/.json."),
+    labels: str = typer.Option("probe", "--labels", help="With --judge: what a right stop is, probe or gold."),
+    min_precision: float = typer.Option(0.90, "--min-precision", help="With --judge: validation precision the "
+                                                                      "frozen threshold must reach."),
 ) -> None:
     """Four-part S2G evaluation and the judge's cost balance; writes s2g_report.md/.json."""
     report_s2g(results_dir, n_resamples=n_resamples, seed=seed, margin=margin)
     print((Path(results_dir) / "s2g_report.md").read_text(encoding="utf-8"))
+    if judge:
+        from ragfast.pipelines.s2g_judges import compare_judges, render_judges
+
+        cmp = compare_judges(results_dir, judge, labels=labels, min_precision=min_precision, seed=seed,
+                             log=lambda m: typer.echo(m, err=True))
+        md = render_judges(cmp)
+        d = Path(results_dir)
+        (d / "s2g_judges.md").write_text(md, encoding="utf-8")
+        (d / "s2g_judges.json").write_text(json.dumps(cmp, indent=1, default=_jsonable) + "\n", encoding="utf-8")
+        print(md)
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
 
 
 def register(app: typer.Typer) -> None:

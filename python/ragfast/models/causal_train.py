@@ -1,0 +1,299 @@
+"""LoRA SFT of a causal-LM judge on labelled states (``ragfast train-judge --kind causal``).
+
+Each labelled state becomes one example in the judge's exact format: the token ids
+:meth:`ragfast.models.judge.CausalJudge.prompt_ids` builds (chat-templated system prompt and
+``QUESTION/CONTEXT`` user message, then the forced ``{"sufficient":`` prefix), followed by the
+JSON target ``" true, "gap_items": []}"`` or ``" false, "gap_items": [...]}"`` and EOS. The
+loss covers the target tokens only. So the first target token is exactly the token the STOP
+score ``log P(true) - log P(false)`` reads, and the trained model scores through the existing
+prefix-packed CausalJudge path with no code change.
+
+A ``false`` target needs a non-empty ``gap_items`` list (the schema's consistency rule). It is
+the teacher's own gap items where the label came from a teacher, one ``evidence span`` item per
+missing supporting title for gold labels, else one generic item.
+
+Training uses peft LoRA (the ``[train]`` extra). ``OUT/checkpoint/`` holds the adapter, the
+optimizer and the step after every ``save_every`` steps; ``resume=True`` continues from it
+with the same data order. At the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
+the merged weights with the tokenizer: a plain causal-LM directory for ``--judge``.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ragfast.errors import ConfigError, DataError, ModelError
+
+__all__ = ["target_text", "sft_examples", "train_causal_judge", "DEFAULT_TARGET_MODULES"]
+
+DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def target_text(sufficient: bool, gap_items: Sequence[dict[str, str]] = ()) -> str:
+    """The JSON continuation after ``{"sufficient":`` (starts with " true" or " false")."""
+    items = [] if sufficient else [{k: str(it.get(k, "")) for k in ("category", "target", "slot", "description")}
+                                   for it in gap_items]
+    if not sufficient and not items:
+        items = [{"category": "other", "target": "the question", "slot": "answer",
+                  "description": "evidence that answers the question"}]
+    rest = json.dumps({"gap_items": items}, ensure_ascii=False)[1:]  # '"gap_items": [...]}'
+    return (" true, " if sufficient else " false, ") + rest
+
+
+def _gap_items(ls: Any, source: str) -> list[dict[str, str]]:
+    prov = ls.provenance.get(source, {}) if isinstance(ls.provenance, dict) else {}
+    if source == "teacher" and prov.get("gap_items"):
+        return list(prov["gap_items"])
+    if source == "gold" and prov.get("supporting_titles"):
+        from ragfast.metrics import normalize_title
+
+        got = {normalize_title(t) for t in ls.retrieved_titles}
+        return [{"category": "evidence span", "target": normalize_title(t), "slot": "passage",
+                 "description": f"the passage about {normalize_title(t)}"}
+                for t in prov["supporting_titles"] if normalize_title(t) not in got]
+    return []
+
+
+def sft_examples(judge: Any, labelled: Sequence[Any], source: str, max_length: int) -> list[dict[str, Any]]:
+    """Token ids and loss labels (-100 on the prompt) of each state labelled by ``source``.
+
+    Parameters
+    ----------
+    judge : ragfast.models.judge.CausalJudge
+        Supplies the prompt layout and tokenizer (the base model).
+    labelled : sequence of LabelledState
+    source : str
+        Which label to train on; unlabelled states are skipped.
+    max_length : int
+        Examples longer than this are skipped (their prompt cannot be cut without changing it).
+    """
+    tok = judge.tokenizer
+    eos = tok.eos_token_id
+    out = []
+    for ls in labelled:
+        y = ls.labels.get(source)
+        if y is None:
+            continue
+        prompt = judge.prompt_ids(ls.to_state())
+        text = target_text(bool(y), _gap_items(ls, source) if not y else ())
+        word, rest = (" true", text[len(" true"):]) if y else (" false", text[len(" false"):])
+        tgt = tok(word, add_special_tokens=False)["input_ids"] + tok(rest, add_special_tokens=False)["input_ids"]
+        if eos is not None:
+            tgt = tgt + [int(eos)]
+        ids = list(prompt) + tgt
+        if len(ids) > max_length:
+            continue
+        out.append({"input_ids": ids, "labels": [-100] * len(prompt) + tgt, "y": int(y), "first": tgt[0]})
+    return out
+
+
+def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
+    order = np.random.default_rng(seed * 1000 + epoch).permutation(n)
+    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
+
+
+def _sft_loss(model: Any, ids: Any, att: Any, lab: Any, decision_weight: float) -> Any:
+    """Mean target-token cross-entropy plus ``decision_weight`` x that of the decision token.
+
+    The LM head runs only at target positions (the prompt is most of each example), and the
+    decision token (" true"/" false", the one the STOP score reads) gets extra weight.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    base = model.get_base_model()
+    h = base.get_decoder()(input_ids=ids, attention_mask=att).last_hidden_state
+    nxt = lab[:, 1:]
+    sel = nxt != -100
+    logits = base.get_output_embeddings()(h[:, :-1][sel]).float()
+    ce = F.cross_entropy(logits, nxt[sel], reduction="none")
+    # The first selected position of each row predicts its decision token.
+    first = torch.zeros_like(sel)
+    first[torch.arange(sel.shape[0]), sel.int().argmax(1)] = True
+    is_first = first[sel]
+    return ce.mean() + decision_weight * ce[is_first].mean()
+
+
+def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, out_dir: str | Path, *,
+                       source: str = "auto", epochs: int = 2, lr: float = 2e-4, r: int = 16, alpha: float = 32.0,
+                       dropout: float = 0.05, batch_size: int = 4, max_length: int = 4096,
+                       target_modules: Sequence[str] = DEFAULT_TARGET_MODULES, save_every: int = 50,
+                       resume: bool = False, max_steps: int | None = None, decision_weight: float = 1.0,
+                       seed: int = 0, device: str = "cpu", log: Callable[[str], None] = print) -> dict[str, Any]:
+    """LoRA-fine-tune a causal LM to emit the judge's JSON verdict for labelled states.
+
+    Parameters
+    ----------
+    labelled : path or sequence of LabelledState
+        A ``labelled_states.jsonl`` (``ragfast label-states``) or the states themselves.
+    base : str or Path
+        Local causal-LM directory (e.g. Qwen2.5-0.5B-Instruct, or a ragfast tiny model).
+    out_dir : str or Path
+        Gets ``checkpoint/``, ``adapter/``, ``merged/`` and ``train_judge.json``.
+    source : {"auto", "teacher", "gold", "probe"}
+        Label source; ``auto`` = the first of teacher, gold, probe present.
+    epochs, lr, r, alpha, dropout, batch_size
+        Optimisation and LoRA settings.
+    max_length : int
+        Longer examples are skipped (counted in the card).
+    target_modules : sequence of str
+        Module names LoRA adapts (those present in the model).
+    save_every : int
+        Checkpoint period in optimizer steps.
+    resume : bool
+        Continue from ``OUT/checkpoint`` (same data order and step).
+    max_steps : int, optional
+        Stop after this many steps in total (a checkpoint is written; resume continues).
+    decision_weight : float
+        Extra weight of the decision token's loss (the token the STOP score reads).
+
+    Returns
+    -------
+    dict
+        The training card (also written to ``OUT/train_judge.json``).
+    """
+    import torch
+
+    try:
+        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+        from peft.utils import get_peft_model_state_dict
+    except ImportError as exc:
+        raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'") from exc
+    from ragfast.models.judge import CausalJudge
+    from ragfast.pipelines.labelling import load_labelled_states
+
+    if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:
+        raise ConfigError("epochs, batch_size, r and save_every must be >= 1")
+    states = load_labelled_states(labelled) if isinstance(labelled, (str, Path)) else list(labelled)
+    if not states:
+        raise DataError("no labelled states to train on")
+    if source == "auto":
+        present = {k for s in states for k, v in s.labels.items() if v is not None}
+        source = next((s for s in ("teacher", "gold", "probe") if s in present), "")
+        if not source:
+            raise DataError("the labelled states carry no label")
+    elif source not in ("teacher", "gold", "probe"):
+        raise ConfigError(f"label source must be auto, teacher, gold or probe; got {source!r}")
+    out = Path(out_dir).expanduser()
+    ckpt = out / "checkpoint"
+    if not resume and ckpt.exists():
+        raise ConfigError(f"{ckpt} exists: pass --resume to continue it, or choose another --out")
+    torch.manual_seed(seed)
+    judge = CausalJudge(base, device=device, dtype="fp32")
+    examples = sft_examples(judge, states, source, max_length)
+    n_lab = sum(1 for s in states if s.labels.get(source) is not None)
+    if not examples:
+        raise DataError(f"no state labelled by {source!r} fits max_length={max_length}")
+    model = judge.model
+    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    targets = [t for t in target_modules if t in present]
+    if not targets:
+        raise ConfigError(f"none of the LoRA target modules {list(target_modules)} is in {base}")
+    model.train()
+    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
+                                             task_type="CAUSAL_LM"))
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    per_epoch = len(_batches(len(examples), batch_size, seed, 0))
+    total = epochs * per_epoch if max_steps is None else min(epochs * per_epoch, int(max_steps))
+    step, losses, epoch_loss = 0, [], {}
+    if resume and ckpt.exists():
+        st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        from safetensors.torch import load_file
+
+        set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
+        opt.load_state_dict(st["optimizer"])
+        step, losses, epoch_loss = int(st["step"]), list(st["losses"]), dict(st["epoch_loss"])
+        if st.get("source") != source or st.get("n_examples") != len(examples):
+            raise ConfigError(f"{ckpt} was trained on other data ({st.get('n_examples')} {st.get('source')} examples, "
+                              f"now {len(examples)} {source})")
+        log(f"resumed at step {step}")
+    pad = judge.tokenizer.pad_token_id if judge.tokenizer.pad_token_id is not None else 0
+
+    def save_checkpoint() -> None:
+        from safetensors.torch import save_file
+
+        tmp = out / "checkpoint.tmp"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()},
+                  str(tmp / "adapter_model.safetensors"))
+        torch.save({"optimizer": opt.state_dict(), "step": step, "losses": losses, "epoch_loss": epoch_loss,
+                    "source": source, "n_examples": len(examples)}, tmp / "trainer_state.pt")
+        if ckpt.exists():
+            shutil.rmtree(ckpt)
+        tmp.rename(ckpt)
+
+    t0 = time.perf_counter()
+    lr_at = lambda s: lr * max(0.05, 1.0 - s / max(1, epochs * per_epoch))  # noqa: E731 (linear decay)
+    done = step
+    for ep in range(epochs):
+        batches = _batches(len(examples), batch_size, seed, ep)
+        for bi, idx in enumerate(batches):
+            gstep = ep * per_epoch + bi
+            if gstep < done:
+                continue  # already trained before the resume
+            if step >= total:
+                break
+            W = max(len(examples[i]["input_ids"]) for i in idx)
+            ids = torch.full((len(idx), W), pad, dtype=torch.long)
+            lab = torch.full((len(idx), W), -100, dtype=torch.long)
+            att = torch.zeros((len(idx), W), dtype=torch.long)
+            for j, i in enumerate(idx):
+                e = examples[i]
+                n = len(e["input_ids"])
+                ids[j, :n] = torch.tensor(e["input_ids"])
+                lab[j, :n] = torch.tensor(e["labels"])
+                att[j, :n] = 1
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+            loss = _sft_loss(model, ids.to(device), att.to(device), lab.to(device), decision_weight)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            step += 1
+            losses.append(float(loss.detach()))
+            epoch_loss.setdefault(str(ep), []).append(losses[-1])
+            if step % save_every == 0:
+                save_checkpoint()
+        if step >= total:
+            break
+    save_checkpoint()
+    finished = step >= epochs * per_epoch
+    card: dict[str, Any] = {
+        "format": "ragfast-causal-judge-lora", "base": str(base), "label_source": source,
+        "states_labelled": n_lab, "examples": len(examples), "skipped_too_long": n_lab - len(examples),
+        "positives": int(sum(e["y"] for e in examples)), "epochs": epochs, "steps": step, "finished": finished,
+        "lora": {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": targets}, "lr": lr,
+        "batch_size": batch_size, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "epoch_mean_loss": {k: float(np.mean(v)) for k, v in epoch_loss.items()},
+        "seconds_this_run": round(time.perf_counter() - t0, 1),
+        "target": 'JSON after {"sufficient": ; loss on the target tokens only',
+    }
+    if finished:
+        model.eval()
+        model.save_pretrained(str(out / "adapter"))
+        merged = model.merge_and_unload()
+        mdir = out / "merged"
+        if mdir.exists():
+            shutil.rmtree(mdir)
+        merged.save_pretrained(str(mdir))
+        judge.tokenizer.save_pretrained(str(mdir))
+        tiny = Path(base).expanduser() / "ragfast_tiny.json"
+        if tiny.exists():  # a tiny random base stays marked as not meaningful
+            shutil.copy(tiny, mdir / "ragfast_tiny.json")
+        card["adapter"] = str(out / "adapter")
+        card["merged"] = str(mdir)
+        if not (mdir / "config.json").exists():
+            raise ModelError(f"merged model was not written to {mdir}")
+    (out / "train_judge.json").write_text(json.dumps(card, indent=2) + "\n")
+    log(f"train-judge --kind causal: {step} steps on {len(examples)} {source}-labelled states; "
+        f"loss {card['loss_first']:.4f} -> {card['loss_last']:.4f}" + ("" if finished else " (stopped early; --resume)"))
+    return card

@@ -1,0 +1,290 @@
+"""The bundled cross-encoder sufficiency judge: a fine-tuned MiniLM reads (question, document).
+
+:class:`CrossEncoderJudge` scores a retrieval state in two steps:
+
+1. every document of the state is read TOGETHER with the question by a cross-encoder (the
+   bundled all-MiniLM-L6-v2 with LoRA adapters on its top layers and a linear head on the
+   mean-pooled output), giving a document logit "this document is one the answer needs"
+   (trained on HotpotQA supporting paragraphs);
+2. a small logistic head turns the sorted document logits of the state (the best three, the
+   log-probability that the best two are both needed, the expected number of needed documents
+   found, the number of documents) into the STOP logit "every needed document is here".
+
+A document's logit depends only on (question, document), so the states of one trajectory share
+them: each document is read once per question (a bounded cache), which is also what the
+ledger charges. The weights ship as LoRA factors plus the two heads (a few hundred KB,
+``ragfast/models/weights/cross_judge.*``) and are merged into the base encoder at load time,
+so loading needs neither a hub nor peft. Trained by :func:`ragfast.models.judge_train.train_cross_judge`
+(``ragfast train-judge --kind encoder``).
+"""
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ragfast.cost import CostLedger
+from ragfast.errors import DataError, ModelError
+from ragfast.models.base import Judge
+from ragfast.types import State
+
+__all__ = ["CROSS_FORMAT", "CrossEncoderJudge", "default_cross_judge_path", "split_documents",
+           "state_features", "STATE_FEATURES", "merge_lora", "cross_encoder_inputs"]
+
+#: ``format`` field of the card; bumped when the weight layout or the state features change.
+CROSS_FORMAT = "ragfast-cross-judge-v1"
+#: Names of the state features, in order (the state head's inputs).
+STATE_FEATURES = ("top1", "top2", "top3", "logp_top2_needed", "expected_needed", "log1p_docs", "empty")
+#: Logit that stands in for a missing document (a state with fewer than three documents).
+MISSING_LOGIT = -8.0
+
+_DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+\(Title: ")
+_INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
+
+
+def default_cross_judge_path() -> Path:
+    """The bundled cross-encoder judge (``ragfast/models/weights/cross_judge.safetensors``)."""
+    return Path(__file__).resolve().parent / "weights" / "cross_judge.safetensors"
+
+
+def split_documents(block: str) -> list[str]:
+    """The documents of one evidence block, as the cross-encoder reads them.
+
+    A Search-R1 observation (``<information>Doc 1(Title: T) text\\nDoc 2(...)...</information>``)
+    gives one string per document, ``T) text``; any other block is one document.
+    """
+    body = _INFO_TAGS.sub("", block.strip()).strip()
+    docs = [p.strip() for p in _DOC_SPLIT.split(body) if p.strip()]
+    return docs if docs else ([body] if body else [])
+
+
+def _log_sigmoid(x: np.ndarray) -> np.ndarray:
+    return -np.logaddexp(0.0, -x)
+
+
+def state_features(doc_logits: Sequence[float]) -> np.ndarray:
+    """The state head's inputs from the document logits of one state (:data:`STATE_FEATURES`).
+
+    Parameters
+    ----------
+    doc_logits : sequence of float
+        One cross-encoder logit per (distinct) document of the state; empty for no evidence.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[len(STATE_FEATURES)]``.
+    """
+    z = np.sort(np.asarray(doc_logits, dtype=np.float64))[::-1]
+    top = np.full(3, MISSING_LOGIT)
+    top[:min(3, z.size)] = z[:3]
+    ls = _log_sigmoid(top)
+    return np.array([top[0], top[1], top[2], ls[0] + ls[1], float(np.sum(1.0 / (1.0 + np.exp(-z)))),
+                     float(np.log1p(z.size)), float(z.size == 0)])
+
+
+def cross_encoder_inputs(tokenizer: Any, questions: Sequence[str], docs: Sequence[str], max_length: int
+                         ) -> list[dict[str, list[int]]]:
+    """Token ids of (question, document) pairs, the document truncated first (BERT pair layout)."""
+    enc = tokenizer(list(questions), list(docs), truncation="only_second", max_length=max_length, padding=False)
+    keys = [k for k in ("input_ids", "token_type_ids") if k in enc]
+    return [{k: enc[k][i] for k in keys} for i in range(len(questions))]
+
+
+def merge_lora(model: Any, factors: dict[str, Any], scale: float) -> int:
+    """Add ``scale * B @ A`` into each named linear layer of ``model`` (in place).
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+    factors : dict
+        ``{"<module>.lora_A": [r, in], "<module>.lora_B": [out, r]}`` tensors.
+    scale : float
+        LoRA's ``alpha / r``.
+
+    Returns
+    -------
+    int
+        Number of layers merged.
+    """
+    import torch
+
+    mods = dict(model.named_modules())
+    names = sorted({k[: -len(".lora_A")] for k in factors if k.endswith(".lora_A")})
+    with torch.no_grad():
+        for name in names:
+            if name not in mods or f"{name}.lora_B" not in factors:
+                raise ModelError(f"LoRA factor {name!r} does not match a layer of the base encoder")
+            w = mods[name].weight
+            a = torch.as_tensor(factors[f"{name}.lora_A"]).to(torch.float32)
+            b = torch.as_tensor(factors[f"{name}.lora_B"]).to(torch.float32)
+            w += (scale * (b @ a)).to(w.dtype)
+    return len(names)
+
+
+class CrossEncoderJudge(Judge):
+    """Cross-encoder document scores + a state head; STOP score = the state head's logit.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        ``cross_judge.safetensors`` (with ``cross_judge.json`` beside it) or a directory holding
+        them; default: the bundled judge (:func:`default_cross_judge_path`).
+    device : str
+        ``"cpu"`` or ``"cuda[:i]"``.
+    batch_size : int
+        (question, document) pairs per forward pass.
+    cache_size : int
+        Document logits kept (keyed by question and document text).
+    """
+
+    def __init__(self, path: str | Path | None = None, device: str = "cpu", batch_size: int = 64,
+                 cache_size: int = 200_000):
+        import torch
+        from safetensors.torch import load_file
+        from transformers import AutoModel, AutoTokenizer
+
+        p = default_cross_judge_path() if path is None else Path(path).expanduser()
+        if p.is_dir():
+            p = p / "cross_judge.safetensors"
+        card_path = p.with_suffix(".json")
+        if not p.exists() or not card_path.exists():
+            raise ModelError(f"cross-encoder judge not found: need {p} and {card_path} "
+                             "(train one with `ragfast train-judge --kind encoder`)")
+        self.card = json.loads(card_path.read_text())
+        if self.card.get("format") != CROSS_FORMAT:
+            raise ModelError(f"{card_path} is not a {CROSS_FORMAT} card (format {self.card.get('format')!r})")
+        if list(self.card.get("state_features", [])) != list(STATE_FEATURES):
+            raise ModelError(f"{card_path}: state features {self.card.get('state_features')} differ from this "
+                             f"ragfast's {list(STATE_FEATURES)}")
+        t = load_file(str(p))
+        base = self.card.get("base", "minilm")
+        if base == "minilm":
+            from ragfast.retrieval.encoder import minilm_path
+
+            base_dir = minilm_path()
+        else:
+            base_dir = Path(base).expanduser()
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
+            self.model = AutoModel.from_pretrained(base_dir, local_files_only=True, dtype=torch.float32)
+        except Exception as exc:
+            raise ModelError(f"cannot load the cross-judge base encoder from {base_dir}: {exc}") from exc
+        lora = {k[len("lora."):]: v for k, v in t.items() if k.startswith("lora.")}
+        merge_lora(self.model, lora, float(self.card["lora"]["alpha"]) / float(self.card["lora"]["r"]))
+        self.model.eval().to(device)
+        self.doc_w = t["doc_head.weight"].to(torch.float32).reshape(-1).to(device)
+        self.doc_b = float(t["doc_head.bias"].reshape(-1)[0])
+        self.state_w = t["state_head.weight"].double().numpy().reshape(-1)
+        self.state_b = float(t["state_head.bias"].reshape(-1)[0])
+        if self.state_w.size != len(STATE_FEATURES):
+            raise ModelError(f"{p}: state head has {self.state_w.size} weights, expected {len(STATE_FEATURES)}")
+        self.max_length = int(self.card.get("max_length", 128))
+        self.device = str(device)
+        self.batch_size = int(batch_size)
+        self.cache_size = int(cache_size)
+        self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self.path = p
+        self.name = f"cross-judge:{p.name} on {base}"
+        self.meaningful = True
+
+    def describe(self) -> dict[str, Any]:
+        """Weights path, base encoder, training data and the held-out metrics from the card."""
+        return {"name": self.name, "class": type(self).__name__, "meaningful": self.meaningful,
+                "why": "cross-encoder (LoRA-tuned MiniLM) trained on supporting-fact sufficiency labels; see metrics",
+                "path": str(self.path), "encoder": self.card.get("base", "minilm"),
+                "trained_on": self.card.get("data"), "metrics": self.card.get("metrics")}
+
+    # -- document logits ---------------------------------------------------------------------
+    def _forward(self, rows: list[dict[str, list[int]]]) -> np.ndarray:
+        import torch
+
+        W = max(len(r["input_ids"]) for r in rows)
+        pad = self.tokenizer.pad_token_id or 0
+        ids = torch.full((len(rows), W), pad, dtype=torch.long)
+        tt = torch.zeros((len(rows), W), dtype=torch.long)
+        mask = torch.zeros((len(rows), W), dtype=torch.long)
+        for i, r in enumerate(rows):
+            n = len(r["input_ids"])
+            ids[i, :n] = torch.tensor(r["input_ids"])
+            if "token_type_ids" in r:
+                tt[i, :n] = torch.tensor(r["token_type_ids"])
+            mask[i, :n] = 1
+        with torch.inference_mode():
+            h = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                           token_type_ids=tt.to(self.device)).last_hidden_state.float()
+            m = mask.to(self.device).unsqueeze(-1).float()
+            pooled = (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+            return (pooled @ self.doc_w + self.doc_b).double().cpu().numpy()
+
+    def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
+                   question_ids: Sequence[Any] | None = None) -> np.ndarray:
+        """Cross-encoder logit per (question, document) pair; cached pairs cost nothing.
+
+        Parameters
+        ----------
+        pairs : sequence of (str, str)
+        ledger : CostLedger, optional
+            Receives ``judge`` records for the pairs actually encoded (tokens, FLOPs, seconds).
+        question_ids : sequence, optional
+            One id per pair, for the per-question ledger split.
+        """
+        from ragfast.flops import forward_flops_per_sequence
+
+        todo: dict[tuple[str, str], Any] = {}
+        for k, (q, d) in enumerate(pairs):
+            key = (q, d)
+            if key not in self._cache and key not in todo:
+                todo[key] = question_ids[k] if question_ids is not None else None
+        if todo:
+            t0 = time.perf_counter()
+            keys = list(todo)
+            rows = cross_encoder_inputs(self.tokenizer, [q for q, _ in keys], [d for _, d in keys], self.max_length)
+            lengths = np.array([len(r["input_ids"]) for r in rows])
+            order = np.argsort(-lengths, kind="stable")
+            out = np.zeros(len(keys))
+            for s in range(0, len(keys), self.batch_size):
+                idx = order[s:s + self.batch_size]
+                out[idx] = self._forward([rows[i] for i in idx])
+            for key, v in zip(keys, out):
+                self._cache[key] = float(v)
+            while len(self._cache) > self.cache_size:
+                self._cache.popitem(last=False)
+            if ledger is not None:
+                ledger.add_batch("judge", [todo[k] for k in keys], seconds=time.perf_counter() - t0,
+                                 input_tokens=lengths.tolist(),
+                                 flops=forward_flops_per_sequence(self.model.config, lengths.tolist()))
+            fresh = dict(zip(keys, out))
+        else:
+            fresh = {}
+        return np.array([fresh.get((q, d), self._cache.get((q, d), np.nan)) for q, d in pairs], dtype=np.float64)
+
+    # -- STOP scores -------------------------------------------------------------------------
+    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
+                    question_ids: Sequence[str] | None = None) -> np.ndarray:
+        """The state head's logit per state (float64); document encoding goes to the ledger as ``judge``."""
+        sts = [State.coerce(s) for s in states]
+        if question_ids is not None and len(question_ids) != len(sts):
+            raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
+        if not sts:
+            return np.zeros(0, dtype=np.float64)
+        docs = []
+        for i, s in enumerate(sts):
+            if not isinstance(s.question, str) or isinstance(s.evidence, str) \
+                    or not all(isinstance(e, str) for e in s.evidence):
+                raise DataError(f"state {i}: question must be a str and evidence a list of strings")
+            docs.append(list(dict.fromkeys(d for b in s.evidence for d in split_documents(b))))
+        pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
+        pq = ([question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None)
+        z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
+        X = np.zeros((len(sts), len(STATE_FEATURES)))
+        off = 0
+        for i, ds in enumerate(docs):
+            X[i] = state_features(z[off:off + len(ds)])
+            off += len(ds)
+        return X @ self.state_w + self.state_b
