@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ import numpy as np
 from ragfast.cost import COMPONENTS, CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError
 from ragfast.types import Question, Trajectory
+
+log = logging.getLogger(__name__)
 
 METHODS = ("searchr1", "s2g", "stepgap", "reloop")
 
@@ -443,12 +446,20 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         overlap = {q.id for q in val} & {q.id for q in slots.questions}
         if overlap:
             raise ConfigError(f"{len(overlap)} validation questions are also test questions; move --val-offset/--offset apart")
+        msg = (f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data}"
+               f"[{cfg.val_offset}:{cfg.val_offset + len(val)}] (STOP precision >= {cfg.min_precision}; "
+               f"--val-limit sets how many, --limit caps it too)")
+        log.info(msg)
         if console is not None:
-            console.print(f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data} "
-                          f"(STOP precision >= {cfg.min_precision})")
-        gen = slots.make_generator()
-        trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val)
-        rec = record_states(trajs, slots.judge, slots.make_generator())
+            console.print(msg)
+        from ragfast.progress import progress_task
+
+        with progress_task("S2G validation", len(val), unit="questions") as task:
+            gen = TurnReporter(slots.make_generator(), task, cfg.budget + 1)
+            trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val, on_finish=lambda t: task.advance(1))
+            task.set_status("judge + answer-only probe on every state")
+            rec = record_states(trajs, slots.judge, slots.make_generator())
+            task.set_status("")
         sc, lab, grp = rec.state_table()
         th = select_threshold(sc, lab, cfg.min_precision, groups=grp)
         prec, recall = (float("nan"), float("nan"))
@@ -460,6 +471,11 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
                 "val_precision": prec, "val_recall": recall,
                 "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
                 "val_brier": float(brier(lab, sigmoid(sc))), "labels": "answer-only probe EM from the state"}
+        # The judge's slot label comes from this measurement, not from what the judge says of itself.
+        from ragfast.verdicts import judge_vs_doc_count
+
+        verdict = judge_vs_doc_count(sc, lab, grp, n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
+        info["judge_vs_doc_count"] = verdict.to_dict() if verdict is not None else None
     path.write_text(json.dumps(info, indent=2), encoding="utf-8")
     return info
 
@@ -636,8 +652,11 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
         u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
         unsafe.append(float(u["unsafe_early_stops"]) / B)
     cal = calibration_table(lab, sigmoid(sc), n_bins=10)
+    from ragfast.stats import brier
+
     return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
             "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
+            "brier": float(brier(lab, sigmoid(sc))),
             "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}
 
 
@@ -682,6 +701,22 @@ def _paired(a: np.ndarray, b: np.ndarray, cfg: BenchConfig) -> dict[str, float] 
         return None
     r = paired_bootstrap(a, b, n_resamples=cfg.n_resamples, seed=cfg.seed)
     return {"delta": float(r.delta), "low": float(r.low), "high": float(r.high)}
+
+
+def method_cis(records: Sequence[Mapping[str, Any]], cfg: BenchConfig) -> dict[str, dict[str, float]]:
+    """95% bootstrap CIs (over questions) of a method's EM and its total FLOPs / seconds per question."""
+    from ragfast.stats import paired_bootstrap
+
+    if len(records) < 2:
+        return {}
+    cols = {"em": [r["em"] for r in records],
+            "flops_per_q": [sum(v["flops"] for v in question_cost(r).values()) for r in records],
+            "seconds_per_q": [sum(v["seconds"] for v in question_cost(r).values()) for r in records]}
+    out = {}
+    for k, v in cols.items():
+        b = paired_bootstrap(np.asarray(v, dtype=np.float64), n_resamples=min(cfg.n_resamples, 5000), seed=cfg.seed)
+        out[k] = {"low": float(b.low), "high": float(b.high)}
+    return out
 
 
 def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: BenchConfig) -> dict[str, dict[str, Any]]:
@@ -731,8 +766,9 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
         The content of ``summary.json``.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ragfast.logs import attach_log_file
+    from ragfast.progress import RunProgress
     from ragfast.results import finished_ids, read_results, write_manifest
 
     console = console or Console(stderr=True)
@@ -741,62 +777,163 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     if out.exists() and any(out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
+    attach_log_file(out)
+    log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
     t0 = time.perf_counter()
-    with console.status("loading data and building slots (first run embeds the corpus; later runs reuse the cache)"):
+    with RunProgress(console) as prog:
+        setup = prog.task("loading slots", None)
         slots = build_slots(cfg)
-    slot_info = {
-        "reasoner": slots.generator_info,
-        "retriever": _retriever_slot(slots.retriever),
-        "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
-        "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
-    }
-    # How a run executes (Ray or not, where it writes) is not part of what it computes.
-    run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
-    write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
-                   extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
-    for k, v in slot_info.items():
-        console.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
+        setup.update(total=1, completed=1)
+        setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus)} passages")
+        slot_info = {
+            "reasoner": slots.generator_info,
+            "retriever": _retriever_slot(slots.retriever),
+            "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
+            "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
+        }
+        # How a run executes (Ray or not, where it writes) is not part of what it computes.
+        run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
+        write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
+                       extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
+        for k, v in slot_info.items():
+            label = v.get("answers_meaningful", v.get("meaningful"))
+            if k == "judge" and label == "yes" and "s2g" in cfg.methods and cfg.threshold is None:
+                label = "measured below (validation ranking vs counting documents)"
+            prog.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {label})")
+            log.debug("slot %s: %s", k, v)
 
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as prog:
         for m in cfg.methods:
             if cfg.ray and m != "reloop":
                 done = finished_ids(out / "trajectories" / f"{m}.jsonl") if resume else set()
-                task = prog.add_task(m, total=len(slots.questions), completed=len(done & {q.id for q in slots.questions}))
-                th = select_s2g_threshold(cfg, slots, out, console)["threshold"] if m == "s2g" else None
-                run_method_on_ray(cfg, m, slots, out, resume, lambda n, t=task: prog.advance(t, n), th)
+                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"] if m == "s2g" else None
+                task = prog.task(m, len(slots.questions), completed=len(done & {q.id for q in slots.questions}),
+                                 unit="questions")
+                run_method_on_ray(cfg, m, slots, out, resume, task.advance, th)
+                task.done()
                 continue
+            th = None
+            if m == "s2g":
+                # Chosen before the method's recorder opens, so a failed selection leaves no empty files.
+                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"]
             rec = MethodRecorder(out, m, resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
-            task = prog.add_task(m, total=len(slots.questions), completed=len(slots.questions) - len(todo))
+            task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
+            t_m = time.perf_counter()
             try:
                 if todo:
-                    args = (cfg, slots, rec, todo, lambda n, t=task: prog.advance(t, n))
+                    gen_slots = dataclasses.replace(slots, make_generator=turn_reporting(slots.make_generator, task,
+                                                                                         cfg.budget + 1))
+                    args = (cfg, gen_slots, rec, todo, task.advance)
                     if m == "s2g":
-                        RUNNERS[m](*args, threshold=select_s2g_threshold(cfg, slots, out, console)["threshold"])
+                        RUNNERS[m](*args, threshold=th)
                     else:
                         RUNNERS[m](*args)
             finally:
                 rec.close()
-    records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
-    analysis_path = out / "s2g_analysis.json"
-    if "s2g" in records and "searchr1" in records and slots.judge is not None:
-        old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}
-        if old.get("n_questions") != len(records["searchr1"]):
-            with console.status("S2G analysis: scoring and probing every native state for the threshold sweep"):
+                task.set_status("")
+                task.done()
+            log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
+        judge_verdict(slot_info, out)
+        records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
+        analysis_path = out / "s2g_analysis.json"
+        if "s2g" in records and "searchr1" in records and slots.judge is not None:
+            old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}
+            if old.get("n_questions") != len(records["searchr1"]):
+                an_task = prog.task("S2G analysis", None)
+                an_task.set_status("scoring and probing every native state for the threshold sweep")
                 th = json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"]
                 an = s2g_analysis(cfg, slots, records["searchr1"], th)
                 an["n_questions"] = len(records["searchr1"])
-            analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                an_task.update(total=1, completed=1)
+                an_task.set_status("")
+                an_task.done()
     summary = summarise(cfg, records, slot_info, out)
-    summary["run"] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
-                      "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": time.perf_counter() - t0}
+    summary["run"] = run_info(cfg, slots, time.perf_counter() - t0)
     write_outputs(summary, out, records)
     from ragfast import report
 
     report.print_table(summary, Console())
-    console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, trajectories/")
+    console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, "
+                  f"trajectories/, ragfast.log")
     return summary
+
+
+def run_info(cfg: BenchConfig, slots: Slots, wall_seconds: float) -> dict[str, Any]:
+    """What a reader needs to reproduce the run: data, sizes, settings, versions, machine."""
+    import platform
+
+    import ragfast
+
+    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
+                            "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": wall_seconds,
+                            "val_limit": cfg.val_limit, "seed": cfg.seed, "ragfast": ragfast.__version__,
+                            "python": platform.python_version(), "machine": platform.machine(),
+                            "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+class TurnReporter:
+    """Wraps a reasoner so each batched generation (one loop turn) updates a progress task.
+
+    Everything else is delegated untouched; the status reads ``turn k/n · m active``, where a
+    turn is one batched ``generate`` call over the running trajectories and ``n`` is the most
+    generations a question can take (budget + the answer turn).
+    """
+
+    def __init__(self, generator: Any, task: Any, max_turns: int):
+        self._gen = generator
+        self._task = task
+        self._max = max_turns
+        self._calls = 0
+
+    def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
+        self._calls += 1
+        self._task.set_status(f"turn {self._calls} (≤{self._max}/question) · {len(ids)} active")
+        return self._gen.generate(ids, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gen, name)
+
+
+def turn_reporting(make_generator: Callable[[], Any], task: Any, max_turns: int) -> Callable[[], Any]:
+    """A generator factory whose generators report their turns on ``task``."""
+    def make() -> Any:
+        return TurnReporter(make_generator(), task, max_turns)
+
+    return make
+
+
+def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
+    """Set the judge slot's verdict from its measured validation ranking (s2g_threshold.json).
+
+    Without a validation pass (a given --threshold, or no s2g method) the verdict says it was
+    not measured; the judge's own description is never taken as the verdict.
+    """
+    from ragfast.results import answers_label
+
+    judge = slot_info.get("judge")
+    if not judge or judge.get("name") == "none":
+        return
+    path = out / "s2g_threshold.json"
+    measured = json.loads(path.read_text(encoding="utf-8")).get("judge_vs_doc_count") if path.exists() else None
+    if measured:
+        judge["meaningful"] = bool(measured["meaningful"]) and judge.get("meaningful", True)
+        judge["verdict"] = measured["label"] if judge["meaningful"] or measured["label"].startswith("NO") else \
+            answers_label({k: v for k, v in judge.items() if k != "verdict"})
+        judge["ranking_vs_doc_count"] = measured
+    elif judge.get("meaningful", True):
+        judge["verdict"] = "not measured in this run (no S2G validation pass): judge's own metrics only"
+    judge["answers_meaningful"] = answers_label(judge)
 
 
 def _retriever_slot(r: Any) -> dict[str, Any]:
@@ -818,6 +955,8 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
               out: Path) -> dict[str, Any]:
     """summary.json's content: per-method metrics and costs, deltas against native, slots."""
     methods = {m: method_summary(recs) for m, recs in records.items()}
+    for m, recs in records.items():
+        methods[m]["ci"] = method_cis(recs, cfg)
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
@@ -851,23 +990,15 @@ def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequ
     """summary.json, summary.csv, the plots, report.md and report.html."""
     from ragfast import report
 
-    plots = []
-    plots.append(report.plot_pareto(summary, out / "pareto.png").name)
-    plots.append(report.plot_cost_bars(summary, out / "cost_bars.png", "seconds").name)
-    plots.append(report.plot_cost_bars(summary, out / "cost_bars_flops.png", "flops").name)
-    an = summary.get("s2g_analysis")
-    if an and an.get("sweep"):
-        plots.append(report.plot_threshold_sweep(an["sweep"], out / "threshold_sweep.png",
-                                                 summary.get("s2g_threshold", {}).get("threshold")).name)
-    if an and an.get("calibration"):
-        plots.append(report.plot_reliability(an["calibration"], out / "reliability.png").name)
+    plots, missing = report.write_plots(summary, out)
     summary["plots"] = plots
+    summary["plots_missing"] = missing
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=_json_safe), encoding="utf-8")
     os.replace(tmp, out / "summary.json")
     report.write_csv(summary, out / "summary.csv")
-    report.write_markdown(summary, out, plots)
-    report.write_html(summary, out, plots)
+    report.write_markdown(summary, out, plots, missing)
+    report.write_html(summary, out, plots, missing)
 
 
 def _json_safe(o: Any) -> Any:

@@ -52,8 +52,19 @@ def _version(value: bool) -> None:
 def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
                                            help="Print the version and exit."),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="More detail on the console (debug messages); put it before the command."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console (results "
+                               "tables still print); put it before the command."),
 ) -> None:
-    """ragfast: run and cost-measure multi-round RAG methods on the same questions."""
+    """ragfast: run and cost-measure multi-round RAG methods on the same questions.
+
+    Runs write a log file (ragfast.log, every message including third-party warnings) into
+    their results directory.
+    """
+    from ragfast.logs import setup
+
+    setup(verbose=verbose, quiet=quiet)
 
 
 @app.command("backends")

@@ -9,7 +9,10 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Run only the first N questions."),
+        limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Run only the first N test questions; also caps "
+                                            "the S2G validation questions at N unless --val-limit is given."),
+        val_limit: Optional[int] = typer.Option(None, "--val-limit", help="S2G validation questions used to choose "
+                                                "the STOP threshold (default 100, or --limit when smaller)."),
         out: Optional[str] = typer.Option(None, "--out", "-o", help="Results directory (default ./ragfast-bench)."),
         resume: bool = typer.Option(False, "--resume", help="Continue an interrupted bench in --out; finished work is not redone."),
         preset: str = typer.Option("default", "--preset", help="'default' (bundled data and models, offline) or 'paper' "
@@ -25,7 +28,8 @@ def register(app: typer.Typer) -> None:
         topk: Optional[int] = typer.Option(None, "--topk", help="Documents per search (default 3)."),
         threshold: Optional[float] = typer.Option(None, "--threshold", help="S2G STOP threshold (default: selected on validation questions)."),
         methods: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Repeat to pick methods: searchr1 s2g stepgap reloop."),
-        seed: Optional[int] = typer.Option(None, "--seed"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the scripted reasoner, the bootstrap and "
+                                           "sampling (default 0)."),
         ray: Optional[str] = typer.Option(None, "--ray", help="Run searchr1/s2g/stepgap on Ray: 'local' or a cluster address."),
         ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Reasoner replicas (Ray worker actors); default 2."),
     ) -> None:
@@ -41,5 +45,11 @@ def register(app: typer.Typer) -> None:
 
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
                           encoder=encoder, index=index, budget=budget, topk=topk, threshold=threshold,
-                          methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers)
+                          methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers,
+                          val_limit=val_limit)
+        if limit is not None and val_limit is None and cfg.val_limit > limit:
+            # A quick look (--limit) should be quick everywhere, validation included.
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, val_limit=limit)
         run_bench(cfg, resume=resume)
