@@ -117,6 +117,7 @@ def test_paper_preset_names_every_missing_file(tmp_path, monkeypatch):
     assert "Traceback" not in msg
 
 
+@pytest.mark.slow
 def test_ray_bench_equals_single_process(bench_run, tmp_path):
     """``ragfast bench --ray local`` gives the same per-question outcomes as one process."""
     import dataclasses

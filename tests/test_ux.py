@@ -137,3 +137,45 @@ def test_bundled_corpus_ships_its_vectors():
         sample = [0, len(corpus) // 2, len(corpus) - 1]
         fresh = enc.encode_passages([texts[i] for i in sample]).numpy()
         assert np.abs(got[sample] - fresh).max() < 2e-3
+
+
+def _walk(cmd, path=()):
+    # typer may vendor its own click: go by the interface, not by click's classes
+    yield path, cmd
+    if hasattr(cmd, "list_commands"):
+        ctx = type(cmd).context_class(cmd) if hasattr(type(cmd), "context_class") else None
+        for name in cmd.list_commands(ctx):
+            yield from _walk(cmd.get_command(ctx, name), path + (name,))
+
+
+def test_every_cli_option_has_help_and_booleans_are_flag_pairs():
+    import typer
+
+    from ragfast.cli import app
+
+    missing, single_resume = [], []
+    n = 0
+    for path, cmd in _walk(typer.main.get_command(app)):
+        for p in cmd.params:
+            if p.param_type_name != "option":
+                continue
+            n += 1
+            if not p.help and "--help" not in p.opts:
+                missing.append(f"ragfast {' '.join(path)} {p.opts[0]}")
+            if "--resume" in p.opts and "--no-resume" not in p.secondary_opts:
+                single_resume.append(" ".join(path))
+    assert n > 100  # the walk reached the sub-commands
+    assert not missing, "options without help text:\n" + "\n".join(missing)
+    assert not single_resume, single_resume
+
+
+def test_flags_do_not_show_a_value_type_in_help():
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    res = CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "160"}, terminal_width=160)
+    assert res.exit_code == 0, res.output
+    line = next(ln for ln in res.output.splitlines() if "--resume" in ln)
+    assert "--no-resume" in line and "<bool>" not in line, line
+    assert "--val-limit" in res.output

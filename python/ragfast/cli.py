@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 import ragfast
+from ragfast.cli_help import hide_flag_types
 from ragfast.errors import RagfastError
 
 # ragfast loads every model from a local path: never reach for a hub, and keep the loaders'
@@ -19,6 +20,8 @@ from ragfast.errors import RagfastError
 # imports transformers, so this takes effect for every command.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+hide_flag_types()  # flags render as `--resume / --no-resume`, not `--resume <bool>`
 
 app = typer.Typer(
     name="ragfast",

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
         val_limit: Optional[int] = typer.Option(None, "--val-limit", help="S2G validation questions used to choose "
                                                 "the STOP threshold (default 100, or --limit when smaller)."),
         out: Optional[str] = typer.Option(None, "--out", "-o", help="Results directory (default ./ragfast-bench)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted bench in --out; finished work is not redone."),
+        resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted bench in --out; finished work is not redone."),
         preset: str = typer.Option("default", "--preset", help="'default' (bundled data and models, offline) or 'paper' "
                                    "(the S2G study's setting; needs its models under $RAGFAST_MODELS)."),
         config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field)."),
