@@ -94,11 +94,10 @@ def test_logging_setup_file_and_third_party(tmp_path, capsys):
                 h.close()
 
 
-def test_shipped_embeddings_are_checked(tmp_path):
+def test_shipped_embeddings_are_checked(tmp_path, minilm_encoder):
     from ragfast.retrieval import shipped
-    from ragfast.retrieval.encoder import Encoder
 
-    enc = Encoder("minilm", batch_size=8)
+    enc = minilm_encoder
     texts = ['"A"\nThe Eiffel Tower is in Paris.', '"B"\nMount Everest is the highest mountain.']
     npz = shipped.build(enc, texts, root=tmp_path)
     got = shipped.lookup(enc, texts[::-1], root=tmp_path)
@@ -120,14 +119,13 @@ def test_shipped_embeddings_are_checked(tmp_path):
     assert shipped.lookup(enc, texts, root=tmp_path) is None
 
 
-def test_bundled_corpus_ships_its_vectors():
+def test_bundled_corpus_ships_its_vectors(minilm_encoder):
     from ragfast.data import corpus_from_contexts, load_corpus
     from ragfast.retrieval import shipped
-    from ragfast.retrieval.encoder import Encoder
 
     if not (shipped.shipped_dir() / "minilm.npz").exists():
         pytest.fail("ragfast/samples/embeddings/minilm.npz is missing: run python -m ragfast.retrieval.shipped")
-    enc = Encoder("minilm", batch_size=16)
+    enc = minilm_encoder
     wiki = load_corpus("wiki-sample")
     ctx = corpus_from_contexts("hotpotqa-dev")
     for corpus in (wiki, ctx):

@@ -53,6 +53,10 @@ class BenchConfig:
         ``tiny`` (a random-weight DeBERTa-v2 cross-encoder) or a local path.
     encoder : str
         Retrieval encoder: ``minilm`` (bundled) or a local path (``e5``/``bge`` checkpoints).
+    encoder_backend : {"auto", "torch", "onnx"}
+        ``auto``: ONNX Runtime on the CPU (measured faster than torch for MiniLM queries, see
+        ``bench/bench_encoder_backends.py``; exported once and cached), torch elsewhere or when
+        the export fails. The ledger charges the same analytic FLOPs either way.
     index : str
         ``flat`` (ragfast's kernel), ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
         index path, or a ``/retrieve`` URL.
@@ -80,6 +84,7 @@ class BenchConfig:
     judge: str = "encoder"
     nli: str = "tiny"
     encoder: str = "minilm"
+    encoder_backend: str = "auto"
     index: str = "flat"
     budget: int = 4
     topk: int = 3
@@ -108,6 +113,8 @@ class BenchConfig:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:
             raise ConfigError("S2G needs a judge: drop --judge none, or leave s2g out with --method")
+        if self.encoder_backend not in ("auto", "torch", "onnx"):
+            raise ConfigError(f"--encoder-backend must be auto, torch or onnx, got {self.encoder_backend!r}")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
 
@@ -237,17 +244,42 @@ def build_corpus(cfg: BenchConfig, all_questions: list[Question]):
     return parts[0] if len(parts) == 1 else Corpus.concat(parts)
 
 
-def build_retriever(cfg: BenchConfig, corpus: Any):
+def build_encoder(cfg: BenchConfig, device: str = "cpu") -> Any:
+    """The encoder of the retrieval slot, on the backend ``cfg.encoder_backend`` picks.
+
+    ``auto`` uses ONNX Runtime on the CPU when it is installed (exported once, cached under
+    the ragfast cache) and falls back to torch, with a warning in the log, if the export fails.
+    """
+    from ragfast.retrieval import Encoder
+
+    backend = cfg.encoder_backend
+    if backend == "auto":
+        try:
+            import onnxruntime  # noqa: F401
+
+            backend = "onnx" if device == "cpu" else "torch"
+        except ImportError:
+            backend = "torch"
+    if backend == "onnx" and cfg.encoder_backend == "auto":
+        try:
+            return Encoder(cfg.encoder, device=device, backend="onnx")
+        except Exception as exc:  # an exporter/runtime mismatch must not stop the run: torch works
+            log.warning("ONNX encoder unavailable (%s); using torch", exc)
+            backend = "torch"
+    return Encoder(cfg.encoder, device=device, backend=backend)
+
+
+def build_retriever(cfg: BenchConfig, corpus: Any, encoder: Any = None):
     """The retrieval slot: ragfast's flat kernel, a faiss factory, a saved index, or a URL."""
-    from ragfast.retrieval import DenseIndex, DenseRetriever, Encoder, build_default_retriever
+    from ragfast.retrieval import DenseIndex, DenseRetriever, build_default_retriever
 
     if _is_url(cfg.index):
         from ragfast.retrieval import RemoteRetriever
 
         return RemoteRetriever(cfg.index)
+    enc = encoder if encoder is not None else build_encoder(cfg)
     if cfg.index == "flat":
-        return build_default_retriever(corpus, encoder=cfg.encoder)
-    enc = Encoder(cfg.encoder)
+        return build_default_retriever(corpus, encoder=enc)
     if cfg.index.startswith("faiss:") and not Path(cfg.index[6:]).exists():
         base = build_default_retriever(corpus, encoder=enc)
         index = DenseIndex.build(np.asarray(base.index.vectors), backend="faiss", factory=cfg.index[6:])
@@ -293,19 +325,29 @@ def build_slots(cfg: BenchConfig) -> Slots:
     all_q = load_qa(cfg.data)
     questions = _select(all_q, cfg.offset, cfg.limit)
     corpus = build_corpus(cfg, all_q)
-    retriever = build_retriever(cfg, corpus)
+    encoder = None if _is_url(cfg.index) else build_encoder(cfg)
+    retriever = build_retriever(cfg, corpus, encoder)
     make_gen, gen_info = _generator_factory(cfg)
-    judge = build_judge(cfg) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
+    judge = build_judge(cfg, encoder) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
     nli = build_nli(cfg) if "stepgap" in cfg.methods else None
     return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli)
 
 
-def build_judge(cfg: BenchConfig):
+def build_judge(cfg: BenchConfig, encoder: Any = None):
+    """The judge slot; the bundled encoder judge shares the retrieval encoder when it is the same model."""
     from ragfast.models.judge import CausalJudge, EncoderJudge
 
     if cfg.judge == "none":
         return None
     if cfg.judge == "encoder":
+        from ragfast.models.judge import default_encoder_judge_path
+
+        head = default_encoder_judge_path()
+        card = head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
+        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder") if card.exists() else None
+        if encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted:
+            # the head's own encoder is the retrieval encoder: load the model once (on its faster backend)
+            return EncoderJudge(encoder=encoder)
         return EncoderJudge()
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
@@ -767,18 +809,26 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     """
     from rich.console import Console
 
-    from ragfast.logs import attach_log_file
-    from ragfast.progress import RunProgress
-    from ragfast.results import finished_ids, read_results, write_manifest
+    from ragfast.logs import run_log
 
     console = console or Console(stderr=True)
     check_paths(cfg)
     out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()) and not resume:
+    # The log of a run that failed before doing any work does not make the directory a run.
+    if out.exists() and any(p.name != "ragfast.log" for p in out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    attach_log_file(out)
-    log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
+    with run_log(out):
+        log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
+        return _run_bench(cfg, out, resume, console)
+
+
+def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[str, Any]:
+    from rich.console import Console
+
+    from ragfast.progress import RunProgress
+    from ragfast.results import finished_ids, read_results, write_manifest
+
     t0 = time.perf_counter()
     with RunProgress(console) as prog:
         setup = prog.task("loading slots", None)
@@ -792,7 +842,8 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
             "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
         }
         # How a run executes (Ray or not, where it writes) is not part of what it computes.
-        run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
+        run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
+                   if k not in ("ray", "ray_workers", "out", "encoder_backend")}
         write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
                        extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
         for k, v in slot_info.items():

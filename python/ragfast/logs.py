@@ -12,14 +12,15 @@ Library use (``import ragfast``) configures nothing: only :func:`setup` does.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["setup", "attach_log_file", "quiet_third_party", "verbosity"]
+__all__ = ["setup", "attach_log_file", "run_log", "quiet_third_party", "verbosity"]
 
 _FMT = "%(asctime)s %(levelname)-7s %(name)s: %(message)s"
 _STATE: dict[str, Any] = {"buffer": None, "file": None, "console": None, "verbosity": 0}
@@ -134,3 +135,34 @@ def attach_log_file(out_dir: str | os.PathLike, name: str = "ragfast.log") -> Pa
     _STATE.update(file=fh)
     quiet_third_party()
     return path
+
+
+@contextlib.contextmanager
+def run_log(out_dir: str | os.PathLike, name: str = "ragfast.log") -> Iterator[Path]:
+    """A run's log file in ``out_dir``, for the duration of the run.
+
+    Under the command line (:func:`setup` called) this is :func:`attach_log_file`: everything,
+    third-party records included, and it stays attached. From library code, only the
+    ``ragfast`` logger's records are written, and the handler is removed afterwards, so a
+    caller's own logging set-up is left as it was. Appends on resume.
+    """
+    path = attach_log_file(out_dir, name)
+    if path is not None:
+        yield path
+        return
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    logger = logging.getLogger("ragfast")
+    fh = logging.FileHandler(path, encoding="utf-8")
+    fh.setLevel(logging.DEBUG)
+    fh.setFormatter(logging.Formatter(_FMT))
+    old_level = logger.level
+    logger.addHandler(fh)
+    if logger.getEffectiveLevel() > logging.DEBUG:
+        logger.setLevel(logging.DEBUG)
+    try:
+        yield path
+    finally:
+        logger.removeHandler(fh)
+        logger.setLevel(old_level)
+        fh.close()
