@@ -177,3 +177,15 @@ def test_flags_do_not_show_a_value_type_in_help():
     line = next(ln for ln in res.output.splitlines() if "--resume" in ln)
     assert "--no-resume" in line and "<bool>" not in line, line
     assert "--val-limit" in res.output
+
+
+def test_export_accepts_tiny(tmp_path):
+    """`tiny` names a model wherever a model path is taken, `ragfast export nli` included."""
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    res = CliRunner().invoke(app, ["export", "nli", "tiny", str(tmp_path / "nli"), "--max-length", "64"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output[res.output.index("{"):])
+    assert info["onnx"].endswith(".onnx") and info["task"] == "sequence-classification"

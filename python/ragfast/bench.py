@@ -491,9 +491,7 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         msg = (f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data}"
                f"[{cfg.val_offset}:{cfg.val_offset + len(val)}] (STOP precision >= {cfg.min_precision}; "
                f"--val-limit sets how many, --limit caps it too)")
-        log.info(msg)
-        if console is not None:
-            console.print(msg)
+        log.info(msg)  # on the console under the CLI (and in ragfast.log)
         from ragfast.progress import progress_task
 
         with progress_task("S2G validation", len(val), unit="questions") as task:

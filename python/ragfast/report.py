@@ -200,7 +200,7 @@ def plot_reliability(table: Sequence[Mapping[str, float]], path: Path, *, ece: f
                      brier_score: float | None = None) -> Path:
     """The judge's reliability diagram: mean predicted P(sufficient) vs observed frequency, per bin."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 4.6))
+    fig, ax = plt.subplots(figsize=(5, 5.2))
     rows = [r for r in table if r["count"] > 0]
     xs = [r["mean_prob"] for r in rows]
     ys = [r["frac_positive"] for r in rows]
@@ -222,7 +222,8 @@ def plot_reliability(table: Sequence[Mapping[str, float]], path: Path, *, ece: f
     ax.set_xlabel("predicted P(sufficient), bin mean")
     ax.set_ylabel("observed fraction sufficient")
     ax.set_title("judge reliability (numbers = states per bin)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    # below the axes: inside, it covered points in whichever corner it went
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=1, frameon=False)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -467,8 +468,11 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
     s2g = summary.get("s2g_threshold")
     if s2g:
         blocks: list[tuple[Any, ...]] = []
+        finite = np.isfinite(float(s2g.get("threshold", np.nan)))
         if s2g.get("n_val_questions") is not None:
-            blocks.append(("p", f"Frozen STOP threshold {fmt_num(s2g.get('threshold'))}, selected on "
+            what = (f"Frozen STOP threshold {fmt_num(s2g.get('threshold'))}" if finite
+                    else "No finite STOP threshold (+inf: S2G never stops early)")
+            blocks.append(("p", f"{what}, selected on "
                                 f"{s2g.get('n_val_questions')} validation questions ({s2g.get('source')}, "
                                 f"{s2g.get('n_val_states')} states) for STOP precision ≥ {s2g.get('min_precision')}: "
                                 f"validation precision {_fmt(s2g.get('val_precision'))}, recall "
@@ -481,7 +485,7 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
             blocks.append(("p", f"Judge against counting documents on the same validation states: AP "
                                 f"{v['judge_ap']:.3f} vs {v['doc_count_ap']:.3f}, difference {v['delta']:+.3f} "
                                 f"(95% CI over questions [{v['low']:+.3f}, {v['high']:+.3f}]). Verdict: {v['label']}."))
-        if not np.isfinite(float(s2g.get("threshold", np.nan))):
+        if not finite:
             blocks.append(("note", "No threshold reached the required STOP precision on validation: S2G never "
                                    "stops early and equals native Search-R1."))
         secs.append(Section("S2G threshold", blocks))
