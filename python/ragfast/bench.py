@@ -254,12 +254,10 @@ def build_encoder(cfg: BenchConfig, device: str = "cpu") -> Any:
 
     backend = cfg.encoder_backend
     if backend == "auto":
-        try:
-            import onnxruntime  # noqa: F401
+        import importlib.util
 
-            backend = "onnx" if device == "cpu" else "torch"
-        except ImportError:
-            backend = "torch"
+        has_ort = importlib.util.find_spec("onnxruntime") is not None
+        backend = "onnx" if device == "cpu" and has_ort else "torch"
     if backend == "onnx" and cfg.encoder_backend == "auto":
         try:
             return Encoder(cfg.encoder, device=device, backend="onnx")

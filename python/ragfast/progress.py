@@ -16,7 +16,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 __all__ = ["RunProgress", "Task", "current", "progress_task"]
 
@@ -179,10 +179,3 @@ class progress_task:  # noqa: N801 - used like a function in a with statement
         if self._own is not None:
             self._own.__exit__(*exc)
 
-
-def iter_progress(items: list, description: str, unit: str = "") -> Iterator[Any]:
-    """Yield ``items`` while advancing a task on the active display."""
-    with progress_task(description, len(items), unit=unit) as t:
-        for x in items:
-            yield x
-            t.advance(1)
