@@ -57,6 +57,9 @@ class BenchConfig:
         ``auto``: ONNX Runtime on the CPU (measured faster than torch for MiniLM queries, see
         ``bench/bench_encoder_backends.py``; exported once and cached), torch elsewhere or when
         the export fails. The ledger charges the same analytic FLOPs either way.
+    nli_backend : {"auto", "torch", "onnx"}
+        The same choice for the NLI cross-encoder (ONNX Runtime measured 4.8x faster than torch
+        on the tiny model, ``bench/bench_nli_backends.py``).
     index : str
         ``flat`` (ragfast's kernel), ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
         index path, or a ``/retrieve`` URL.
@@ -85,6 +88,7 @@ class BenchConfig:
     nli: str = "tiny"
     encoder: str = "minilm"
     encoder_backend: str = "auto"
+    nli_backend: str = "auto"
     index: str = "flat"
     budget: int = 4
     topk: int = 3
@@ -113,8 +117,9 @@ class BenchConfig:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:
             raise ConfigError("S2G needs a judge: drop --judge none, or leave s2g out with --method")
-        if self.encoder_backend not in ("auto", "torch", "onnx"):
-            raise ConfigError(f"--encoder-backend must be auto, torch or onnx, got {self.encoder_backend!r}")
+        for name in ("encoder_backend", "nli_backend"):
+            if getattr(self, name) not in ("auto", "torch", "onnx"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be auto, torch or onnx, got {getattr(self, name)!r}")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
 
@@ -252,19 +257,22 @@ def build_encoder(cfg: BenchConfig, device: str = "cpu") -> Any:
     """
     from ragfast.retrieval import Encoder
 
-    backend = cfg.encoder_backend
-    if backend == "auto":
-        import importlib.util
+    return _on_backend(lambda b: Encoder(cfg.encoder, device=device, backend=b), cfg.encoder_backend, device,
+                       "encoder")
 
-        has_ort = importlib.util.find_spec("onnxruntime") is not None
-        backend = "onnx" if device == "cpu" and has_ort else "torch"
-    if backend == "onnx" and cfg.encoder_backend == "auto":
+
+def _on_backend(make: Callable[[str], Any], choice: str, device: str, what: str) -> Any:
+    """``make(backend)`` on the chosen backend; ``auto`` = ONNX Runtime on CPU, torch if that fails."""
+    if choice != "auto":
+        return make(choice)
+    import importlib.util
+
+    if device == "cpu" and importlib.util.find_spec("onnxruntime") is not None:
         try:
-            return Encoder(cfg.encoder, device=device, backend="onnx")
+            return make("onnx")
         except Exception as exc:  # an exporter/runtime mismatch must not stop the run: torch works
-            log.warning("ONNX encoder unavailable (%s); using torch", exc)
-            backend = "torch"
-    return Encoder(cfg.encoder, device=device, backend=backend)
+            log.warning("ONNX Runtime %s unavailable (%s); using torch", what, exc)
+    return make("torch")
 
 
 def build_retriever(cfg: BenchConfig, corpus: Any, encoder: Any = None):
@@ -354,14 +362,16 @@ def build_judge(cfg: BenchConfig, encoder: Any = None):
     return CausalJudge(cfg.judge)
 
 
-def build_nli(cfg: BenchConfig):
+def build_nli(cfg: BenchConfig, device: str = "cpu"):
+    """The NLI slot on the backend ``cfg.nli_backend`` picks."""
     from ragfast.models.nli import NLIScorer
 
+    path = cfg.nli
     if cfg.nli == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return NLIScorer(tiny_path("deberta-v2"))
-    return NLIScorer(cfg.nli)
+        path = str(tiny_path("deberta-v2"))
+    return _on_backend(lambda b: NLIScorer(path, backend=b, device=device), cfg.nli_backend, device, "NLI model")
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -839,7 +849,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
         }
         # How a run executes (Ray or not, where it writes) is not part of what it computes.
         run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
-                   if k not in ("ray", "ray_workers", "out", "encoder_backend")}
+                   if k not in ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")}
         write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
                        extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
         for k, v in slot_info.items():

@@ -25,6 +25,8 @@ def register(app: typer.Typer) -> None:
         encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm | local encoder path (e5, bge)."),
         encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="auto (ONNX Runtime on CPU, "
                                                       "measured faster; torch on GPU) | torch | onnx."),
+        nli_backend: Optional[str] = typer.Option(None, "--nli-backend", help="auto (ONNX Runtime on CPU, measured "
+                                                  "faster; torch on GPU) | torch | onnx."),
         index: Optional[str] = typer.Option(None, "--index", help="flat | faiss:<factory> | saved index path | /retrieve URL."),
         budget: Optional[int] = typer.Option(None, "--budget", help="Search turns per question (default 4)."),
         topk: Optional[int] = typer.Option(None, "--topk", help="Documents per search (default 3)."),
@@ -46,7 +48,7 @@ def register(app: typer.Typer) -> None:
         from ragfast.bench import make_config, run_bench
 
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
-                          encoder=encoder, encoder_backend=encoder_backend, index=index, budget=budget, topk=topk, threshold=threshold,
+                          encoder=encoder, encoder_backend=encoder_backend, nli_backend=nli_backend, index=index, budget=budget, topk=topk, threshold=threshold,
                           methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers,
                           val_limit=val_limit)
         if limit is not None and val_limit is None and cfg.val_limit > limit:
