@@ -5,3 +5,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def minilm_encoder():
+    """The bundled MiniLM encoder (torch), loaded once for every test that only reads from it."""
+    from ragfast.retrieval.encoder import Encoder
+
+    return Encoder("minilm", batch_size=16)

@@ -9,6 +9,7 @@ import pytest
 from ragfast.bench import BenchConfig, load_ledger, make_config, run_bench
 from ragfast.errors import ConfigError, DataError
 from ragfast.results import read_results
+from ragfast.verdicts import ORACLE_LABEL
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -42,11 +43,29 @@ def test_summary_structure(bench_run):
             assert set(c) == {"calls", "tokens", "flops", "seconds"}, (m, comp)
     assert {"reasoner", "retriever", "judge", "nli"} <= set(disk["slots"])
     assert disk["slots"]["reasoner"]["meaningful"] is False  # the scripted oracle says so
+    assert disk["slots"]["reasoner"]["answers_meaningful"] == ORACLE_LABEL
+    # the judge's verdict is measured on this run's validation states, against counting documents
+    judge = disk["slots"]["judge"]
+    measured = disk["s2g_threshold"].get("judge_vs_doc_count")
+    if measured:
+        assert judge["ranking_vs_doc_count"] == measured
+        assert "counting documents" in judge["answers_meaningful"]
+        assert measured["meaningful"] == (measured["low"] > 0)
+        if not measured["meaningful"]:
+            assert judge["meaningful"] is False and judge["answers_meaningful"].startswith("NO")
+    else:
+        assert "not measured" in judge["answers_meaningful"]
     for m in cfg.methods:
         if m != "searchr1":
             assert "delta_em" in disk["methods"][m]
-    for name in ("summary.csv", "report.md", "report.html"):
+    for name in ("summary.csv", "report.md", "report.html", "ragfast.log"):
         assert (out / name).stat().st_size > 0
+    log = (out / "ragfast.log").read_text()
+    assert "bench:" in log and "searchr1:" in log
+    page = (out / "report.html").read_text()
+    assert page.count("<img src='data:image/png;base64,") == len(disk["plots"])
+    for s in disk["methods"].values():
+        assert s["ci"]["em"]["low"] <= s["em"] <= s["ci"]["em"]["high"]
 
 
 def test_ledger_totals_equal_per_question_sums(bench_run):
@@ -117,6 +136,7 @@ def test_paper_preset_names_every_missing_file(tmp_path, monkeypatch):
     assert "Traceback" not in msg
 
 
+@pytest.mark.slow
 def test_ray_bench_equals_single_process(bench_run, tmp_path):
     """``ragfast bench --ray local`` gives the same per-question outcomes as one process."""
     import dataclasses

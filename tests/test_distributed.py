@@ -207,6 +207,7 @@ def _assert_same(result, out, single, questions, *, whole_ledger=True):
 
 # -- the runner ------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_ray_run_equals_single_process(questions, config, single, tmp_path):
     # Runs first, before the module's cluster exists: address="local" starts its own cluster
     # and shuts it down afterwards.
@@ -226,6 +227,7 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
     assert res.ledger.totals()["search"]["calls"] > 0
 
 
+@pytest.mark.slow
 def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, config, single, tmp_path):
     from ragfast.distributed import PipelineLoop
     from ragfast.pipelines.searchr1 import run_searchr1
@@ -242,6 +244,7 @@ def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, con
     assert res.retried_batches == 0
 
 
+@pytest.mark.slow
 def test_killed_and_hung_actors_batches_go_to_fresh_actors(cluster, questions, config, single, tmp_path):
     killed, hung = tmp_path / "killed", tmp_path / "hung"
     out = tmp_path / "results.jsonl"

@@ -93,6 +93,7 @@ def test_bad_inputs_name_the_problem(tmp_path, deberta):
         find_onnx(tmp_path / "empty")
 
 
+@pytest.mark.slow
 def test_cli_export_nli_and_encoder(deberta, bert, tmp_path):
     out = subprocess.run([sys.executable, "-m", "ragfast.cli", "export", "nli", str(deberta), str(tmp_path / "n"),
                           "--parity"], capture_output=True, text=True)

@@ -76,6 +76,7 @@ def on_ray(data, tmp_path_factory):
     return out, r
 
 
+@pytest.mark.slow
 def test_ray_run_equals_single_process_run(data, single, on_ray):
     (a, ra), (b, rb) = single, on_ray
     from ragfast.data import load_qa
@@ -116,6 +117,7 @@ def test_ray_run_equals_single_process_run(data, single, on_ray):
     assert "Traceback" not in rb.stderr
 
 
+@pytest.mark.slow
 def test_ray_limit_then_resume_runs_only_the_rest(data, single, tmp_path):
     a, _ = single
     out = tmp_path / "C"

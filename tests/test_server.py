@@ -184,6 +184,7 @@ def test_remote_retriever_matches_local(bm25, live_server):
         RemoteRetriever("localhost:8000")
 
 
+@pytest.mark.slow
 def test_cli_index_build_then_serve_dense(corpus, tmp_path, live_server):
     from ragfast.data import Corpus
 
@@ -216,6 +217,7 @@ def test_cli_index_build_then_serve_dense(corpus, tmp_path, live_server):
     assert bad.returncode != 0 and "no such file" in (bad.stderr + bad.stdout)
 
 
+@pytest.mark.slow
 def test_bounded_load_test_script(tmp_path):
     """bench/bench_server.py in CI: a short bounded run on loopback, BM25, no errors, CSV rows."""
     import csv

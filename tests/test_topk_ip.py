@@ -391,6 +391,7 @@ def _minilm_embeddings(cache_dir: Path):
     return data
 
 
+@pytest.mark.slow
 @needs_cpp
 def test_low_precision_recall_minilm(pytestconfig, tmp_path):
     # pytest's cache keeps the embeddings between runs; without it (-p no:cacheprovider) embed afresh

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import time
 from dataclasses import dataclass, field
@@ -26,6 +27,8 @@ import numpy as np
 from ragfast.cost import COMPONENTS, CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError
 from ragfast.types import Question, Trajectory
+
+log = logging.getLogger(__name__)
 
 METHODS = ("searchr1", "s2g", "stepgap", "reloop")
 
@@ -50,6 +53,13 @@ class BenchConfig:
         ``tiny`` (a random-weight DeBERTa-v2 cross-encoder) or a local path.
     encoder : str
         Retrieval encoder: ``minilm`` (bundled) or a local path (``e5``/``bge`` checkpoints).
+    encoder_backend : {"auto", "torch", "onnx"}
+        ``auto``: ONNX Runtime on the CPU (measured faster than torch for MiniLM queries, see
+        ``bench/bench_encoder_backends.py``; exported once and cached), torch elsewhere or when
+        the export fails. The ledger charges the same analytic FLOPs either way.
+    nli_backend : {"auto", "torch", "onnx"}
+        The same choice for the NLI cross-encoder (ONNX Runtime measured 4.8x faster than torch
+        on the tiny model, ``bench/bench_nli_backends.py``).
     index : str
         ``flat`` (ragfast's kernel), ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
         index path, or a ``/retrieve`` URL.
@@ -77,6 +87,8 @@ class BenchConfig:
     judge: str = "encoder"
     nli: str = "tiny"
     encoder: str = "minilm"
+    encoder_backend: str = "auto"
+    nli_backend: str = "auto"
     index: str = "flat"
     budget: int = 4
     topk: int = 3
@@ -105,6 +117,9 @@ class BenchConfig:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:
             raise ConfigError("S2G needs a judge: drop --judge none, or leave s2g out with --method")
+        for name in ("encoder_backend", "nli_backend"):
+            if getattr(self, name) not in ("auto", "torch", "onnx"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be auto, torch or onnx, got {getattr(self, name)!r}")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
 
@@ -241,17 +256,43 @@ def build_corpus(cfg: BenchConfig, all_questions: list[Question]):
     return parts[0] if len(parts) == 1 else Corpus.concat(parts)
 
 
-def build_retriever(cfg: BenchConfig, corpus: Any):
+def build_encoder(cfg: BenchConfig, device: str = "cpu") -> Any:
+    """The encoder of the retrieval slot, on the backend ``cfg.encoder_backend`` picks.
+
+    ``auto`` uses ONNX Runtime on the CPU when it is installed (exported once, cached under
+    the ragfast cache) and falls back to torch, with a warning in the log, if the export fails.
+    """
+    from ragfast.retrieval import Encoder
+
+    return _on_backend(lambda b: Encoder(cfg.encoder, device=device, backend=b), cfg.encoder_backend, device,
+                       "encoder")
+
+
+def _on_backend(make: Callable[[str], Any], choice: str, device: str, what: str) -> Any:
+    """``make(backend)`` on the chosen backend; ``auto`` = ONNX Runtime on CPU, torch if that fails."""
+    if choice != "auto":
+        return make(choice)
+    import importlib.util
+
+    if device == "cpu" and importlib.util.find_spec("onnxruntime") is not None:
+        try:
+            return make("onnx")
+        except Exception as exc:  # an exporter/runtime mismatch must not stop the run: torch works
+            log.warning("ONNX Runtime %s unavailable (%s); using torch", what, exc)
+    return make("torch")
+
+
+def build_retriever(cfg: BenchConfig, corpus: Any, encoder: Any = None):
     """The retrieval slot: ragfast's flat kernel, a faiss factory, a saved index, or a URL."""
-    from ragfast.retrieval import DenseIndex, DenseRetriever, Encoder, build_default_retriever
+    from ragfast.retrieval import DenseIndex, DenseRetriever, build_default_retriever
 
     if _is_url(cfg.index):
         from ragfast.retrieval import RemoteRetriever
 
         return RemoteRetriever(cfg.index)
+    enc = encoder if encoder is not None else build_encoder(cfg)
     if cfg.index == "flat":
-        return build_default_retriever(corpus, encoder=cfg.encoder)
-    enc = Encoder(cfg.encoder)
+        return build_default_retriever(corpus, encoder=enc)
     if cfg.index.startswith("faiss:") and not Path(cfg.index[6:]).exists():
         base = build_default_retriever(corpus, encoder=enc)
         index = DenseIndex.build(np.asarray(base.index.vectors), backend="faiss", factory=cfg.index[6:])
@@ -297,19 +338,29 @@ def build_slots(cfg: BenchConfig) -> Slots:
     all_q = load_qa(cfg.data)
     questions = _select(all_q, cfg.offset, cfg.limit)
     corpus = build_corpus(cfg, all_q)
-    retriever = build_retriever(cfg, corpus)
+    encoder = None if _is_url(cfg.index) else build_encoder(cfg)
+    retriever = build_retriever(cfg, corpus, encoder)
     make_gen, gen_info = _generator_factory(cfg)
-    judge = build_judge(cfg) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
+    judge = build_judge(cfg, encoder) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
     nli = build_nli(cfg) if "stepgap" in cfg.methods else None
     return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli)
 
 
-def build_judge(cfg: BenchConfig):
+def build_judge(cfg: BenchConfig, encoder: Any = None):
+    """The judge slot; the bundled encoder judge shares the retrieval encoder when it is the same model."""
     from ragfast.models.judge import CausalJudge, EncoderJudge
 
     if cfg.judge == "none":
         return None
     if cfg.judge == "encoder":
+        from ragfast.models.judge import default_encoder_judge_path
+
+        head = default_encoder_judge_path()
+        card = head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
+        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder") if card.exists() else None
+        if encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted:
+            # the head's own encoder is the retrieval encoder: load the model once (on its faster backend)
+            return EncoderJudge(encoder=encoder)
         return EncoderJudge()
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
@@ -318,14 +369,16 @@ def build_judge(cfg: BenchConfig):
     return CausalJudge(cfg.judge)
 
 
-def build_nli(cfg: BenchConfig):
+def build_nli(cfg: BenchConfig, device: str = "cpu"):
+    """The NLI slot on the backend ``cfg.nli_backend`` picks."""
     from ragfast.models.nli import NLIScorer
 
+    path = cfg.nli
     if cfg.nli == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return NLIScorer(tiny_path("deberta-v2"))
-    return NLIScorer(cfg.nli)
+        path = str(tiny_path("deberta-v2"))
+    return _on_backend(lambda b: NLIScorer(path, backend=b, device=device), cfg.nli_backend, device, "NLI model")
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -450,12 +503,18 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         overlap = {q.id for q in val} & {q.id for q in slots.questions}
         if overlap:
             raise ConfigError(f"{len(overlap)} validation questions are also test questions; move --val-offset/--offset apart")
-        if console is not None:
-            console.print(f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data} "
-                          f"(STOP precision >= {cfg.min_precision})")
-        gen = slots.make_generator()
-        trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val)
-        rec = record_states(trajs, slots.judge, slots.make_generator())
+        msg = (f"S2G: choosing the STOP threshold on {len(val)} validation questions of {cfg.val_data}"
+               f"[{cfg.val_offset}:{cfg.val_offset + len(val)}] (STOP precision >= {cfg.min_precision}; "
+               f"--val-limit sets how many, --limit caps it too)")
+        log.info(msg)  # on the console under the CLI (and in ragfast.log)
+        from ragfast.progress import progress_task
+
+        with progress_task("S2G validation", len(val), unit="questions") as task:
+            gen = TurnReporter(slots.make_generator(), task, cfg.budget + 1)
+            trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val, on_finish=lambda t: task.advance(1))
+            task.set_status("judge + answer-only probe on every state")
+            rec = record_states(trajs, slots.judge, slots.make_generator())
+            task.set_status("")
         sc, lab, grp = rec.state_table()
         th = select_threshold(sc, lab, cfg.min_precision, groups=grp)
         prec, recall = (float("nan"), float("nan"))
@@ -467,6 +526,11 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
                 "val_precision": prec, "val_recall": recall,
                 "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
                 "val_brier": float(brier(lab, sigmoid(sc))), "labels": "answer-only probe EM from the state"}
+        # The judge's slot label comes from this measurement, not from what the judge says of itself.
+        from ragfast.verdicts import judge_vs_doc_count
+
+        verdict = judge_vs_doc_count(sc, lab, grp, n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
+        info["judge_vs_doc_count"] = verdict.to_dict() if verdict is not None else None
     path.write_text(json.dumps(info, indent=2), encoding="utf-8")
     return info
 
@@ -643,8 +707,11 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
         u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
         unsafe.append(float(u["unsafe_early_stops"]) / B)
     cal = calibration_table(lab, sigmoid(sc), n_bins=10)
+    from ragfast.stats import brier
+
     return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
             "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
+            "brier": float(brier(lab, sigmoid(sc))),
             "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}
 
 
@@ -689,6 +756,22 @@ def _paired(a: np.ndarray, b: np.ndarray, cfg: BenchConfig) -> dict[str, float] 
         return None
     r = paired_bootstrap(a, b, n_resamples=cfg.n_resamples, seed=cfg.seed)
     return {"delta": float(r.delta), "low": float(r.low), "high": float(r.high)}
+
+
+def method_cis(records: Sequence[Mapping[str, Any]], cfg: BenchConfig) -> dict[str, dict[str, float]]:
+    """95% bootstrap CIs (over questions) of a method's EM and its total FLOPs / seconds per question."""
+    from ragfast.stats import paired_bootstrap
+
+    if len(records) < 2:
+        return {}
+    cols = {"em": [r["em"] for r in records],
+            "flops_per_q": [sum(v["flops"] for v in question_cost(r).values()) for r in records],
+            "seconds_per_q": [sum(v["seconds"] for v in question_cost(r).values()) for r in records]}
+    out = {}
+    for k, v in cols.items():
+        b = paired_bootstrap(np.asarray(v, dtype=np.float64), n_resamples=min(cfg.n_resamples, 5000), seed=cfg.seed)
+        out[k] = {"low": float(b.low), "high": float(b.high)}
+    return out
 
 
 def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: BenchConfig) -> dict[str, dict[str, Any]]:
@@ -738,72 +821,183 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
         The content of ``summary.json``.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ragfast.results import finished_ids, read_results, write_manifest
+    from ragfast.logs import run_log
 
     console = console or Console(stderr=True)
     check_paths(cfg)
     out = Path(cfg.out)
-    if out.exists() and any(out.iterdir()) and not resume:
+    # The log of a run that failed before doing any work does not make the directory a run.
+    if out.exists() and any(p.name != "ragfast.log" for p in out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
-    with console.status("loading data and building slots (first run embeds the corpus; later runs reuse the cache)"):
-        slots = build_slots(cfg)
-    slot_info = {
-        "reasoner": slots.generator_info,
-        "retriever": _retriever_slot(slots.retriever),
-        "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
-        "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
-    }
-    # How a run executes (Ray or not, where it writes) is not part of what it computes.
-    run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
-    write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
-                   extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
-    for k, v in slot_info.items():
-        console.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
+    with run_log(out):
+        log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
+        return _run_bench(cfg, out, resume, console)
 
-    with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=console) as prog:
+
+def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[str, Any]:
+    from rich.console import Console
+
+    from ragfast.progress import RunProgress
+    from ragfast.results import finished_ids, read_results, write_manifest
+
+    t0 = time.perf_counter()
+    with RunProgress(console) as prog:
+        setup = prog.task("loading slots", None)
+        slots = build_slots(cfg)
+        setup.update(total=1, completed=1)
+        setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus)} passages")
+        slot_info = {
+            "reasoner": slots.generator_info,
+            "retriever": _retriever_slot(slots.retriever),
+            "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
+            "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
+        }
+        # How a run executes (Ray or not, where it writes) is not part of what it computes.
+        run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
+                   if k not in ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")}
+        write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
+                       extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
+        for k, v in slot_info.items():
+            label = v.get("answers_meaningful", v.get("meaningful"))
+            if k == "judge" and label == "yes" and "s2g" in cfg.methods and cfg.threshold is None:
+                label = "measured below (validation ranking vs counting documents)"
+            prog.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {label})")
+            log.debug("slot %s: %s", k, v)
+
         for m in cfg.methods:
             if cfg.ray and m != "reloop":
                 done = finished_ids(out / "trajectories" / f"{m}.jsonl") if resume else set()
-                task = prog.add_task(m, total=len(slots.questions), completed=len(done & {q.id for q in slots.questions}))
-                th = select_s2g_threshold(cfg, slots, out, console)["threshold"] if m == "s2g" else None
-                run_method_on_ray(cfg, m, slots, out, resume, lambda n, t=task: prog.advance(t, n), th)
+                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"] if m == "s2g" else None
+                task = prog.task(m, len(slots.questions), completed=len(done & {q.id for q in slots.questions}),
+                                 unit="questions")
+                run_method_on_ray(cfg, m, slots, out, resume, task.advance, th)
+                task.done()
                 continue
+            th = None
+            if m == "s2g":
+                # Chosen before the method's recorder opens, so a failed selection leaves no empty files.
+                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"]
             rec = MethodRecorder(out, m, resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
-            task = prog.add_task(m, total=len(slots.questions), completed=len(slots.questions) - len(todo))
+            task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
+            t_m = time.perf_counter()
             try:
                 if todo:
-                    args = (cfg, slots, rec, todo, lambda n, t=task: prog.advance(t, n))
+                    gen_slots = dataclasses.replace(slots, make_generator=turn_reporting(slots.make_generator, task,
+                                                                                         cfg.budget + 1))
+                    args = (cfg, gen_slots, rec, todo, task.advance)
                     if m == "s2g":
-                        RUNNERS[m](*args, threshold=select_s2g_threshold(cfg, slots, out, console)["threshold"])
+                        RUNNERS[m](*args, threshold=th)
                     else:
                         RUNNERS[m](*args)
             finally:
                 rec.close()
-    records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
-    analysis_path = out / "s2g_analysis.json"
-    if "s2g" in records and "searchr1" in records and slots.judge is not None:
-        old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}
-        if old.get("n_questions") != len(records["searchr1"]):
-            with console.status("S2G analysis: scoring and probing every native state for the threshold sweep"):
+                task.set_status("")
+                task.done()
+            log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
+        judge_verdict(slot_info, out)
+        records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
+        analysis_path = out / "s2g_analysis.json"
+        if "s2g" in records and "searchr1" in records and slots.judge is not None:
+            old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}
+            if old.get("n_questions") != len(records["searchr1"]):
+                an_task = prog.task("S2G analysis", None)
+                an_task.set_status("scoring and probing every native state for the threshold sweep")
                 th = json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"]
                 an = s2g_analysis(cfg, slots, records["searchr1"], th)
                 an["n_questions"] = len(records["searchr1"])
-            analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                an_task.update(total=1, completed=1)
+                an_task.set_status("")
+                an_task.done()
     summary = summarise(cfg, records, slot_info, out)
-    summary["run"] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
-                      "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": time.perf_counter() - t0}
+    summary["run"] = run_info(cfg, slots, time.perf_counter() - t0)
     write_outputs(summary, out, records)
     from ragfast import report
 
     report.print_table(summary, Console())
-    console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, trajectories/")
+    console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, "
+                  f"trajectories/, ragfast.log")
     return summary
+
+
+def run_info(cfg: BenchConfig, slots: Slots, wall_seconds: float) -> dict[str, Any]:
+    """What a reader needs to reproduce the run: data, sizes, settings, versions, machine."""
+    import platform
+
+    import ragfast
+
+    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
+                            "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": wall_seconds,
+                            "val_limit": cfg.val_limit, "seed": cfg.seed, "ragfast": ragfast.__version__,
+                            "python": platform.python_version(), "machine": platform.machine(),
+                            "cpus": os.cpu_count(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["torch_threads"] = torch.get_num_threads()
+    except ImportError:
+        pass
+    if hasattr(os, "getloadavg"):
+        info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    return info
+
+
+class TurnReporter:
+    """Wraps a reasoner so each batched generation (one loop turn) updates a progress task.
+
+    Everything else is delegated untouched; the status reads ``turn k/n · m active``, where a
+    turn is one batched ``generate`` call over the running trajectories and ``n`` is the most
+    generations a question can take (budget + the answer turn).
+    """
+
+    def __init__(self, generator: Any, task: Any, max_turns: int):
+        self._gen = generator
+        self._task = task
+        self._max = max_turns
+        self._calls = 0
+
+    def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
+        self._calls += 1
+        self._task.set_status(f"turn {self._calls} (≤{self._max}/question) · {len(ids)} active")
+        return self._gen.generate(ids, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gen, name)
+
+
+def turn_reporting(make_generator: Callable[[], Any], task: Any, max_turns: int) -> Callable[[], Any]:
+    """A generator factory whose generators report their turns on ``task``."""
+    def make() -> Any:
+        return TurnReporter(make_generator(), task, max_turns)
+
+    return make
+
+
+def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
+    """Set the judge slot's verdict from its measured validation ranking (s2g_threshold.json).
+
+    Without a validation pass (a given --threshold, or no s2g method) the verdict says it was
+    not measured; the judge's own description is never taken as the verdict.
+    """
+    from ragfast.results import answers_label
+
+    judge = slot_info.get("judge")
+    if not judge or judge.get("name") == "none":
+        return
+    path = out / "s2g_threshold.json"
+    measured = json.loads(path.read_text(encoding="utf-8")).get("judge_vs_doc_count") if path.exists() else None
+    if measured:
+        judge["meaningful"] = bool(measured["meaningful"]) and judge.get("meaningful", True)
+        judge["verdict"] = measured["label"] if judge["meaningful"] or measured["label"].startswith("NO") else \
+            answers_label({k: v for k, v in judge.items() if k != "verdict"})
+        judge["ranking_vs_doc_count"] = measured
+    elif judge.get("meaningful", True):
+        judge["verdict"] = "not measured in this run (no S2G validation pass): judge's own metrics only"
+    judge["answers_meaningful"] = answers_label(judge)
 
 
 def _retriever_slot(r: Any) -> dict[str, Any]:
@@ -825,6 +1019,8 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
               out: Path) -> dict[str, Any]:
     """summary.json's content: per-method metrics and costs, deltas against native, slots."""
     methods = {m: method_summary(recs) for m, recs in records.items()}
+    for m, recs in records.items():
+        methods[m]["ci"] = method_cis(recs, cfg)
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
@@ -858,23 +1054,15 @@ def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequ
     """summary.json, summary.csv, the plots, report.md and report.html."""
     from ragfast import report
 
-    plots = []
-    plots.append(report.plot_pareto(summary, out / "pareto.png").name)
-    plots.append(report.plot_cost_bars(summary, out / "cost_bars.png", "seconds").name)
-    plots.append(report.plot_cost_bars(summary, out / "cost_bars_flops.png", "flops").name)
-    an = summary.get("s2g_analysis")
-    if an and an.get("sweep"):
-        plots.append(report.plot_threshold_sweep(an["sweep"], out / "threshold_sweep.png",
-                                                 summary.get("s2g_threshold", {}).get("threshold")).name)
-    if an and an.get("calibration"):
-        plots.append(report.plot_reliability(an["calibration"], out / "reliability.png").name)
+    plots, missing = report.write_plots(summary, out)
     summary["plots"] = plots
+    summary["plots_missing"] = missing
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(summary, indent=2, default=_json_safe), encoding="utf-8")
     os.replace(tmp, out / "summary.json")
     report.write_csv(summary, out / "summary.csv")
-    report.write_markdown(summary, out, plots)
-    report.write_html(summary, out, plots)
+    report.write_markdown(summary, out, plots, missing)
+    report.write_html(summary, out, plots, missing)
 
 
 def _json_safe(o: Any) -> Any:

@@ -12,6 +12,7 @@ import typer
 from rich.console import Console
 
 import ragfast
+from ragfast.cli_help import hide_flag_types
 from ragfast.errors import RagfastError, missing_dependency_message
 
 # ragfast loads every model from a local path: never reach for a hub, and keep the loaders'
@@ -19,6 +20,8 @@ from ragfast.errors import RagfastError, missing_dependency_message
 # imports transformers, so this takes effect for every command.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+hide_flag_types()  # flags render as `--resume / --no-resume`, not `--resume <bool>`
 
 app = typer.Typer(
     name="ragfast",
@@ -53,8 +56,19 @@ def _version(value: bool) -> None:
 def _root(
     version: Optional[bool] = typer.Option(None, "--version", callback=_version, is_eager=True,
                                            help="Print the version and exit."),
+    verbose: int = typer.Option(0, "--verbose", "-v", count=True,
+                                help="More detail on the console (debug messages); put it before the command."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console (results "
+                               "tables still print); put it before the command."),
 ) -> None:
-    """ragfast: run and cost-measure multi-round RAG methods on the same questions."""
+    """ragfast: run and cost-measure multi-round RAG methods on the same questions.
+
+    Runs write a log file (ragfast.log, every message including third-party warnings) into
+    their results directory.
+    """
+    from ragfast.logs import setup
+
+    setup(verbose=verbose, quiet=quiet)
 
 
 @app.command("backends")

@@ -222,8 +222,28 @@ def slot_entry(component: Any) -> dict[str, Any]:
     else:
         d = {"name": getattr(component, "name", type(component).__name__), "class": type(component).__name__}
     d.setdefault("meaningful", bool(getattr(component, "meaningful", True)))
-    d["answers_meaningful"] = "yes" if d["meaningful"] else "NO (exercises the compute path only)"
+    d["answers_meaningful"] = answers_label(d)
     return d
+
+
+def answers_label(d: Mapping[str, Any]) -> str:
+    """The slot's human verdict: a measured or stated ``verdict`` wins, else from ``meaningful``.
+
+    A scripted oracle says it knows the answers; a random-weight model says so; anything else
+    not meaningful exercises the compute path only.
+    """
+    from ragfast.verdicts import ORACLE_LABEL, RANDOM_LABEL
+
+    if d.get("verdict"):
+        return str(d["verdict"])
+    if d.get("meaningful", True):
+        return "yes"
+    if d.get("class") == "ScriptedGenerator":
+        return ORACLE_LABEL
+    note = " ".join(str(d.get(k, "")) for k in ("note", "why", "name")).lower()
+    if "random" in note or "tiny" in note:
+        return RANDOM_LABEL
+    return "NO (exercises the compute path only)"
 
 
 def write_manifest(out_dir: str | Path, *, pipeline: str, slots: Mapping[str, Any], config: Mapping[str, Any],

@@ -9,9 +9,12 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command("bench")
     def bench(
-        limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Run only the first N questions."),
+        limit: Optional[int] = typer.Option(None, "--limit", "-n", help="Run only the first N test questions; also caps "
+                                            "the S2G validation questions at N unless --val-limit is given."),
+        val_limit: Optional[int] = typer.Option(None, "--val-limit", help="S2G validation questions used to choose "
+                                                "the STOP threshold (default 100, or --limit when smaller)."),
         out: Optional[str] = typer.Option(None, "--out", "-o", help="Results directory (default ./ragfast-bench)."),
-        resume: bool = typer.Option(False, "--resume", help="Continue an interrupted bench in --out; finished work is not redone."),
+        resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted bench in --out; finished work is not redone."),
         preset: str = typer.Option("default", "--preset", help="'default' (bundled data and models, offline) or 'paper' "
                                    "(the S2G study's setting; needs its models under $RAGFAST_MODELS)."),
         config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field)."),
@@ -20,12 +23,17 @@ def register(app: typer.Typer) -> None:
         judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled trained head) | tiny | causal-LM path | none."),
         nli: Optional[str] = typer.Option(None, "--nli", help="tiny | local cross-encoder path."),
         encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm | local encoder path (e5, bge)."),
+        encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="auto (ONNX Runtime on CPU, "
+                                                      "measured faster; torch on GPU) | torch | onnx."),
+        nli_backend: Optional[str] = typer.Option(None, "--nli-backend", help="auto (ONNX Runtime on CPU, measured "
+                                                  "faster; torch on GPU) | torch | onnx."),
         index: Optional[str] = typer.Option(None, "--index", help="flat | faiss:<factory> | saved index path | /retrieve URL."),
         budget: Optional[int] = typer.Option(None, "--budget", help="Search turns per question (default 4)."),
         topk: Optional[int] = typer.Option(None, "--topk", help="Documents per search (default 3)."),
         threshold: Optional[float] = typer.Option(None, "--threshold", help="S2G STOP threshold (default: selected on validation questions)."),
         methods: Optional[List[str]] = typer.Option(None, "--method", "-m", help="Repeat to pick methods: searchr1 s2g stepgap reloop."),
-        seed: Optional[int] = typer.Option(None, "--seed"),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the scripted reasoner, the bootstrap and "
+                                           "sampling (default 0)."),
         ray: Optional[str] = typer.Option(None, "--ray", help="Run searchr1/s2g/stepgap on Ray: 'local' or a cluster address."),
         ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Reasoner replicas (Ray worker actors); default 2."),
     ) -> None:
@@ -40,8 +48,14 @@ def register(app: typer.Typer) -> None:
         from ragfast.bench import make_config, run_bench
 
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
-                          encoder=encoder, index=index, budget=budget, topk=topk, threshold=threshold,
-                          methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers)
+                          encoder=encoder, encoder_backend=encoder_backend, nli_backend=nli_backend, index=index, budget=budget, topk=topk, threshold=threshold,
+                          methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers,
+                          val_limit=val_limit)
+        if limit is not None and val_limit is None and cfg.val_limit > limit:
+            # A quick look (--limit) should be quick everywhere, validation included.
+            import dataclasses
+
+            cfg = dataclasses.replace(cfg, val_limit=limit)
         from ragfast.outdir import output_dir
 
         with output_dir(cfg.out):

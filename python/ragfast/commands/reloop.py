@@ -13,7 +13,7 @@ def reloop_cmd(
     out: str = typer.Option(..., "--out", help="Output directory (results.jsonl, manifest.json, summary.json)."),
     kb: Optional[str] = typer.Option(None, "--kb", help="Triple file for MetaQA questions (default: bundled KB)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N questions."),
-    resume: bool = typer.Option(False, "--resume", help="Continue an interrupted run in --out."),
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out."),
     encoder: str = typer.Option("minilm", "--encoder", help="minilm (bundled all-MiniLM-L6-v2) | hashing (lexical)."),
     judge: str = typer.Option("auto", "--judge", help="auto | heuristic | encoder (trained EncoderJudge)."),
     generator: Optional[str] = typer.Option(None, "--generator",

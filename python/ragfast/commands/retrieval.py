@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
                                                                       "path, or 'bm25'. Default: the index's, else minilm."),
         topk: int = typer.Option(3, "--topk", help="Default top-k when a request's topk is null."),
         host: str = typer.Option("127.0.0.1", "--host", help="Bind address (loopback by default)."),
-        port: int = typer.Option(8000, "--port"),
+        port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
         workers: int = typer.Option(1, "--workers", help="uvicorn worker processes sharing the memory-mapped index."),
         storage: Optional[str] = typer.Option(None, "--storage", help="Flat storage: fp32, fp16, bf16, int8."),
         device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),

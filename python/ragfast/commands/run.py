@@ -426,11 +426,11 @@ def searchr1_cmd(
                                   help="default (MiniLM over the data's contexts) | bm25 | an index path | "
                                        "an http(s) URL of a Search-R1 retrieval server."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N questions."),
-    resume: bool = typer.Option(False, "--resume", help="Continue OUT/results.jsonl, skipping finished ids."),
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue OUT/results.jsonl, skipping finished ids."),
     batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
     max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
     topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
-    seed: int = typer.Option(0, "--seed"),
+    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),

@@ -188,24 +188,24 @@ def s2g_run_cmd(
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
                                                                         "--val-data)."),
     val_data: Optional[str] = typer.Option(None, "--val-data", help="Validation QA file/sample for the threshold."),
-    val_limit: int = typer.Option(60, "--val-limit"),
-    val_offset: int = typer.Option(0, "--val-offset"),
+    val_limit: int = typer.Option(100, "--val-limit", help="Validation questions used to choose the STOP threshold (same default as bench)."),
+    val_offset: int = typer.Option(0, "--val-offset", help="Skip the first N validation questions."),
     min_precision: float = typer.Option(0.90, "--min-precision", help="STOP precision the threshold must reach."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Only N test questions."),
     offset: int = typer.Option(0, "--offset", help="Skip the first N test questions."),
-    batch_size: int = typer.Option(64, "--batch-size"),
-    max_turns: int = typer.Option(4, "--max-turns"),
-    topk: int = typer.Option(3, "--topk"),
-    seed: int = typer.Option(0, "--seed"),
-    max_new_tokens: int = typer.Option(500, "--max-new-tokens"),
-    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens"),
+    batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
+    max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
+    topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
+    max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
+    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     gap_queries: bool = typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra search."),
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
-    n_resamples: int = typer.Option(10000, "--n-resamples"),
-    corpus: Optional[str] = typer.Option(None, "--corpus"),
-    device: str = typer.Option("cpu", "--device"),
+    n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
-    no_progress: bool = typer.Option(False, "--no-progress"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
     from ragfast.outdir import output_dir
@@ -222,8 +222,8 @@ def s2g_run_cmd(
 @report_app.command("s2g")
 def s2g_report_cmd(
     results_dir: str = typer.Argument(..., help="A directory written by `ragfast run s2g`."),
-    n_resamples: int = typer.Option(10000, "--n-resamples"),
-    seed: int = typer.Option(0, "--seed"),
+    n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),
     judge: Optional[list[str]] = typer.Option(None, "--judge", help="Also compare judges side by side on the recorded "
                                                                     "states (repeatable): recorded | encoder | head | "

@@ -21,6 +21,16 @@ def _register_export(app: typer.Typer) -> None:
     def _do(path: str, out: str, task: str, opset: int, max_length: int, parity: bool, int8: bool) -> None:
         from ragfast.models.export import export_onnx, parity_check, quantize_int8
 
+        # The names every other command takes for a model slot: ``tiny`` (random weights) and,
+        # for encoders, the bundled ``minilm``.
+        if path == "tiny":
+            from ragfast.models.tiny import tiny_path
+
+            path = str(tiny_path("deberta-v2" if task == "sequence-classification" else "bert"))
+        elif path == "minilm" and task == "feature-extraction":
+            from ragfast.retrieval.encoder import minilm_path
+
+            path = str(minilm_path())
         f = export_onnx(path, out, task=task, opset=opset, max_length=max_length)
         info: dict = {"onnx": str(f), "task": task}
         if parity:
@@ -30,7 +40,7 @@ def _register_export(app: typer.Typer) -> None:
         print(json.dumps(info, indent=2))
 
     @export_app.command("nli")
-    def export_nli(path: str = typer.Argument(..., help="Local NLI cross-encoder directory."),
+    def export_nli(path: str = typer.Argument(..., help="Local NLI cross-encoder directory, or 'tiny'."),
                    out: str = typer.Argument(..., help="Output directory (or a .onnx file name)."),
                    opset: int = typer.Option(17, help="ONNX opset."),
                    max_length: int = typer.Option(512, help="Longest pair the model will see."),
@@ -40,7 +50,8 @@ def _register_export(app: typer.Typer) -> None:
         _do(path, out, "sequence-classification", opset, max_length, parity, int8)
 
     @export_app.command("encoder")
-    def export_encoder(path: str = typer.Argument(..., help="Local encoder directory (e.g. e5-base-v2)."),
+    def export_encoder(path: str = typer.Argument(..., help="Local encoder directory (e.g. e5-base-v2), 'minilm' "
+                                                  "(bundled) or 'tiny'."),
                        out: str = typer.Argument(..., help="Output directory (or a .onnx file name)."),
                        opset: int = typer.Option(17, help="ONNX opset."),
                        max_length: int = typer.Option(512, help="Longest input the model will see."),
@@ -240,18 +251,18 @@ def stepgap_run_cmd(
     contra: float = typer.Option(0.5, "--contra", help="Contradiction threshold."),
     no_repair: bool = typer.Option(False, "--no-repair", help="Label steps only; inject no repairs."),
     max_repairs: int = typer.Option(2, "--max-repairs", help="Repairs per question."),
-    limit: Optional[int] = typer.Option(None, "--limit"),
-    resume: bool = typer.Option(False, "--resume"),
-    batch_size: int = typer.Option(64, "--batch-size"),
+    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N questions."),
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished questions are not redone."),
+    batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
     max_turns: int = typer.Option(4, "--max-turns", help="Search budget (repair searches count)."),
-    topk: int = typer.Option(3, "--topk"),
-    seed: int = typer.Option(0, "--seed"),
-    max_new_tokens: int = typer.Option(500, "--max-new-tokens"),
-    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens"),
-    prompt_budget: int = typer.Option(4096, "--prompt-budget"),
-    corpus: Optional[str] = typer.Option(None, "--corpus"),
-    device: str = typer.Option("cpu", "--device"),
-    no_progress: bool = typer.Option(False, "--no-progress"),
+    topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
+    max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
+    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
+    prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
+    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
+    device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge)."""
     from ragfast.outdir import output_dir
@@ -277,12 +288,12 @@ def _register_stepgap(app: typer.Typer) -> None:
                   out: str = typer.Option(..., "--out", help="Labels JSONL (one record per step)."),
                   rewards: Optional[str] = typer.Option(None, "--rewards", help="Also write process rewards here."),
                   nli: str = typer.Option("tiny", "--nli", help="Local NLI directory | tiny | none."),
-                  nli_backend: str = typer.Option("torch", "--nli-backend"),
+                  nli_backend: str = typer.Option("torch", "--nli-backend", help="NLI runtime: torch | onnx."),
                   llm: str = typer.Option("none", "--llm", help="LLM of stages A-C: local directory | tiny | none."),
-                  stages: str = typer.Option("ABCDE", "--stages"),
-                  entail: float = typer.Option(0.5, "--entail"),
-                  contra: float = typer.Option(0.5, "--contra"),
-                  device: str = typer.Option("cpu", "--device")) -> None:
+                  stages: str = typer.Option("ABCDE", "--stages", help="Checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model)."),
+                  entail: float = typer.Option(0.5, "--entail", help="Entailment probability at or above which a step counts as supported."),
+                  contra: float = typer.Option(0.5, "--contra", help="Contradiction probability at or above which a step counts as contradicted."),
+                  device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i].")) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
         from ragfast.cost import CostLedger
         from ragfast.stepgap import check, process_rewards, write_jsonl
@@ -305,12 +316,12 @@ def _register_stepgap(app: typer.Typer) -> None:
     def ablate_cmd(results: str = typer.Option(..., "--results", help="results.jsonl (or its run directory)."),
                    annotations: Optional[str] = typer.Option(None, "--annotations",
                                                              help="Human step labels (JSONL: question_id, step, label)."),
-                   nli: str = typer.Option("tiny", "--nli"),
-                   nli_backend: str = typer.Option("torch", "--nli-backend"),
-                   llm: str = typer.Option("none", "--llm"),
-                   stages: str = typer.Option("ABCDE", "--stages"),
-                   device: str = typer.Option("cpu", "--device"),
-                   as_json: bool = typer.Option(False, "--json")) -> None:
+                   nli: str = typer.Option("tiny", "--nli", help="NLI cross-encoder: local directory | tiny (random weights, not meaningful) | none."),
+                   nli_backend: str = typer.Option("torch", "--nli-backend", help="NLI runtime: torch | onnx."),
+                   llm: str = typer.Option("none", "--llm", help="LLM of stages A-C: local directory | tiny | none."),
+                   stages: str = typer.Option("ABCDE", "--stages", help="Checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model)."),
+                   device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
+                   as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
         """Remove one stage at a time and report how labels (and metrics, with annotations) change."""
         from ragfast.stepgap import ablate, load_annotations
 

@@ -790,8 +790,12 @@ class DenseRetriever(Retriever):
 def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str | os.PathLike | None = None,
                             storage: str = "fp32", *, device: str = "cpu", batch_size: int = 64,
                             chunk_size: int = 4096, progress: bool = True,
-                            kernel_backend: str | None = None) -> DenseRetriever:
+                            kernel_backend: str | None = None, use_shipped: bool = True) -> DenseRetriever:
     """Embed a corpus (cached on disk) and return a flat :class:`DenseRetriever` over it.
+
+    Passages bundled with ragfast come with shipped MiniLM vectors
+    (:mod:`ragfast.retrieval.shipped`, checked against the encoder's identity and a hash); a
+    corpus made only of them is not embedded at all unless ``use_shipped=False``.
 
     The embeddings live under ``cache_dir`` (default ``$RAGFAST_CACHE/emb`` or
     ``~/.cache/ragfast/emb``) in a directory keyed by a hash of the corpus ids and contents and
@@ -814,6 +818,13 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
     if len(corpus) == 0:
         raise DataError("cannot build a retriever over an empty corpus")
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
+    if use_shipped and hasattr(corpus, "contents"):
+        from ragfast.retrieval.shipped import lookup
+
+        shipped = lookup(enc, corpus.contents(range(len(corpus))))
+        if shipped is not None:
+            index = DenseIndex("flat", vectors=shipped, storage=storage, kernel_backend=kernel_backend)
+            return DenseRetriever(enc, index, corpus)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "emb"
     out = root / f"{corpus_fingerprint(corpus)}-{enc.fingerprint()}"
     meta = out / "meta.json"

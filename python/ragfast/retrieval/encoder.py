@@ -218,12 +218,14 @@ class Encoder:
         return self.encode(texts, kind="query", ledger=ledger, question_ids=question_ids, bucket=bucket)
 
     def encode_passages(self, texts: Sequence[str], *, ledger=None, question_ids: Sequence[str] | None = None,
-                        bucket: bool = True):
+                        bucket: bool = True, on_batch: Callable[[int], None] | None = None):
         """Embed passages (with the preset's passage prefix); float32 tensor ``[n, dim]``."""
-        return self.encode(texts, kind="passage", ledger=ledger, question_ids=question_ids, bucket=bucket)
+        return self.encode(texts, kind="passage", ledger=ledger, question_ids=question_ids, bucket=bucket,
+                           on_batch=on_batch)
 
     def encode(self, texts: Sequence[str], kind: str = "query", *, ledger=None,
-               question_ids: Sequence[str] | None = None, bucket: bool = True):
+               question_ids: Sequence[str] | None = None, bucket: bool = True,
+               on_batch: Callable[[int], None] | None = None):
         """Embed texts; ``kind`` picks the prefix (``"query"``, ``"passage"`` or ``"raw"``).
 
         Parameters
@@ -236,6 +238,8 @@ class Encoder:
             One id per text, for the per-question ledger split.
         bucket : bool
             Sort by token length before batching (the default); ``False`` keeps input order.
+        on_batch : callable, optional
+            Called with the number of texts after each batch (progress bars).
 
         Returns
         -------
@@ -281,6 +285,8 @@ class Encoder:
                 if tts is not None:
                     tts[r, :L] = tt_list[j]
             out[torch.from_numpy(idx)] = self._forward(ids, mask, tts)
+            if on_batch is not None:
+                on_batch(len(idx))
         seconds = time.perf_counter() - t0
         if ledger is not None:
             qids = list(question_ids) if question_ids is not None else [None] * n
@@ -468,22 +474,18 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
     if max_chunks is not None:
         todo = todo[:max(0, int(max_chunks))]
 
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
+    from ragfast.progress import progress_task
 
-    with Progress(TextColumn("[bold]embedding[/] {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("passages"), TimeElapsedColumn(), TimeRemainingColumn(), disable=not progress,
-                  transient=False, console=Console(stderr=True)) as bar:
-        done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if _chunk_file(out, i).exists())
-        task = bar.add_task(encoder.name, total=n, completed=done_rows)
+    done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if _chunk_file(out, i).exists())
+    # Advanced per encoder batch (not per chunk), so the bar moves every few seconds.
+    with progress_task(f"embedding {encoder.name}", n, completed=done_rows, unit="passages",
+                       enabled=progress and bool(todo)) as bar:
         for i in todo:
             s, e = i * chunk_size, min(n, (i + 1) * chunk_size)
-            vecs = encoder.encode_passages(_corpus_texts(corpus, s, e)).numpy()
+            vecs = encoder.encode_passages(_corpus_texts(corpus, s, e), on_batch=bar.advance).numpy()
             tmp = out / f".emb-{i:05d}.{os.getpid()}.tmp.npy"
             np.save(tmp, np.ascontiguousarray(vecs, dtype=np.float32))
             os.replace(tmp, _chunk_file(out, i))
-            bar.advance(task, e - s)
             if on_chunk is not None:
                 on_chunk(i, total)
     done = sum(1 for i in range(total) if _chunk_file(out, i).exists())
