@@ -39,6 +39,7 @@ COMMAND_MODULES = (
     "ragfast.commands.reloop",
     "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
+    "ragfast.commands.cost",
 )
 
 
