@@ -177,3 +177,37 @@ def test_model_discovery_errors(served_tiny, monkeypatch):
     monkeypatch.setattr(httpx.Client, "get", two_models)
     with pytest.raises(ConfigError, match="serves 2 models .*a, b"):
         OpenAIGenerator(url, None)
+
+
+def test_bench_with_a_url_reasoner_records_usage_tokens_and_flops(served_tiny, tmp_path):
+    from ragfast.bench import make_config, run_bench
+    from ragfast.data import sample
+
+    url, path, _ = served_tiny
+    lines = sample("hotpotqa-dev").read_text(encoding="utf-8").splitlines()[:3]
+    data = tmp_path / "dev3.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    cfg = make_config(data=str(data), corpus=["contexts"], offset=0, limit=3, methods=["searchr1"], budget=1,
+                      out=str(tmp_path / "run"), reasoner=url, reasoner_tokenizer=str(path),
+                      reasoner_config=str(path), device="cpu", n_resamples=200)
+    summary = run_bench(cfg)
+    slot = summary["slots"]["reasoner"]
+    assert slot["class"] == "OpenAIGenerator" and slot["device"] == "remote" and "tiny-qwen2" in slot["name"]
+    row = summary["methods"]["searchr1"]["cost"]["reasoner"]
+    assert row["flops"] > 0 and row["tokens"] > 0 and "unknown" not in row
+    assert summary["slots"]["retriever"]["device"] == "cpu"
+
+
+def test_bench_refuses_a_device_this_machine_lacks(tmp_path):
+    from ragfast.bench import make_config
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ConfigError, match="device 'cuda:0' is not available"):
+        make_config(device="cuda:0", out=str(tmp_path))
+    with pytest.raises(ConfigError, match="device 'gpu' .*unknown|unknown device 'gpu'"):
+        make_config(devices={"judge": "gpu"}, out=str(tmp_path))
+    with pytest.raises(ConfigError, match="unknown device slot"):
+        make_config(devices={"retriever": "cpu"}, out=str(tmp_path))
+    assert make_config(device="auto", out=str(tmp_path)).slot_device == dict.fromkeys(
+        ("reasoner", "encoder", "judge", "nli"), "cpu")

@@ -67,6 +67,12 @@ class BenchConfig:
         The S2G STOP threshold; None selects it on validation questions
         (``val_data[val_offset:val_offset + val_limit]``) for STOP precision >= ``min_precision``
         and freezes it.
+    device : str
+        Where the local models run: ``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or
+        ``cuda:N``. ``devices`` overrides it per slot (``{"judge": "cpu"}``).
+    served_model, reasoner_tokenizer, reasoner_config : str, optional
+        For a URL reasoner: the served model's name (default: the server's only model), a local
+        tokenizer (chat template and token counts) and a config (analytic FLOPs).
     """
 
     data: str = "hotpotqa-dev"
@@ -92,6 +98,11 @@ class BenchConfig:
     out: str = "ragfast-bench"
     ray: str | None = None
     ray_workers: int = 2
+    device: str = "auto"
+    devices: dict[str, str] = field(default_factory=dict)
+    served_model: str | None = None
+    reasoner_tokenizer: str | None = None
+    reasoner_config: str | None = None
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -107,6 +118,9 @@ class BenchConfig:
             raise ConfigError("S2G needs a judge: drop --judge none, or leave s2g out with --method")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
+        from ragfast.devices import slot_devices
+
+        self.slot_device = slot_devices(self.device, self.devices)
 
 
 # The S2G study's setting. Model and data files are the user's: they live under
@@ -242,38 +256,27 @@ def build_retriever(cfg: BenchConfig, corpus: Any):
         from ragfast.retrieval import RemoteRetriever
 
         return RemoteRetriever(cfg.index)
+    dev = cfg.slot_device["encoder"]
     if cfg.index == "flat":
-        return build_default_retriever(corpus, encoder=cfg.encoder)
-    enc = Encoder(cfg.encoder)
+        return build_default_retriever(corpus, encoder=Encoder(cfg.encoder, device=dev), device=dev)
+    enc = Encoder(cfg.encoder, device=dev)
     if cfg.index.startswith("faiss:") and not Path(cfg.index[6:]).exists():
-        base = build_default_retriever(corpus, encoder=enc)
+        base = build_default_retriever(corpus, encoder=enc, device=dev)
         index = DenseIndex.build(np.asarray(base.index.vectors), backend="faiss", factory=cfg.index[6:])
         return DenseRetriever(enc, index, corpus)
     return DenseRetriever(enc, DenseIndex.load(cfg.index.removeprefix("faiss:")), corpus)
 
 
 def _generator_factory(cfg: BenchConfig) -> tuple[Callable[[], Any], dict[str, Any]]:
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
+    from ragfast.models.generator import ScriptedGenerator
 
     if cfg.reasoner == "scripted":
         def make() -> Any:
             return ScriptedGenerator(seed=cfg.seed, max_searches=cfg.budget)
-    elif cfg.reasoner == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        path = tiny_path("qwen2")
-        shared = HFGenerator(path)
-
-        def make() -> Any:
-            return shared
-    elif _is_url(cfg.reasoner):
-        base, _, model = cfg.reasoner.partition("#")
-        shared = OpenAIGenerator(base, model or "default")
-
-        def make() -> Any:
-            return shared
     else:
-        shared = HFGenerator(cfg.reasoner)
+        shared = ray_generator(cfg.reasoner, cfg.seed, cfg.budget, cfg.slot_device["reasoner"],
+                               served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer,
+                               model_config=cfg.reasoner_config)
 
         def make() -> Any:
             return shared
@@ -300,25 +303,31 @@ def build_slots(cfg: BenchConfig) -> Slots:
 def build_judge(cfg: BenchConfig):
     from ragfast.models.judge import CausalJudge, EncoderJudge
 
+    dev = cfg.slot_device["judge"]
     if cfg.judge == "none":
         return None
+    if _is_url(cfg.judge):
+        from ragfast.models.remote_judge import RemoteJudge
+
+        return RemoteJudge(cfg.judge)
     if cfg.judge == "encoder":
-        return EncoderJudge()
+        return EncoderJudge(device=dev)
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return CausalJudge(tiny_path("qwen2"))
-    return CausalJudge(cfg.judge)
+        return CausalJudge(tiny_path("qwen2"), device=dev)
+    return CausalJudge(cfg.judge, device=dev)
 
 
 def build_nli(cfg: BenchConfig):
     from ragfast.models.nli import NLIScorer
 
+    dev = cfg.slot_device["nli"]
     if cfg.nli == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return NLIScorer(tiny_path("deberta-v2"))
-    return NLIScorer(cfg.nli)
+        return NLIScorer(tiny_path("deberta-v2"), device=dev)
+    return NLIScorer(cfg.nli, device=dev)
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -525,8 +534,14 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
 
 
 # -- Ray: picklable slot factories, built inside the actors (never ship a loaded model) --------
-def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu") -> Any:
-    """The reasoner slot of ``reasoner``, built in a Ray worker on ``device``."""
+def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu", *, served_model: str | None = None,
+                  tokenizer: str | None = None, model_config: str | None = None) -> Any:
+    """The reasoner slot of ``reasoner``, built on ``device`` (in this process or a Ray worker).
+
+    A URL is an OpenAI-compatible server: ``served_model`` names its model (default: the one
+    its ``/v1/models`` lists; ``URL#name`` is accepted too), ``tokenizer`` and ``model_config``
+    are local files of the served model for the chat template, token counts and FLOPs.
+    """
     from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
 
     if reasoner == "scripted":
@@ -537,7 +552,7 @@ def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu") ->
         return HFGenerator(tiny_path("qwen2"), device=device)
     if _is_url(reasoner):
         base, _, model = reasoner.partition("#")
-        return OpenAIGenerator(base, model or "default")
+        return OpenAIGenerator(base, served_model or model or None, tokenizer=tokenizer, model_config=model_config)
     return HFGenerator(reasoner, device=device)
 
 
@@ -551,11 +566,11 @@ def ray_retriever(cfg_dict: dict[str, Any]) -> Any:
 
 
 def ray_judge(spec: str, device: str = "cpu") -> Any:
-    return build_judge(BenchConfig(judge=spec))
+    return build_judge(BenchConfig(judge=spec, device=device))
 
 
 def ray_nli(spec: str, device: str = "cpu") -> Any:
-    return build_nli(BenchConfig(nli=spec))
+    return build_nli(BenchConfig(nli=spec, device=device))
 
 
 def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, resume: bool,
@@ -591,7 +606,9 @@ def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, re
                                              **({} if scripted else {"checker": GENERATOR})})
     # one unit of work per worker at least, else workers sit idle
     bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.ray_workers)))
-    res = run_on_ray(slots.questions, make_generator=functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget),
+    make_gen = functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget, served_model=cfg.served_model,
+                                 tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
+    res = run_on_ray(slots.questions, make_generator=make_gen,
                      make_retriever=functools.partial(ray_retriever, dataclasses.asdict(cfg)), config=config,
                      out_path=traj, address=cfg.ray, num_workers=cfg.ray_workers, resume=resume,
                      make_loop=make_loop, batch_size=bs, on_result=lambda r: progress(1))
@@ -649,6 +666,9 @@ def _cost_row(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
         out["tokens"] += r.get("tokens", r.get("input_tokens", 0) + r.get("cached_tokens", 0) + r.get("output_tokens", 0))
         out["flops"] += r.get("flops", 0)
         out["seconds"] += r.get("seconds", 0)
+        if r.get("unknown"):
+            # calls whose compute a remote server did not report: FLOPs and tokens are a floor
+            out["unknown"] = out.get("unknown", 0) + r["unknown"]
     return out
 
 
@@ -750,12 +770,17 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
         "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
         "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
     }
+    # Where each local model ran (a URL slot runs wherever its server does).
+    for slot, dev_slot in (("reasoner", "reasoner"), ("retriever", "encoder"), ("judge", "judge"), ("nli", "nli")):
+        remote = slot_info[slot].get("class") in ("OpenAIGenerator", "RemoteRetriever", "RemoteJudge")
+        slot_info[slot]["device"] = "remote" if remote else cfg.slot_device[dev_slot]
     # How a run executes (Ray or not, where it writes) is not part of what it computes.
     run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("ray", "ray_workers", "out")}
     write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
                    extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
     for k, v in slot_info.items():
-        console.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
+        console.print(f"slot [bold]{k}[/]: {v.get('name')} on {v['device']}  "
+                      f"(answers meaningful: {v.get('answers_meaningful', v.get('meaningful'))})")
 
     with Progress(TextColumn("{task.description:<10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console) as prog:
