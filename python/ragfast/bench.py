@@ -849,27 +849,43 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
     for path in (out / "s2g_threshold.json", out / "s2g_analysis.json"):
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-    if "s2g" in methods and "searchr1" in methods:
-        summary["break_even"] = break_even(methods["searchr1"], methods["s2g"])
+    if "searchr1" in records:
+        for method, key in (("s2g", "break_even"), ("stepgap", "stepgap_balance")):
+            if method in records:
+                summary[key] = checker_balance(records["searchr1"], records[method], method, slot_info, cfg)
     return summary
 
 
-def break_even(native: Mapping[str, Any], s2g: Mapping[str, Any]) -> dict[str, Any]:
-    """Does the judge's compute pay for the reasoner and retrieval compute its early stops save?"""
-    def comp(d: Mapping[str, Any], c: str, f: str) -> float:
-        return float(d["cost"].get(c, {}).get(f, 0.0)) / max(1, d["n_questions"])
+def component_status(records: Sequence[Sequence[Mapping[str, Any]]], slot_info: Mapping[str, Any]) -> dict[str, str]:
+    """measured / unknown / free per component: unknown where a server reported no cost, free
+    for the scripted oracle (its tokens are a script's, not a model's compute)."""
+    status = {c: "measured" for c in COMPONENTS}
+    for recs in records:
+        for r in recs:
+            for c, v in (r.get("cost") or {}).items():
+                if v.get("unknown"):
+                    status[c] = "unknown"
+    if (slot_info.get("reasoner") or {}).get("class") == "ScriptedGenerator":
+        status["reasoner"] = "free"
+    return status
 
-    saved = {f: sum(comp(native, c, f) - comp(s2g, c, f) for c in ("reasoner", "encoder", "search"))
-             for f in ("flops", "seconds")}
-    judge = {f: comp(s2g, "judge", f) for f in ("flops", "seconds")}
-    pays = {f: judge[f] <= saved[f] for f in ("flops", "seconds")}
-    text = (f"Per question, S2G's early stops saved {saved['flops'] / 1e9:.3f} GFLOPs and {saved['seconds'] * 1e3:.2f} ms "
-            f"of reasoner + retrieval compute; the judge spent {judge['flops'] / 1e9:.3f} GFLOPs and "
-            f"{judge['seconds'] * 1e3:.2f} ms. Break-even judge cost = the savings: the judge "
-            f"{'pays' if pays['flops'] else 'does not pay'} for itself in FLOPs and "
-            f"{'pays' if pays['seconds'] else 'does not pay'} in wall time.")
-    return {"saved_per_question": saved, "judge_per_question": judge, "pays_for_itself": pays,
-            "break_even_judge_flops": saved["flops"], "break_even_judge_seconds": saved["seconds"], "text": text}
+
+def checker_balance(native: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], method: str,
+                    slot_info: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    """Does the method's checker (S2G's judge, StepGap's NLI) pay for what its method saves?
+
+    Paired by question, with bootstrap intervals (:func:`ragfast.savings.balance`); ``text``
+    is the verdict a person reads.
+    """
+    from ragfast.savings import balance
+
+    spender = "judge" if method == "s2g" else "nli"
+    b = balance(native, other, spender=spender, components=component_status([native, other], slot_info),
+                n_resamples=cfg.n_resamples, seed=cfg.seed)
+    d = b.to_dict()
+    d["text"] = f"{method} against native Search-R1, per question with 95% intervals:\n" + "\n".join(
+        f"- {line}" for line in b.lines())
+    return d
 
 
 def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:

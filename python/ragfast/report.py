@@ -110,9 +110,9 @@ def print_table(summary: Mapping[str, Any], console: Any = None) -> None:
     for slot, d in summary.get("slots", {}).items():
         console.print(f"  slot [bold]{slot}[/]: {d.get('name')} — answers meaningful: "
                       f"{d.get('answers_meaningful', d.get('meaningful'))}")
-    be = summary.get("break_even")
-    if be:
-        console.print(be["text"])
+    for key in ("break_even", "stepgap_balance"):
+        if summary.get(key):
+            console.print(summary[key]["text"])
 
 
 def write_csv(summary: Mapping[str, Any], path: Path) -> Path:
@@ -264,9 +264,10 @@ def write_markdown(summary: Mapping[str, Any], out_dir: Path, plots: Sequence[st
                   f"({s2g.get('source')}) for STOP precision ≥ {s2g.get('min_precision')}: validation precision "
                   f"{_fmt(s2g.get('val_precision'))}, recall {_fmt(s2g.get('val_recall'))}; judge AP {_fmt(s2g.get('val_ap'))}, "
                   f"Brier {_fmt(s2g.get('val_brier'))}.", ""]
-    be = summary.get("break_even")
-    if be:
-        lines += ["## Does the judge pay for itself?", "", be["text"], ""]
+    for key, title in (("break_even", "Does the judge pay for itself?"),
+                       ("stepgap_balance", "Does StepGap's checker pay for itself?")):
+        if summary.get(key):
+            lines += [f"## {title}", "", summary[key]["text"], ""]
     lines += ["", "## What the numbers mean", "",
               "- EM/F1 follow Search-R1's normalisation; ΔEM and Δcost are paired over the same questions, "
               "with 95% paired-bootstrap confidence intervals.",
@@ -294,9 +295,10 @@ def write_html(summary: Mapping[str, Any], out_dir: Path, plots: Sequence[str]) 
     for r in table_rows(summary):
         parts.append("<tr>" + "".join(f"<td>{e(c)}</td>" for c in r) + "</tr>")
     parts.append("</table>")
-    be = summary.get("break_even")
-    if be:
-        parts.append(f"<h2>Does the judge pay for itself?</h2><p>{e(be['text'])}</p>")
+    for key, title in (("break_even", "Does the judge pay for itself?"),
+                       ("stepgap_balance", "Does StepGap's checker pay for itself?")):
+        if summary.get(key):
+            parts.append(f"<h2>{title}</h2><pre>{e(summary[key]['text'])}</pre>")
     parts.append("<h2>Plots</h2>" + "".join(f"<img src='{e(p)}' alt='{e(p)}'>" for p in plots))
     parts.append("<h2>summary.json</h2><pre>" + e(json.dumps(summary.get("methods", {}), indent=1)[:20000]) + "</pre>")
     parts.append("</body></html>")

@@ -60,6 +60,15 @@ def _g(x: float) -> str:
     return f"{x:.3g}"
 
 
+# Display units: FLOPs in GFLOPs, seconds in ms (values are stored unscaled).
+_UNITS = {"flops": ("GFLOPs", 1e-9), "tokens": ("tokens", 1.0), "seconds": ("ms", 1e3)}
+
+
+def _scaled(x: "Interval", metric: str) -> "Interval":
+    f = _UNITS[metric][1]
+    return Interval(x.mean * f, x.low * f, x.high * f)
+
+
 @dataclass
 class MetricBalance:
     """Checker spend against other components' saving, in one metric, per question."""
@@ -90,13 +99,13 @@ class Balance:
 
     def lines(self) -> list[str]:
         """Human-readable verdict lines, one per metric, plus what was measured."""
-        units = {"flops": "FLOPs/question", "tokens": "tokens/question", "seconds": "s/question"}
         out = []
         for m, b in self.metrics.items():
             if b.spent is None or b.saved is None:
                 out.append(f"{m}: {b.verdict}")
                 continue
-            out.append(f"{m}: {self.spender} spent {b.spent.describe(units[m])}; {b.saving_text}; {b.verdict}")
+            out.append(f"{m} ({_UNITS[m][0]} per question): {self.spender} spent {_scaled(b.spent, m).describe()}; "
+                       f"{b.saving_text}; {b.verdict}")
         kinds = {s: sorted(c for c, v in self.components.items() if v == s) for s in STATUSES}
         out.append("measured: " + (", ".join(kinds["measured"]) or "none")
                    + "; unknown: " + (", ".join(kinds["unknown"]) or "none")
@@ -160,8 +169,8 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
         spent = _interval(spent_q, n_resamples, seed, confidence)
         saved = _interval(saved_q, n_resamples, seed, confidence)
         net = _interval(saved_q - spent_q, n_resamples, seed, confidence)
-        metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [],
-                                   verdict=_verdict(spender, net), saving_text=_saving_text(saved))
+        metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], verdict=_verdict(spender, _scaled(net, m)),
+                                   saving_text=_saving_text(_scaled(saved, m)))
     return Balance(spender, len(pairs), states, status, metrics, confidence)
 
 
