@@ -17,6 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
+from ragfast.http import post_json
 from ragfast.models.base import Generator
 
 __all__ = ["ScriptedGenerator", "HFGenerator", "OpenAIGenerator", "cut_at_stop", "whitespace_tokens"]
@@ -862,31 +863,15 @@ class OpenAIGenerator(Generator):
                                 "stop": stop, "n": 1}
         if self.seed is not None:
             body["seed"] = self.seed
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                t0 = time.perf_counter()
-                r = self._client.post(self.base_url + "/completions", json=body)
-                self.call_seconds.append(time.perf_counter() - t0)
-            except self._httpx.TransportError as exc:
-                last = exc
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = ModelError(f"{self.base_url}/completions answered {r.status_code}")
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-                continue
-            if r.status_code != 200:
-                raise ModelError(f"{self.base_url}/completions answered {r.status_code}: {r.text[:300]}")
-            try:
-                data = r.json()
-                choice = data["choices"][0]
-                _ = choice["text"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise ModelError(f"{self.base_url}/completions: not an OpenAI completions answer: "
-                                 f"{r.text[:300]}") from None
-            return data
-        raise ModelError(f"cannot reach {self.base_url}/completions after {self.retries + 1} attempts: {last}")
+        url = self.base_url + "/completions"
+        t0 = time.perf_counter()
+        data = post_json(self._client, url, body, retries=self.retries, error=ModelError)
+        self.call_seconds.append(time.perf_counter() - t0)
+        try:
+            _ = data["choices"][0]["text"]
+        except (KeyError, IndexError, TypeError):
+            raise ModelError(f"{url}: not an OpenAI completions answer: {str(data)[:300]}") from None
+        return data
 
     def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
                  ledger: CostLedger | None = None) -> list[str]:

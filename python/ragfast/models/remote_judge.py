@@ -13,6 +13,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
+from ragfast.http import post_json
 from ragfast.models.base import Judge
 from ragfast.remote_cost import book
 from ragfast.types import State
@@ -76,29 +77,13 @@ class RemoteJudge(Judge):
         self.client.close()
 
     def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.client.post(self.url, json=payload)
-            except self._httpx.HTTPError as exc:
-                last = exc
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = ModelError(f"{self.url} answered {r.status_code}")
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code != 200:
-                raise ModelError(f"{self.url} answered {r.status_code}: {r.text[:300]}")
-            try:
-                body = r.json()
-                scores = body["scores"]
-            except (ValueError, KeyError, TypeError):
-                raise ModelError(f"{self.url} sent a body without 'scores': {r.text[:300]}") from None
-            if len(scores) != len(payload["states"]):
-                raise ModelError(f"{self.url} answered {len(scores)} scores for {len(payload['states'])} states")
-            return body
-        raise ModelError(f"cannot reach the judge at {self.url}: {last}")
+        body = post_json(self.client, self.url, payload, retries=self.retries, error=ModelError)
+        scores = body.get("scores") if isinstance(body, dict) else None
+        if not isinstance(scores, list):
+            raise ModelError(f"{self.url} sent a body without 'scores': {str(body)[:300]}")
+        if len(scores) != len(payload["states"]):
+            raise ModelError(f"{self.url} answered {len(scores)} scores for {len(payload['states'])} states")
+        return body
 
     def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
                     question_ids: Sequence[str] | None = None) -> np.ndarray:

@@ -11,6 +11,7 @@ import time
 from typing import Any, Sequence
 
 from ragfast.errors import ConfigError, RagfastError
+from ragfast.http import post_json
 from ragfast.remote_cost import book
 from ragfast.retrieval.base import Hit, Retriever
 
@@ -78,32 +79,14 @@ class RemoteRetriever(Retriever):
         self.close()
 
     def _post(self, payload: dict[str, Any]) -> tuple[list[list[Any]], Any]:
-        import httpx
-
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.client.post(self.url, json=payload)
-            except httpx.HTTPError as exc:  # connection refused, timeout
-                last = exc
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:300]}")
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code != 200:
-                raise RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:500]}")
-            try:
-                body = r.json()
-                result = body["result"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RemoteRetrievalError(f"{self.url} sent a body without 'result': {r.text[:300]}") from exc
-            if len(result) != len(payload["queries"]):
-                raise RemoteRetrievalError(f"{self.url} answered {len(result)} lists for "
-                                           f"{len(payload['queries'])} queries")
-            return result, body.get("cost")
-        raise RemoteRetrievalError(f"cannot reach the retriever at {self.url}: {last}")
+        body = post_json(self.client, self.url, payload, retries=self.retries, error=RemoteRetrievalError)
+        result = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(result, list):
+            raise RemoteRetrievalError(f"{self.url} sent a body without 'result': {str(body)[:300]}")
+        if len(result) != len(payload["queries"]):
+            raise RemoteRetrievalError(f"{self.url} answered {len(result)} lists for "
+                                       f"{len(payload['queries'])} queries")
+        return result, body.get("cost")
 
     def search(self, queries: Sequence[str], k: int, *, exclude: Sequence[Sequence[str]] | None = None,
                ledger=None, question_ids: Sequence[str] | None = None) -> list[list[Hit]]:
