@@ -10,7 +10,8 @@ It (1) makes sure ``ragfast`` and ``ragfast._C`` import (building with ``pip ins
 references on fresh random inputs (odd sizes, non-contiguous views, fp32/fp16/bf16, poisoned
 outputs), (3) times them against their anchors (torch matmul+topk and faiss-gpu for ``topk_ip``;
 dense-mask SDPA and FlexAttention for ``prefix_attention``) with CUDA events, medians of several
-repetitions, and (4) prints a short table last and writes a CSV via ``bench/harness.py``.
+repetitions, (4) prints a short table and writes a CSV via ``bench/harness.py``, and (5) runs
+``ragfast bench --device cuda`` on the bundled data, checking that every local slot ran on the GPU.
 Designed to finish in well under 8 minutes on one H100/H200. Without a GPU it runs the same
 checks under ``TRITON_INTERPRET=1`` on tiny sizes (``--cpu-smoke``), to keep the script honest.
 """
@@ -252,8 +253,37 @@ def main() -> int:
         for p, v in prov.items():
             if p.startswith("ragfast"):
                 print(f"{op:17s} {params:40s} {p:22s} {anchor / v:6.2f}x vs best anchor")
+    if not smoke:
+        fails += bench_on_device(device)
     print(f"total {time.perf_counter() - t0:.1f} s; {'OK' if not fails else 'CHECKS FAILED'}")
     return 0 if not fails else 1
+
+
+def bench_on_device(device: str, limit: int = 20) -> list[str]:
+    """``ragfast bench --device cuda`` on the bundled data: every local model must run on the GPU.
+
+    Returns the failures (a slot that did not report the GPU, or a failed run).
+    """
+    import json
+    import tempfile
+
+    out = Path(tempfile.mkdtemp(prefix="ragfast-gpu-bench-"))
+    cmd = [sys.executable, "-m", "ragfast.cli", "bench", "--device", device, "--limit", str(limit),
+           "--reasoner", "tiny", "--judge", "tiny", "--out", str(out / "run")]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    print(f"ragfast bench --device {device} --limit {limit}: exit {r.returncode} in {time.perf_counter() - t0:.1f} s",
+          flush=True)
+    if r.returncode != 0:
+        print(r.stderr[-3000:])
+        return [f"bench --device {device} exited {r.returncode}"]
+    summary = json.loads((out / "run" / "summary.json").read_text())
+    fails = [f"bench slot {k} ran on {v.get('device')}" for k, v in summary["slots"].items()
+             if v.get("device") not in (device, "remote") and v.get("name") != "none"]
+    for m, s in summary["methods"].items():
+        print(f"  {m:9s} EM {s['em']:.3f}  " + "  ".join(f"{c} {v['seconds'] * 1e3 / max(1, s['n_questions']):.1f} ms/q"
+                                                     for c, v in s["cost"].items()), flush=True)
+    return fails
 
 
 if __name__ == "__main__":

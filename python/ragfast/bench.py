@@ -77,6 +77,12 @@ class BenchConfig:
         The S2G STOP threshold; None selects it on validation questions
         (``val_data[val_offset:val_offset + val_limit]``) for STOP precision >= ``min_precision``
         and freezes it.
+    device : str
+        Where the local models run: ``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or
+        ``cuda:N``. ``devices`` overrides it per slot (``{"judge": "cpu"}``).
+    served_model, reasoner_tokenizer, reasoner_config : str, optional
+        For a URL reasoner: the served model's name (default: the server's only model), a local
+        tokenizer (chat template and token counts) and a config (analytic FLOPs).
     """
 
     data: str = "hotpotqa-dev"
@@ -104,6 +110,11 @@ class BenchConfig:
     out: str = "ragfast-bench"
     ray: str | None = None
     ray_workers: int = 2
+    device: str = "auto"
+    devices: dict[str, str] = field(default_factory=dict)
+    served_model: str | None = None
+    reasoner_tokenizer: str | None = None
+    reasoner_config: str | None = None
 
     def __post_init__(self) -> None:
         bad = [m for m in self.methods if m not in METHODS]
@@ -122,6 +133,9 @@ class BenchConfig:
                 raise ConfigError(f"--{name.replace('_', '-')} must be auto, torch or onnx, got {getattr(self, name)!r}")
         if self.ray_workers < 1:
             raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
+        from ragfast.devices import slot_devices
+
+        self.slot_device = slot_devices(self.device, self.devices)
 
 
 # The S2G study's setting. Model and data files are the user's: they live under
@@ -290,38 +304,27 @@ def build_retriever(cfg: BenchConfig, corpus: Any, encoder: Any = None):
         from ragfast.retrieval import RemoteRetriever
 
         return RemoteRetriever(cfg.index)
-    enc = encoder if encoder is not None else build_encoder(cfg)
+    enc = encoder if encoder is not None else build_encoder(cfg, cfg.slot_device["encoder"])
+    dev = cfg.slot_device["encoder"]
     if cfg.index == "flat":
-        return build_default_retriever(corpus, encoder=enc)
+        return build_default_retriever(corpus, encoder=enc, device=dev)
     if cfg.index.startswith("faiss:") and not Path(cfg.index[6:]).exists():
-        base = build_default_retriever(corpus, encoder=enc)
+        base = build_default_retriever(corpus, encoder=enc, device=dev)
         index = DenseIndex.build(np.asarray(base.index.vectors), backend="faiss", factory=cfg.index[6:])
         return DenseRetriever(enc, index, corpus)
     return DenseRetriever(enc, DenseIndex.load(cfg.index.removeprefix("faiss:")), corpus)
 
 
 def _generator_factory(cfg: BenchConfig) -> tuple[Callable[[], Any], dict[str, Any]]:
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
+    from ragfast.models.generator import ScriptedGenerator
 
     if cfg.reasoner == "scripted":
         def make() -> Any:
             return ScriptedGenerator(seed=cfg.seed, max_searches=cfg.budget)
-    elif cfg.reasoner == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        path = tiny_path("qwen2")
-        shared = HFGenerator(path)
-
-        def make() -> Any:
-            return shared
-    elif _is_url(cfg.reasoner):
-        base, _, model = cfg.reasoner.partition("#")
-        shared = OpenAIGenerator(base, model or "default")
-
-        def make() -> Any:
-            return shared
     else:
-        shared = HFGenerator(cfg.reasoner)
+        shared = ray_generator(cfg.reasoner, cfg.seed, cfg.budget, cfg.slot_device["reasoner"],
+                               served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer,
+                               model_config=cfg.reasoner_config)
 
         def make() -> Any:
             return shared
@@ -338,7 +341,7 @@ def build_slots(cfg: BenchConfig) -> Slots:
     all_q = load_qa(cfg.data)
     questions = _select(all_q, cfg.offset, cfg.limit)
     corpus = build_corpus(cfg, all_q)
-    encoder = None if _is_url(cfg.index) else build_encoder(cfg)
+    encoder = None if _is_url(cfg.index) else build_encoder(cfg, cfg.slot_device["encoder"])
     retriever = build_retriever(cfg, corpus, encoder)
     make_gen, gen_info = _generator_factory(cfg)
     judge = build_judge(cfg, encoder) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
@@ -350,8 +353,13 @@ def build_judge(cfg: BenchConfig, encoder: Any = None):
     """The judge slot; the bundled encoder judge shares the retrieval encoder when it is the same model."""
     from ragfast.models.judge import CausalJudge, EncoderJudge
 
+    dev = cfg.slot_device["judge"]
     if cfg.judge == "none":
         return None
+    if _is_url(cfg.judge):
+        from ragfast.models.remote_judge import RemoteJudge
+
+        return RemoteJudge(cfg.judge)
     if cfg.judge == "encoder":
         from ragfast.models.judge import default_encoder_judge_path
 
@@ -361,24 +369,25 @@ def build_judge(cfg: BenchConfig, encoder: Any = None):
         if encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted:
             # the head's own encoder is the retrieval encoder: load the model once (on its faster backend)
             return EncoderJudge(encoder=encoder)
-        return EncoderJudge()
+        return EncoderJudge(device=dev)
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return CausalJudge(tiny_path("qwen2"))
-    return CausalJudge(cfg.judge)
+        return CausalJudge(tiny_path("qwen2"), device=dev)
+    return CausalJudge(cfg.judge, device=dev)
 
 
-def build_nli(cfg: BenchConfig, device: str = "cpu"):
+def build_nli(cfg: BenchConfig, device: str | None = None):
     """The NLI slot on the backend ``cfg.nli_backend`` picks."""
     from ragfast.models.nli import NLIScorer
 
+    dev = cfg.slot_device["nli"] if device is None else device
     path = cfg.nli
     if cfg.nli == "tiny":
         from ragfast.models.tiny import tiny_path
 
         path = str(tiny_path("deberta-v2"))
-    return _on_backend(lambda b: NLIScorer(path, backend=b, device=device), cfg.nli_backend, device, "NLI model")
+    return _on_backend(lambda b: NLIScorer(path, backend=b, device=dev), cfg.nli_backend, dev, "NLI model")
 
 
 # -- recording -------------------------------------------------------------------------------
@@ -596,8 +605,14 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
 
 
 # -- Ray: picklable slot factories, built inside the actors (never ship a loaded model) --------
-def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu") -> Any:
-    """The reasoner slot of ``reasoner``, built in a Ray worker on ``device``."""
+def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu", *, served_model: str | None = None,
+                  tokenizer: str | None = None, model_config: str | None = None) -> Any:
+    """The reasoner slot of ``reasoner``, built on ``device`` (in this process or a Ray worker).
+
+    A URL is an OpenAI-compatible server: ``served_model`` names its model (default: the one
+    its ``/v1/models`` lists; ``URL#name`` is accepted too), ``tokenizer`` and ``model_config``
+    are local files of the served model for the chat template, token counts and FLOPs.
+    """
     from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
 
     if reasoner == "scripted":
@@ -608,7 +623,7 @@ def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu") ->
         return HFGenerator(tiny_path("qwen2"), device=device)
     if _is_url(reasoner):
         base, _, model = reasoner.partition("#")
-        return OpenAIGenerator(base, model or "default")
+        return OpenAIGenerator(base, served_model or model or None, tokenizer=tokenizer, model_config=model_config)
     return HFGenerator(reasoner, device=device)
 
 
@@ -622,11 +637,11 @@ def ray_retriever(cfg_dict: dict[str, Any]) -> Any:
 
 
 def ray_judge(spec: str, device: str = "cpu") -> Any:
-    return build_judge(BenchConfig(judge=spec))
+    return build_judge(BenchConfig(judge=spec, device=device))
 
 
 def ray_nli(spec: str, device: str = "cpu") -> Any:
-    return build_nli(BenchConfig(nli=spec))
+    return build_nli(BenchConfig(nli=spec, device=device))
 
 
 def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, resume: bool,
@@ -662,7 +677,9 @@ def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, re
                                              **({} if scripted else {"checker": GENERATOR})})
     # one unit of work per worker at least, else workers sit idle
     bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.ray_workers)))
-    res = run_on_ray(slots.questions, make_generator=functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget),
+    make_gen = functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget, served_model=cfg.served_model,
+                                 tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
+    res = run_on_ray(slots.questions, make_generator=make_gen,
                      make_retriever=functools.partial(ray_retriever, dataclasses.asdict(cfg)), config=config,
                      out_path=traj, address=cfg.ray, num_workers=cfg.ray_workers, resume=resume,
                      make_loop=make_loop, batch_size=bs, on_result=lambda r: progress(1))
@@ -723,6 +740,9 @@ def _cost_row(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
         out["tokens"] += r.get("tokens", r.get("input_tokens", 0) + r.get("cached_tokens", 0) + r.get("output_tokens", 0))
         out["flops"] += r.get("flops", 0)
         out["seconds"] += r.get("seconds", 0)
+        if r.get("unknown"):
+            # calls whose compute a remote server did not report: FLOPs and tokens are a floor
+            out["unknown"] = out.get("unknown", 0) + r["unknown"]
     return out
 
 
@@ -854,6 +874,10 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             "judge": _slot_dict(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
             "nli": _slot_dict(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
         }
+        # Where each local model ran (a URL slot runs wherever its server does).
+        for slot, dev_slot in (("reasoner", "reasoner"), ("retriever", "encoder"), ("judge", "judge"), ("nli", "nli")):
+            remote = slot_info[slot].get("class") in ("OpenAIGenerator", "RemoteRetriever", "RemoteJudge")
+            slot_info[slot]["device"] = "remote" if remote else cfg.slot_device[dev_slot]
         # How a run executes (Ray or not, where it writes) is not part of what it computes.
         run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
                    if k not in ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")}
@@ -863,7 +887,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             label = v.get("answers_meaningful", v.get("meaningful"))
             if k == "judge" and label == "yes" and "s2g" in cfg.methods and cfg.threshold is None:
                 label = "measured below (validation ranking vs counting documents)"
-            prog.print(f"slot [bold]{k}[/]: {v.get('name')}  (answers meaningful: {label})")
+            prog.print(f"slot [bold]{k}[/]: {v.get('name')} on {v['device']}  (answers meaningful: {label})")
             log.debug("slot %s: %s", k, v)
 
         for m in cfg.methods:
@@ -1027,27 +1051,43 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
     for path in (out / "s2g_threshold.json", out / "s2g_analysis.json"):
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
-    if "s2g" in methods and "searchr1" in methods:
-        summary["break_even"] = break_even(methods["searchr1"], methods["s2g"])
+    if "searchr1" in records:
+        for method, key in (("s2g", "break_even"), ("stepgap", "stepgap_balance")):
+            if method in records:
+                summary[key] = checker_balance(records["searchr1"], records[method], method, slot_info, cfg)
     return summary
 
 
-def break_even(native: Mapping[str, Any], s2g: Mapping[str, Any]) -> dict[str, Any]:
-    """Does the judge's compute pay for the reasoner and retrieval compute its early stops save?"""
-    def comp(d: Mapping[str, Any], c: str, f: str) -> float:
-        return float(d["cost"].get(c, {}).get(f, 0.0)) / max(1, d["n_questions"])
+def component_status(records: Sequence[Sequence[Mapping[str, Any]]], slot_info: Mapping[str, Any]) -> dict[str, str]:
+    """measured / unknown / free per component: unknown where a server reported no cost, free
+    for the scripted oracle (its tokens are a script's, not a model's compute)."""
+    status = {c: "measured" for c in COMPONENTS}
+    for recs in records:
+        for r in recs:
+            for c, v in (r.get("cost") or {}).items():
+                if v.get("unknown"):
+                    status[c] = "unknown"
+    if (slot_info.get("reasoner") or {}).get("class") == "ScriptedGenerator":
+        status["reasoner"] = "free"
+    return status
 
-    saved = {f: sum(comp(native, c, f) - comp(s2g, c, f) for c in ("reasoner", "encoder", "search"))
-             for f in ("flops", "seconds")}
-    judge = {f: comp(s2g, "judge", f) for f in ("flops", "seconds")}
-    pays = {f: judge[f] <= saved[f] for f in ("flops", "seconds")}
-    text = (f"Per question, S2G's early stops saved {saved['flops'] / 1e9:.3f} GFLOPs and {saved['seconds'] * 1e3:.2f} ms "
-            f"of reasoner + retrieval compute; the judge spent {judge['flops'] / 1e9:.3f} GFLOPs and "
-            f"{judge['seconds'] * 1e3:.2f} ms. Break-even judge cost = the savings: the judge "
-            f"{'pays' if pays['flops'] else 'does not pay'} for itself in FLOPs and "
-            f"{'pays' if pays['seconds'] else 'does not pay'} in wall time.")
-    return {"saved_per_question": saved, "judge_per_question": judge, "pays_for_itself": pays,
-            "break_even_judge_flops": saved["flops"], "break_even_judge_seconds": saved["seconds"], "text": text}
+
+def checker_balance(native: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], method: str,
+                    slot_info: Mapping[str, Any], cfg: BenchConfig) -> dict[str, Any]:
+    """Does the method's checker (S2G's judge, StepGap's NLI) pay for what its method saves?
+
+    Paired by question, with bootstrap intervals (:func:`ragfast.savings.balance`); ``text``
+    is the verdict a person reads.
+    """
+    from ragfast.savings import balance
+
+    spender = "judge" if method == "s2g" else "nli"
+    b = balance(native, other, spender=spender, components=component_status([native, other], slot_info),
+                n_resamples=cfg.n_resamples, seed=cfg.seed)
+    d = b.to_dict()
+    d["text"] = f"{method} against native Search-R1, per question with 95% intervals:\n" + "\n".join(
+        f"- {line}" for line in b.lines())
+    return d
 
 
 def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:

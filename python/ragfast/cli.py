@@ -43,6 +43,7 @@ COMMAND_MODULES = (
     "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
     "ragfast.commands.judge_training",
+    "ragfast.commands.cost",
 )
 
 
@@ -74,7 +75,10 @@ def _root(
 @app.command("backends")
 def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Say which op backends (ref, cpp, triton) are available and which one each op uses."""
+    from ragfast.deps import status
+
     info = ragfast.backends()
+    info["runtimes"] = status()
     if as_json:
         print(json.dumps(info, indent=2))
         return
@@ -107,6 +111,10 @@ def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     for op, d in info["ops"].items():
         t.add_row(op, ", ".join(d["implementations"]), d["default"])
     out.print(t)
+    ort, fa = info["runtimes"]["onnxruntime"], info["runtimes"]["faiss"]
+    out.print("onnxruntime: " + (ort.get("error") or f"{ort['version']} providers={','.join(ort['providers'])}"),
+              soft_wrap=True)
+    out.print("faiss: " + (fa.get("error") or f"{fa['version']} gpus={fa['gpus']}"), soft_wrap=True)
 
 
 for _mod in COMMAND_MODULES:

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 COMPONENTS = ("reasoner", "encoder", "search", "judge", "nli", "other")
 _NUMERIC = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
-            "device_seconds", "bytes_scanned")
+            "device_seconds", "bytes_scanned", "unknown")
 
 
 @dataclass
@@ -35,6 +35,9 @@ class CostRecord:
     seconds: float = 0.0
     device_seconds: float = 0.0
     bytes_scanned: int = 0
+    # Calls whose compute was not reported (a remote server that sends no cost): their tokens
+    # and FLOPs are unknown, not 0, and reports say so.
+    unknown: int = 0
 
     def __post_init__(self) -> None:
         if self.component not in COMPONENTS:
@@ -104,6 +107,7 @@ class CostLedger:
         flops: Sequence[float] | None = None,
         bytes_scanned: Sequence[int] | None = None,
         calls: Sequence[int] | None = None,
+        unknown: Sequence[int] | None = None,
     ) -> None:
         """Record one batched call covering several questions.
 
@@ -130,7 +134,7 @@ class CostLedger:
             return list(v)
 
         inp, cac, out = col(input_tokens, "input_tokens"), col(cached_tokens, "cached_tokens"), col(output_tokens, "output_tokens")
-        fl, by = col(flops, "flops"), col(bytes_scanned, "bytes_scanned")
+        fl, by, un = col(flops, "flops"), col(bytes_scanned, "bytes_scanned"), col(unknown, "unknown")
         ca = col(calls, "calls") if calls is not None else [1] * n
         weights = fl if sum(fl) > 0 else [a + b + c for a, b, c in zip(inp, cac, out)]
         tot = float(sum(weights))
@@ -138,7 +142,7 @@ class CostLedger:
         recs = [
             CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
                        output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
-                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]))
+                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]))
             for i, qid in enumerate(question_ids)
         ]
         with self._lock:

@@ -27,11 +27,26 @@ from typing import Any, Sequence
 
 from ragfast.errors import ConfigError, ModelError
 
-__all__ = ["DECODERS", "ENCODERS", "forward_flops", "forward_flops_per_sequence"]
+__all__ = ["DECODERS", "ENCODERS", "forward_flops", "forward_flops_per_sequence", "completion_flops", "read_config"]
 
 DECODERS = ("llama", "mistral", "qwen2", "qwen3")
 ENCODERS = ("bert", "roberta", "xlm-roberta", "deberta-v2")
 _HEADS = ("lm", "classifier", "pooler", "none")
+
+
+def read_config(config: str | Path) -> dict[str, Any]:
+    """A model's ``config.json`` as a dict, from the file or from the model directory.
+
+    Raises
+    ------
+    ModelError
+        When there is no such file.
+    """
+    p = Path(config)
+    p = p / "config.json" if p.is_dir() else p
+    if not p.is_file():
+        raise ModelError(f"no config.json at {config}")
+    return json.loads(p.read_text(encoding="utf-8"))
 
 
 class _Cfg:
@@ -43,11 +58,7 @@ class _Cfg:
 
     def __init__(self, config: Any):
         if isinstance(config, (str, Path)):
-            p = Path(config)
-            p = p / "config.json" if p.is_dir() else p
-            if not p.is_file():
-                raise ModelError(f"no config.json at {config}")
-            config = json.loads(p.read_text(encoding="utf-8"))
+            config = read_config(config)
         if isinstance(config, dict):
             d = config.get("text_config") if "hidden_size" not in config and "text_config" in config else config
             self._get = lambda k, _d=dict(d): _d.get(k)
@@ -234,3 +245,31 @@ def _encoder(cfg: _Cfg, n_in: list[int], head: str) -> list[float]:
         shared = layers * n_proj * 2 * (2 * span) * hid * ahs
         out = [x + shared / len(out) for x in out]
     return out
+
+
+def completion_flops(config: Any, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+    """FLOPs of one greedy completion, from the token counts a server reports.
+
+    The prompt's uncached tokens are one prefill pass over the cached prefix; every generated
+    token but the last is fed back for one decode step (the last is sampled, never fed), each
+    attending over everything before it. Only the last position's logits are computed, as
+    ``generate`` does.
+
+    Parameters
+    ----------
+    config : transformers.PretrainedConfig, dict, str or Path
+        The served decoder's config.
+    prompt_tokens, cached_tokens, completion_tokens : int
+        As in an OpenAI ``usage`` object (``cached_tokens`` from ``prompt_tokens_details``).
+
+    Returns
+    -------
+    float
+    """
+    if cached_tokens > prompt_tokens:
+        raise ValueError(f"completion_flops: {cached_tokens} cached of only {prompt_tokens} prompt tokens")
+    fresh = max(1, prompt_tokens - cached_tokens)
+    n_dec = max(0, completion_tokens - 1)
+    past = prompt_tokens - fresh
+    return forward_flops(config, [fresh] + [1] * n_dec, [past] + [past + fresh + j for j in range(n_dec)],
+                         logits="last")

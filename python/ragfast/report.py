@@ -394,9 +394,9 @@ def print_table(summary: Mapping[str, Any], console: Any = None) -> None:
     for slot, d in summary.get("slots", {}).items():
         console.print(f"  slot [bold]{slot}[/]: {d.get('name')} — answers meaningful: "
                       f"{d.get('answers_meaningful', d.get('meaningful'))}", highlight=False)
-    be = summary.get("break_even")
-    if be:
-        console.print(be["text"])
+    for key in ("break_even", "stepgap_balance"):
+        if summary.get(key):
+            console.print(summary[key]["text"], highlight=False)
 
 
 def write_csv(summary: Mapping[str, Any], path: Path) -> Path:
@@ -489,9 +489,11 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
             blocks.append(("note", "No threshold reached the required STOP precision on validation: S2G never "
                                    "stops early and equals native Search-R1."))
         secs.append(Section("S2G threshold", blocks))
-    be = summary.get("break_even")
-    if be:
-        secs.append(Section("Does the judge pay for itself?", [("p", be["text"])]))
+    for key, title in (("break_even", "Does the judge pay for itself?"),
+                       ("stepgap_balance", "Does StepGap's checker pay for itself?")):
+        if summary.get(key):
+            head, *rest = summary[key]["text"].split("\n")
+            secs.append(Section(title, [("p", head), ("list", [x.removeprefix("- ") for x in rest])]))
     secs.append(Section("What the numbers mean", [("list", MEANING)]))
     pblocks: list[tuple[Any, ...]] = [("img", p, CAPTIONS.get(p, "")) for p in plots]
     for name, why in (missing or {}).items():

@@ -36,6 +36,14 @@ def register(app: typer.Typer) -> None:
                                            "sampling (default 0)."),
         ray: Optional[str] = typer.Option(None, "--ray", help="Run searchr1/s2g/stepgap on Ray: 'local' or a cluster address."),
         ray_workers: Optional[int] = typer.Option(None, "--ray-workers", help="Reasoner replicas (Ray worker actors); default 2."),
+        device: Optional[str] = typer.Option(None, "--device", help="Where local models run: auto (GPU if any; default) | cpu | cuda | cuda:N."),
+        reasoner_device: Optional[str] = typer.Option(None, "--reasoner-device", help="Override --device for the reasoner."),
+        encoder_device: Optional[str] = typer.Option(None, "--encoder-device", help="Override --device for the retrieval encoder."),
+        judge_device: Optional[str] = typer.Option(None, "--judge-device", help="Override --device for the judge."),
+        nli_device: Optional[str] = typer.Option(None, "--nli-device", help="Override --device for the NLI model."),
+        served_model: Optional[str] = typer.Option(None, "--served-model", help="URL reasoner: the served model name (default: the server's only model)."),
+        reasoner_tokenizer: Optional[str] = typer.Option(None, "--reasoner-tokenizer", help="URL reasoner: local tokenizer dir (chat template, token counts)."),
+        reasoner_config: Optional[str] = typer.Option(None, "--reasoner-config", help="URL reasoner: config.json or model dir, for analytic FLOPs."),
     ) -> None:
         """Run native Search-R1, S2G stopping, StepGap and RELOOP on the same questions.
 
@@ -50,7 +58,10 @@ def register(app: typer.Typer) -> None:
         cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
                           encoder=encoder, encoder_backend=encoder_backend, nli_backend=nli_backend, index=index, budget=budget, topk=topk, threshold=threshold,
                           methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers,
-                          val_limit=val_limit)
+                          val_limit=val_limit, device=device, served_model=served_model,
+                          reasoner_tokenizer=reasoner_tokenizer, reasoner_config=reasoner_config,
+                          devices={k: v for k, v in (("reasoner", reasoner_device), ("encoder", encoder_device),
+                                                     ("judge", judge_device), ("nli", nli_device)) if v} or None)
         if limit is not None and val_limit is None and cfg.val_limit > limit:
             # A quick look (--limit) should be quick everywhere, validation included.
             import dataclasses

@@ -219,12 +219,16 @@ def ort_session(path: str | os.PathLike, *, threads: int | None = None, provider
     threads : int, optional
         Intra-op threads; ``None`` leaves ONNX Runtime's default (one per physical core).
     providers : sequence of str, optional
-        Execution providers; defaults to CUDA when the installed runtime has it, then CPU.
+        Execution providers; defaults to CUDA when the installed runtime has it, then CPU. A
+        named provider that is not available is an error (never a silent CPU fallback).
     optimize : bool
         Full graph optimisation (fuses attention and layer norm on CPU).
     """
-    import onnxruntime as ort
+    from ragfast.deps import onnxruntime, require_ort_providers
 
+    ort = onnxruntime()
+    if providers is not None:
+        providers = require_ort_providers(list(providers))
     f = find_onnx(path)
     so = ort.SessionOptions()
     so.graph_optimization_level = (ort.GraphOptimizationLevel.ORT_ENABLE_ALL if optimize

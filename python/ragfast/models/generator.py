@@ -11,11 +11,13 @@ from __future__ import annotations
 import re
 import time
 import zlib
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
+from ragfast.http import post_json
 from ragfast.models.base import Generator
 
 __all__ = ["ScriptedGenerator", "HFGenerator", "OpenAIGenerator", "cut_at_stop", "whitespace_tokens"]
@@ -708,8 +710,9 @@ class OpenAIGenerator(Generator):
     ----------
     base_url : str
         E.g. ``http://127.0.0.1:8000`` or ``http://127.0.0.1:8000/v1``.
-    model : str
-        The served model name.
+    model : str, optional
+        The served model name. Without one, the server's ``/v1/models`` is asked and its single
+        model is used (several models: an error that lists them).
     api_key : str, optional
         Sent as a bearer token.
     concurrency : int
@@ -719,7 +722,16 @@ class OpenAIGenerator(Generator):
         truncation in the model's own tokens (without it prompts go raw and observations are
         cut by whitespace tokens).
     model_config : str, Path or dict, optional
-        The served model's config, to record analytic FLOPs in the ledger.
+        The served model's config (a ``config.json``, a model directory or a dict), to record
+        analytic FLOPs in the ledger from each call's token counts and past length.
+
+    Notes
+    -----
+    Token counts come from the server's ``usage`` (prompt, completion, and
+    ``prompt_tokens_details.cached_tokens`` where the server reports prefix-cache hits, as
+    vLLM does). A server that sends no ``usage`` is counted with the local tokenizer, else by
+    whitespace; ``describe()["token_source"]`` says which sources were used. Every request's
+    latency is kept in ``call_seconds``.
     timeout : float
         Seconds per request.
     retries : int
@@ -728,7 +740,7 @@ class OpenAIGenerator(Generator):
         Whether the served model's answers mean anything (False for a random-weight model).
     """
 
-    def __init__(self, base_url: str, model: str, api_key: str | None = None, concurrency: int = 16, *,
+    def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 16, *,
                  tokenizer: Any = None, model_config: Any = None, timeout: float = 600.0, retries: int = 2,
                  meaningful: bool = True, seed: int | None = None):
         import httpx
@@ -739,16 +751,18 @@ class OpenAIGenerator(Generator):
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         url = base_url.rstrip("/")
         self.base_url = url if url.endswith("/v1") else url + "/v1"
-        self.model = model
         self.concurrency = int(concurrency)
         self.retries = int(retries)
         self.seed = seed
         self.meaningful = bool(meaningful)
-        self.name = f"{model} @ {self.base_url}"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=self.concurrency))
         self._httpx = httpx
+        self.model = model or self._served_model()
+        self.name = f"{self.model} @ {self.base_url}"
+        self.call_seconds: list[float] = []
+        self.token_sources: dict[str, int] = {}
         self.tokenizer = None
         if tokenizer is not None:
             from transformers import AutoTokenizer
@@ -757,12 +771,51 @@ class OpenAIGenerator(Generator):
                 self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
             except (OSError, ValueError) as exc:
                 raise ModelError(f"cannot load a tokenizer from {tokenizer}: {exc}") from None
+        if isinstance(model_config, (str, Path)):
+            from ragfast.flops import read_config
+
+            model_config = read_config(model_config)
         self.model_config = model_config
         self._sessions: dict[str, str] = {}
 
+    def _served_model(self) -> str:
+        url = self.base_url + "/models"
+        try:
+            r = self._client.get(url)
+        except self._httpx.TransportError as exc:
+            raise ModelError(f"cannot reach {url} to find the served model: {exc} "
+                             "(or name it with --served-model)") from None
+        try:
+            names = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
+        except (ValueError, KeyError, TypeError):
+            names = None
+        if names is None:
+            raise ModelError(f"{url} answered {r.status_code} without a model list; name the model with --served-model")
+        if len(names) != 1:
+            raise ConfigError(f"{url} serves {len(names)} models ({', '.join(names) or 'none'}); "
+                              "choose one with --served-model")
+        return str(names[0])
+
     def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
-                "tokens": "tokenizer" if self.tokenizer is not None else "whitespace (no local tokenizer)"}
+        lat = sorted(self.call_seconds)
+        d: dict[str, Any] = {
+            "name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
+            "chat_template": bool(self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None)),
+            "token_source": dict(self.token_sources) or
+            ("usage, else tokenizer" if self.tokenizer is not None else "usage, else whitespace"),
+            "flops": "analytic from the model config" if self.model_config is not None else
+            "unknown (give the served model's config for analytic FLOPs)",
+        }
+        if lat:
+            d["calls"] = len(lat)
+            d["call_seconds_p50"] = lat[len(lat) // 2]
+            d["call_seconds_p99"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
+        return d
+
+    def _count(self, text: str) -> int:
+        if self.tokenizer is not None:
+            return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return whitespace_tokens(text)
 
     def close(self) -> None:
         self._client.close()
@@ -810,29 +863,15 @@ class OpenAIGenerator(Generator):
                                 "stop": stop, "n": 1}
         if self.seed is not None:
             body["seed"] = self.seed
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._client.post(self.base_url + "/completions", json=body)
-            except self._httpx.TransportError as exc:
-                last = exc
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = ModelError(f"{self.base_url}/completions answered {r.status_code}")
-                time.sleep(min(2.0, 0.2 * 2**attempt))
-                continue
-            if r.status_code != 200:
-                raise ModelError(f"{self.base_url}/completions answered {r.status_code}: {r.text[:300]}")
-            try:
-                data = r.json()
-                choice = data["choices"][0]
-                _ = choice["text"]
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise ModelError(f"{self.base_url}/completions: not an OpenAI completions answer: "
-                                 f"{r.text[:300]}") from None
-            return data
-        raise ModelError(f"cannot reach {self.base_url}/completions after {self.retries + 1} attempts: {last}")
+        url = self.base_url + "/completions"
+        t0 = time.perf_counter()
+        data = post_json(self._client, url, body, retries=self.retries, error=ModelError)
+        self.call_seconds.append(time.perf_counter() - t0)
+        try:
+            _ = data["choices"][0]["text"]
+        except (KeyError, IndexError, TypeError):
+            raise ModelError(f"{url}: not an OpenAI completions answer: {str(data)[:300]}") from None
+        return data
 
     def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
                  ledger: CostLedger | None = None) -> list[str]:
@@ -861,18 +900,19 @@ class OpenAIGenerator(Generator):
             n_prompt = int(usage.get("prompt_tokens") or 0)
             n_cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
             n_out = int(usage.get("completion_tokens") or 0)
+            source = "usage"
             if not usage:
-                n_prompt, n_out = whitespace_tokens(p), whitespace_tokens(text)
+                # no usage: count locally; the server's own tokens are what it computed
+                source = "tokenizer" if self.tokenizer is not None else "whitespace"
+                n_prompt, n_out = self._count(p), self._count(text)
+            self.token_sources[source] = self.token_sources.get(source, 0) + 1
             fresh.append(max(0, n_prompt - n_cached))
             cached.append(n_cached)
             produced.append(n_out)
             if self.model_config is not None:
-                from ragfast.flops import forward_flops
+                from ragfast.flops import completion_flops
 
-                n_f = max(1, n_prompt - n_cached)
-                flops.append(forward_flops(self.model_config, [n_f] + [1] * max(0, n_out - 1),
-                                           [n_cached] + [n_prompt + j for j in range(max(0, n_out - 1))],
-                                           logits="last"))
+                flops.append(completion_flops(self.model_config, n_prompt, min(n_cached, n_prompt), n_out))
         if ledger is not None:
             ledger.add_batch("reasoner", list(ids), seconds=time.perf_counter() - t0, input_tokens=fresh,
                              cached_tokens=cached, output_tokens=produced, flops=flops or None)

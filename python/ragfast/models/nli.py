@@ -201,9 +201,6 @@ class NLIScorer:
                 onnx_file = self._cached_export(model_dir)
             model_dir = onnx_file.parent
             providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device.startswith("cuda") else ["CPUExecutionProvider"]
-            import onnxruntime as ort
-
-            providers = [pr for pr in providers if pr in ort.get_available_providers()]
             self._session = _export.ort_session(onnx_file, threads=threads, providers=providers)
             self._inputs = [i.name for i in self._session.get_inputs()]
             self.onnx_file = onnx_file

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ragfast.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
 
@@ -131,7 +132,7 @@ class DenseIndex:
         else:
             if faiss_index is None:
                 raise ValueError("the faiss backend needs a faiss index")
-            import faiss
+            faiss = load_faiss()
 
             self.storage = "faiss"
             self.vectors = None
@@ -182,7 +183,7 @@ class DenseIndex:
             return cls("flat", vectors=emb, storage=storage, kernel_backend=kernel_backend)
         if backend != "faiss":
             raise ConfigError(f"unknown index backend {backend!r}; expected 'flat' or 'faiss'")
-        import faiss
+        faiss = load_faiss()
 
         n, d = emb.shape
         try:
@@ -225,7 +226,7 @@ class DenseIndex:
         return quantize(t, dtype=self.storage)
 
     def _maybe_gpu(self, gpus: bool | str) -> None:
-        import faiss
+        faiss = load_faiss()
 
         if gpus is False or not hasattr(faiss, "index_cpu_to_all_gpus"):
             if gpus is True:
@@ -251,7 +252,7 @@ class DenseIndex:
             if self.storage == "fp32":
                 return self.ntotal * self.dim * 4
             return int(self._stored.scan_bytes)  # codes plus per-row scale/sums
-        import faiss
+        faiss = load_faiss()
 
         idx = faiss.downcast_index(self.faiss_index)
         code = getattr(idx, "code_size", 4 * self.dim)
@@ -325,14 +326,14 @@ class DenseIndex:
         """Multiply-adds x2 of an exhaustive scan (flat, faiss Flat); 0 where not estimated."""
         if self.backend == "flat":
             return 2.0 * self.ntotal * self.dim
-        import faiss
+        faiss = load_faiss()
 
         if isinstance(self._downcast(), faiss.IndexFlat):
             return 2.0 * self.ntotal * self.dim
         return 0.0
 
     def _downcast(self):
-        import faiss
+        faiss = load_faiss()
 
         return faiss.downcast_index(self.faiss_index)
 
@@ -369,7 +370,7 @@ class DenseIndex:
         flat: a directory with ``vectors.npy`` (fp32, memory-mappable) and ``meta.json``.
         faiss: a directory with ``index.faiss`` and ``meta.json`` (the CPU copy is written).
         """
-        import faiss
+        faiss = load_faiss()
 
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
@@ -425,13 +426,13 @@ class DenseIndex:
 
 
 def _ivf_class():
-    import faiss
+    faiss = load_faiss()
 
     return faiss.IndexIVF
 
 
 def _read_faiss(path: Path, mmap: bool):
-    import faiss
+    faiss = load_faiss()
 
     # MMAP_IFC maps the codes of flat indexes (e5_Flat.index is 60 GB at wiki-18 scale: mapping
     # it lets several server workers share one copy); MMAP maps IVF inverted lists. Not every

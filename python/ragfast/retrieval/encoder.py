@@ -359,7 +359,8 @@ class Encoder:
             f = find_onnx(path)
         except ModelError:
             f = export_onnx(self.path, path, task="feature-extraction", max_length=self.max_length)
-        providers = None if self.device.startswith("cuda") else ["CPUExecutionProvider"]
+        providers = (["CUDAExecutionProvider", "CPUExecutionProvider"] if self.device.startswith("cuda")
+                     else ["CPUExecutionProvider"])
         sess = ort_session(f, providers=providers)
         self.onnx_path = f
         return sess, {i.name for i in sess.get_inputs()}

@@ -11,6 +11,8 @@ import time
 from typing import Any, Sequence
 
 from ragfast.errors import ConfigError, RagfastError
+from ragfast.http import post_json
+from ragfast.remote_cost import book
 from ragfast.retrieval.base import Hit, Retriever
 
 __all__ = ["RemoteRetriever", "RemoteRetrievalError", "check_reachable"]
@@ -103,32 +105,15 @@ class RemoteRetriever(Retriever):
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _post(self, payload: dict[str, Any]) -> list[list[Any]]:
-        import httpx
-
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self.client.post(self.url, json=payload)
-            except httpx.HTTPError as exc:  # connection refused, timeout
-                last = exc
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:300]}")
-                time.sleep(min(2.0, 0.1 * 2 ** attempt))
-                continue
-            if r.status_code != 200:
-                raise RemoteRetrievalError(f"{self.url} answered {r.status_code}: {r.text[:500]}")
-            try:
-                result = r.json()["result"]
-            except (ValueError, KeyError, TypeError) as exc:
-                raise RemoteRetrievalError(f"{self.url} sent a body without 'result': {r.text[:300]}") from exc
-            if len(result) != len(payload["queries"]):
-                raise RemoteRetrievalError(f"{self.url} answered {len(result)} lists for "
-                                           f"{len(payload['queries'])} queries")
-            return result
-        raise RemoteRetrievalError(f"cannot reach the retriever at {self.url}: {last}")
+    def _post(self, payload: dict[str, Any]) -> tuple[list[list[Any]], Any]:
+        body = post_json(self.client, self.url, payload, retries=self.retries, error=RemoteRetrievalError)
+        result = body.get("result") if isinstance(body, dict) else None
+        if not isinstance(result, list):
+            raise RemoteRetrievalError(f"{self.url} sent a body without 'result': {str(body)[:300]}")
+        if len(result) != len(payload["queries"]):
+            raise RemoteRetrievalError(f"{self.url} answered {len(result)} lists for "
+                                       f"{len(payload['queries'])} queries")
+        return result, body.get("cost")
 
     def search(self, queries: Sequence[str], k: int, *, exclude: Sequence[Sequence[str]] | None = None,
                ledger=None, question_ids: Sequence[str] | None = None) -> list[list[Hit]]:
@@ -140,13 +125,18 @@ class RemoteRetriever(Retriever):
             raise ValueError(f"k must be a positive int, got {k!r}")
         if exclude is not None and len(exclude) != len(queries):
             raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
-        t0 = time.perf_counter()
+        qids = list(question_ids) if question_ids is not None else [None] * len(queries)
+        if len(qids) != len(queries):
+            raise ValueError(f"{len(qids)} question ids for {len(queries)} queries")
         out: list[list[Hit]] = []
         for s in range(0, len(queries), self.max_queries):
             part = queries[s:s + self.max_queries]
             ex = [set(map(str, e)) for e in exclude[s:s + self.max_queries]] if exclude is not None else None
             extra = max((len(e) for e in ex), default=0) if ex else 0
-            result = self._post({"queries": part, "topk": k + extra, "return_scores": True})
+            t0 = time.perf_counter()
+            result, cost = self._post({"queries": part, "topk": k + extra, "return_scores": True})
+            # Encoding and scanning happen on the server: book what it reports, else "unknown".
+            book(ledger, "search", qids[s:s + self.max_queries], cost, time.perf_counter() - t0)
             for j, items in enumerate(result):
                 hits = []
                 for it in items:
@@ -161,10 +151,4 @@ class RemoteRetriever(Retriever):
                     if len(hits) == k:
                         break
                 out.append(hits)
-        if ledger is not None:
-            qids = list(question_ids) if question_ids is not None else [None] * len(queries)
-            if len(qids) != len(queries):
-                raise ValueError(f"{len(qids)} question ids for {len(queries)} queries")
-            # Encoding and scanning happen on the server; the client sees the round-trip time.
-            ledger.add_batch("search", qids, seconds=time.perf_counter() - t0)
         return out

@@ -1,0 +1,192 @@
+"""Does a checker pay for what it saves? Paired cost accounting with bootstrap intervals.
+
+S2G's judge (or StepGap's checker) spends compute on every state it scores; in return the
+method changes how much the other components spend (S2G's early stops skip reasoner turns and
+searches; StepGap's repairs add some). This module compares, question by question, what the
+checker spent with what the other components saved against the native run, in FLOPs, tokens
+and seconds, each with a paired-bootstrap interval over questions.
+
+Two rules keep the verdict honest:
+
+- a saving whose interval includes 0 is "no measurable saving", never a negative number;
+  an interval wholly below 0 is reported as an *extra* spend, never as a negative saving;
+- a component whose cost was not measured (a remote server that reports nothing) is
+  "unknown", and a component that costs nothing real (the scripted oracle) is "free": both are
+  named next to the verdict, and a metric that rests on an unknown component has no verdict.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ragfast.stats import paired_bootstrap
+
+__all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "balance", "cost_value"]
+
+#: What each metric reads from a trajectory's ``cost[component]`` record. Tokens are the ones a
+#: component computed (fresh input + output): tokens served from a KV cache cost no compute.
+METRICS = {"flops": ("flops",), "tokens": ("input_tokens", "output_tokens"), "seconds": ("seconds",)}
+
+STATUSES = ("measured", "unknown", "free")
+
+
+def cost_value(traj: Mapping[str, Any], component: str, metric: str) -> float:
+    """One question's cost of ``component`` in ``metric`` (0 when the component did not run)."""
+    rec = (traj.get("cost") or {}).get(component) or {}
+    return float(sum(float(rec.get(f, 0.0) or 0.0) for f in METRICS[metric]))
+
+
+@dataclass
+class Interval:
+    """A per-question mean with its paired-bootstrap interval."""
+
+    mean: float
+    low: float
+    high: float
+
+    @property
+    def excludes_zero(self) -> bool:
+        return self.low > 0 or self.high < 0
+
+    def describe(self, unit: str = "") -> str:
+        """``"1.2 [0.9, 1.5] unit"``, rounded to 3 significant digits."""
+        u = f" {unit}" if unit else ""
+        return f"{_g(self.mean)} [{_g(self.low)}, {_g(self.high)}]{u}"
+
+
+def _g(x: float) -> str:
+    return f"{x:.3g}"
+
+
+# Display units: FLOPs in GFLOPs, seconds in ms (values are stored unscaled).
+_UNITS = {"flops": ("GFLOPs", 1e-9), "tokens": ("tokens", 1.0), "seconds": ("ms", 1e3)}
+
+
+def _scaled(x: "Interval", metric: str) -> "Interval":
+    f = _UNITS[metric][1]
+    return Interval(x.mean * f, x.low * f, x.high * f)
+
+
+@dataclass
+class MetricBalance:
+    """Checker spend against other components' saving, in one metric, per question."""
+
+    metric: str
+    spent: Interval | None  # what the checker spent (None: unknown)
+    saved: Interval | None  # native minus method over the saved components (None: unknown)
+    net: Interval | None  # saved - spent
+    saved_by_component: dict[str, float] = field(default_factory=dict)
+    unknown: list[str] = field(default_factory=list)
+    verdict: str = ""
+    saving_text: str = ""
+
+
+@dataclass
+class Balance:
+    """The whole verdict: one :class:`MetricBalance` per metric and what each component was."""
+
+    spender: str
+    questions: int
+    checked_states: int
+    components: dict[str, str]
+    metrics: dict[str, MetricBalance]
+    confidence: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def lines(self) -> list[str]:
+        """Human-readable verdict lines, one per metric, plus what was measured."""
+        out = []
+        for m, b in self.metrics.items():
+            if b.spent is None or b.saved is None:
+                out.append(f"{m}: {b.verdict}")
+                continue
+            out.append(f"{m} ({_UNITS[m][0]} per question): {self.spender} spent {_scaled(b.spent, m).describe()}; "
+                       f"{b.saving_text}; {b.verdict}")
+        kinds = {s: sorted(c for c, v in self.components.items() if v == s) for s in STATUSES}
+        out.append("measured: " + (", ".join(kinds["measured"]) or "none")
+                   + "; unknown: " + (", ".join(kinds["unknown"]) or "none")
+                   + "; free (not real compute): " + (", ".join(kinds["free"]) or "none"))
+        return out
+
+
+def _interval(x: np.ndarray, n_resamples: int, seed: int, confidence: float) -> Interval:
+    r = paired_bootstrap(x, None, n_resamples=n_resamples, seed=seed, confidence=confidence)
+    return Interval(float(r.delta), float(r.low), float(r.high))
+
+
+def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, Any]], *,
+            spender: str = "judge", saved_components: Sequence[str] = ("reasoner", "encoder", "search"),
+            components: Mapping[str, str] | None = None, n_resamples: int = 10000, seed: int = 0,
+            confidence: float = 0.95) -> Balance:
+    """Compare what ``spender`` cost with what the method saved, paired by question id.
+
+    Parameters
+    ----------
+    native, method : sequence of trajectory records
+        Each with ``id`` and ``cost`` (component -> ledger sums), as written by the runs.
+        Questions present in both are paired; the rest are left out.
+    spender : str
+        The checker's ledger component (``"judge"`` for S2G, ``"nli"`` for StepGap).
+    saved_components : sequence of str
+        Components whose native-minus-method difference is the saving.
+    components : mapping, optional
+        Component -> ``"measured"`` | ``"unknown"`` | ``"free"``. Unlisted components count as
+        measured. A metric whose spender or saved components include an unknown one gets no
+        interval and the verdict "unknown"; free components count as 0 and are named.
+    n_resamples, seed, confidence
+        Paired bootstrap settings (:func:`ragfast.stats.paired_bootstrap`).
+
+    Returns
+    -------
+    Balance
+    """
+    status = {c: "measured" for c in (spender, *saved_components)}
+    for c, s in (components or {}).items():
+        if s not in STATUSES:
+            raise ValueError(f"component {c!r}: status must be one of {STATUSES}, got {s!r}")
+        if c in status:
+            status[c] = s
+    nat = {r["id"]: r for r in native}
+    pairs = [(nat[r["id"]], r) for r in method if r["id"] in nat]
+    states = sum(max(0, len((b.get("extra") or {}).get("judge_scores") or [None]) - 1) for _, b in pairs)
+    metrics: dict[str, MetricBalance] = {}
+    for m in METRICS:
+        unknown = [c for c in (spender, *saved_components) if status[c] == "unknown"]
+        live = [c for c in saved_components if status[c] == "measured"]
+        by_comp = {c: float(sum(cost_value(a, c, m) - cost_value(b, c, m) for a, b in pairs)) / max(1, len(pairs))
+                   for c in live}
+        if not pairs or unknown:
+            why = ("no paired questions" if not pairs else
+                   "unknown: " + ", ".join(unknown) + " reported no cost")
+            metrics[m] = MetricBalance(m, None, None, None, by_comp, unknown, verdict=why)
+            continue
+        spent_q = np.array([cost_value(b, spender, m) if status[spender] == "measured" else 0.0 for _, b in pairs])
+        saved_q = np.array([sum(cost_value(a, c, m) - cost_value(b, c, m) for c in live) for a, b in pairs])
+        spent = _interval(spent_q, n_resamples, seed, confidence)
+        saved = _interval(saved_q, n_resamples, seed, confidence)
+        net = _interval(saved_q - spent_q, n_resamples, seed, confidence)
+        metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], verdict=_verdict(spender, _scaled(net, m)),
+                                   saving_text=_saving_text(_scaled(saved, m)))
+    return Balance(spender, len(pairs), states, status, metrics, confidence)
+
+
+def _saving_text(saved: Interval) -> str:
+    if saved.low > 0:
+        return f"the method saved {saved.describe()}"
+    if saved.high < 0:
+        extra = Interval(-saved.mean, -saved.high, -saved.low)
+        return f"no saving: the other components spent {extra.describe()} extra"
+    return f"no measurable saving (interval {saved.describe()} includes 0)"
+
+
+def _verdict(spender: str, net: Interval) -> str:
+    if net.low > 0:
+        return f"{spender} pays for itself (net {net.describe()})"
+    if net.high < 0:
+        over = Interval(-net.mean, -net.high, -net.low)
+        return f"{spender} does not pay for itself: it costs {over.describe()} more than it saves"
+    return f"undetermined: saving minus spend is {net.describe()}, an interval that includes 0"
