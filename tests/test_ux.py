@@ -44,13 +44,13 @@ def test_doc_count_baseline_and_verdicts():
     t = np.tile(np.arange(1, 5), 80)
     # labels follow the document count exactly: a judge scoring the count ties it, noise loses to it
     labels = (t >= 3).astype(int)
-    same = judge_vs_doc_count(t.astype(float), labels, groups, n_resamples=300)
+    same = judge_vs_doc_count(t.astype(float), labels, groups, n_resamples=200)
     assert same is not None and not same.meaningful and "no better than counting documents" in same.label
-    noise = judge_vs_doc_count(rng.normal(size=t.size), labels, groups, n_resamples=300)
+    noise = judge_vs_doc_count(rng.normal(size=t.size), labels, groups, n_resamples=200)
     assert not noise.meaningful and noise.label.startswith("NO: worse than counting documents")
     # labels the count cannot see, which a judge sees
     hidden = rng.integers(0, 2, size=t.size)
-    good = judge_vs_doc_count(hidden + 0.1 * rng.normal(size=t.size), hidden, groups, n_resamples=300)
+    good = judge_vs_doc_count(hidden + 0.1 * rng.normal(size=t.size), hidden, groups, n_resamples=200)
     assert good.meaningful and good.label.startswith("yes") and good.low > 0
     assert judge_vs_doc_count(t.astype(float), np.zeros_like(t), groups) is None
 

@@ -973,9 +973,9 @@ def run_info(cfg: BenchConfig, slots: Slots, wall_seconds: float) -> dict[str, A
 class TurnReporter:
     """Wraps a reasoner so each batched generation (one loop turn) updates a progress task.
 
-    Everything else is delegated untouched; the status reads ``turn k/n · m active``, where a
-    turn is one batched ``generate`` call over the running trajectories and ``n`` is the most
-    generations a question can take (budget + the answer turn).
+    Everything else is delegated untouched; the status reads ``turn k · m active (≤n
+    turns/question)``, where a turn is one batched ``generate`` call over the running trajectories
+    and ``n`` the most generations one question can take (budget + the answer turn).
     """
 
     def __init__(self, generator: Any, task: Any, max_turns: int):
@@ -986,7 +986,8 @@ class TurnReporter:
 
     def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
         self._calls += 1
-        self._task.set_status(f"turn {self._calls} (≤{self._max}/question) · {len(ids)} active")
+        # batches refill as questions finish, so the loop's turn count can pass one question's maximum
+        self._task.set_status(f"turn {self._calls} · {len(ids)} active (≤{self._max} turns/question)")
         return self._gen.generate(ids, *args, **kw)
 
     def __getattr__(self, name: str) -> Any:

@@ -4,7 +4,7 @@ Everything that reports progress (corpus embedding, the methods of a bench, the 
 pass) asks for the active :class:`RunProgress` with :func:`current`; only the outermost caller
 opens one. So there is one live display at a time, and nothing interleaves.
 
-When stderr is not a terminal (CI logs, ``| tee``), each task prints a plain line at its start,
+When stdout or stderr is not a terminal (CI logs, ``| tee``), each task prints a plain line at its start,
 then at most every ``interval`` seconds, and at its end::
 
     [progress] embedding minilm: 1024/3967 passages (26%) 0:00:41
@@ -78,7 +78,11 @@ class RunProgress:
         from rich.console import Console
 
         self.console = console or Console(stderr=True)
-        self.plain = (not self.console.is_terminal) if plain is None else plain
+        if plain is None:
+            # Bars only when a person watches both streams; a piped or redirected run (CI logs,
+            # `| tee`) gets lines that read well in a file.
+            plain = not (self.console.is_terminal and _isatty(sys.stdout))
+        self.plain = plain
         self.interval = interval
         self.enabled = enabled
         self._rich = None
@@ -143,6 +147,13 @@ class RunProgress:
                f"{status}{' done' if end else ''}")
         print(msg, file=sys.stderr if self.console.stderr else sys.stdout, flush=True)
         log.debug(msg)
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
 
 
 def current() -> RunProgress | None:

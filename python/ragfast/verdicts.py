@@ -81,12 +81,19 @@ def judge_vs_doc_count(scores: np.ndarray, labels: np.ndarray, groups: np.ndarra
     base = doc_count_scores(g)
     ap_j, ap_b = average_precision(y, s), average_precision(y, base)
     uniq, inv = np.unique(g, return_inverse=True)
-    members = [np.flatnonzero(inv == k) for k in range(len(uniq))]
+    n_q = len(uniq)
+    # states of question k are order[starts[k]:starts[k] + counts[k]]; a resample's index is built
+    # with one repeat + arange instead of concatenating per-question arrays
+    order = np.argsort(inv, kind="stable")
+    counts = np.bincount(inv, minlength=n_q)
+    starts = np.r_[0, np.cumsum(counts)[:-1]]
     rng = np.random.default_rng(seed)
     deltas = []
     for _ in range(n_resamples):
-        pick = rng.integers(0, len(members), len(members))
-        idx = np.concatenate([members[k] for k in pick])
+        pick = rng.integers(0, n_q, n_q)
+        lens = counts[pick]
+        shift = np.repeat(starts[pick] - np.r_[0, np.cumsum(lens)[:-1]], lens)
+        idx = order[shift + np.arange(int(lens.sum()))]
         if y[idx].sum() == 0:
             continue
         deltas.append(average_precision(y[idx], s[idx]) - average_precision(y[idx], base[idx]))
@@ -102,5 +109,5 @@ def judge_vs_doc_count(scores: np.ndarray, labels: np.ndarray, groups: np.ndarra
     else:
         label = (f"NO: no better than counting documents (validation AP {ap_j:.3f} vs {ap_b:.3f}, "
                  f"Δ {delta:+.3f} [{low:+.3f}, {high:+.3f}])")
-    return RankingVerdict(float(ap_j), float(ap_b), float(delta), float(low), float(high), len(members), int(y.size),
+    return RankingVerdict(float(ap_j), float(ap_b), float(delta), float(low), float(high), n_q, int(y.size),
                           meaningful, label)
