@@ -224,8 +224,9 @@ class FairBatcher:
     -----
     Scheduling is round-robin over waiting requests: a 1024-item request is cut into chunks,
     and every batch takes one chunk from each waiting request in turn (up to ``max_batch``), so
-    under mixed load a small request waits for at most the batch in flight plus its own. If a call raises, its parts are retried
-    by bisection, so a request that cannot be served fails alone with its own error.
+    under mixed load a small request waits for at most the batch in flight plus its own. If a
+    call raises, its parts are retried by bisection, so a request that cannot be served fails
+    alone with its own error.
     """
 
     def __init__(self, run: Callable[[list[tuple[list[Any], Any]]], list[list[Any]]], *, max_batch: int,

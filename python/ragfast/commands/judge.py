@@ -241,4 +241,5 @@ def register(app: typer.Typer) -> None:
         lim = JudgeLimits(max_states=max_states, max_passages=max_passages, max_passage_chars=max_passage_chars,
                           max_question_chars=max_question_chars, max_body_bytes=max_body_bytes)
         uvicorn.run(make_app(j, max_wait_ms=max_wait_ms, max_batch_states=max_batch_states, chunk_states=chunk_states,
-                             limits=lim), host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_s)
+                             limits=lim), host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=graceful_s)
