@@ -104,7 +104,8 @@ async def closed_loop(cl, url: str, bodies: list[dict], check: Callable[[Any], b
     return {"lat": np.asarray(lat), "errors": errors}
 
 
-def _raw_post(url: str, path: str, body: bytes, declared: int | None = None, timeout: float = 30.0) -> tuple[int, float]:
+def _raw_post(url: str, path: str, body: bytes, declared: int | None = None,
+              timeout: float = 30.0) -> tuple[int, float]:
     """POST over a raw socket (so a declared size can exceed what is sent); (status, seconds to answer)."""
     host, port = url.removeprefix("http://").split(":")
     n = len(body) if declared is None else declared

@@ -140,3 +140,19 @@ def test_encoder_judge_cache_stays_under_its_byte_cap():
     assert d["bytes"] <= 64 * 1024 and d["evictions"] > 0
     assert big.features._d.describe()["evictions"] == 0
     np.testing.assert_allclose(small.stop_scores(states[:5]), got[:5], atol=1e-5)
+
+
+def test_every_server_limit_is_in_help():
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    r = CliRunner().invoke(app, ["serve-judge", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    for flag in ("--max-states", "--max-passages", "--max-passage-chars", "--max-question-chars", "--max-body-bytes",
+                 "--cache-mb", "--chunk-states", "--graceful-s"):
+        assert flag in r.output, flag
+    r = CliRunner().invoke(app, ["serve-retriever", "--help"], terminal_width=200)
+    assert r.exit_code == 0
+    for flag in ("--max-queries", "--max-query-chars", "--max-topk", "--max-body-bytes", "--chunk", "--graceful-s"):
+        assert flag in r.output, flag

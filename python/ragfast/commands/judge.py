@@ -89,7 +89,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     from ragfast.cost import CostLedger
     from ragfast.errors import ConfigError, RagfastError
     from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
-                                 parse_json_body, prometheus_text, rss_bytes)
+                                 fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes)
 
     lim = limits or JudgeLimits()
     if min(lim.max_states, lim.max_passages, lim.max_passage_chars, lim.max_question_chars, lim.max_body_bytes,
@@ -97,6 +97,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
         raise ConfigError(f"serve-judge limits must be positive: {lim}, max_batch_states={max_batch_states}, "
                           f"chunk_states={chunk_states}, max_wait_ms={max_wait_ms}")
     ledger = CostLedger()
+    fix_mmap_threshold()  # big request bodies must not leave the heap grown for good
 
     def run(parts):
         states = [s for st, _ in parts for s in st]
@@ -251,4 +252,5 @@ def register(app: typer.Typer) -> None:
         lim = JudgeLimits(max_states=max_states, max_passages=max_passages, max_passage_chars=max_passage_chars,
                           max_question_chars=max_question_chars, max_body_bytes=max_body_bytes)
         uvicorn.run(make_app(j, max_wait_ms=max_wait_ms, max_batch_states=max_batch_states, chunk_states=chunk_states,
-                             limits=lim), host=host, port=port, log_level="warning", timeout_graceful_shutdown=graceful_s)
+                             limits=lim), host=host, port=port, log_level="warning",
+                    timeout_graceful_shutdown=graceful_s)

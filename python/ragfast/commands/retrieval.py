@@ -32,8 +32,9 @@ def register(app: typer.Typer) -> None:
         max_body_bytes: int = typer.Option(16 * 1024 * 1024, "--max-body-bytes",
                                            help="Largest request body, refused (413) before it is parsed."),
         max_batch: int = typer.Option(256, "--max-batch", help="Most queries gathered into one retriever call."),
-        chunk: int = typer.Option(8, "--chunk", help="While small requests are about, the most queries one request "
-                                                      "puts in a batch (big requests are interleaved with small ones)."),
+        chunk: int = typer.Option(8, "--chunk", help="While small requests are about, the most queries one "
+                                                     "request puts in a batch (big requests are interleaved "
+                                                     "with small ones)."),
         max_wait_ms: float = typer.Option(2.0, "--max-wait-ms", help="How long a request waits for batch company."),
         no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per worker (default: torch's; "

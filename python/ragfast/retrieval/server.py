@@ -38,7 +38,8 @@ from pydantic import BaseModel
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Retriever
 from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
-                             check_int, check_text_list, json_bytes, parse_json_body, prometheus_text, rss_bytes)
+                             check_int, check_text_list, fix_mmap_threshold, json_bytes, parse_json_body,
+                             prometheus_text, rss_bytes)
 
 __all__ = ["create_app", "load_retriever", "serve", "set_threads", "ServerLimits", "RetrieveRequest"]
 
@@ -190,6 +191,7 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
     if default_topk > limits.max_topk:
         raise ConfigError(f"default_topk={default_topk} exceeds max_topk={limits.max_topk}")
     stats = _Stats()
+    fix_mmap_threshold()  # big request bodies and answers must not leave the heap grown for good
     batcher = FairBatcher(lambda parts: _search_parts(retriever, parts), max_batch=int(max_batch), chunk=int(chunk),
                           max_wait_s=max_wait_ms / 1e3, enabled=batching, name="ragfast-retrieve")
     # Big answers are built off the event loop, from cached per-row bytes (see _result_bytes).
