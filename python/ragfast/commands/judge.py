@@ -8,6 +8,7 @@ whichever request they came from.
 # No `from __future__ import annotations`: FastAPI must see the request models as classes.
 import contextlib
 import math
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Optional
@@ -74,8 +75,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
              limits: Optional[JudgeLimits] = None):
     """The FastAPI app of ``serve-judge`` around an already loaded judge.
 
-    Endpoints: ``POST /score`` -> ``{"scores": [float | null], "judge": str, "meaningful": bool}``
-    (null where a state could not be scored); ``GET /health`` -> the judge's ``describe()``, queue
+    Endpoints: ``POST /score`` -> ``{"scores": [float | null], "judge": str, "meaningful": bool,
+    "cost": {...}}`` (null where a state could not be scored; ``cost`` holds each state's share
+    of the judge compute, see :mod:`ragfast.remote_cost`); ``GET /health`` -> the judge's ``describe()``, queue
     depth and in-flight work; ``GET /metrics`` -> the same in Prometheus text format.
 
     Every request is checked on its own before it joins a micro-batch (strict types, text UTF-8
@@ -88,6 +90,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 
     from ragfast.cost import CostLedger
     from ragfast.errors import ConfigError, RagfastError
+    from ragfast.remote_cost import cost_items
     from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
                                  fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes)
 
@@ -100,11 +103,16 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     fix_mmap_threshold()  # big request bodies must not leave the heap grown for good
 
     def run(parts):
+        # Each state's answer is (score, its share of the call's compute) for the response's cost.
         states = [s for st, _ in parts for s in st]
-        scores = judge.stop_scores(states, ledger=ledger)
+        keys = [str(i) for i in range(len(states))]
+        call = CostLedger()
+        scores = judge.stop_scores(states, ledger=call, question_ids=keys)
+        ledger.merge(call)
+        costs = cost_items(call, keys)
         out, off = [], 0
         for st, _ in parts:
-            out.append([float(x) for x in scores[off:off + len(st)]])
+            out.append([(float(x), c) for x, c in zip(scores[off:off + len(st)], costs[off:off + len(st)])])
             off += len(st)
         return out
 
@@ -152,7 +160,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
         if not states:
             return {"scores": [], "judge": desc["name"], "meaningful": desc["meaningful"]}
         try:
-            scores = await batcher.submit(states)
+            t0 = time.perf_counter()
+            answers = await batcher.submit(states)
+            server_seconds = time.perf_counter() - t0
         except RagfastError as exc:
             counts["rejected"] += 1
             return JSONResponse({"detail": str(exc)}, status_code=400)
@@ -160,8 +170,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
             rid = request.scope.get("state", {}).get("request_id", "-")
             return JSONResponse({"detail": f"scoring failed: {type(exc).__name__}: {exc} (request id {rid})"},
                                 status_code=500)
-        return {"scores": [None if not math.isfinite(x) else x for x in scores],
-                "judge": desc["name"], "meaningful": desc["meaningful"]}
+        return {"scores": [None if not math.isfinite(x) else x for x, _ in answers],
+                "judge": desc["name"], "meaningful": desc["meaningful"],
+                "cost": {"items": [c for _, c in answers], "server_seconds": server_seconds}}
 
     def on_error() -> None:
         counts["errors"] += 1

@@ -134,7 +134,7 @@ class RemoteRetriever(Retriever):
             ex = [set(map(str, e)) for e in exclude[s:s + self.max_queries]] if exclude is not None else None
             extra = max((len(e) for e in ex), default=0) if ex else 0
             t0 = time.perf_counter()
-            result, cost = self._post({"queries": part, "topk": k + extra, "return_scores": True})
+            result, cost = self._post({"queries": part, "topk": k + extra, "return_scores": True, "return_cost": True})
             # Encoding and scanning happen on the server: book what it reports, else "unknown".
             book(ledger, "search", qids[s:s + self.max_queries], cost, time.perf_counter() - t0)
             for j, items in enumerate(result):

@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,7 +36,9 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
+from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
+from ragfast.remote_cost import cost_items
 from ragfast.retrieval.base import Retriever
 from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
                              check_int, check_text_list, fix_mmap_threshold, json_bytes, parse_json_body,
@@ -53,6 +56,7 @@ class RetrieveRequest(BaseModel):
     queries: list[str]
     topk: Optional[int] = None
     return_scores: bool = False
+    return_cost: bool = False  # ragfast extension: add per-query server compute ("cost") to the answer
 
 
 @dataclass
@@ -71,8 +75,8 @@ class _Stats:
     errors: int = 0
 
 
-def _check_request(body: dict[str, Any], limits: ServerLimits, default_topk: int) -> tuple[list[str], int, bool]:
-    """(queries, k, return_scores) of one parsed body, or a RequestError naming the field."""
+def _check_request(body: dict[str, Any], limits: ServerLimits, default_topk: int) -> tuple[list[str], int, bool, bool]:
+    """(queries, k, return_scores, return_cost) of one parsed body, or a RequestError naming the field."""
     if "queries" not in body:
         raise RequestError(422, "queries: field required (a list of strings)")
     queries = check_text_list(body["queries"], "queries", max_items=limits.max_queries, items_limit="--max-queries",
@@ -82,17 +86,27 @@ def _check_request(body: dict[str, Any], limits: ServerLimits, default_topk: int
     k = default_topk if topk is None else check_int(topk, "topk", lo=1, hi=limits.max_topk)
     rs = body.get("return_scores")
     return_scores = False if rs is None else check_bool(rs, "return_scores")
-    return queries, k, return_scores
+    # ragfast's own extension: Search-R1's clients never send it, so their answers stay byte-identical
+    rc = body.get("return_cost")
+    return_cost = False if rc is None else check_bool(rc, "return_cost")
+    return queries, k, return_scores, return_cost
 
 
 def _search_parts(retriever: Retriever, parts: list[tuple[list[str], int]]) -> list[list[Any]]:
-    """One retriever call for every part of a batch, at the largest k; each part gets its own k."""
+    """One retriever call for every part of a batch, at the largest k; each part gets its own k.
+
+    Each query's answer is ``(hits, cost)``: its share of the encoder and search compute of the
+    call (:func:`ragfast.remote_cost.cost_items`), for clients that ask for ``return_cost``.
+    """
     queries = [q for qs, _ in parts for q in qs]
     k = max(k for _, k in parts)  # a smaller k is a prefix of the same ranking
-    hits = retriever.search(queries, k)
+    keys = [str(i) for i in range(len(queries))]
+    ledger = CostLedger()
+    hits = retriever.search(queries, k, ledger=ledger, question_ids=keys)
+    costs = cost_items(ledger, keys)
     out, pos = [], 0
     for qs, kk in parts:
-        out.append([h[:kk] for h in hits[pos:pos + len(qs)]])
+        out.append([(h[:kk], c) for h, c in zip(hits[pos:pos + len(qs)], costs[pos:pos + len(qs)])])
         pos += len(qs)
     return out
 
@@ -219,7 +233,8 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
 
     async def retrieve(request):
         try:
-            queries, k, return_scores = _check_request(parse_json_body(await request.body()), limits, default_topk)
+            queries, k, return_scores, return_cost = _check_request(parse_json_body(await request.body()), limits,
+                                                                    default_topk)
         except RequestError as exc:
             rejected()
             return JSONResponse({"detail": exc.message}, status_code=exc.status)
@@ -227,7 +242,10 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
             batcher.stats.requests += 1
             return JSONResponse({"result": []})
         try:
-            hits = await batcher.submit(queries, k)
+            t0 = time.perf_counter()
+            answers = await batcher.submit(queries, k)
+            server_seconds = time.perf_counter() - t0
+            hits = [h for h, _ in answers]
         except (ValueError, DataError) as exc:
             errored()
             return JSONResponse({"detail": f"retrieval rejected the request: {exc}"}, status_code=422)
@@ -240,6 +258,9 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
         else:
             body = await asyncio.get_running_loop().run_in_executor(encode_pool, _result_bytes, hits, return_scores,
                                                                     doc_bytes)
+        if return_cost:
+            cost = {"items": [c for _, c in answers], "server_seconds": server_seconds}
+            body = body[:-1] + b',"cost":' + json_bytes(cost) + b"}"
         return Response(body, media_type="application/json")
 
     # The body is read and checked by hand (strictly, see _check_request); FastAPI only documents it.
