@@ -396,12 +396,14 @@ def _torch_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclud
         rows = torch.arange(q.shape[0], device=s.device)[:, None].expand_as(exclude)
         keep = exclude >= 0
         s[rows[keep], exclude[keep]] = -math.inf
-    s.masked_fill_(torch.isnan(s), -math.inf)
     if min_score is not None:
         s.masked_fill_(s < min_score, -math.inf)
     N = s.shape[1]
     kk = min(k + 1, N)
     vals, idx = torch.topk(s, kk, dim=1)
+    if bool(torch.isnan(vals).any()):  # topk ranks NaN first: only then pay a pass over [B, N]
+        s.masked_fill_(torch.isnan(s), -math.inf)
+        vals, idx = torch.topk(s, kk, dim=1)
     if kk > k:
         cut_tie = (vals[:, k - 1] == vals[:, k]) & (vals[:, k - 1] > -math.inf)
         vals, idx = vals[:, :k], idx[:, :k]
