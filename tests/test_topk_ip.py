@@ -556,8 +556,8 @@ def test_committed_table_is_measured_and_well_formed():
     assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
     for lvl, per in table["cells"].items():
         assert lvl in ("generic", "avx2", "avx512", "avx512bf16")
-        for st, cells in per.items():
-            assert st in ("fp32", "fp16", "bf16", "int8")
+        for storage, cells in per.items():
+            assert storage in ("fp32", "fp16", "bf16", "int8")
             assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
 
 
@@ -565,8 +565,8 @@ def test_committed_table_is_measured_and_well_formed():
 @pytest.mark.parametrize("forced", ["cpp", "torch"])
 def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeypatch):
     # whatever the table says, the default call gives the reference's results
-    table = {"cells": {isa: {st: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
-                             for st in ("fp32", "fp16", "bf16", "int8")}}}
+    table = {"cells": {isa: {sto: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
+                             for sto in ("fp32", "fp16", "bf16", "int8")}}}
     monkeypatch.setattr(topk_ip_choice, "load_table", lambda path=None: table)
     monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
     assert default_path(5, "int8").path == forced
