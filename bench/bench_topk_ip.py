@@ -133,17 +133,23 @@ def cpu_features() -> str:
 def write_choice(cells: dict, argv: list[str], path: Path) -> None:
     """Merge measured cells {isa: {storage: {B: path}}} into the chooser table."""
     table = json.loads(path.read_text()) if path.exists() else {}
-    merged = table.get("cells", {})
-    for lvl, per in cells.items():
-        merged[lvl] = per
+    merged, runs = table.get("cells", {}), table.get("runs", {})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    table = {
-        "about": "topk_ip default path per ISA level / storage / batch class: 'cpp' (compiled kernels) or "
-                 "'torch' (mm + topk), whichever was faster; written by bench/bench_topk_ip.py --calibrate",
+    run = {  # provenance per level: each level's cells may come from a different run
         "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs, features: {cpu_features()}",
         "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         "load_1min_at_write": round(load, 2),
         "command": "python bench/bench_topk_ip.py " + " ".join(argv),
+    }
+    for lvl, per in cells.items():
+        merged[lvl] = per
+        runs[lvl] = run
+    table = {
+        "about": "topk_ip default path per ISA level / storage / batch class: 'cpp' (compiled kernels) or "
+                 "'torch' (mm + topk), whichever was faster; written by bench/bench_topk_ip.py --calibrate",
+        "machine": run["machine"],
+        "command": run["command"],
+        "runs": runs,
         "cells": merged,
     }
     path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")

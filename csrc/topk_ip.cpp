@@ -80,7 +80,7 @@ Paths g_paths[ragfast::isa::kNumLevels];
 bool g_paths_init = false;
 
 Paths& level_paths(int level) {
-  if (!g_paths_init) {  // first call happens with the GIL held (bindings), so no race
+  if (!g_paths_init) {  // only called with the GIL held (bindings), so no race
     for (int l = 0; l < ragfast::isa::kNumLevels; ++l)
       if (const Kernels* k = level_kernels(l)) g_paths[l] = k->defaults;
     g_paths_init = true;
@@ -172,14 +172,15 @@ struct Args {
   float* out_s = nullptr;
   int64_t* out_i = nullptr;
   int threads = 0;
+  int level = 0;  // ISA level and its switch points, fixed with the GIL held
+  Paths paths{};
 };
 
 void run(Args& a) {
   Problem& p = a.p;
   const int64_t B = p.B, N = p.N;
-  const int level = ragfast::isa::current();
-  const Kernels& K = *level_kernels(level);
-  const int path = K.choose_path(p.kind, B, level_paths(level));
+  const Kernels& K = *level_kernels(a.level);
+  const int path = K.choose_path(p.kind, B, a.paths);
   p.qmajor = path == kQmajor;
   Prepared prep;
   prepare_queries(p, prep, K.qmajor_per(p.kind));
@@ -365,7 +366,8 @@ void topk_ip_binding(py::array queries, py::array corpus, int kind, py::object s
   a.out_s = static_cast<float*>(out_scores.mutable_data());
   a.out_i = static_cast<int64_t*>(out_ids.mutable_data());
   a.threads = threads;
-  ragfast::isa::current();  // a refused RAGFAST_ISA raises here, with the GIL held
+  a.level = ragfast::isa::current();  // a refused RAGFAST_ISA raises here, with the GIL held
+  a.paths = level_paths(a.level);
   py::gil_scoped_release release;
   run(a);
 }

@@ -557,8 +557,8 @@ def test_committed_table_is_measured_and_well_formed():
     assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
     for lvl, per in table["cells"].items():
         assert lvl in ("generic", "avx2", "avx512", "avx512bf16")
-        for st, cells in per.items():
-            assert st in ("fp32", "fp16", "bf16", "int8")
+        for storage, cells in per.items():
+            assert storage in ("fp32", "fp16", "bf16", "int8")
             assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
 
 
@@ -566,8 +566,8 @@ def test_committed_table_is_measured_and_well_formed():
 @pytest.mark.parametrize("forced", ["cpp", "torch"])
 def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeypatch):
     # whatever the table says, the default call gives the reference's results
-    table = {"cells": {isa: {st: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
-                             for st in ("fp32", "fp16", "bf16", "int8")}}}
+    table = {"cells": {isa: {sto: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
+                             for sto in ("fp32", "fp16", "bf16", "int8")}}}
     monkeypatch.setattr(topk_ip_choice, "load_table", lambda path=None: table)
     monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
     assert default_path(5, "int8").path == forced
@@ -586,3 +586,46 @@ def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeyp
     got = retrieve_step(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
     ref = retrieve_step_ref(q, c, 3, stop_scores=torch.zeros(4), threshold=1.0, seen=[[1], [], [2], []])
     assert_topk_agree(got.scores, got.ids, ref.scores, ref.ids, atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- build: what each level may execute
+
+def _level_objects():
+    root = Path(__file__).resolve().parent.parent / "build"
+    return {p.name.split(".")[0]: p for p in root.glob("*/CMakeFiles/_C.dir/csrc/**/*.o")}
+
+
+@needs_cpp
+def test_level_objects_use_only_their_instructions():
+    # The portable code and the AVX2 level must not contain a single AVX-512 instruction (zmm
+    # or mask registers), or a forced lower level could still fault on an AVX2-only CPU; the
+    # portable code not even AVX (ymm). Checked on the objects of the local build, if any.
+    import shutil
+    import subprocess
+
+    objs = _level_objects()
+    if not objs or shutil.which("objdump") is None or _C.build_info()["native"]:
+        pytest.skip("no local build objects / objdump, or a RAGFAST_NATIVE build")
+
+    def disasm(name):
+        return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(objs[name])], capture_output=True,
+                              text=True, check=True).stdout
+
+    import re
+
+    avx512 = re.compile(r"%zmm|%k[0-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to")
+    for name in ("topk_ip", "policy", "isa", "bindings", "topk_ip_generic"):
+        if name in objs:
+            text = disasm(name)
+            assert not avx512.search(text) and "%ymm" not in text, f"{name}: AVX instructions in portable code"
+    for name in ("topk_ip_avx2", "policy_avx2"):
+        if name in objs:
+            text = disasm(name)
+            assert not avx512.search(text), f"{name}: AVX-512 instruction in the AVX2 level"
+            assert "%ymm" in text  # and it is vectorised
+    if "topk_ip_avx512" in objs:
+        text = disasm("topk_ip_avx512")
+        assert "%zmm" in text and "vpdpbusd" not in text and "vdpbf16ps" not in text  # no VNNI/BF16 here
+    if "topk_ip_avx512bf16" in objs:
+        text = disasm("topk_ip_avx512bf16")
+        assert "vpdpbusd" in text and "vdpbf16ps" in text

@@ -60,7 +60,8 @@ class QuantizedCorpus:
         int8 only: ``[N]`` float32 per-vector scale; row ``i`` is ``data[i] * scale[i]``.
     rowsum : torch.Tensor or None
         int8 only: ``[N]`` int32 sums of each row's codes. The VNNI kernel multiplies unsigned
-        query bytes (code + 128) by signed corpus bytes and subtracts ``128 * rowsum``.
+        query bytes (code + 128) by signed corpus bytes and subtracts ``128 * rowsum`` (the
+        other ISA levels do not need it).
     rescore : torch.Tensor or None
         int8 only: an ``[N, d]`` fp16/bf16/fp32 copy of the vectors. The int8 scan over-fetches
         ``oversample * k`` candidates and re-scores them exactly against this copy with the
@@ -137,9 +138,11 @@ def quantize(corpus: Any, dtype: str = "bf16", *, rescore: str | None = "fp16",
         ``[N, d]`` floating-point vectors.
     dtype : {"fp16", "bf16", "int8"}
         Storage. fp16 is scanned exactly (converted to fp32 in registers). bf16 is scanned with
-        the AVX-512 BF16 dot product (the query rounded to bf16 too), over-fetching candidates
-        that are then re-scored with the fp32 query, so final scores are exact for the stored
-        vectors. int8 uses a symmetric per-vector scale ``max|x| / 127`` and the VNNI dot product.
+        the AVX-512 BF16 dot product where the CPU has it (the query rounded to bf16 too; other
+        ISA levels widen bf16 to fp32), over-fetching candidates that are then re-scored with
+        the fp32 query, so final scores are exact for the stored vectors. int8 uses a symmetric
+        per-vector scale ``max|x| / 127`` and the VNNI dot product (AVX2: ``vpmaddwd`` on
+        int16-widened codes).
     rescore : {"fp16", "bf16", "fp32", None}
         int8 only: the copy the over-fetched candidates are re-scored against (see
         :class:`QuantizedCorpus` for the memory trade-off). ``"fp32"`` keeps a reference to the
@@ -396,12 +399,14 @@ def _torch_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclud
         rows = torch.arange(q.shape[0], device=s.device)[:, None].expand_as(exclude)
         keep = exclude >= 0
         s[rows[keep], exclude[keep]] = -math.inf
-    s.masked_fill_(torch.isnan(s), -math.inf)
     if min_score is not None:
         s.masked_fill_(s < min_score, -math.inf)
     N = s.shape[1]
     kk = min(k + 1, N)
     vals, idx = torch.topk(s, kk, dim=1)
+    if bool(torch.isnan(vals).any()):  # topk ranks NaN first: only then pay a pass over [B, N]
+        s.masked_fill_(torch.isnan(s), -math.inf)
+        vals, idx = torch.topk(s, kk, dim=1)
     if kk > k:
         cut_tie = (vals[:, k - 1] == vals[:, k]) & (vals[:, k - 1] > -math.inf)
         vals, idx = vals[:, :k], idx[:, :k]

@@ -61,7 +61,8 @@ def batch_class(B: int) -> int:
 
 @functools.lru_cache(maxsize=4)
 def load_table(path: str | None = None) -> dict[str, Any]:
-    """The measured table: ``{"machine": ..., "command": ..., "cells": {isa: {storage: {B: path}}}}``.
+    """The measured table: ``{"machine": ..., "command": ..., "runs": {isa: provenance},
+    "cells": {isa: {storage: {B: path}}}}`` (``runs`` says which run measured each level).
 
     A missing file gives an empty table (every cell falls back to the default)."""
     p = Path(path) if path else TABLE_PATH
