@@ -114,3 +114,43 @@ def test_model_errors():
         port = s.getsockname()[1]
     with pytest.raises(ModelError, match="cannot reach the judge server"):
         RemoteJudge(f"http://127.0.0.1:{port}", timeout=2)
+
+
+def test_served_components_cost_what_they_cost_in_process(minilm_encoder):
+    """serve-retriever and serve-judge report per-item compute; the clients' ledgers then hold
+    what the same components record in-process (FLOPs within 1%)."""
+    from fastapi.testclient import TestClient
+
+    from ragfast.commands.judge import make_app
+    from ragfast.data import corpus_from_contexts, load_qa, sample
+    from ragfast.models.judge import EncoderJudge
+    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.retrieval import build_default_retriever
+    from ragfast.retrieval.remote import RemoteRetriever
+    from ragfast.retrieval.server import create_app
+
+    qs = load_qa(sample("hotpotqa-dev"))[:8]
+    retriever = build_default_retriever(corpus_from_contexts(qs), encoder=minilm_encoder)
+    queries, qids = [q.question for q in qs], [q.id for q in qs]
+    local = CostLedger()
+    retriever.search(queries, 3, ledger=local, question_ids=qids)
+    remote = CostLedger()
+    with TestClient(create_app(retriever, max_wait_ms=0)) as client:
+        # a Search-R1 client that does not ask for cost gets Search-R1's answer, no extra key
+        assert set(client.post("/retrieve", json={"queries": queries[:2], "topk": 3}).json()) == {"result"}
+        RemoteRetriever("http://testserver", client=client).search(queries, 3, ledger=remote, question_ids=qids)
+    for comp in ("encoder", "search"):
+        lt, rt = local.totals()[comp], remote.totals()[comp]
+        assert rt["flops"] == pytest.approx(lt["flops"], rel=0.01) and rt["flops"] > 0, comp
+        assert rt["unknown"] == 0
+    assert remote.totals()["encoder"]["input_tokens"] == local.totals()["encoder"]["input_tokens"]
+
+    states = _states()
+    judge_local = CostLedger()
+    EncoderJudge().stop_scores(states, ledger=judge_local, question_ids=[s.trajectory_id for s in states])
+    judge_remote = CostLedger()
+    with TestClient(make_app(EncoderJudge(), max_wait_ms=0)) as client:
+        j = RemoteJudge("http://testserver", client=client)
+        j.stop_scores(states, ledger=judge_remote, question_ids=[s.trajectory_id for s in states])
+    lt, rt = judge_local.totals()["judge"], judge_remote.totals()["judge"]
+    assert rt["flops"] == pytest.approx(lt["flops"], rel=0.01) and rt["flops"] > 0 and rt["unknown"] == 0
