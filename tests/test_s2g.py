@@ -234,12 +234,14 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
     assert pol["searches_saved"] == pytest.approx(-rp["d_searches"]["delta"] * 24)
     assert 0 <= pol["unsafe_early_stops"] <= pol["early_stops"] <= pol["stops"] <= 24
     c = ev["cost"]
-    assert c["judge_calls"] > 0 and c["flops"]["judge"] == pytest.approx(1e6 * c["judge_calls"])
-    assert c["flops"]["net"] == pytest.approx(c["flops"]["saved"] - c["flops"]["judge"])
+    fl = c["metrics"]["flops"]
+    assert c["judge_calls"] > 0 and fl["spent"]["mean"] * c["questions"] == pytest.approx(1e6 * c["judge_calls"])
+    assert fl["net"]["mean"] == pytest.approx(fl["saved"]["mean"] - fl["spent"]["mean"])
+    assert fl["saved"]["low"] <= fl["saved"]["mean"] <= fl["saved"]["high"]
     # the replay estimate judges exactly the states the live run judged (1e6 FLOPs each here)
     cr = ev["cost_replay"]
-    assert cr["judge_states"] == c["judge_states"] == c["judge_calls"]
-    assert cr["flops"]["judge"] == pytest.approx(c["flops"]["judge"])
+    assert cr["judge_states"] == c["checked_states"] == c["judge_calls"]
+    assert cr["flops"]["judge"] == pytest.approx(fl["spent"]["mean"] * c["questions"])
     assert cr["seconds"]["judge"] == pytest.approx(0.001 * c["judge_calls"])
     assert "Cost estimate from replay" in render_markdown(ev)
     md = render_markdown(ev)

@@ -633,30 +633,22 @@ def _comp(traj: Mapping[str, Any], comp: str, f: str) -> float:
     return float(traj.get("cost", {}).get(comp, {}).get(f, 0.0))
 
 
-def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str, Any]], *,
+                 components: Mapping[str, str] | None = None, n_resamples: int = 10000,
+                 seed: int = 0) -> dict[str, Any]:
     """Judge compute against the reasoner + retrieval compute the early stops saved.
 
-    Paired by question id over the questions both runs finished. ``saved`` is native minus
-    S2G for reasoner, encoder and search (it includes the answer-only generations S2G added);
-    ``net`` = saved - judge; ``break_even_judge`` is the judge cost at which the stops would
-    just pay for themselves (= saved), also per judged state; ``judge_over_saved`` the ratio.
+    Paired by question id over the questions both runs finished, in FLOPs, tokens and seconds,
+    each with a paired-bootstrap interval (:func:`ragfast.savings.balance`): a saving whose
+    interval includes 0 is "no measurable saving", never a negative number. ``lines`` is the
+    verdict as text; ``components`` marks which ones were measured, unknown or free.
     """
-    nat = {r["id"]: r for r in native}
-    pairs = [(nat[r["id"]], r) for r in s2g if r["id"] in nat]
-    out: dict[str, Any] = {"questions": len(pairs)}
-    # judged states (the unit a deployment pays per), not ledger calls: an encoder judge
-    # records one call per text it embeds
-    states = sum(max(0, len((b.get("extra") or {}).get("judge_scores") or [None]) - 1) for _, b in pairs)
-    out["judge_states"] = states
-    out["judge_calls"] = sum(_comp(b, "judge", "calls") for _, b in pairs)
-    for f in ("flops", "seconds"):
-        saved_parts = {c: sum(_comp(a, c, f) - _comp(b, c, f) for a, b in pairs) for c in ("reasoner", "encoder", "search")}
-        saved = sum(saved_parts.values())
-        judge = sum(_comp(b, "judge", f) for _, b in pairs)
-        out[f] = {"saved_by_component": saved_parts, "saved": saved, "judge": judge, "net": saved - judge,
-                  "judge_over_saved": judge / saved if saved > 0 else float("inf") if judge > 0 else float("nan"),
-                  "break_even_judge": saved, "break_even_per_judge_call": saved / states if states else float("nan"),
-                  "pays_for_itself": bool(saved - judge > 0)}
+    from ragfast.savings import balance
+
+    b = balance(native, s2g, spender="judge", components=components, n_resamples=n_resamples, seed=seed)
+    out = b.to_dict()
+    out["judge_calls"] = sum(float(((r.get("cost") or {}).get("judge") or {}).get("calls", 0)) for r in s2g)
+    out["lines"] = b.lines()
     return out
 
 
@@ -715,7 +707,7 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
                                         np.array([nat[x["id"]]["searches"] for x in lv]),
                                         n_resamples=n_resamples, seed=seed, margin=margin)
         out["paired"]["live"]["judge_stops"] = sum(1 for x in lv if x.get("stop_reason") == "judge")
-        out["cost"] = cost_balance(native, live)
+        out["cost"] = cost_balance(native, live, n_resamples=n_resamples, seed=seed)
         pos = {q: i for i, q in enumerate(test.ids)}
         agree = [(x["em"] == r.em[pos[x["id"]]]) and (x["searches"] == r.searches[pos[x["id"]]])
                  for x in lv if x["id"] in pos]
@@ -807,24 +799,15 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
               "break-even judge cost | per judged state |", "|---|---|---|---|---|---|---|"]
         for f, unit in (("flops", "FLOPs"), ("seconds", "s")):
             x = c[f]
-            L.append(f"| {unit} | {_f(x['saved'])} | {_f(x['judge'])} | {_f(x['net'])} | {_f(x['judge_over_saved'])} | "
-                     f"{_f(x['break_even_judge'])} | {_f(x['break_even_per_judge_call'])} |")
+            saved = _f(x["saved"]) if x["saved"] >= 0 else f"none ({_f(-x['saved'])} extra)"
+            L.append(f"| {unit} | {saved} | {_f(x['judge'])} | {_f(x['net'])} | {_f(x['judge_over_saved'])} | "
+                     f"{_f(max(0.0, x['break_even_judge']))} | {_f(max(0.0, x['break_even_per_judge_call']))} |")
         L += ["", f"{c['judge_states']} judged states over {c['questions']} questions; the answer-only turn is "
                   "costed as the probe, which re-reads the prefix, so the saving is conservative."]
     if "cost" in ev:
         c = ev["cost"]
         L += ["", "## Total cost: does the judge pay for the searches it saves?", "",
-              "| measure | saved (reasoner + retrieval) | judge | net | judge / saved | break-even judge cost | per judged state |",
-              "|---|---|---|---|---|---|---|"]
-        for f, unit in (("flops", "FLOPs"), ("seconds", "s")):
-            x = c[f]
-            L.append(f"| {unit} | {_f(x['saved'])} | {_f(x['judge'])} | {_f(x['net'])} | {_f(x['judge_over_saved'])} | "
-                     f"{_f(x['break_even_judge'])} | {_f(x['break_even_per_judge_call'])} |")
-        sv = c["seconds"]["saved_by_component"]
-        L += ["", "Saved by component (seconds): " + ", ".join(f"{k} {_f(v)}" for k, v in sv.items())
-              + f"; {c['judge_states']} judged states ({int(c['judge_calls'])} judge ledger calls) over "
-              f"{c['questions']} questions."]
-        if not c["flops"]["saved"]:
-            L.append("Saved FLOPs are 0 when the reasoner and retrieval slots count none (the scripted "
-                     "reasoner, BM25): compare seconds then.")
+              f"Paired over {c['questions']} questions ({c['checked_states']} judged states, "
+              f"{int(c['judge_calls'])} judge ledger calls), per question with 95% bootstrap intervals:", ""]
+        L += [f"- {line}" for line in c["lines"]]
     return "\n".join(L) + "\n"
