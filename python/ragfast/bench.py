@@ -194,7 +194,7 @@ def check_paths(cfg: BenchConfig) -> None:
     for c in cfg.corpus:
         need("corpus", c, ("contexts",))
     need("reasoner", cfg.reasoner, ("scripted", "tiny"))
-    need("judge", cfg.judge, ("encoder", "tiny", "none"))
+    need("judge", cfg.judge, ("encoder", "head", "tiny", "none"))
     need("nli", cfg.nli, ("tiny",))
     need("encoder", cfg.encoder, ("minilm",))
     need("index", cfg.index, ("flat",))
@@ -298,17 +298,16 @@ def build_slots(cfg: BenchConfig) -> Slots:
 
 
 def build_judge(cfg: BenchConfig):
-    from ragfast.models.judge import CausalJudge, EncoderJudge
+    from ragfast.models.judge import CausalJudge, load_judge
 
     if cfg.judge == "none":
         return None
-    if cfg.judge == "encoder":
-        return EncoderJudge()
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
 
         return CausalJudge(tiny_path("qwen2"))
-    return CausalJudge(cfg.judge)
+    # "encoder": the bundled doc-set judge; "head": the frozen-feature head; else a path.
+    return load_judge(cfg.judge)
 
 
 def build_nli(cfg: BenchConfig):
