@@ -456,14 +456,17 @@ def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
 
 def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Question], pool: Sequence[Passage],
                    encoder: Any, *, dev_questions: Sequence[Question] | None = None, dev_source: Any = None,
-                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0, log: Callable[[str], None] = print
+                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0,
+                   save: Callable[[np.ndarray, float], None] | None = None, log: Callable[[str], None] = print
                    ) -> tuple[np.ndarray, float, dict[str, Any], dict[str, Any]]:
     """Fit a judge's state head and measure it on held-out questions.
 
     The head (logistic regression on :func:`ragfast.models.cross_judge.state_features` of the
     judge's document logits) is fitted on two kinds of states of the head questions: random
     evidence subsets (:func:`subset_states`) and dense-retrieval trajectories
-    (:func:`trajectory_states`), labelled gold-sufficient. ``judge.state_w``/``state_b`` are set.
+    (:func:`trajectory_states`), labelled gold-sufficient. ``judge.state_w``/``state_b`` are set
+    and ``save(weight, bias)`` is called before the (long) evaluation, so finished weights are
+    on disk even if the evaluation is interrupted.
 
     Returns
     -------
@@ -484,7 +487,9 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
     judge.state_w = head.coef_[0].astype(np.float64)
     judge.state_b = float(head.intercept_[0])
     log(f"  state head on {len(y)} states of {len(head_q)} questions ({time.perf_counter() - t0:.0f} s): "
-        f"weights {np.round(judge.state_w, 3).tolist()}")
+        f"weights {np.round(judge.state_w, 3).tolist()}, bias {judge.state_b:.3f}")
+    if save is not None:
+        save(judge.state_w, judge.state_b)
     nd = np.concatenate([sub.n_docs(), traj.n_docs()])
     metrics: dict[str, Any] = {"state_head_train": state_set_metrics(y, X @ judge.state_w + judge.state_b, nd)}
 
@@ -528,12 +533,15 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
     t_start = time.perf_counter() if t_start is None else t_start
     weights = out / "cross_judge.safetensors"
     judge = CrossEncoderJudge(weights)
-    w, b, metrics, info = fit_state_head(judge, head_q, val_q, pool, Encoder("minilm"), dev_questions=dev_questions,
+
+    def save(w: np.ndarray, b: float) -> None:
+        tensors["state_head.weight"] = torch.from_numpy(np.asarray(w, dtype=np.float64))
+        tensors["state_head.bias"] = torch.tensor([b], dtype=torch.float64)
+        save_file(tensors, str(weights))
+
+    _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, Encoder("minilm"), dev_questions=dev_questions,
                                          dev_source=dev_source, n_subsets=n_subsets, n_distractors=n_distractors,
-                                         seed=seed, log=log)
-    tensors["state_head.weight"] = torch.from_numpy(w)
-    tensors["state_head.bias"] = torch.tensor([b], dtype=torch.float64)
-    save_file(tensors, str(weights))
+                                         seed=seed, save=save, log=log)
     card["metrics"] = metrics
     card["state_head"] = info
     card["ragfast_version"] = ragfast.__version__
@@ -622,11 +630,13 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     dq = None
     if dev is not None:
         dq = [q for q in load_qa(dev, limit=limit) if q.supporting_titles and q.metadata.get("context")]
-    sw, sb, metrics, info = fit_state_head(judge, head_q, val_q, pool, enc, dev_questions=dq, dev_source=dev,
-                                           n_subsets=n_subsets, n_distractors=1, seed=seed, log=log)
-    tensors["state_head.weight"] = sw
-    tensors["state_head.bias"] = np.asarray([sb])
-    save_file(tensors, str(weights))
+    def save(w: np.ndarray, b: float) -> None:
+        tensors["state_head.weight"] = np.asarray(w, dtype=np.float64)
+        tensors["state_head.bias"] = np.asarray([b], dtype=np.float64)
+        save_file(tensors, str(weights))
+
+    _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, enc, dev_questions=dq, dev_source=dev,
+                                         n_subsets=n_subsets, n_distractors=1, seed=seed, save=save, log=log)
     card.update(metrics=metrics, state_head=info, ragfast_version=ragfast.__version__,
                 seconds=round(time.perf_counter() - t_start, 1), size_bytes=weights.stat().st_size)
     (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
