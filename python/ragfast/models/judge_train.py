@@ -704,6 +704,7 @@ def render_card(card: dict[str, Any]) -> str:
                      f"{sset} | {r['n_states']} | {f(r['base_rate'])} | {f(r['ap'])} | {f(r['ap_ndocs_baseline'])} | "
                      f"{gain} | "
                      f"{f(r['brier'])} |")
+    L += ([""] + [f"- {n}" for n in card["notes"]]) if card.get("notes") else []
     L += ["", "## Reproduce", "", "```bash",
           f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads 2 --out DIR",
           "```", "",
