@@ -1,6 +1,10 @@
-"""Training the bundled cross-encoder judge (``ragfast train-judge --kind encoder``).
+"""Training the sufficiency judges: the bundled doc-set judge and the LoRA cross-encoder.
 
-:func:`train_cross_judge` fine-tunes the bundled all-MiniLM-L6-v2 as a (question, document)
+:func:`train_docset_judge` (``ragfast train-judge --kind docset``) trains the bundled default
+:class:`ragfast.models.doc_judge.DocSetJudge`: a logistic document head on frozen MiniLM features,
+then the state head below (steps 4-5).
+
+:func:`train_cross_judge` (``ragfast train-judge --kind encoder``) fine-tunes the bundled all-MiniLM-L6-v2 as a (question, document)
 cross-encoder and fits the state head of :class:`ragfast.models.cross_judge.CrossEncoderJudge`:
 
 1. the questions (HotpotQA layout, with supporting facts and context paragraphs) are split,
