@@ -109,6 +109,13 @@ def test_label_states_errors(tmp_path):
     assert r.returncode == 2 and "not a directory" in r.stderr
 
 
+def test_train_judge_cli_errors(tmp_path):
+    for args, msg in ((["--kind", "bogus"], "--kind must be"), (["--kind", "causal"], "needs --base")):
+        r = subprocess.run([sys.executable, "-m", "ragfast.cli", "train-judge", "--out", str(tmp_path / "o"), *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
 # -- several judges side by side ----------------------------------------------------------------
 class _CountJudge:
     name, meaningful = "count", False
