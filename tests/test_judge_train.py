@@ -293,7 +293,6 @@ def test_load_judge_specs(tmp_path, docset_judge):
             cls(bad)
 
 
-@pytest.mark.slow
 def test_train_cross_judge_small(tmp_path):
     from ragfast.models.cross_judge import CrossEncoderJudge
     from ragfast.models.judge_train import train_cross_judge
