@@ -223,7 +223,7 @@ def check_paths(cfg: BenchConfig) -> None:
     for c in cfg.corpus:
         need("corpus", c, ("contexts",))
     need("reasoner", cfg.reasoner, ("scripted", "tiny"))
-    need("judge", cfg.judge, ("encoder", "tiny", "none"))
+    need("judge", cfg.judge, ("encoder", "head", "tiny", "none"))
     need("nli", cfg.nli, ("tiny",))
     need("encoder", cfg.encoder, ("minilm",))
     need("index", cfg.index, ("flat",))
@@ -350,8 +350,8 @@ def build_slots(cfg: BenchConfig) -> Slots:
 
 
 def build_judge(cfg: BenchConfig, encoder: Any = None):
-    """The judge slot; the bundled encoder judge shares the retrieval encoder when it is the same model."""
-    from ragfast.models.judge import CausalJudge, EncoderJudge
+    """The judge slot; a bundled encoder judge shares the retrieval encoder when it is the same model."""
+    from ragfast.models.judge import CausalJudge, load_judge
 
     dev = cfg.slot_device["judge"]
     if cfg.judge == "none":
@@ -360,21 +360,26 @@ def build_judge(cfg: BenchConfig, encoder: Any = None):
         from ragfast.models.remote_judge import RemoteJudge
 
         return RemoteJudge(cfg.judge)
-    if cfg.judge == "encoder":
-        from ragfast.models.judge import default_encoder_judge_path
+    if cfg.judge in ("encoder", "head"):
+        # "encoder": the bundled doc-set judge; "head": the frozen-feature head. When the judge's
+        # own encoder is the retrieval encoder, the model is loaded once (on its faster backend).
+        from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
+        from ragfast.models.judge import EncoderJudge, default_encoder_judge_path
 
-        head = default_encoder_judge_path()
-        card = head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
-        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder") if card.exists() else None
+        if cfg.judge == "encoder":
+            cls, card = DocSetJudge, default_docset_judge_path().with_suffix(".json")
+        else:
+            head = default_encoder_judge_path()
+            cls, card = EncoderJudge, head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
+        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder", "minilm") if card.exists() else None
         if encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted:
-            # the head's own encoder is the retrieval encoder: load the model once (on its faster backend)
-            return EncoderJudge(encoder=encoder)
-        return EncoderJudge(device=dev)
+            return cls(encoder=encoder)
+        return cls(device=dev)
     if cfg.judge == "tiny":
         from ragfast.models.tiny import tiny_path
 
         return CausalJudge(tiny_path("qwen2"), device=dev)
-    return CausalJudge(cfg.judge, device=dev)
+    return load_judge(cfg.judge, device=dev)
 
 
 def build_nli(cfg: BenchConfig, device: str | None = None):

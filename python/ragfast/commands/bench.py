@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
         config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field)."),
         data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (default hotpotqa-dev)."),
         reasoner: Optional[str] = typer.Option(None, "--reasoner", help="scripted | tiny | local HF path | OpenAI-compatible URL."),
-        judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled trained head) | tiny | causal-LM path | none."),
+        judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled doc-set judge) | head (frozen-feature head) | tiny | judge path | none."),
         nli: Optional[str] = typer.Option(None, "--nli", help="tiny | local cross-encoder path."),
         encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm | local encoder path (e5, bge)."),
         encoder_backend: Optional[str] = typer.Option(None, "--encoder-backend", help="auto (ONNX Runtime on CPU, "

@@ -189,9 +189,10 @@ def register(app: typer.Typer) -> None:
     @app.command("train-judge")
     def train_judge(
         out: Path = typer.Option(..., "--out", help="Output directory."),
-        kind: str = typer.Option("encoder", "--kind", help="encoder: fine-tune MiniLM as the cross-encoder judge "
-                                                          "(the bundled default); causal: LoRA SFT of a causal LM on "
-                                                          "labelled states; head: the frozen-feature logistic head."),
+        kind: str = typer.Option("docset", "--kind", help="docset: the bundled default judge (per-document MiniLM "
+                                                         "logits + state head); encoder: LoRA-fine-tune MiniLM as a "
+                                                         "cross-encoder judge; causal: LoRA SFT of a causal LM on "
+                                                         "labelled states; head: the frozen-feature logistic head."),
         data: str = typer.Option("hotpotqa-train", "--data", help="encoder/head: QA file with supporting facts and "
                                                                   "context paragraphs, or a sample name."),
         dev: Optional[str] = typer.Option(None, "--dev", help="encoder/head: extra QA file/sample to report metrics "
@@ -215,7 +216,7 @@ def register(app: typer.Typer) -> None:
         encoder: str = typer.Option("minilm", help="head: frozen encoder, preset or checkpoint directory."),
         device: str = typer.Option("cpu", help="cpu or cuda."),
     ) -> None:
-        """Train a stopping judge: the bundled cross-encoder (encoder), a causal LM (causal) or the head."""
+        """Train a stopping judge: the bundled doc-set judge, a cross-encoder, a causal LM (LoRA) or the head."""
         from ragfast.commands.judge_training import train_judge_command
 
         train_judge_command(kind=kind, out=out, data=data, dev=dev, base=base, labels=labels,

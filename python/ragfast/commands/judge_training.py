@@ -1,7 +1,8 @@
 """What ``ragfast train-judge`` and ``ragfast label-states`` do (the judge-training commands).
 
-``train-judge --kind encoder`` retrains the bundled cross-encoder judge
-(:func:`ragfast.models.judge_train.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
+``train-judge --kind docset`` (the default) retrains the bundled judge
+(:func:`ragfast.models.judge_train.train_docset_judge`), ``--kind encoder`` fine-tunes MiniLM as a
+cross-encoder judge (:func:`ragfast.models.judge_train.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
 LM on labelled states (:func:`ragfast.models.causal_train.train_causal_judge`), ``--kind head``
 fits the frozen-feature head (:func:`ragfast.models.judge.train_encoder_judge`).
 ``label-states`` labels the states of a native run (:func:`ragfast.pipelines.labelling.label_states`).
@@ -26,6 +27,13 @@ def _f(x: Any) -> str:
     return "undefined" if x is None else f"{x:.4f}"
 
 
+def _echo_metrics(card: dict[str, Any], weights: Path) -> None:
+    m = card["metrics"]
+    parts = [f"{name} {sset}: AP {_f(m[name][sset]['ap'])} vs #docs {_f(m[name][sset]['ap_ndocs_baseline'])}"
+             for name in ("validation", "dev") if name in m for sset in ("subsets", "trajectories")]
+    typer.echo(f"wrote {weights} ({card['size_bytes'] / 1e3:.0f} kB, {card['seconds']:.0f} s); " + "; ".join(parts))
+
+
 def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", dev: str | None = None,
                         base: str | None = None, labels: Path | None = None, label_source: str = "auto",
                         epochs: int | None = None, lr: float | None = None, lora_r: int = 8, resume: bool = False,
@@ -33,16 +41,18 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                         val_fraction: float = 0.2, seed: int = 0, k: int = 3, turns: int = 4,
                         encoder: str = "minilm", device: str = "cpu") -> dict[str, Any]:
     """Dispatch ``train-judge`` by ``kind``; prints one summary line; returns the card."""
+    if kind == "docset":
+        from ragfast.models.judge_train import train_docset_judge
+
+        card = train_docset_judge(data, out, dev=dev, seed=seed, limit=limit, threads=threads, log=_echo)
+        _echo_metrics(card, Path(out) / "docset_judge.safetensors")
+        return card
     if kind == "encoder":
         from ragfast.models.judge_train import train_cross_judge
 
         card = train_cross_judge(data, out, dev=dev, seed=seed, r=lora_r, epochs=epochs or 3, lr=lr or 1e-3,
                                  limit=limit, threads=threads, log=_echo)
-        m = card["metrics"]
-        parts = [f"{name} {kind_}: AP {_f(m[name][kind_]['ap'])} vs #docs {_f(m[name][kind_]['ap_ndocs_baseline'])}"
-                 for name in ("validation", "dev") if name in m for kind_ in ("subsets", "trajectories")]
-        typer.echo(f"wrote {Path(out) / 'cross_judge.safetensors'} ({card['size_bytes'] / 1e3:.0f} kB, "
-                   f"{card['seconds']:.0f} s); " + "; ".join(parts))
+        _echo_metrics(card, Path(out) / "cross_judge.safetensors")
         return card
     if kind == "causal":
         if not base or labels is None:
@@ -65,7 +75,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                    f"Brier {m['validation']['brier']:.4f}"
                    + (f"; dev AP {_f(m['dev']['ap'])}, Brier {m['dev']['brier']:.4f}" if "dev" in m else ""))
         return card
-    raise ConfigError(f"--kind must be encoder, causal or head; got {kind!r}")
+    raise ConfigError(f"--kind must be docset, encoder, causal or head; got {kind!r}")
 
 
 def register(app: typer.Typer) -> None:

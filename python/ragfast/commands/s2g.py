@@ -182,7 +182,7 @@ def s2g_run_cmd(
     model: str = typer.Option(..., "--model", help="Reasoner: scripted | tiny | a local model directory | a URL."),
     data: str = typer.Option(..., "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
     out: str = typer.Option(..., "--out", help="Output directory."),
-    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled cross-encoder) | head (frozen-feature "
+    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled doc-set judge) | head (frozen-feature "
                                                          "head) | a judge file/dir | a causal-LM dir."),
     retriever: str = typer.Option("default", "--retriever", help="default | bm25 | an index path | a URL."),
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "

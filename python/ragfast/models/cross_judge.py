@@ -1,4 +1,4 @@
-"""The bundled cross-encoder sufficiency judge: a fine-tuned MiniLM reads (question, document).
+"""A cross-encoder sufficiency judge: a LoRA-tuned MiniLM reads (question, document) together.
 
 :class:`CrossEncoderJudge` scores a retrieval state in two steps:
 
@@ -12,10 +12,12 @@
 
 A document's logit depends only on (question, document), so the states of one trajectory share
 them: each document is read once per question (a bounded cache), which is also what the
-ledger charges. The weights ship as LoRA factors plus the two heads (a few hundred KB,
-``ragfast/models/weights/cross_judge.*``) and are merged into the base encoder at load time,
-so loading needs neither a hub nor peft. Trained by :func:`ragfast.models.judge_train.train_cross_judge`
-(``ragfast train-judge --kind encoder``).
+ledger charges. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
+into the base encoder at load time, so loading needs neither a hub nor peft. Trained by
+:func:`ragfast.models.judge_train.train_cross_judge` (``ragfast train-judge --kind encoder``).
+No cross-encoder weights are bundled: on this project's 2-core CPU budget the adapters did not
+get past the constant-prediction loss in one epoch (see the issue-j17 notes); the bundled
+default judge is :class:`ragfast.models.doc_judge.DocSetJudge`.
 """
 from __future__ import annotations
 
@@ -48,7 +50,7 @@ _INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
 
 
 def default_cross_judge_path() -> Path:
-    """The bundled cross-encoder judge (``ragfast/models/weights/cross_judge.safetensors``)."""
+    """Where an installed cross-encoder judge lives (``ragfast/models/weights/cross_judge.safetensors``; none ships)."""
     return Path(__file__).resolve().parent / "weights" / "cross_judge.safetensors"
 
 
@@ -134,7 +136,8 @@ class CrossEncoderJudge(Judge):
     ----------
     path : str or Path, optional
         ``cross_judge.safetensors`` (with ``cross_judge.json`` beside it) or a directory holding
-        them; default: the bundled judge (:func:`default_cross_judge_path`).
+        them; default: :func:`default_cross_judge_path` (the package's weights folder, where a
+        trained cross-judge can be installed; none ships).
     device : str
         ``"cpu"`` or ``"cuda[:i]"``.
     batch_size : int

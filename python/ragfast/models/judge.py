@@ -954,22 +954,38 @@ class EncoderJudge(Judge):
 
 
 def load_judge(spec: str, device: str = "cpu") -> Any:
-    """A judge from a CLI spec: ``encoder`` (the bundled head), a head file/dir, or an LM directory.
+    """A judge from a CLI spec.
+
+    ``encoder``: the bundled default judge (:class:`ragfast.models.doc_judge.DocSetJudge`);
+    ``head``: the bundled frozen-feature :class:`EncoderJudge`; or a path: a doc-set judge or a
+    cross-encoder judge (``docset_judge.safetensors`` / ``cross_judge.safetensors`` or a directory
+    holding one), an encoder-judge head (``.safetensors`` or a directory with
+    ``encoder_judge.safetensors``), or a causal-LM directory.
 
     Raises
     ------
     ragfast.errors.ConfigError
         When the spec names nothing loadable.
     """
+    from ragfast.models.cross_judge import CrossEncoderJudge
+    from ragfast.models.doc_judge import DocSetJudge
+
     if spec == "encoder":
+        return DocSetJudge(device=device)
+    if spec == "head":
         return EncoderJudge(device=device)
     p = Path(spec).expanduser()
+    for name, cls in (("docset_judge.safetensors", DocSetJudge), ("cross_judge.safetensors", CrossEncoderJudge)):
+        if p.name == name or (p.is_dir() and (p / name).exists()):
+            return cls(p, device=device)
     if p.suffix == ".safetensors" or (p.is_dir() and (p / "encoder_judge.safetensors").exists()):
         return EncoderJudge(p, device=device)
     if p.is_dir() and (p / "config.json").exists():
         return CausalJudge(p, device=device)
-    raise ConfigError(f"--judge {spec!r}: expected 'encoder', an encoder-judge head (.safetensors or a directory "
-                      "with encoder_judge.safetensors), or a causal-LM directory with config.json")
+    raise ConfigError(f"--judge {spec!r}: expected 'encoder' (the bundled doc-set judge), 'head' (the bundled "
+                      "frozen-feature head), a docset_judge/cross_judge .safetensors (or a directory with one), an "
+                      "encoder-judge head (.safetensors or a directory with encoder_judge.safetensors), or a "
+                      "causal-LM directory with config.json")
 
 
 # ---------------------------------------------------------------------------------------------

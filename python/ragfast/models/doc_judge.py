@@ -1,0 +1,202 @@
+"""The bundled default judge: per-document "needed?" logits on MiniLM, then a state head.
+
+:class:`DocSetJudge` scores a retrieval state in two steps, like
+:class:`ragfast.models.cross_judge.CrossEncoderJudge`, but reads each document with the bundled
+all-MiniLM-L6-v2 as a bi-encoder (question and document embedded apart, each once):
+
+1. document logit = a logistic head over ``[q*d, |q-d|, cos(q, d), title named in the question,
+   share of the question's content words in the document]`` (trained on HotpotQA supporting
+   paragraphs: "this document is one the answer needs");
+2. STOP logit = the state head over the state's sorted document logits
+   (:func:`ragfast.models.cross_judge.state_features`).
+
+Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the MEAN document
+vector), each document keeps its own score, so a state with both needed documents stands out
+from one with many near misses. Question and document vectors are cached (each text is
+embedded once), so the states of one trajectory share them. Trained by
+:func:`ragfast.models.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from ragfast.cost import CostLedger
+from ragfast.errors import DataError, ModelError
+from ragfast.models.base import Judge
+from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
+from ragfast.types import State
+
+__all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "DocFeatures"]
+
+DOCSET_FORMAT = "ragfast-docset-judge-v1"
+_WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset("what which who whom whose when where why how the and for was were are is of in on at to by "
+                  "from with that this than then did does do has have had its his her their they them an a "
+                  "be been being as or not into also".split())
+
+
+def default_docset_judge_path() -> Path:
+    """The bundled judge (``ragfast/models/weights/docset_judge.safetensors``)."""
+    return Path(__file__).resolve().parent / "weights" / "docset_judge.safetensors"
+
+
+def doc_title(doc: str) -> str:
+    """The title of a document string ``Title) text`` / ``"Title") text`` (quotes and a trailing
+    parenthetical like "(film)" removed, lower-cased); empty when there is none."""
+    m = re.match(r'^\s*"?(.*?)"?\)\s', doc)
+    if not m:
+        return ""
+    t = re.sub(r"\s*\([^)]*\)\s*$", "", m.group(1)).strip().lower()
+    return t if len(t) > 2 else ""
+
+
+def _words(text: str) -> set[str]:
+    return {w for w in _WORD.findall(text.lower()) if len(w) > 2 and w not in _STOP}
+
+
+class DocFeatures:
+    """Per (question, document) features on a frozen sentence encoder, with embedding caches."""
+
+    def __init__(self, encoder: Any, cache_size: int = 200_000):
+        self.encoder = encoder
+        self.dim = int(encoder.dim)
+        self.cache_size = cache_size
+        self._q: dict[str, np.ndarray] = {}
+        self._d: dict[str, np.ndarray] = {}
+
+    @property
+    def n_features(self) -> int:
+        return 2 * self.dim + 3
+
+    def _embed(self, texts: Sequence[str], kind: str, store: dict, qids: Sequence[Any], ledger: CostLedger | None):
+        todo: dict[str, Any] = {}
+        for t, q in zip(texts, qids):
+            if t not in store and t not in todo:
+                todo[t] = q
+        if not todo:
+            return
+        keys = list(todo)
+        tmp = CostLedger()
+        vecs = self.encoder.encode(keys, kind=kind, ledger=tmp, question_ids=[todo[k] for k in keys]).numpy()
+        if len(store) + len(keys) > self.cache_size:
+            store.clear()
+        for k, v in zip(keys, vecs):
+            store[k] = v.astype(np.float32)
+        if ledger is not None and tmp.records:
+            recs = tmp.records
+            ledger.add_batch("judge", [r.question_id for r in recs], seconds=sum(r.seconds for r in recs),
+                             input_tokens=[r.input_tokens for r in recs], flops=[r.flops for r in recs])
+
+    def document_vectors(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of document texts ``[n, dim]``, embedded into the cache where new."""
+        self._embed(list(texts), "passage", self._d, [None] * len(texts), None)
+        return np.stack([self._d[t] for t in texts]) if len(texts) else np.zeros((0, self.dim), np.float32)
+
+    def __call__(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
+                 question_ids: Sequence[Any] | None = None) -> np.ndarray:
+        """Features ``[len(pairs), n_features]`` (float32); new texts are embedded (cost to ``ledger``)."""
+        qids = list(question_ids) if question_ids is not None else [None] * len(pairs)
+        self._embed([q for q, _ in pairs], "query", self._q, qids, ledger)
+        self._embed([d for _, d in pairs], "passage", self._d, qids, ledger)
+        X = np.zeros((len(pairs), self.n_features), dtype=np.float32)
+        D = self.dim
+        for i, (q, d) in enumerate(pairs):
+            qv, dv = self._q[q], self._d[d]
+            X[i, :D] = qv * dv
+            X[i, D:2 * D] = np.abs(qv - dv)
+            t = doc_title(d)
+            qw = _words(q)
+            X[i, 2 * D:] = [float(qv @ dv), float(bool(t) and t in q.lower()),
+                            len(qw & _words(d)) / len(qw) if qw else 0.0]
+        return X
+
+
+class DocSetJudge(Judge):
+    """Per-document logits (bi-encoder features + logistic head) and a state head; STOP = its logit.
+
+    Parameters
+    ----------
+    path : str or Path, optional
+        ``docset_judge.safetensors`` (with ``docset_judge.json`` beside it) or a directory holding
+        them; default: the bundled judge (:func:`default_docset_judge_path`).
+    device : str
+        Encoder device.
+    encoder : ragfast.retrieval.encoder.Encoder, optional
+        Reuse an already loaded encoder (must match the card's encoder).
+    """
+
+    def __init__(self, path: str | Path | None = None, device: str = "cpu", encoder: Any = None):
+        from safetensors.numpy import load_file
+
+        p = default_docset_judge_path() if path is None else Path(path).expanduser()
+        if p.is_dir():
+            p = p / "docset_judge.safetensors"
+        card_path = p.with_suffix(".json")
+        if not p.exists() or not card_path.exists():
+            raise ModelError(f"doc-set judge not found: need {p} and {card_path} "
+                             "(train one with `ragfast train-judge --kind docset`)")
+        self.card = json.loads(card_path.read_text())
+        if self.card.get("format") != DOCSET_FORMAT:
+            raise ModelError(f"{card_path} is not a {DOCSET_FORMAT} card (format {self.card.get('format')!r})")
+        if list(self.card.get("state_features", [])) != list(STATE_FEATURES):
+            raise ModelError(f"{card_path}: state features differ from this ragfast's {list(STATE_FEATURES)}")
+        t = load_file(str(p))
+        if encoder is None:
+            from ragfast.retrieval.encoder import Encoder
+
+            encoder = Encoder(self.card.get("encoder", "minilm"), device=device)
+        self.encoder = encoder
+        self.features = DocFeatures(encoder)
+        self.doc_w = t["doc_head.weight"].astype(np.float64).reshape(-1)
+        self.doc_b = float(t["doc_head.bias"].reshape(-1)[0])
+        self.state_w = t["state_head.weight"].astype(np.float64).reshape(-1)
+        self.state_b = float(t["state_head.bias"].reshape(-1)[0])
+        if self.doc_w.size != self.features.n_features or self.state_w.size != len(STATE_FEATURES):
+            raise ModelError(f"{p}: head sizes {self.doc_w.size}/{self.state_w.size} do not match the encoder's "
+                             f"{self.features.n_features} features / {len(STATE_FEATURES)} state features")
+        self.path = p
+        self.name = f"docset-judge:{p.name} on {self.card.get('encoder', 'minilm')}"
+        self.meaningful = True
+
+    def describe(self) -> dict[str, Any]:
+        """Weights path, encoder, training data and the held-out metrics from the card."""
+        return {"name": self.name, "class": type(self).__name__, "meaningful": self.meaningful,
+                "why": "per-document logits on MiniLM + state head, trained on supporting-fact sufficiency; see metrics",
+                "path": str(self.path), "encoder": self.card.get("encoder", "minilm"),
+                "trained_on": self.card.get("data"), "metrics": self.card.get("metrics")}
+
+    def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
+                   question_ids: Sequence[Any] | None = None) -> np.ndarray:
+        """Document logit per (question, document) pair."""
+        if not pairs:
+            return np.zeros(0)
+        return self.features(pairs, ledger=ledger, question_ids=question_ids).astype(np.float64) @ self.doc_w + self.doc_b
+
+    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
+                    question_ids: Sequence[str] | None = None) -> np.ndarray:
+        """The state head's logit per state (float64); embedding compute goes to the ledger as ``judge``."""
+        sts = [State.coerce(s) for s in states]
+        if question_ids is not None and len(question_ids) != len(sts):
+            raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
+        if not sts:
+            return np.zeros(0, dtype=np.float64)
+        docs = []
+        for i, s in enumerate(sts):
+            if not isinstance(s.question, str) or isinstance(s.evidence, str) \
+                    or not all(isinstance(e, str) for e in s.evidence):
+                raise DataError(f"state {i}: question must be a str and evidence a list of strings")
+            docs.append(list(dict.fromkeys(d for b in s.evidence for d in split_documents(b))))
+        pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
+        pq = [question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None
+        z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
+        X = np.zeros((len(sts), len(STATE_FEATURES)))
+        off = 0
+        for i, ds in enumerate(docs):
+            X[i] = state_features(z[off:off + len(ds)])
+            off += len(ds)
+        return X @ self.state_w + self.state_b

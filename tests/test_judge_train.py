@@ -1,0 +1,307 @@
+"""Judge training: state labelling (probe / gold / teacher), LoRA SFT of a causal judge on tiny
+Qwen2, the bundled cross-encoder judge and its trainer."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from ragfast.cost import CostLedger
+from ragfast.errors import ConfigError, DataError, ModelError
+from ragfast.types import State, Trajectory, Turn
+
+WORDS = "river mountain album film born played city capital director singer novel".split()
+
+
+# -- a recorded native run ------------------------------------------------------------------------
+def _obs(titles):
+    docs = "".join(f'Doc {i + 1}(Title: "{t}") {t} is a {WORDS[i % len(WORDS)]} of note.\n' for i, t in enumerate(titles))
+    return f"\n\n<information>{docs.strip()}</information>\n\n"
+
+
+def _native_run(d, n=6, early=()):
+    """native.jsonl + states.jsonl as `ragfast run s2g` writes them (two searches per question;
+    questions in ``early`` find both supporting titles in their first search)."""
+    d.mkdir(parents=True, exist_ok=True)
+    trs, recs = [], []
+    for i in range(n):
+        sup = [f"A{i}", f"B{i}"]
+        first, second = [f"A{i}", f"X{i}"], ([f"B{i}", f"Y{i}"] if i % 2 == 0 else [f"Y{i}", f"Z{i}"])
+        if i in early:
+            first, second = [f"A{i}", f"B{i}"], [f"Y{i}", f"Z{i}"]
+        turns = [Turn(0, "<search>q</search>", "search", "q", [], first, [], _obs(first)),
+                 Turn(1, "<search>q2</search>", "search", "q2", [], second, [], _obs(second)),
+                 Turn(2, "<answer>x</answer>", "answer", "x")]
+        tr = Trajectory(f"q{i}", f"Which {WORDS[i % len(WORDS)]} did A{i} make?", ["x"], turns, "x", 1.0, 1.0, "answer",
+                        supporting_titles=sup)
+        trs.append(tr)
+        recs.append({"id": tr.id, "split": "val" if i < 2 else "test", "scores": [None, 0.1, 0.2],
+                     "probe_em": [0.0, float(i % 3 == 0), 1.0], "probe_answers": [None, "y", "x"],
+                     "native_em": 1.0, "native_searches": 2, "native_answer": "x"})
+    (d / "native.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trs))
+    (d / "states.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    return trs
+
+
+def test_label_states_probe_gold_agreement(tmp_path):
+    from ragfast.pipelines.labelling import label_states, load_labelled_states
+
+    _native_run(tmp_path / "run")
+    s = label_states(tmp_path / "run", ["probe", "gold"])
+    assert s["n_states"] == 12 and s["n_questions"] == 6
+    got = load_labelled_states(s["file"])
+    by = {(x.id, x.state): x for x in got}
+    # gold: sufficient only after the second search of even questions (B_i retrieved)
+    assert [by[(f"q{i}", 2)].labels["gold"] for i in range(6)] == [1, 0, 1, 0, 1, 0]
+    assert all(by[(f"q{i}", 1)].labels["gold"] == 0 for i in range(6))
+    assert [by[(f"q{i}", 1)].labels["probe"] for i in range(6)] == [1, 0, 0, 1, 0, 0]
+    assert by[("q0", 2)].provenance["gold"]["supporting_titles"] == ["A0", "B0"]
+    assert by[("q0", 1)].provenance["probe"]["answer"] == "y" and by[("q1", 1)].split == "val"
+    a = s["agreement"]["probe~gold"]
+    labs = [(x.labels["probe"], x.labels["gold"]) for x in got]
+    assert a["n"] == 12 and a["agreement"] == pytest.approx(np.mean([p == g for p, g in labs]))
+    assert -1 <= a["kappa"] <= 1
+    summ = json.loads((tmp_path / "run" / "labelled_states.summary.json").read_text())
+    assert summ["sources"]["gold"]["positives"] == 3
+
+
+def test_label_states_teacher_url_counts_parse_failures(tmp_path, monkeypatch):
+    from ragfast.pipelines import labelling
+
+    _native_run(tmp_path / "run", n=3)
+    replies = iter(['{"sufficient": true, "gap_items": []}', "I think yes",
+                    ' false, "gap_items": [{"category": "attribute", "target": "A", "slot": "b", "description": "c"}]}',
+                    '{"sufficient": true, "gap_items": []}', "{oops", '{"sufficient": false, "gap_items": []}'])
+    seen = []
+
+    def fake(self, states):
+        seen.extend(states)
+        return [next(replies) for _ in states]
+
+    monkeypatch.setattr(labelling.ChatTeacher, "verdict_texts", fake)
+    s = labelling.label_states(tmp_path / "run", ["gold", "teacher"], teacher="http://127.0.0.1:9/v1")
+    t = s["sources"]["teacher"]
+    # "I think yes", "{oops" and sufficient=false with no gap items are not verdicts
+    assert t["parse_failures"] == 3 and t["labelled"] == 3 and t["positives"] == 2
+    assert len(seen) == 6 and seen[1].evidence and seen[1].question.startswith("Which")
+    got = labelling.load_labelled_states(s["file"])
+    assert [x.labels["teacher"] for x in got] == [1, None, 0, 1, None, None]
+    assert got[2].provenance["teacher"]["gap_items"][0]["category"] == "attribute"
+    assert s["agreement"]["gold~teacher"]["n"] == 3
+
+
+def test_label_states_errors(tmp_path):
+    from ragfast.pipelines.labelling import label_states
+
+    with pytest.raises(DataError, match="neither native.jsonl"):
+        label_states(tmp_path, ["gold"])
+    _native_run(tmp_path / "run", n=2)
+    with pytest.raises(ConfigError, match="needs --teacher"):
+        label_states(tmp_path / "run", ["teacher"])
+    with pytest.raises(ConfigError, match="label sources"):
+        label_states(tmp_path / "run", ["bogus"])
+    (tmp_path / "run" / "states.jsonl").unlink()
+    with pytest.raises(DataError, match="states.jsonl"):
+        label_states(tmp_path / "run", ["probe"])
+    r = subprocess.run([sys.executable, "-m", "ragfast.cli", "label-states", str(tmp_path / "nope"), "--source", "gold"],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "not a directory" in r.stderr
+
+
+def test_train_judge_cli_errors(tmp_path):
+    for args, msg in ((["--kind", "bogus"], "--kind must be"), (["--kind", "causal"], "needs --base")):
+        r = subprocess.run([sys.executable, "-m", "ragfast.cli", "train-judge", "--out", str(tmp_path / "o"), *args],
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and msg in r.stderr, r.stderr
+
+
+# -- several judges side by side ----------------------------------------------------------------
+class _CountJudge:
+    name, meaningful = "count", False
+
+    def describe(self):
+        return {"name": self.name}
+
+    def stop_scores(self, states, **kw):
+        return np.array([float(len(s.evidence)) for s in states])
+
+
+class _LeakJudge(_CountJudge):
+    """Knows the gold rule: high once B<i> is in the evidence."""
+    name = "leak"
+
+    def stop_scores(self, states, **kw):
+        return np.array([3.0 if any(f'"B{s.trajectory_id[1:]}"' in e for e in s.evidence) else -3.0 for s in states])
+
+
+def test_compare_judges_gold_labels(tmp_path):
+    from ragfast.pipelines.s2g_judges import compare_judges, render_judges
+
+    _native_run(tmp_path / "run", n=12, early=(0, 3, 6, 9, 1, 4))
+    # first two questions are validation states
+    cmp = compare_judges(tmp_path / "run", [("count", _CountJudge()), ("leak", _LeakJudge())], labels="gold",
+                         n_resamples=200)
+    leak, count = cmp["judges"]["leak"]["test"], cmp["judges"]["count"]["test"]
+    assert leak["ap"] == pytest.approx(1.0) and count["ap"] < 1.0
+    assert count["ap_ndocs_baseline"] == pytest.approx(count["ap"])  # the count judge IS the baseline
+    # test questions 2..11: early (both titles in search 1) are 3, 4, 6, 9 -> 4 of 10 eligible states are safe
+    assert leak["eligible_states"] == 10 and leak["safe_early_stop_prevalence"] == pytest.approx(0.4)
+    assert leak["early_stops"] == 4 and leak["unsafe_early_stops"] == 0 and leak["accepted_risk"] == 0
+    assert leak["searches_saved"] == pytest.approx(0.4) and leak["first_safe_stop_delay"] == 0
+    assert leak["recall_at_p90"] == pytest.approx(1.0) and leak["threshold_at_p90"] == pytest.approx(3.0)
+    assert count["early_stops"] == 0 and count["first_safe_stop_delay"] == 1
+    dap = cmp["delta_ap"]["leak - count"]
+    assert dap["delta"] > 0 and dap["low"] <= dap["delta"] <= dap["high"]
+    md = render_judges(cmp)
+    assert "| leak |" in md and "ΔAP" in md and "safe-early-stop prevalence 0.400" in md
+    with pytest.raises(ConfigError, match="labels"):
+        compare_judges(tmp_path / "run", [("c", _CountJudge())], labels="bogus")
+
+
+# -- LoRA SFT of a causal judge -----------------------------------------------------------------
+def _labelled(n=6):
+    from ragfast.pipelines.labelling import LabelledState
+
+    out = []
+    for i in range(n):
+        ev = [f'<information>Doc 1(Title: "{WORDS[i]}") {" ".join(WORDS[i:i + 4])}</information>']
+        out.append(LabelledState(f"q{i}", 1, f"Which {WORDS[i]}?", ev, [WORDS[i]], labels={"gold": i % 2},
+                                 provenance={"gold": {"supporting_titles": [WORDS[i], "other"]}}))
+    return out
+
+
+def test_target_text_is_a_strict_verdict():
+    from ragfast.models.causal_train import target_text
+    from ragfast.models.judge import ANSWER_PREFIX, parse_verdict
+
+    for y in (True, False):
+        v = parse_verdict(ANSWER_PREFIX + target_text(y))
+        assert v.parse == "strict" and v.sufficient is y and (v.gap_items == []) is y
+
+
+def test_causal_lora_sft_tiny_qwen2(tmp_path):
+    from ragfast.models.causal_train import sft_examples, train_causal_judge
+    from ragfast.models.judge import CausalJudge
+    from ragfast.models.tiny import tiny_path
+
+    base = tiny_path("qwen2")
+    states = _labelled()
+    out = tmp_path / "j"
+    card = train_causal_judge(states, base, out, epochs=4, lr=3e-2, batch_size=3, r=4, dropout=0.0, save_every=2,
+                              log=lambda m: None)
+    ep = card["epoch_mean_loss"]
+    assert card["finished"] and card["steps"] == 8 and ep["3"] < ep["0"]
+    base_j = CausalJudge(base, attention="ref")
+    ex = sft_examples(base_j, states, "gold", 4096)
+    # the first target token is the one the STOP score reads
+    assert all(e["first"] in (base_j._true_ids if e["y"] else base_j._false_ids) for e in ex)
+    j = CausalJudge(out / "merged", attention="ref")
+    assert j.meaningful is False  # still a random-weight tiny base
+    sts = [s.to_state() for s in states]
+    packed, naive = j.stop_scores(sts), j.stop_scores(sts, packed=False)
+    assert np.isfinite(packed).all() and np.abs(packed - naive).max() < 1e-4
+    assert np.abs(packed - base_j.stop_scores(sts)).max() > 1e-3  # the adapter changed the scores
+    assert (out / "adapter" / "adapter_config.json").exists()
+    with pytest.raises(ConfigError, match="--resume"):
+        train_causal_judge(states, base, out, epochs=4, log=lambda m: None)
+    # interrupted after 3 steps, then resumed: same adapter as the uninterrupted run
+    out2 = tmp_path / "k"
+    part = train_causal_judge(states, base, out2, epochs=4, lr=3e-2, batch_size=3, r=4, dropout=0.0, save_every=2,
+                              max_steps=3, log=lambda m: None)
+    assert not part["finished"] and not (out2 / "merged").exists()
+    full = train_causal_judge(states, base, out2, epochs=4, lr=3e-2, batch_size=3, r=4, dropout=0.0, save_every=2,
+                              resume=True, log=lambda m: None)
+    assert full["finished"] and full["steps"] == 8
+    np.testing.assert_allclose(CausalJudge(out2 / "merged", attention="ref").stop_scores(sts), packed, atol=1e-5)
+
+
+# -- the bundled doc-set judge (default) and the cross-encoder judge ---------------------------------
+@pytest.fixture(scope="module")
+def docset_judge():
+    from ragfast.models.doc_judge import DocSetJudge
+
+    return DocSetJudge()
+
+
+def test_split_documents_and_state_features():
+    from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
+    from ragfast.models.doc_judge import doc_title
+
+    obs = '\n\n<information>Doc 1(Title: "A (film)") x y\nDoc 2(Title: B) z</information>\n\n'
+    assert split_documents(obs) == ['"A (film)") x y', "B) z"]
+    assert split_documents("plain text") == ["plain text"]
+    assert doc_title('"Paris Hilton (film)") text') == "paris hilton" and doc_title("no title here") == ""
+    f0, f2 = state_features([]), state_features([3.0, -1.0])
+    assert f0.shape == (len(STATE_FEATURES),) and f0[-1] == 1.0 and f2[-1] == 0.0
+    assert f2[0] == 3.0 and f2[1] == -1.0 and f2[3] < 0 and 0 < f2[4] < 2
+
+
+def _gold_states(n=10):
+    from ragfast.data import load_qa, sample
+
+    qs = load_qa(sample("hotpotqa-dev"))[:n]
+    full, half, empty = [], [], []
+    for q in qs:
+        ctx = q.metadata["context"]
+        gold = [f'<information>Doc 1(Title: "{t}") {"".join(s)}</information>'
+                for t, s in zip(ctx["title"], ctx["sentences"]) if t in q.supporting_titles]
+        full.append(State(q.question, gold, q.id))
+        half.append(State(q.question, gold[:1], q.id))
+        empty.append(State(q.question, [], q.id))
+    return qs, full, half, empty
+
+
+def test_bundled_docset_judge_scores_and_card(docset_judge):
+    from ragfast.models.doc_judge import default_docset_judge_path
+
+    assert default_docset_judge_path().stat().st_size < 5_000_000
+    assert default_docset_judge_path().with_suffix(".md").exists()
+    d = docset_judge.describe()
+    assert d["meaningful"] is True and d["trained_on"] == "hotpotqa-train"
+    dev = d["metrics"]["dev"]
+    for kind in ("subsets", "trajectories"):
+        assert dev[kind]["ap"] > dev[kind]["ap_ndocs_baseline"]
+    qs, full, half, empty = _gold_states()
+    led = CostLedger()
+    s_full = docset_judge.stop_scores(full, ledger=led, question_ids=[q.id for q in qs])
+    s_half, s_empty = docset_judge.stop_scores(half), docset_judge.stop_scores(empty)
+    assert s_full.dtype == np.float64 and np.isfinite(s_full).all()
+    assert (s_full > s_empty).mean() >= 0.9 and (s_full > s_half).mean() >= 0.7
+    t = led.totals()["judge"]
+    assert t["input_tokens"] > 0 and t["flops"] > 0
+    led2 = CostLedger()  # texts already embedded cost nothing again
+    np.testing.assert_allclose(docset_judge.stop_scores(full, ledger=led2), s_full)
+    assert "judge" not in led2.totals()
+
+
+def test_load_judge_specs(tmp_path, docset_judge):
+    from ragfast.models.cross_judge import CrossEncoderJudge
+    from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
+    from ragfast.models.judge import EncoderJudge, load_judge
+
+    assert isinstance(load_judge("encoder"), DocSetJudge)
+    assert isinstance(load_judge("head"), EncoderJudge)
+    assert isinstance(load_judge(str(default_docset_judge_path().parent)), DocSetJudge)
+    with pytest.raises(ConfigError, match="expected 'encoder'"):
+        load_judge(str(tmp_path))
+    for name, cls in (("cross_judge", CrossEncoderJudge), ("docset_judge", DocSetJudge)):
+        bad = tmp_path / f"{name}.safetensors"
+        bad.write_bytes(b"x")
+        (tmp_path / f"{name}.json").write_text('{"format": "other"}')
+        with pytest.raises(ModelError, match="card"):
+            cls(bad)
+
+
+def test_train_cross_judge_small(tmp_path):
+    from ragfast.models.cross_judge import CrossEncoderJudge
+    from ragfast.models.judge_train import train_cross_judge
+
+    card = train_cross_judge("hotpotqa-train", tmp_path / "cj", limit=14, epochs=1, n_subsets=4, log=lambda m: None)
+    assert card["split"]["document_scorer"] + card["split"]["state_head"] + card["split"]["validation"] == 14
+    assert (tmp_path / "cj" / "cross_judge.safetensors").stat().st_size < 1_000_000
+    j = CrossEncoderJudge(tmp_path / "cj")
+    s = j.stop_scores([("Who?", []), ("Who?", ["<information>Doc 1(Title: x) y</information>"])])
+    assert s.shape == (2,) and np.isfinite(s).all()
+    with pytest.raises(ConfigError, match="top_layers"):
+        train_cross_judge("hotpotqa-train", tmp_path / "x", limit=14, top_layers=0)
