@@ -74,6 +74,10 @@ def setup(verbose: int = 0, quiet: bool = False) -> None:
     root.addHandler(console)
     root.addHandler(buffer)
     _STATE.update(buffer=buffer, console=console, file=None)
+    # Re-arm the capture: a warnings.catch_warnings() block that ended since the last setup()
+    # (pytest wraps every test in one) restored the old showwarning while logging still thinks
+    # it is capturing, and captureWarnings(True) alone would then do nothing.
+    logging.captureWarnings(False)
     logging.captureWarnings(True)
     quiet_third_party()
 

@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         epochs: Optional[int] = typer.Option(None, help="Training epochs (encoder default 3, causal 2)."),
         lr: Optional[float] = typer.Option(None, help="Learning rate (encoder default 1e-3, causal 2e-4)."),
         lora_r: int = typer.Option(8, "--lora-r", help="LoRA rank (encoder, causal)."),
-        resume: bool = typer.Option(False, "--resume", help="causal: continue OUT/checkpoint."),
+        resume: bool = typer.Option(False, "--resume/--no-resume", help="causal: continue OUT/checkpoint."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="causal: stop after this many steps "
                                                                           "(checkpointed; --resume continues)."),
         limit: Optional[int] = typer.Option(None, "--limit", help="encoder: only the first N questions (quick runs)."),
