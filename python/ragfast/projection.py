@@ -123,15 +123,22 @@ class ComponentProjection:
     projected_flops: float
     projected_bytes: float
     projected_seconds: float
-    bound: str  # "compute" or "memory"
+    bound: str  # "compute" or "memory" (decoders: per phase, prefill and decode)
     notes: list[str] = field(default_factory=list)
 
 
 def _decoder_projection(comp: str, trajs: Sequence[Mapping[str, Any]], cfg: Mapping[str, Any], name: str,
                         dev: DeviceProfile, batch: int, dtype_bytes: int, judge: bool) -> ComponentProjection:
+    """Prefill and decode priced apart: each is its own roofline, and their times add up.
+
+    Prefill reads the weights once per batched pass and is compute-bound at any real length;
+    decode reads the weights once per step for the whole batch, plus each sequence's KV cache,
+    and is memory-bound unless the batch is large.
+    """
     weights = decoder_params(cfg) * dtype_bytes
     kv_tok = _kv_bytes_per_token(cfg, dtype_bytes)
-    calls = tokens = m_fl = m_s = fl = by = 0.0
+    calls = tokens = m_fl = m_s = 0.0
+    pre_fl = pre_by = dec_fl = dec_by = 0.0
     for t in trajs:
         r = (t.get("cost") or {}).get(comp) or {}
         c = float(r.get("calls", 0) or 0)
@@ -143,20 +150,25 @@ def _decoder_projection(comp: str, trajs: Sequence[Mapping[str, Any]], cfg: Mapp
         m_fl += float(r.get("flops", 0) or 0)
         m_s += float(r.get("seconds", 0) or 0)
         # Per-call averages: the trajectory keeps sums, not each call's lengths.
-        p, k, o = (fresh + cached) / c, cached / c, out / c
-        if judge:
-            # a judge scores a state in one prefill pass (next-token logits of the last position)
-            fl += c * forward_flops(cfg, [max(1, round(p - k))], [round(k)], logits="last")
-        else:
-            fl += c * completion_flops(cfg, max(1, round(p)), min(round(k), max(1, round(p)) - 1), max(1, round(o)))
-        # Weights stream once per forward pass of a batch of `batch` sequences; each decode step
-        # reads its sequence's KV cache.
-        steps = 1 + max(0.0, o - 1)
-        by += c * (steps * weights / batch + kv_tok * (max(0.0, o - 1) * (p + o / 2) + p))
-    t_fl, t_by = fl / dev.flops_per_s, by / dev.bytes_per_s
-    return ComponentProjection(comp, name, calls, tokens, m_fl, m_s, fl, by, max(t_fl, t_by),
-                               "compute" if t_fl >= t_by else "memory",
-                               [f"{dtype_bytes}-byte weights, {batch} sequences per batch"])
+        p = max(1, round((fresh + cached) / c))
+        k = min(round(cached / c), p - 1)
+        o = 0 if judge else max(1, round(out / c))
+        # a judge scores a state in one prefill pass (next-token logits of the last position)
+        pf = forward_flops(cfg, [p - k], [k], logits="last")
+        pre_fl += c * pf
+        pre_by += c * (weights / batch + kv_tok * k)
+        if o > 1:
+            dec_fl += c * (completion_flops(cfg, p, k, o) - pf)
+            dec_by += c * (o - 1) * (weights / batch + kv_tok * (p + o / 2))
+    t_pre = max(pre_fl / dev.flops_per_s, pre_by / dev.bytes_per_s)
+    t_dec = max(dec_fl / dev.flops_per_s, dec_by / dev.bytes_per_s)
+
+    def bound(fl: float, by: float) -> str:
+        return "compute" if fl / dev.flops_per_s >= by / dev.bytes_per_s else "memory"
+
+    kind = bound(pre_fl, pre_by) if judge else f"prefill {bound(pre_fl, pre_by)}, decode {bound(dec_fl, dec_by)}"
+    return ComponentProjection(comp, name, calls, tokens, m_fl, m_s, pre_fl + dec_fl, pre_by + dec_by,
+                               t_pre + t_dec, kind, [f"{dtype_bytes}-byte weights, {batch} sequences per batch"])
 
 
 def _recorded_projection(comp: str, trajs: Sequence[Mapping[str, Any]], dev: DeviceProfile) -> ComponentProjection:
