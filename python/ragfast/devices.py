@@ -5,7 +5,7 @@ from typing import Mapping
 
 from ragfast.errors import ConfigError
 
-__all__ = ["SLOTS", "resolve_device", "slot_devices"]
+__all__ = ["SLOTS", "DEVICE_HELP", "device_option", "resolve_device", "slot_devices"]
 
 #: The model slots that take a device.
 SLOTS = ("reasoner", "encoder", "judge", "nli")
@@ -45,3 +45,11 @@ def slot_devices(device: str | None, overrides: Mapping[str, str | None] | None 
         raise ConfigError(f"unknown device slot(s) {bad}; expected {list(SLOTS)}")
     base = resolve_device(device)
     return {s: resolve_device(over[s]) if s in over else base for s in SLOTS}
+
+
+DEVICE_HELP = "Where the models run: auto (the GPU when there is one) | cpu | cuda | cuda:N."
+
+
+def device_option(value: str | None) -> str:
+    """Typer callback for every ``--device`` option: resolve ``auto`` and check the device exists."""
+    return resolve_device(value)

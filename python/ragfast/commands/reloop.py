@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 
 def reloop_cmd(
     data: str = typer.Option(..., "--data", help="QA file or sample name (hotpotqa-dev, tatqa-dev, metaqa-3hop, ...)."),
@@ -25,7 +27,7 @@ def reloop_cmd(
     max_tokens: int = typer.Option(400, "--max-tokens", help="Evidence token budget per question."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Verifier + one reduced-budget refinement."),
     batch_size: int = typer.Option(16, "--batch-size", help="Questions per batched step."),
-    device: str = typer.Option("cpu", "--device", help="Device for LM heads/planners."),
+    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Run RELOOP (HSEQ + guided budget-aware iterator + canonical-evidence head) and write results as they finish."""

@@ -9,6 +9,8 @@ from typing import Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command("serve-retriever")
@@ -25,7 +27,7 @@ def register(app: typer.Typer) -> None:
         port: int = typer.Option(8000, "--port", help="TCP port to listen on."),
         workers: int = typer.Option(1, "--workers", help="uvicorn worker processes sharing the memory-mapped index."),
         storage: Optional[str] = typer.Option(None, "--storage", help="Flat storage: fp32, fp16, bf16, int8."),
-        device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),
+        device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
         max_queries: int = typer.Option(1024, "--max-queries", help="Most queries per request."),
         max_query_chars: int = typer.Option(4096, "--max-query-chars", help="Longest query accepted."),
         max_topk: int = typer.Option(100, "--max-topk", help="Largest topk accepted."),
@@ -65,7 +67,7 @@ def register(app: typer.Typer) -> None:
         storage: str = typer.Option("fp32", "--storage", help="Flat storage: fp32, fp16, bf16, int8."),
         chunk_size: int = typer.Option(4096, "--chunk-size", help="Passages per embedding chunk (resume unit)."),
         batch_size: int = typer.Option(64, "--batch-size", help="Encoder batch size."),
-        device: str = typer.Option("cpu", "--device", help="Encoder device (cpu, cuda)."),
+        device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
         keep_chunks: bool = typer.Option(False, "--keep-chunks", help="Keep the embedding chunks after the build."),
         shards: int = typer.Option(1, "--shards", help="Split a flat index into this many memory-mapped shards."),
     ) -> None:

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 from ragfast.errors import ConfigError
 
 report_app = typer.Typer(help="Evaluate finished runs from their results directories.", no_args_is_help=True)
@@ -203,7 +205,7 @@ def s2g_run_cmd(
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
+    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:

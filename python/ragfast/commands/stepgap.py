@@ -11,6 +11,8 @@ from typing import Any, Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 from ragfast.errors import ConfigError
 
 
@@ -261,7 +263,7 @@ def stepgap_run_cmd(
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
     corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
-    device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
+    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge)."""
@@ -293,7 +295,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                   stages: str = typer.Option("ABCDE", "--stages", help="Checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model)."),
                   entail: float = typer.Option(0.5, "--entail", help="Entailment probability at or above which a step counts as supported."),
                   contra: float = typer.Option(0.5, "--contra", help="Contradiction probability at or above which a step counts as contradicted."),
-                  device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i].")) -> None:
+                  device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP)) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
         from ragfast.cost import CostLedger
         from ragfast.stepgap import check, process_rewards, write_jsonl
@@ -320,7 +322,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                    nli_backend: str = typer.Option("torch", "--nli-backend", help="NLI runtime: torch | onnx."),
                    llm: str = typer.Option("none", "--llm", help="LLM of stages A-C: local directory | tiny | none."),
                    stages: str = typer.Option("ABCDE", "--stages", help="Checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model)."),
-                   device: str = typer.Option("cpu", "--device", help="cpu | cuda[:i]."),
+                   device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
                    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
         """Remove one stage at a time and report how labels (and metrics, with annotations) change."""
         from ragfast.stepgap import ablate, load_annotations
