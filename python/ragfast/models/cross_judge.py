@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import re
 import time
+from abc import abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Sequence
@@ -129,7 +130,48 @@ def merge_lora(model: Any, factors: dict[str, Any], scale: float) -> int:
     return len(names)
 
 
-class CrossEncoderJudge(Judge):
+class DocumentStateJudge(Judge):
+    """A judge whose STOP score is a state head over per-document logits.
+
+    Subclasses provide ``doc_logits(pairs, ledger=, question_ids=)`` (one logit per (question,
+    document) pair) and the state head ``state_w`` / ``state_b`` over :data:`STATE_FEATURES`.
+    """
+
+    state_w: np.ndarray
+    state_b: float
+
+    @abstractmethod
+    def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
+                   question_ids: Sequence[str] | None = None) -> np.ndarray:
+        """One logit per (question, document) pair, higher = more likely a needed document."""
+
+    # -- STOP scores -------------------------------------------------------------------------
+    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
+                    question_ids: Sequence[str] | None = None) -> np.ndarray:
+        """The state head's logit per state (float64); document scoring goes to the ledger as ``judge``."""
+        sts = [State.coerce(s) for s in states]
+        if question_ids is not None and len(question_ids) != len(sts):
+            raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
+        if not sts:
+            return np.zeros(0, dtype=np.float64)
+        docs = []
+        for i, s in enumerate(sts):
+            if not isinstance(s.question, str) or isinstance(s.evidence, str) \
+                    or not all(isinstance(e, str) for e in s.evidence):
+                raise DataError(f"state {i}: question must be a str and evidence a list of strings")
+            docs.append(list(dict.fromkeys(d for b in s.evidence for d in split_documents(b))))
+        pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
+        pq = ([question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None)
+        z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
+        X = np.zeros((len(sts), len(STATE_FEATURES)))
+        off = 0
+        for i, ds in enumerate(docs):
+            X[i] = state_features(z[off:off + len(ds)])
+            off += len(ds)
+        return X @ self.state_w + self.state_b
+
+
+class CrossEncoderJudge(DocumentStateJudge):
     """Cross-encoder document scores + a state head; STOP score = the state head's logit.
 
     Parameters
@@ -267,27 +309,3 @@ class CrossEncoderJudge(Judge):
             fresh = {}
         return np.array([fresh.get((q, d), self._cache.get((q, d), np.nan)) for q, d in pairs], dtype=np.float64)
 
-    # -- STOP scores -------------------------------------------------------------------------
-    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
-                    question_ids: Sequence[str] | None = None) -> np.ndarray:
-        """The state head's logit per state (float64); document encoding goes to the ledger as ``judge``."""
-        sts = [State.coerce(s) for s in states]
-        if question_ids is not None and len(question_ids) != len(sts):
-            raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
-        if not sts:
-            return np.zeros(0, dtype=np.float64)
-        docs = []
-        for i, s in enumerate(sts):
-            if not isinstance(s.question, str) or isinstance(s.evidence, str) \
-                    or not all(isinstance(e, str) for e in s.evidence):
-                raise DataError(f"state {i}: question must be a str and evidence a list of strings")
-            docs.append(list(dict.fromkeys(d for b in s.evidence for d in split_documents(b))))
-        pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
-        pq = ([question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None)
-        z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
-        X = np.zeros((len(sts), len(STATE_FEATURES)))
-        off = 0
-        for i, ds in enumerate(docs):
-            X[i] = state_features(z[off:off + len(ds)])
-            off += len(ds)
-        return X @ self.state_w + self.state_b

@@ -26,10 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger
-from ragfast.errors import DataError, ModelError
-from ragfast.models.base import Judge
-from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
-from ragfast.types import State
+from ragfast.errors import ModelError
+from ragfast.models.cross_judge import STATE_FEATURES, DocumentStateJudge
 
 __all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "DocFeatures"]
 
@@ -116,7 +114,7 @@ class DocFeatures:
         return X
 
 
-class DocSetJudge(Judge):
+class DocSetJudge(DocumentStateJudge):
     """Per-document logits (bi-encoder features + logistic head) and a state head; STOP = its logit.
 
     Parameters
@@ -176,27 +174,3 @@ class DocSetJudge(Judge):
         if not pairs:
             return np.zeros(0)
         return self.features(pairs, ledger=ledger, question_ids=question_ids).astype(np.float64) @ self.doc_w + self.doc_b
-
-    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
-                    question_ids: Sequence[str] | None = None) -> np.ndarray:
-        """The state head's logit per state (float64); embedding compute goes to the ledger as ``judge``."""
-        sts = [State.coerce(s) for s in states]
-        if question_ids is not None and len(question_ids) != len(sts):
-            raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
-        if not sts:
-            return np.zeros(0, dtype=np.float64)
-        docs = []
-        for i, s in enumerate(sts):
-            if not isinstance(s.question, str) or isinstance(s.evidence, str) \
-                    or not all(isinstance(e, str) for e in s.evidence):
-                raise DataError(f"state {i}: question must be a str and evidence a list of strings")
-            docs.append(list(dict.fromkeys(d for b in s.evidence for d in split_documents(b))))
-        pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
-        pq = [question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None
-        z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
-        X = np.zeros((len(sts), len(STATE_FEATURES)))
-        off = 0
-        for i, ds in enumerate(docs):
-            X[i] = state_features(z[off:off + len(ds)])
-            off += len(ds)
-        return X @ self.state_w + self.state_b
