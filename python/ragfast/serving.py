@@ -163,7 +163,7 @@ def fix_mmap_threshold(nbytes: int = 256 * 1024) -> None:
     resident after the burst with the default, +7 MB with a fixed 256 KiB threshold. Called once
     per server process.
     """
-    global _mmap_fixed, _libc
+    global _mmap_fixed
     if _mmap_fixed:
         return
     trim_memory()  # loads libc
