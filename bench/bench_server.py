@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import print_table, row, write_csv  # noqa: E402
 
 
-def _corpus(spec: str):
+def bench_corpus(spec: str):
     from ragfast.data import Corpus, corpus_from_contexts, load_corpus
 
     if spec == "bench":
@@ -48,7 +48,7 @@ def _serve(spec: str, kind: str, port: int, batching: bool, threads: int | None,
     from ragfast.retrieval.server import create_app, set_threads
 
     set_threads(threads)
-    corpus = _corpus(spec)
+    corpus = bench_corpus(spec)
     if kind == "bm25":
         from ragfast.retrieval.bm25 import BM25Retriever
 

@@ -37,9 +37,9 @@ def serve_retriever(spec: str, kind: str, port: int, threads: int | None, ready)
     from ragfast.retrieval.server import create_app, set_threads
 
     set_threads(threads)
-    from bench.bench_server import _corpus
+    from bench.bench_server import bench_corpus
 
-    corpus = _corpus(spec)
+    corpus = bench_corpus(spec)
     if kind == "bm25":
         from ragfast.retrieval.bm25 import BM25Retriever
 

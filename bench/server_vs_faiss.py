@@ -29,10 +29,10 @@ LOOPBACK = "127.0.0.1"
 
 def build_corpus(out: Path, passages: int, seed: int = 0) -> dict[str, Any]:
     """Write ``corpus.jsonl`` and ``vectors.npy`` (float32, unit rows) of ``passages`` rows to ``out``."""
-    from bench.bench_server import _corpus
+    from bench.bench_server import bench_corpus
     from ragfast.retrieval.dense import build_default_retriever
 
-    corpus = _corpus("bench")
+    corpus = bench_corpus("bench")
     real = np.asarray(build_default_retriever(corpus, progress=False).index.vectors, dtype=np.float32)
     n_real = min(len(corpus), passages)
     n_syn = max(0, passages - n_real)

@@ -372,7 +372,8 @@ def build_judge(cfg: BenchConfig, encoder: Any = None):
             head = default_encoder_judge_path()
             cls, card = EncoderJudge, head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
         wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder", "minilm") if card.exists() else None
-        if encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted:
+        if (encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted
+                and cfg.slot_device["encoder"] == dev):
             return cls(encoder=encoder)
         return cls(device=dev)
     if cfg.judge == "tiny":

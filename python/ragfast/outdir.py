@@ -19,7 +19,8 @@ from ragfast.errors import ConfigError
 __all__ = ["output_dir", "METADATA_FILES"]
 
 #: Files that describe a run but hold no finished work: removed when the run fails before any.
-METADATA_FILES = frozenset({"manifest.json", "summary.json", "build.json", "encoder.json", "config.json",
+METADATA_FILES = frozenset({"ragfast.log", "manifest.json", "summary.json", "build.json", "encoder.json",
+                            "config.json",
                             "ledger.jsonl"})
 
 

@@ -338,6 +338,8 @@ class FairBatcher:
         # While small requests are about (one arrived lately), every request gets one chunk per
         # batch: whatever is in flight is what the next small one waits for, so it stays short.
         # With only big requests about, they split the whole batch (fewer, bigger calls).
+        if not live:  # every waiting request was cancelled by its client
+            return []
         now = time.monotonic()
         recent = max(self.min_mixed_s, 3.0 * self._last_batch_s)
         share = self.chunk if now - self._last_small < recent else max(self.chunk, self.max_batch // len(live))

@@ -15,6 +15,8 @@ from typing import Any, Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 MAX_STATES_PER_REQUEST = 4096
 
 
@@ -99,7 +101,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
            max_batch_states, chunk_states) < 1 or max_wait_ms < 0:
         raise ConfigError(f"serve-judge limits must be positive: {lim}, max_batch_states={max_batch_states}, "
                           f"chunk_states={chunk_states}, max_wait_ms={max_wait_ms}")
-    ledger = CostLedger()
+    # Running sums for /health: the per-call ledgers are dropped, so memory stays flat however
+    # long the server runs.
+    totals = dict.fromkeys(("calls", "input_tokens", "cached_tokens", "flops", "seconds"), 0.0)
     fix_mmap_threshold()  # big request bodies must not leave the heap grown for good
 
     def run(parts):
@@ -108,7 +112,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
         keys = [str(i) for i in range(len(states))]
         call = CostLedger()
         scores = judge.stop_scores(states, ledger=call, question_ids=keys)
-        ledger.merge(call)
+        row = call.totals().get("judge", {})
+        for k in totals:
+            totals[k] += row.get(k, 0)
         costs = cost_items(call, keys)
         out, off = [], 0
         for st, _ in parts:
@@ -135,10 +141,8 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 
     @app.get("/health")
     def health() -> dict[str, Any]:
-        tot = ledger.totals().get("judge", {})
         return {"judge": judge.describe(), "batches": batcher.stats.batches, "limits": asdict(lim),
-                "stats": stats(), "rss_bytes": rss_bytes(),
-                "cost": {k: tot.get(k, 0) for k in ("calls", "input_tokens", "cached_tokens", "flops", "seconds")}}
+                "stats": stats(), "rss_bytes": rss_bytes(), "cost": dict(totals)}
 
     @app.get("/metrics")
     def metrics():
@@ -214,7 +218,7 @@ def register(app: typer.Typer) -> None:
         k: int = typer.Option(3, help="head: passages retrieved per turn."),
         turns: int = typer.Option(4, help="head: search turns per question."),
         encoder: str = typer.Option("minilm", help="head: frozen encoder, preset or checkpoint directory."),
-        device: str = typer.Option("cpu", help="cpu or cuda."),
+        device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     ) -> None:
         """Train a stopping judge: the bundled doc-set judge, a cross-encoder, a causal LM (LoRA) or the head."""
         from ragfast.commands.judge_training import train_judge_command
@@ -226,11 +230,11 @@ def register(app: typer.Typer) -> None:
 
     @app.command("serve-judge")
     def serve_judge(
-        judge: str = typer.Option("encoder", "--judge", help="'encoder' (bundled head), a head file, or a causal-LM "
-                                                             "directory."),
+        judge: str = typer.Option("encoder", "--judge", help="'encoder' (the bundled doc-set judge), 'head', a judge "
+                                                             "file, or a causal-LM directory."),
         host: str = typer.Option("127.0.0.1", help="Bind address (local only by default)."),
         port: int = typer.Option(8001, help="Port."),
-        device: str = typer.Option("cpu", help="cpu or cuda."),
+        device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
         max_wait_ms: float = typer.Option(5.0, help="How long a request waits for others to share its batch."),
         max_batch_states: int = typer.Option(1024, help="Most states in one micro-batch."),
         chunk_states: int = typer.Option(16, "--chunk-states", help="While small requests are about, the most states "

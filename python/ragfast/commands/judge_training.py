@@ -14,6 +14,8 @@ from typing import Any, List, Optional
 
 import typer
 
+from ragfast.devices import DEVICE_HELP, device_option
+
 from ragfast.errors import ConfigError
 
 __all__ = ["train_judge_command", "register"]
@@ -90,7 +92,7 @@ def register(app: typer.Typer) -> None:
                                               help="Bearer token for a teacher URL."),
         out: Optional[Path] = typer.Option(None, "--out", help="Output file (default RESULTS_DIR/labelled_states.jsonl)."),
         max_new_tokens: int = typer.Option(256, help="Teacher verdict budget."),
-        device: str = typer.Option("cpu", help="Device of a local teacher."),
+        device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     ) -> None:
         """Label the recorded states of a native run (probe, gold support, teacher LLM), with agreement."""
         from ragfast.pipelines.labelling import label_states

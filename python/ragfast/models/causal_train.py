@@ -294,6 +294,9 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         if not (mdir / "config.json").exists():
             raise ModelError(f"merged model was not written to {mdir}")
     (out / "train_judge.json").write_text(json.dumps(card, indent=2) + "\n")
+    def fmt(x: Any) -> str:
+        return "n/a" if x is None else f"{x:.4f}"
+
     log(f"train-judge --kind causal: {step} steps on {len(examples)} {source}-labelled states; "
-        f"loss {card['loss_first']:.4f} -> {card['loss_last']:.4f}" + ("" if finished else " (stopped early; --resume)"))
+        f"loss {fmt(card['loss_first'])} -> {fmt(card['loss_last'])}" + ("" if finished else " (stopped early; --resume)"))
     return card

@@ -281,10 +281,14 @@ class CrossEncoderJudge(DocumentStateJudge):
         """
         from ragfast.flops import forward_flops_per_sequence
 
+        # this call's cached values are read before anything is evicted, so none is lost midway
+        known: dict[tuple[str, str], float] = {}
         todo: dict[tuple[str, str], Any] = {}
         for k, (q, d) in enumerate(pairs):
             key = (q, d)
-            if key not in self._cache and key not in todo:
+            if key in self._cache:
+                known[key] = self._cache[key]
+            elif key not in todo:
                 todo[key] = question_ids[k] if question_ids is not None else None
         if todo:
             t0 = time.perf_counter()
@@ -304,8 +308,6 @@ class CrossEncoderJudge(DocumentStateJudge):
                 ledger.add_batch("judge", [todo[k] for k in keys], seconds=time.perf_counter() - t0,
                                  input_tokens=lengths.tolist(),
                                  flops=forward_flops_per_sequence(self.model.config, lengths.tolist()))
-            fresh = dict(zip(keys, out))
-        else:
-            fresh = {}
-        return np.array([fresh.get((q, d), self._cache.get((q, d), np.nan)) for q, d in pairs], dtype=np.float64)
+            known.update(zip(keys, out))
+        return np.array([known[(q, d)] for q, d in pairs], dtype=np.float64)
 

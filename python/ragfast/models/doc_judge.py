@@ -58,53 +58,72 @@ def _words(text: str) -> set[str]:
 
 
 class DocFeatures:
-    """Per (question, document) features on a frozen sentence encoder, with embedding caches."""
+    """Per (question, document) features on a frozen sentence encoder, with embedding caches.
 
-    def __init__(self, encoder: Any, cache_size: int = 200_000):
+    The caches are LRU and capped in bytes (:class:`ragfast.cache.ByteLRU`, keyed by a digest of
+    the text, so a long passage is never held twice): a judge behind a server sees an unbounded
+    stream of distinct texts.
+    """
+
+    def __init__(self, encoder: Any, max_bytes: int | None = None):
+        from ragfast.cache import ByteLRU
+
         self.encoder = encoder
         self.dim = int(encoder.dim)
-        self.cache_size = cache_size
-        self._q: dict[str, np.ndarray] = {}
-        self._d: dict[str, np.ndarray] = {}
+        self._q = ByteLRU(max_bytes)
+        self._d = ByteLRU(max_bytes)
 
     @property
     def n_features(self) -> int:
         return 2 * self.dim + 3
 
-    def _embed(self, texts: Sequence[str], kind: str, store: dict, qids: Sequence[Any], ledger: CostLedger | None):
+    def _embed(self, texts: Sequence[str], kind: str, store: Any, qids: Sequence[Any],
+               ledger: CostLedger | None) -> dict[str, np.ndarray]:
+        """Vectors of ``texts`` (cached ones reused, new ones embedded and charged to ``ledger``).
+
+        Returns this call's own vectors, so an eviction in the middle of a call loses nothing.
+        """
+        from ragfast.cache import text_key
+
+        got: dict[str, np.ndarray] = {}
         todo: dict[str, Any] = {}
         for t, q in zip(texts, qids):
-            if t not in store and t not in todo:
+            if t in got or t in todo:
+                continue
+            v = store.get(text_key(t))
+            if v is None:
                 todo[t] = q
+            else:
+                got[t] = v
         if not todo:
-            return
+            return got
         keys = list(todo)
         tmp = CostLedger()
         vecs = self.encoder.encode(keys, kind=kind, ledger=tmp, question_ids=[todo[k] for k in keys]).numpy()
-        if len(store) + len(keys) > self.cache_size:
-            store.clear()
         for k, v in zip(keys, vecs):
-            store[k] = v.astype(np.float32)
+            got[k] = v.astype(np.float32)
+            store.put(text_key(k), got[k])
         if ledger is not None and tmp.records:
             recs = tmp.records
             ledger.add_batch("judge", [r.question_id for r in recs], seconds=sum(r.seconds for r in recs),
                              input_tokens=[r.input_tokens for r in recs], flops=[r.flops for r in recs])
+        return got
 
     def document_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of document texts ``[n, dim]``, embedded into the cache where new."""
-        self._embed(list(texts), "passage", self._d, [None] * len(texts), None)
-        return np.stack([self._d[t] for t in texts]) if len(texts) else np.zeros((0, self.dim), np.float32)
+        got = self._embed(list(texts), "passage", self._d, [None] * len(texts), None)
+        return np.stack([got[t] for t in texts]) if len(texts) else np.zeros((0, self.dim), np.float32)
 
     def __call__(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                  question_ids: Sequence[Any] | None = None) -> np.ndarray:
         """Features ``[len(pairs), n_features]`` (float32); new texts are embedded (cost to ``ledger``)."""
         qids = list(question_ids) if question_ids is not None else [None] * len(pairs)
-        self._embed([q for q, _ in pairs], "query", self._q, qids, ledger)
-        self._embed([d for _, d in pairs], "passage", self._d, qids, ledger)
+        qvec = self._embed([q for q, _ in pairs], "query", self._q, qids, ledger)
+        dvec = self._embed([d for _, d in pairs], "passage", self._d, qids, ledger)
         X = np.zeros((len(pairs), self.n_features), dtype=np.float32)
         D = self.dim
         for i, (q, d) in enumerate(pairs):
-            qv, dv = self._q[q], self._d[d]
+            qv, dv = qvec[q], dvec[d]
             X[i, :D] = qv * dv
             X[i, D:2 * D] = np.abs(qv - dv)
             t = doc_title(d)
