@@ -7,7 +7,7 @@ data in this process:
 * ``numpy-loop`` (anchor): Python loops over thresholds and over resamples, numpy inside.
 * ``scipy-bootstrap-loop``: a loop over thresholds calling ``scipy.stats.bootstrap`` (itself
   vectorised over resamples) on each threshold's differences.
-* ``ragfast-ref``: :func:`ragfast.policy.threshold_curve` on the numpy backends (vectorised
+* ``ragfast-ref``: :func:`ragfast.methods.s2g.policy.threshold_curve` on the numpy backends (vectorised
   sweep, counts-times-matrix bootstrap with scipy's draws).
 * ``ragfast-cpp``: the same on the C++/OpenMP backends; also without row de-duplication, and
   with Δsearches CIs as well (twice the rows).
@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import print_table, row, time_fn, write_csv  # noqa: E402
 
-from ragfast.policy import threshold_curve  # noqa: E402
+from ragfast.methods.s2g.policy import threshold_curve  # noqa: E402
 
 
 def make_data(B: int, T: int, seed: int = 0):
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
             rows.append(row("policy_curve", prov, params, "speedup_vs_numpy-loop", "x", a50 / t))
     # The two kernels alone, compiled against the numpy reference (same inputs as the curve).
     from ragfast.ops.policy import bootstrap_means
-    from ragfast.policy import evaluate_policy, sweep
+    from ragfast.methods.s2g.policy import evaluate_policy, sweep
 
     idx = sweep(scores, thresholds, L)
     D = np.unique((evaluate_policy(idx, state_em, native_em, S).em - native_em[:, None]).T, axis=0)

@@ -60,7 +60,7 @@ def main(argv=None) -> int:
     from ragfast.data import corpus_from_contexts, load_qa
     from ragfast.models.generator import HFGenerator
     from ragfast.models.tiny import tiny_path
-    from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop
+    from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.retrieval.bm25 import BM25Retriever
 
     if args.threads > 0:

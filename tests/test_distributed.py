@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 from ragfast.errors import ConfigError, DataError  # noqa: E402
 from ragfast.models.base import Generator  # noqa: E402
 from ragfast.models.generator import ScriptedGenerator  # noqa: E402
-from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop  # noqa: E402
+from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop  # noqa: E402
 from ragfast.results import ResultsWriter, read_results, strip_timing  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
@@ -230,7 +230,7 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
 @pytest.mark.slow
 def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, config, single, tmp_path):
     from ragfast.distributed import PipelineLoop
-    from ragfast.pipelines.searchr1 import run_searchr1
+    from ragfast.methods.searchr1.loop import run_searchr1
 
     marker, r_marker = tmp_path / "crashed", tmp_path / "retriever-crashed"
     out = tmp_path / "results.jsonl"

@@ -10,7 +10,7 @@ import pytest
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.pipelines.searchr1 import STOP, SearchR1Config, build_prompt, run_searchr1
+from ragfast.methods.searchr1.loop import STOP, SearchR1Config, build_prompt, run_searchr1
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.types import Question
 

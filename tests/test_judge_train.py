@@ -45,7 +45,7 @@ def _native_run(d, n=6, early=()):
 
 
 def test_label_states_probe_gold_agreement(tmp_path):
-    from ragfast.pipelines.labelling import label_states, load_labelled_states
+    from ragfast.methods.s2g.labelling import label_states, load_labelled_states
 
     _native_run(tmp_path / "run")
     s = label_states(tmp_path / "run", ["probe", "gold"])
@@ -67,7 +67,7 @@ def test_label_states_probe_gold_agreement(tmp_path):
 
 
 def test_label_states_teacher_url_counts_parse_failures(tmp_path, monkeypatch):
-    from ragfast.pipelines import labelling
+    from ragfast.methods.s2g import labelling
 
     _native_run(tmp_path / "run", n=3)
     replies = iter(['{"sufficient": true, "gap_items": []}', "I think yes",
@@ -92,7 +92,7 @@ def test_label_states_teacher_url_counts_parse_failures(tmp_path, monkeypatch):
 
 
 def test_label_states_errors(tmp_path):
-    from ragfast.pipelines.labelling import label_states
+    from ragfast.methods.s2g.labelling import label_states
 
     with pytest.raises(DataError, match="neither native.jsonl"):
         label_states(tmp_path, ["gold"])
@@ -136,7 +136,7 @@ class _LeakJudge(_CountJudge):
 
 
 def test_compare_judges_gold_labels(tmp_path):
-    from ragfast.pipelines.s2g_judges import compare_judges, render_judges
+    from ragfast.methods.s2g.judges import compare_judges, render_judges
 
     _native_run(tmp_path / "run", n=12, early=(0, 3, 6, 9, 1, 4))
     # first two questions are validation states
@@ -161,7 +161,7 @@ def test_compare_judges_gold_labels(tmp_path):
 
 # -- LoRA SFT of a causal judge -----------------------------------------------------------------
 def _labelled(n=6):
-    from ragfast.pipelines.labelling import LabelledState
+    from ragfast.methods.s2g.labelling import LabelledState
 
     out = []
     for i in range(n):
@@ -172,7 +172,7 @@ def _labelled(n=6):
 
 
 def test_target_text_is_a_strict_verdict():
-    from ragfast.models.causal_train import target_text
+    from ragfast.methods.s2g.causal_train import target_text
     from ragfast.models.judge import ANSWER_PREFIX, parse_verdict
 
     for y in (True, False):
@@ -181,7 +181,7 @@ def test_target_text_is_a_strict_verdict():
 
 
 def test_causal_lora_sft_tiny_qwen2(tmp_path):
-    from ragfast.models.causal_train import sft_examples, train_causal_judge
+    from ragfast.methods.s2g.causal_train import sft_examples, train_causal_judge
     from ragfast.models.judge import CausalJudge
     from ragfast.models.tiny import tiny_path
 
@@ -295,7 +295,7 @@ def test_load_judge_specs(tmp_path, docset_judge):
 
 def test_train_cross_judge_small(tmp_path):
     from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.models.judge_train import train_cross_judge
+    from ragfast.methods.s2g.judge_train import train_cross_judge
 
     card = train_cross_judge("hotpotqa-train", tmp_path / "cj", limit=14, epochs=1, n_subsets=4, log=lambda m: None)
     assert card["split"]["document_scorer"] + card["split"]["state_head"] + card["split"]["validation"] == 14

@@ -8,7 +8,7 @@ from hypothesis.extra import numpy as hnp
 
 import ragfast
 from ragfast.ops.policy import bootstrap_means
-from ragfast.policy import (evaluate_policy, first_crossing, outcome_at, select_threshold, stop_precision_recall,
+from ragfast.methods.s2g.policy import (evaluate_policy, first_crossing, outcome_at, select_threshold, stop_precision_recall,
                             sweep, threshold_curve)
 
 HAS_CPP = ragfast.backends()["available"]["cpp"]

@@ -13,7 +13,7 @@ from ragfast.data import load_qa, sample
 from ragfast.errors import ConfigError, DataError
 from ragfast.hseq import from_triples, to_source
 from ragfast.models.base import Generator
-from ragfast.pipelines import reloop as rl
+from ragfast.methods.reloop import loop as rl
 from ragfast.types import Question
 
 

@@ -13,9 +13,9 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Judge
 from ragfast.models.generator import ScriptedGenerator
-from ragfast.pipelines.s2g import (JudgeStopHook, RecordedStates, evaluate, gap_query, reachability, record_states,
+from ragfast.methods.s2g.loop import (JudgeStopHook, RecordedStates, evaluate, gap_query, reachability, record_states,
                                    render_markdown, replay, run_s2g, state_prefixes)
-from ragfast.pipelines.searchr1 import SearchR1Config, run_searchr1
+from ragfast.methods.searchr1.loop import SearchR1Config, run_searchr1
 from ragfast.results import ResultsWriter
 
 
@@ -286,7 +286,7 @@ def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
 
 
 def test_rest_cost_and_replay_cost_on_a_constructed_trajectory():
-    from ragfast.pipelines.s2g import _rest_cost, replay_cost
+    from ragfast.methods.s2g.loop import _rest_cost, replay_cost
     from ragfast.types import Trajectory, Turn
 
     def cost(r, s=0.0):

@@ -12,7 +12,7 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
 from ragfast.models.generator import ScriptedGenerator
-from ragfast.pipelines.searchr1 import (INVALID_OBSERVATION, SearchR1Config, SearchR1Loop, build_prompt,
+from ragfast.methods.searchr1.loop import (INVALID_OBSERVATION, SearchR1Config, SearchR1Loop, build_prompt,
                                         format_observation, parse_action, run_searchr1,
                                         truncate_whitespace_tokens)
 from ragfast.results import ResultsWriter, read_results, strip_timing

@@ -8,7 +8,7 @@ import pytest
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
-from ragfast.stepgap import (CC, IE, MB, NO_GAP, RewardConfig, check, load_annotations, process_rewards, segment,
+from ragfast.methods.stepgap.checker import (CC, IE, MB, NO_GAP, RewardConfig, check, load_annotations, process_rewards, segment,
                              step_metrics)
 from ragfast.types import Trajectory, Turn
 
@@ -167,7 +167,7 @@ def test_segment_rule():
         ("abstain", "not enough information"),  # "Nothing here." has < 3 words; injected turn gives no step
     ]
     # An observation truncated before </information> (Search-R1's 500-token cap) still counts.
-    from ragfast.stepgap import parse_docs
+    from ragfast.methods.stepgap.checker import parse_docs
 
     cut = t1().turns[0].observation[:120]
     assert "</information>" not in cut
@@ -274,7 +274,7 @@ def test_process_rewards_base_and_shape(tmp_path):
     res2 = check([dup], ScriptedLLM(TABLE), ScriptedNLI())
     r2 = {x["step"]: x for x in process_rewards(res2, RewardConfig(duplicate=-0.3))}
     assert r2[3]["r_shape"] == pytest.approx(-0.3)
-    from ragfast.stepgap import write_jsonl
+    from ragfast.methods.stepgap.checker import write_jsonl
 
     n = write_jsonl(process_rewards(res), tmp_path / "r.jsonl")
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
@@ -307,7 +307,7 @@ def test_step_metrics_hand_computed():
 
 
 def test_annotations_roundtrip(tmp_path):
-    from ragfast.stepgap import align_annotations
+    from ragfast.methods.stepgap.checker import align_annotations
 
     p = tmp_path / "gold.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in [
@@ -404,8 +404,8 @@ def _hotpot(n):
 
 def _pipeline(nli, repair=True, max_repairs=2, max_turns=3, n=8):
     from ragfast.models.generator import ScriptedGenerator
-    from ragfast.pipelines.searchr1 import SearchR1Config
-    from ragfast.pipelines.stepgap import StepGapConfig, StepGapPipeline
+    from ragfast.methods.searchr1.loop import SearchR1Config
+    from ragfast.methods.stepgap.loop import StepGapConfig, StepGapPipeline
 
     qs, rows = _hotpot(n)
     cfg = StepGapConfig(searchr1=SearchR1Config(max_turns=max_turns, topk=1), repair=repair, max_repairs=max_repairs)
@@ -483,8 +483,8 @@ def test_loop_full_path_with_tiny_models():
     from ragfast.models.generator import HFGenerator
     from ragfast.models.nli import NLIScorer
     from ragfast.models.tiny import tiny_path
-    from ragfast.pipelines.searchr1 import SearchR1Config
-    from ragfast.pipelines.stepgap import StepGapConfig, StepGapPipeline
+    from ragfast.methods.searchr1.loop import SearchR1Config
+    from ragfast.methods.stepgap.loop import StepGapConfig, StepGapPipeline
 
     qs, rows = _hotpot(2)
     gen = HFGenerator(tiny_path("qwen2"))
@@ -504,7 +504,7 @@ def test_loop_full_path_with_tiny_models():
 
 
 def test_repair_queries_and_retraction_text():
-    from ragfast.stepgap import repair_query, retraction_text
+    from ragfast.methods.stepgap.checker import repair_query, retraction_text
 
     res, _, _, _ = run_all()
     by = {(lab.trajectory_id, lab.claim): (s, lab) for s, lab in zip(res.steps, res.labels)}

@@ -474,7 +474,7 @@ def load_ledger(path: Path, finished: set[str]) -> CostLedger:
 
 # -- the methods -----------------------------------------------------------------------------
 def _searchr1_config(cfg: BenchConfig):
-    from ragfast.pipelines.searchr1 import SearchR1Config
+    from ragfast.methods.searchr1.loop import SearchR1Config
 
     return SearchR1Config(max_turns=cfg.budget, topk=cfg.topk, batch_size=cfg.batch_size, seed=cfg.seed)
 
@@ -482,7 +482,7 @@ def _searchr1_config(cfg: BenchConfig):
 def run_searchr1(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
                  progress: Callable[[int], None]) -> None:
     """Native Search-R1: the reasoner searches until it answers or the budget is spent."""
-    from ragfast.pipelines.searchr1 import SearchR1Loop
+    from ragfast.methods.searchr1.loop import SearchR1Loop
 
     loop = SearchR1Loop(slots.make_generator(), slots.retriever, _searchr1_config(cfg), ledger=rec.ledger)
 
@@ -509,9 +509,9 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         info = {"threshold": float(cfg.threshold), "source": "given (--threshold)"}
     else:
         from ragfast.data import load_qa
-        from ragfast.pipelines.s2g import record_states
-        from ragfast.pipelines.searchr1 import SearchR1Loop
-        from ragfast.policy import select_threshold, stop_precision_recall
+        from ragfast.methods.s2g.loop import record_states
+        from ragfast.methods.searchr1.loop import SearchR1Loop
+        from ragfast.methods.s2g.policy import select_threshold, stop_precision_recall
         from ragfast.stats import average_precision, brier, sigmoid
 
         val = _select(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
@@ -553,7 +553,7 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
 def run_s2g(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
             progress: Callable[[int], None], threshold: float) -> None:
     """Search-R1 with the judge in the loop: stop at the first state scoring >= the threshold."""
-    from ragfast.pipelines.s2g import run_s2g as _run
+    from ragfast.methods.s2g.loop import run_s2g as _run
 
     def done(t: Trajectory) -> None:
         rec.finish(t)
@@ -570,7 +570,7 @@ def run_stepgap(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: 
     With the scripted reasoner there is no LLM to run stages A-C, so only the NLI stages D-E
     run (and the report says so); any real reasoner also serves as the checker's LLM.
     """
-    from ragfast.pipelines.stepgap import StepGapConfig, run_stepgap as _run
+    from ragfast.methods.stepgap.loop import StepGapConfig, run_stepgap as _run
 
     gen = slots.make_generator()
     checker = None if cfg.reasoner == "scripted" else gen
@@ -591,7 +591,7 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
     The head is the reasoner when it is a real model; with the scripted reasoner it is RELOOP's
     extractive head (a span picker, not an LLM: marked not meaningful).
     """
-    from ragfast.pipelines.reloop import ExtractiveHead, HeuristicSufficiency, ReloopConfig, run_text, text_workspace
+    from ragfast.methods.reloop.loop import ExtractiveHead, HeuristicSufficiency, ReloopConfig, run_text, text_workspace
 
     head = ExtractiveHead() if cfg.reasoner == "scripted" else slots.make_generator()
     encoder = getattr(slots.retriever, "encoder", None)
@@ -671,11 +671,11 @@ def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, re
     config: Any = _searchr1_config(cfg)
     make_loop = None
     if method == "s2g":
-        from ragfast.pipelines.s2g import run_s2g as _s2g
+        from ragfast.methods.s2g.loop import run_s2g as _s2g
 
         make_loop = PipelineLoop(_s2g, slots={"judge": functools.partial(ray_judge, cfg.judge)}, threshold=threshold)
     elif method == "stepgap":
-        from ragfast.pipelines.stepgap import StepGapConfig, run_stepgap as _sg
+        from ragfast.methods.stepgap.loop import StepGapConfig, run_stepgap as _sg
 
         scripted = cfg.reasoner == "scripted"
         config = StepGapConfig(searchr1=config, stages="DE" if scripted else "ABCDE")
@@ -705,8 +705,8 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
     generation from that state); replaying the first-crossing rule over 60 thresholds gives EM,
     searches and unsafe early stops per threshold without rerunning the reasoner.
     """
-    from ragfast.pipelines.s2g import record_states
-    from ragfast.policy import sweep
+    from ragfast.methods.s2g.loop import record_states
+    from ragfast.methods.s2g.policy import sweep
     from ragfast.stats import calibration_table, sigmoid, unsafe_stop_fraction
 
     rec = record_states(list(native), slots.judge, slots.make_generator())

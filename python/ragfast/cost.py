@@ -2,7 +2,10 @@
 
 Every component (reasoner, encoder, search, judge, nli, other) records what it spent: calls,
 input tokens (computed fresh vs served from a KV cache), output tokens, FLOPs, wall seconds,
-device seconds (CUDA events) and bytes scanned by search. Batched calls are split per question
+device seconds (CUDA events) and bytes scanned by search. A result served from a cache (an
+embedding or a judge score computed for an earlier question) is charged the tokens and FLOPs it
+would have cost and counted in ``reused``, so a method's cost does not depend on what ran before
+it in the process or on a resume. Batched calls are split per question
 so that totals equal the sums of the per-question records exactly.
 """
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 COMPONENTS = ("reasoner", "encoder", "search", "judge", "nli", "other")
 _NUMERIC = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
-            "device_seconds", "bytes_scanned", "unknown")
+            "device_seconds", "bytes_scanned", "unknown", "reused")
 
 
 @dataclass
@@ -38,6 +41,9 @@ class CostRecord:
     # Calls whose compute was not reported (a remote server that sends no cost): their tokens
     # and FLOPs are unknown, not 0, and reports say so.
     unknown: int = 0
+    # Of ``calls``, those served from a result cache: charged tokens and FLOPs as if computed
+    # (so costs are deterministic), but they took no compute time.
+    reused: int = 0
 
     def __post_init__(self) -> None:
         if self.component not in COMPONENTS:
@@ -108,6 +114,7 @@ class CostLedger:
         bytes_scanned: Sequence[int] | None = None,
         calls: Sequence[int] | None = None,
         unknown: Sequence[int] | None = None,
+        reused: Sequence[int] | None = None,
     ) -> None:
         """Record one batched call covering several questions.
 
@@ -135,6 +142,7 @@ class CostLedger:
 
         inp, cac, out = col(input_tokens, "input_tokens"), col(cached_tokens, "cached_tokens"), col(output_tokens, "output_tokens")
         fl, by, un = col(flops, "flops"), col(bytes_scanned, "bytes_scanned"), col(unknown, "unknown")
+        ru = col(reused, "reused")
         ca = col(calls, "calls") if calls is not None else [1] * n
         weights = fl if sum(fl) > 0 else [a + b + c for a, b, c in zip(inp, cac, out)]
         tot = float(sum(weights))
@@ -142,7 +150,7 @@ class CostLedger:
         recs = [
             CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
                        output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
-                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]))
+                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]), reused=int(ru[i]))
             for i, qid in enumerate(question_ids)
         ]
         with self._lock:

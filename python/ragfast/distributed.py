@@ -9,7 +9,7 @@ Batch evaluation (:func:`run_on_ray`)
 -------------------------------------
 - The questions still to do (after ``resume`` skips the finished ids) are cut into batches of
   ``config.batch_size`` consecutive questions, exactly the batches a single-process
-  :meth:`~ragfast.pipelines.searchr1.SearchR1Loop.run` forms. A batch is the unit of work: a
+  :meth:`~ragfast.methods.searchr1.loop.SearchR1Loop.run` forms. A batch is the unit of work: a
   worker actor runs the whole multi-turn loop over it and returns its trajectories and cost
   records in one reply. Because the batches are the same, every per-question record (answers,
   retrieved ids, scores, tokens, bytes scanned) equals the single-process one; only wall and
@@ -337,7 +337,7 @@ class RayRetriever(Retriever):
 # ---------------------------------------------------------------------------------------------
 
 def _default_loop(generator: Any, retriever: Any, config: Any, ledger: CostLedger) -> Any:
-    from ragfast.pipelines.searchr1 import SearchR1Loop
+    from ragfast.methods.searchr1.loop import SearchR1Loop
 
     return SearchR1Loop(generator, retriever, config, ledger=ledger)
 
@@ -366,7 +366,7 @@ class PipelineLoop:
 
     Examples
     --------
-    >>> from ragfast.pipelines.s2g import run_s2g  # doctest: +SKIP
+    >>> from ragfast.methods.s2g.loop import run_s2g  # doctest: +SKIP
     >>> make_loop = PipelineLoop(run_s2g, slots={"judge": EncoderJudge}, threshold=0.7)  # doctest: +SKIP
     >>> run_on_ray(questions, make_loop=make_loop, ...)  # doctest: +SKIP
     """
@@ -673,7 +673,7 @@ def run_on_ray(
         Keep the finished ids in ``out_path`` and run only the others.
     make_loop : callable, optional
         Picklable ``make_loop(generator, retriever, config, ledger)`` returning an object with
-        ``run(questions) -> list[Trajectory]``; default :class:`~ragfast.pipelines.searchr1.SearchR1Loop`
+        ``run(questions) -> list[Trajectory]``; default :class:`~ragfast.methods.searchr1.loop.SearchR1Loop`
         (pass one that adds hooks to run S2G-style pipelines).
     worker_cpus, retriever_cpus : float
         CPUs each worker / the retriever actor holds (fractions allowed).
@@ -718,7 +718,7 @@ def run_on_ray(
     RuntimeError
         A batch failed ``max_attempts`` times (the message names its question ids).
     """
-    from ragfast.pipelines.searchr1 import SearchR1Config
+    from ragfast.methods.searchr1.loop import SearchR1Config
     from ragfast.results import ResultsWriter, read_results
 
     qs = _check_questions(questions)

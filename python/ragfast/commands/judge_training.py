@@ -1,11 +1,11 @@
 """What ``ragfast train-judge`` and ``ragfast label-states`` do (the judge-training commands).
 
 ``train-judge --kind docset`` (the default) retrains the bundled judge
-(:func:`ragfast.models.judge_train.train_docset_judge`), ``--kind encoder`` fine-tunes MiniLM as a
-cross-encoder judge (:func:`ragfast.models.judge_train.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
-LM on labelled states (:func:`ragfast.models.causal_train.train_causal_judge`), ``--kind head``
+(:func:`ragfast.methods.s2g.judge_train.train_docset_judge`), ``--kind encoder`` fine-tunes MiniLM as a
+cross-encoder judge (:func:`ragfast.methods.s2g.judge_train.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
+LM on labelled states (:func:`ragfast.methods.s2g.causal_train.train_causal_judge`), ``--kind head``
 fits the frozen-feature head (:func:`ragfast.models.judge.train_encoder_judge`).
-``label-states`` labels the states of a native run (:func:`ragfast.pipelines.labelling.label_states`).
+``label-states`` labels the states of a native run (:func:`ragfast.methods.s2g.labelling.label_states`).
 """
 from __future__ import annotations
 
@@ -44,13 +44,13 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                         encoder: str = "minilm", device: str = "cpu") -> dict[str, Any]:
     """Dispatch ``train-judge`` by ``kind``; prints one summary line; returns the card."""
     if kind == "docset":
-        from ragfast.models.judge_train import train_docset_judge
+        from ragfast.methods.s2g.judge_train import train_docset_judge
 
         card = train_docset_judge(data, out, dev=dev, seed=seed, limit=limit, threads=threads, log=_echo)
         _echo_metrics(card, Path(out) / "docset_judge.safetensors")
         return card
     if kind == "encoder":
-        from ragfast.models.judge_train import train_cross_judge
+        from ragfast.methods.s2g.judge_train import train_cross_judge
 
         card = train_cross_judge(data, out, dev=dev, seed=seed, r=lora_r, epochs=epochs or 3, lr=lr or 1e-3,
                                  limit=limit, threads=threads, log=_echo)
@@ -60,7 +60,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
         if not base or labels is None:
             raise ConfigError("train-judge --kind causal needs --base PATH (causal LM) and --labels FILE "
                               "(ragfast label-states)")
-        from ragfast.models.causal_train import train_causal_judge
+        from ragfast.methods.s2g.causal_train import train_causal_judge
 
         card = train_causal_judge(labels, base, out, source=label_source, epochs=epochs or 2, lr=lr or 2e-4,
                                   r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, log=_echo)
@@ -95,7 +95,7 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     ) -> None:
         """Label the recorded states of a native run (probe, gold support, teacher LLM), with agreement."""
-        from ragfast.pipelines.labelling import label_states
+        from ragfast.methods.s2g.labelling import label_states
 
         s = label_states(results_dir, source, teacher=teacher, teacher_model=teacher_model, api_key=api_key, out=out,
                          max_new_tokens=max_new_tokens, device=device, log=_echo)

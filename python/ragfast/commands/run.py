@@ -171,7 +171,7 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
     resume : bool
         Continue ``OUT/results.jsonl``.
     batch_size, max_turns, topk, seed, max_new_tokens, max_obs_tokens, prompt_budget, refill
-        :class:`~ragfast.pipelines.searchr1.SearchR1Config` settings.
+        :class:`~ragfast.methods.searchr1.loop.SearchR1Config` settings.
     device : str, optional
         Device of this process's models (default ``"cpu"``). Not allowed with ``ray``: each
         Ray actor uses ``cuda`` when Ray gives it a GPU, else ``cpu``.
@@ -206,7 +206,7 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
     from rich.console import Console
 
     from ragfast.data import load_qa
-    from ragfast.pipelines.searchr1 import SearchR1Config
+    from ragfast.methods.searchr1.loop import SearchR1Config
 
     con = console or Console(stderr=True)
     if ray is None:
@@ -262,7 +262,7 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
               questions: list[Any], device: str) -> dict[str, Any]:
     """The single-process run: both models in this process, one :class:`SearchR1Loop`."""
     from ragfast.cost import CostLedger
-    from ragfast.pipelines.searchr1 import SearchR1Loop
+    from ragfast.methods.searchr1.loop import SearchR1Loop
     from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
 
     results_path = out_dir / "results.jsonl"

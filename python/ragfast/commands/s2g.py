@@ -36,9 +36,9 @@ def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int =
     Returns
     -------
     dict
-        The evaluation (see :func:`ragfast.pipelines.s2g.evaluate`).
+        The evaluation (see :func:`ragfast.methods.s2g.loop.evaluate`).
     """
-    from ragfast.pipelines.s2g import evaluate, render_markdown
+    from ragfast.methods.s2g.loop import evaluate, render_markdown
 
     d = Path(results_dir)
     ev = evaluate(d, n_resamples=n_resamples, seed=seed, margin=margin)
@@ -82,9 +82,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
     from ragfast.models.judge import load_judge
-    from ragfast.pipelines.s2g import record_states, run_s2g
-    from ragfast.pipelines.searchr1 import SearchR1Config, SearchR1Loop
-    from ragfast.policy import select_threshold, stop_precision_recall
+    from ragfast.methods.s2g.loop import record_states, run_s2g
+    from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
+    from ragfast.methods.s2g.policy import select_threshold, stop_precision_recall
     from ragfast.results import ResultsWriter, slot_entry, write_manifest
 
     con = Console(stderr=True)
@@ -238,7 +238,7 @@ def s2g_report_cmd(
     report_s2g(results_dir, n_resamples=n_resamples, seed=seed, margin=margin)
     print((Path(results_dir) / "s2g_report.md").read_text(encoding="utf-8"))
     if judge:
-        from ragfast.pipelines.s2g_judges import compare_judges, render_judges
+        from ragfast.methods.s2g.judges import compare_judges, render_judges
 
         cmp = compare_judges(results_dir, judge, labels=labels, min_precision=min_precision, seed=seed,
                              log=lambda m: typer.echo(m, err=True))

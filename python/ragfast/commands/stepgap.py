@@ -153,8 +153,8 @@ def run_stepgap_command(*, model: str, retriever: str, data: str, out: str, nli:
     from ragfast.commands.run import make_generator, make_retriever, summarise
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
-    from ragfast.pipelines.searchr1 import SearchR1Config
-    from ragfast.pipelines.stepgap import StepGapConfig, StepGapPipeline
+    from ragfast.methods.searchr1.loop import SearchR1Config
+    from ragfast.methods.stepgap.loop import StepGapConfig, StepGapPipeline
     from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
 
     con = Console(stderr=True)
@@ -298,7 +298,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                   device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP)) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
         from ragfast.cost import CostLedger
-        from ragfast.stepgap import check, process_rewards, write_jsonl
+        from ragfast.methods.stepgap.checker import check, process_rewards, write_jsonl
 
         trajs = _read_trajectories(results)
         checker = make_checker(llm, device=device)
@@ -325,7 +325,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
                    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
         """Remove one stage at a time and report how labels (and metrics, with annotations) change."""
-        from ragfast.stepgap import ablate, load_annotations
+        from ragfast.methods.stepgap.checker import ablate, load_annotations
 
         trajs = _read_trajectories(results)
         gold = load_annotations(annotations) if annotations else None
@@ -366,7 +366,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                     labels: str = typer.Option(..., "--labels", help="Labels JSONL from `ragfast stepgap check`.")) -> None:
         """Score checker labels against human labels (sF1, QF1, BA, typed F1, flag-everything baseline)."""
         from ragfast.errors import DataError
-        from ragfast.stepgap import load_annotations, step_metrics
+        from ragfast.methods.stepgap.checker import load_annotations, step_metrics
 
         gold = load_annotations(annotations)
         pred = {}

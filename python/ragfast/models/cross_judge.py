@@ -14,7 +14,7 @@ A document's logit depends only on (question, document), so the states of one tr
 them: each document is read once per question (a bounded cache), which is also what the
 ledger charges. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
 into the base encoder at load time, so loading needs neither a hub nor peft. Trained by
-:func:`ragfast.models.judge_train.train_cross_judge` (``ragfast train-judge --kind encoder``).
+:func:`ragfast.methods.s2g.judge_train.train_cross_judge` (``ragfast train-judge --kind encoder``).
 No cross-encoder weights are bundled: on this project's 2-core CPU budget the adapters did not
 get past the constant-prediction loss in one epoch (see the issue-j17 notes); the bundled
 default judge is :class:`ragfast.models.doc_judge.DocSetJudge`.

@@ -14,7 +14,7 @@ Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the M
 vector), each document keeps its own score, so a state with both needed documents stands out
 from one with many near misses. Question and document vectors are cached (each text is
 embedded once), so the states of one trajectory share them. Trained by
-:func:`ragfast.models.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
+:func:`ragfast.methods.s2g.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
 """
 from __future__ import annotations
 

@@ -186,7 +186,7 @@ class ScriptedGenerator(Generator):
 
     def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Observation cap in whitespace tokens (this agent has no tokenizer)."""
-        from ragfast.pipelines.searchr1 import truncate_whitespace_tokens
+        from ragfast.text import truncate_whitespace_tokens
 
         return [truncate_whitespace_tokens(t, max_tokens) for t in texts]
 
@@ -830,7 +830,7 @@ class OpenAIGenerator(Generator):
     def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Observation cap in the model's tokens with a tokenizer, else in whitespace tokens."""
         if self.tokenizer is None:
-            from ragfast.pipelines.searchr1 import truncate_whitespace_tokens
+            from ragfast.text import truncate_whitespace_tokens
 
             return [truncate_whitespace_tokens(t, max_tokens) for t in texts]
         out = []

@@ -165,7 +165,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     except ImportError as exc:
         raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'") from exc
     from ragfast.models.judge import CausalJudge
-    from ragfast.pipelines.labelling import load_labelled_states
+    from ragfast.methods.s2g.labelling import load_labelled_states
 
     if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:
         raise ConfigError("epochs, batch_size, r and save_every must be >= 1")

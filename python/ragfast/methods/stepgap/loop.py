@@ -1,6 +1,6 @@
 """StepGap in the loop: Search-R1 with the step checker after every turn and typed repairs.
 
-After each search-enabled turn, one batched :func:`ragfast.stepgap.check` call labels the new
+After each search-enabled turn, one batched :func:`ragfast.methods.stepgap.checker.check` call labels the new
 steps of every running trajectory (stages A-C in one generator call each, D-E in one NLI call
 each). For each trajectory the first gap of that turn gets its repair:
 
@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterable, Sequence
 
 from ragfast.cost import CostLedger, sum_cost_dicts
 from ragfast.errors import ConfigError
-from ragfast.pipelines.searchr1 import ActiveTrajectory, SearchR1Config, SearchR1Loop, TurnContext
-from ragfast.stepgap import (CC, GAP_LABELS, IE, MB, REPAIRS, STAGES, CheckResult, RewardConfig, StepLabel, check,
+from ragfast.methods.searchr1.loop import ActiveTrajectory, SearchR1Config, SearchR1Loop, TurnContext
+from ragfast.methods.stepgap.checker import (CC, GAP_LABELS, IE, MB, REPAIRS, STAGES, CheckResult, RewardConfig, StepLabel, check,
                              process_rewards, repair_query, retraction_text)
 from ragfast.types import Question, Trajectory
 
@@ -46,7 +46,7 @@ class StepGapConfig:
     searchr1 : SearchR1Config
         The underlying loop (max_turns is the search budget repairs count against).
     stages : str
-        Checker stages (see :func:`ragfast.stepgap.check`).
+        Checker stages (see :func:`ragfast.methods.stepgap.checker.check`).
     thresholds : (float, float)
         Entailment and contradiction thresholds of the NLI stages.
     repair : bool

@@ -661,7 +661,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
 
 
 # ---------------------------------------------------------------------------------------------
-# repairs (used by ragfast.pipelines.stepgap)
+# repairs (used by ragfast.methods.stepgap.loop)
 # ---------------------------------------------------------------------------------------------
 def content_words(text: str) -> list[str]:
     """Lower-case word tokens minus a small stop list (query similarity and bridge terms)."""

@@ -116,13 +116,13 @@ class LabelledStates:
 def document_text(p: Passage) -> str:
     """A passage as the judge reads it inside a Search-R1 observation (``"Title") text``)."""
     from ragfast.models.cross_judge import split_documents
-    from ragfast.pipelines.searchr1 import format_docs
+    from ragfast.protocol import format_docs
 
     return split_documents("<information>" + format_docs([p.to_row()]).strip() + "</information>")[0]
 
 
 def _observation(ps: Sequence[Passage]) -> str:
-    from ragfast.pipelines.searchr1 import format_observation
+    from ragfast.protocol import format_observation
 
     return format_observation([p.to_row() for p in ps])
 

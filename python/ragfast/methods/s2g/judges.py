@@ -36,7 +36,7 @@ def recall_at_precision(labels: np.ndarray, scores: np.ndarray, min_precision: f
 
     Returns ``(0.0, inf)`` when no threshold reaches the precision.
     """
-    from ragfast.policy import select_threshold
+    from ragfast.methods.s2g.policy import select_threshold
 
     th = select_threshold(scores, labels, min_precision)
     if not np.isfinite(th):
@@ -85,7 +85,7 @@ def _state_arrays(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, n
 def judge_metrics(scores: np.ndarray, labels: np.ndarray, lengths: np.ndarray, native_em: np.ndarray,
                   native_searches: np.ndarray, threshold: float, *, n_docs: np.ndarray | None = None) -> dict[str, Any]:
     """Ranking and system-level metrics of one judge on ``[B, T]`` recorded states at a frozen threshold."""
-    from ragfast.policy import first_crossing
+    from ragfast.methods.s2g.policy import first_crossing
     from ragfast.stats import brier, calibration_table, sigmoid
 
     s, y, g, ts, elig = _state_arrays(scores, labels, lengths, native_searches)
@@ -164,9 +164,9 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
         ``{"labels", "min_precision", "judges": {name: {"val": ..., "test": ...}}, "delta_ap": {...}}``.
     """
     from ragfast.models.judge import load_judge
-    from ragfast.pipelines.labelling import gold_labels, native_trajectories
-    from ragfast.pipelines.s2g import RecordedStates, score_states
-    from ragfast.policy import select_threshold
+    from ragfast.methods.s2g.labelling import gold_labels, native_trajectories
+    from ragfast.methods.s2g.loop import RecordedStates, score_states
+    from ragfast.methods.s2g.policy import select_threshold
     from ragfast.stats import paired_bootstrap
 
     if labels not in ("probe", "gold"):
@@ -185,7 +185,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     if labels == "probe":
         lab = rec.probe_em
     else:
-        from ragfast.pipelines.labelling import LabelledState
+        from ragfast.methods.s2g.labelling import LabelledState
 
         lab = np.zeros((B, T))
         for b, tr in enumerate(trs):

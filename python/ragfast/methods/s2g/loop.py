@@ -2,7 +2,7 @@
 
 Live mode
 ---------
-:func:`run_s2g` runs the Search-R1 loop (:mod:`ragfast.pipelines.searchr1`) with a
+:func:`run_s2g` runs the Search-R1 loop (:mod:`ragfast.methods.searchr1.loop`) with a
 :class:`JudgeStopHook`. After every turn the judge scores each running trajectory's new
 retrieval states, batched over trajectories. The FIRST state whose score is ``>=`` the frozen
 threshold stops the trajectory: its next generation is the answer-only one (search disabled),
@@ -167,7 +167,7 @@ def run_s2g(questions: Sequence[Question], generator: Any, retriever: Any, judge
     list of Trajectory
         ``stop_reason == "judge"`` where the judge stopped it; ``extra["judge_scores"]``.
     """
-    from ragfast.pipelines.searchr1 import SearchR1Loop
+    from ragfast.methods.searchr1.loop import SearchR1Loop
 
     hook = JudgeStopHook(judge, threshold, gap_queries=gap_queries)
     loop = SearchR1Loop(generator, retriever, config, ledger=ledger, hooks=[hook])
@@ -204,7 +204,7 @@ def state_prefixes(traj: Trajectory | Mapping[str, Any]) -> list[str]:
 
 
 def _user_prompt(generator: Any, question: str) -> str:
-    from ragfast.pipelines.searchr1 import build_prompt
+    from ragfast.methods.searchr1.loop import build_prompt
 
     u = build_prompt(question)
     fmt = getattr(generator, "format_prompt", None)
@@ -228,7 +228,7 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
         cached, so it overstates the live answer-only turn).
     """
     from ragfast.metrics import exact_match, extract_answer, f1
-    from ragfast.pipelines.searchr1 import STOP
+    from ragfast.methods.searchr1.loop import STOP
 
     trs = [_as_traj(t) for t in trajectories]
     jobs: list[tuple[int, int, str, str]] = []  # (traj, state, session id, prefix)
@@ -463,7 +463,7 @@ class ReplayResult:
 
 def replay(rec: RecordedStates, threshold: float, *, backend: str | None = None) -> ReplayResult:
     """What the live S2G run would have done at ``threshold``, from recorded states."""
-    from ragfast.policy import evaluate_policy, first_crossing
+    from ragfast.methods.s2g.policy import evaluate_policy, first_crossing
 
     idx = first_crossing(rec.scores, threshold, rec.lengths, backend=backend)
     out = evaluate_policy(idx, rec.probe_em, rec.native_em, rec.native_searches)
@@ -575,7 +575,7 @@ def _ranking(rec: RecordedStates) -> dict[str, Any]:
 
 
 def _policy(rec: RecordedStates, threshold: float) -> dict[str, Any]:
-    from ragfast.policy import stop_precision_recall
+    from ragfast.methods.s2g.policy import stop_precision_recall
 
     r = replay(rec, threshold)
     s, y, g = rec.state_table()
@@ -614,7 +614,7 @@ def _sweep(rec: RecordedStates, threshold: float, *, n_resamples: int, seed: int
            n_thresholds: int = 41) -> list[dict[str, Any]]:
     """Replay of a grid of thresholds (score quantiles plus the frozen one and +inf), with
     paired CIs for every row from one shared set of resamples."""
-    from ragfast.policy import threshold_curve
+    from ragfast.methods.s2g.policy import threshold_curve
 
     s, _, _ = rec.state_table()
     fin = s[np.isfinite(s)]

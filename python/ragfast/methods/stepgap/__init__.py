@@ -1,0 +1,1 @@
+"""StepGap: a step checker (LLM stages plus NLI) labels each step and injects typed repairs."""
