@@ -148,6 +148,34 @@ def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
     assert summary["em"] == pytest.approx(sum(x["em"] for x in a.values()) / 80)
 
     # Resuming with another configuration would mix two runs in one file: refused by name.
-    with pytest.raises(DataError, match="config differs"):
+    from ragfast.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"config\.topk: 3 in the run on disk, 5 now"):
         run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=80, batch_size=1,
                              topk=5, out=str(killed), resume=True, progress=False)
+
+
+@pytest.mark.parametrize("flag, value, named", [
+    ("--data", "hotpotqa-train", "data.test"),   # another file: its content hash differs
+    ("--retriever", "default", "slots.retriever"),
+    ("--limit", "7", "questions"),              # another slice of the same file
+    ("--corpus", "contexts", "slots.corpus"),
+])
+def test_resume_with_other_settings_exits_2_naming_the_difference(tmp_path, flag, value, named):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    out = tmp_path / "run"
+    first = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
+             "--data", "hotpotqa-dev", "--limit", "3", "--no-progress", "--out", str(out)]
+    r = subprocess.run(first, capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = (out / "results.jsonl").read_bytes()
+    again = list(first)
+    if flag in again:
+        again[again.index(flag) + 1] = value
+    else:
+        again += [flag, value]
+    r = subprocess.run(again + ["--resume"], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = [x for x in r.stderr.splitlines() if x.strip()]
+    assert len(err) == 1 and err[0].startswith("error: --resume: " + named), r.stderr
+    assert (out / "results.jsonl").read_bytes() == before  # finished work untouched

@@ -6,7 +6,12 @@ from typing import Any
 
 from ragfast.errors import RagfastError
 
-__all__ = ["post_json"]
+__all__ = ["post_json", "is_url"]
+
+
+def is_url(spec: object) -> bool:
+    """Whether a slot spec names a server (``http://`` or ``https://``) rather than a local thing."""
+    return isinstance(spec, str) and spec.startswith(("http://", "https://"))
 
 
 def post_json(client: Any, url: str, payload: Any, *, retries: int = 2,

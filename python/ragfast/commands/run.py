@@ -8,111 +8,25 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 import typer
 
+from ragfast.commands import options as opt
 from ragfast.errors import ConfigError
 from ragfast.results import summarise
+from ragfast.runner.slots import DEFAULTS
 
 run_app = typer.Typer(help="Run a multi-round RAG pipeline over a QA file (results as JSONL, resumable).",
                       no_args_is_help=True)
 
-__all__ = ["run_app", "register", "make_generator", "make_retriever", "run_searchr1_command", "summarise"]
-
-
-def _is_url(s: str) -> bool:
-    return s.startswith(("http://", "https://"))
-
-
-def make_generator(model: str, *, seed: int = 0, device: str = "cpu", dtype: str | None = None,
-                   batch_size: int = 64, max_context: int | None = None, served_model: str | None = None,
-                   tokenizer: str | None = None, api_key: str | None = None, concurrency: int = 16,
-                   max_turns: int = 4) -> Any:
-    """The reasoner for ``--model``: ``scripted``, ``tiny``, a local directory, or a server URL.
-
-    Raises
-    ------
-    ConfigError
-        When ``model`` is none of these.
-    """
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
-
-    if model == "scripted":
-        return ScriptedGenerator(seed=seed, max_searches=max_turns)
-    if model == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return HFGenerator(tiny_path("qwen2"), device=device, dtype=dtype, max_batch=batch_size,
-                           max_context=max_context)
-    if _is_url(model):
-        if not served_model:
-            raise ConfigError("--model URL needs --served-model NAME (the model name the server serves)")
-        from ragfast.retrieval.remote import check_reachable
-
-        check_reachable(model, "--model server")
-        return OpenAIGenerator(model, served_model, api_key=api_key, concurrency=concurrency, tokenizer=tokenizer,
-                               seed=seed)
-    p = Path(model)
-    if p.is_dir():
-        return HFGenerator(p, device=device, dtype=dtype, max_batch=batch_size, max_context=max_context)
-    raise ConfigError(f"--model {model!r} is not 'scripted', 'tiny', an http(s) URL or a local model directory")
-
-
-def make_retriever(spec: str, questions: Sequence[Any], *, corpus: str | None = None, device: str = "cpu",
-                   progress: bool = True) -> Any:
-    """The retriever for ``--retriever``: ``default``, ``bm25``, an index path, or a server URL.
-
-    ``default`` is MiniLM over the corpus built from the questions' contexts (or ``corpus``),
-    embedded once and cached on disk.
-    """
-    if _is_url(spec):
-        from ragfast.retrieval import RemoteRetriever
-        from ragfast.retrieval.remote import check_reachable
-
-        check_reachable(spec, "--retriever server")
-        return RemoteRetriever(spec)
-
-    def _corpus():
-        from ragfast.data import corpus_from_contexts, load_corpus
-
-        return load_corpus(corpus) if corpus else corpus_from_contexts(questions)
-
-    if spec == "default":
-        from ragfast.retrieval import build_default_retriever
-
-        return build_default_retriever(_corpus(), device=device, progress=progress)
-    if spec == "bm25":
-        from ragfast.retrieval.server import load_retriever
-
-        return load_retriever(_corpus(), None, "bm25", device=device, progress=progress)
-    p = Path(spec)
-    if p.exists():
-        from ragfast.retrieval.server import load_retriever
-
-        return load_retriever(_corpus(), p, device=device, progress=progress)
-    raise ConfigError(f"--retriever {spec!r} is not 'default', 'bm25', an existing index path or an http(s) URL")
-
-
-def _abs_if_path(spec: str | None) -> str | None:
-    """``spec`` made absolute when it names an existing local path (Ray actors may run elsewhere)."""
-    if spec is None or _is_url(spec):
-        return spec
-    p = Path(spec)
-    return str(p.resolve()) if p.exists() else spec
+__all__ = ["run_app", "register", "run_searchr1_command", "summarise"]
 
 
 def _ordered(records: Sequence[dict[str, Any]], questions: Sequence[Any]) -> list[dict[str, Any]]:
     """The records of ``questions``, in question order (the summary must not depend on finish order)."""
     by_id = {str(r["id"]): r for r in records}
     return [by_id[q.id] for q in questions if q.id in by_id]
-
-
-def _print_slots(con: Any, slots: dict[str, Any]) -> None:
-    for name, d in slots.items():
-        verdict = "yes" if d["meaningful"] else "NO"
-        con.print(f"{name}: {d.get('name')} ({d.get('class')})  meaningful: {verdict}"
-                  + (f"  [{d['note']}]" if d.get("note") else ""))
 
 
 def _finish(*, out_dir: Path, model: str, s: dict[str, Any], done_now: int, wall: float, ledger: Any,
@@ -143,31 +57,34 @@ def _finish(*, out_dir: Path, model: str, s: dict[str, Any], done_now: int, wall
     return summary
 
 
-def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, limit: int | None = None,
-                         resume: bool = False, batch_size: int = 64, max_turns: int = 4, topk: int = 3,
+def run_searchr1_command(*, model: str, data: str, out: str, retriever: str = "default", limit: int | None = None,
+                         offset: int = 0, resume: bool = False, batch_size: int = 64, max_turns: int = 4, topk: int = 3,
                          seed: int = 0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
-                         prompt_budget: int = 4096, corpus: str | None = None, served_model: str | None = None,
-                         tokenizer: str | None = None, device: str | None = None, dtype: str | None = None,
-                         threads: int | None = None, refill: bool = False, progress: bool = True,
-                         console: Any = None, ray: str | None = None, ray_workers: int | None = None
-                         ) -> dict[str, Any]:
+                         prompt_budget: int = 4096, corpus: str | Sequence[str] | None = None,
+                         encoder: str = "minilm", encoder_backend: str = "auto", served_model: str | None = None,
+                         tokenizer: str | None = None, model_config: str | None = None, device: str | None = None,
+                         dtype: str | None = None, threads: int | None = None, refill: bool = False,
+                         progress: bool = True, console: Any = None, ray: str | None = None,
+                         ray_workers: int | None = None) -> dict[str, Any]:
     """What ``ragfast run searchr1`` does; returns the summary it prints.
 
     Writes ``OUT/results.jsonl`` (one trajectory per line, as questions finish),
-    ``OUT/manifest.json`` (which model filled each slot, config, seed), ``OUT/summary.json``
-    and ``OUT/ledger-<time>.jsonl`` (this run's cost records). With ``resume`` the finished ids
-    are skipped; a partial last line from a crash is cut off first.
+    ``OUT/manifest.json`` (which model filled each slot, config, seed and the run's fingerprint),
+    ``OUT/summary.json`` and ``OUT/ledger-<time>.jsonl`` (this run's cost records). With
+    ``resume`` the finished ids are skipped; a partial last line from a crash is cut off first,
+    and a run whose data, questions, slots or config differ from the manifest's is refused.
 
     Parameters
     ----------
-    model, retriever, corpus, served_model, tokenizer, dtype
-        The slots, as for :func:`make_generator` and :func:`make_retriever`.
+    model, retriever, corpus, encoder, encoder_backend, served_model, tokenizer, model_config, dtype
+        The slots, as :mod:`ragfast.runner.slots` reads them (``corpus`` default: the
+        questions' contexts plus the bundled wiki sample, as in ``ragfast bench``).
     data : str
         QA file or sample name. The retriever's corpus is built from all of its questions.
     out : str
         Output directory.
-    limit : int, optional
-        Run only the first ``limit`` questions.
+    offset, limit : int, optional
+        Run ``data[offset:offset + limit]``.
     resume : bool
         Continue ``OUT/results.jsonl``.
     batch_size, max_turns, topk, seed, max_new_tokens, max_obs_tokens, prompt_budget, refill
@@ -183,11 +100,11 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
     console : rich.console.Console, optional
         Where messages go (default: stderr).
     ray : str, optional
-        Run on Ray (:func:`ragfast.distributed.run_on_ray`): ``"local"`` starts a local cluster
-        and shuts it down afterwards; anything else is a cluster address. The questions are cut
-        into batches of ``batch_size``, run by ``ray_workers`` reasoner replicas against one
-        shared retriever actor; the files written and the per-question records are the same as
-        a single-process run's (timing aside), with results in question order.
+        Run on Ray (:func:`ragfast.runner.distributed.run_on_ray`): ``"local"`` starts a local
+        cluster and shuts it down afterwards; anything else is a cluster address. The questions
+        are cut into batches of ``batch_size``, run by ``ray_workers`` reasoner replicas against
+        one shared retriever actor; the files written and the per-question records are the same
+        as a single-process run's (timing aside), with results in question order.
     ray_workers : int, optional
         Reasoner replicas (Ray worker actors) with ``ray``; default 2.
 
@@ -199,14 +116,14 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
     Raises
     ------
     ConfigError
-        Bad options, or ``OUT`` holds results and ``resume`` is False.
-    DataError
-        Bad data, or ``resume`` with a configuration other than the manifest's.
+        Bad options, ``OUT`` holds results and ``resume`` is False, or ``resume`` with settings
+        other than the manifest's.
     """
     from rich.console import Console
 
     from ragfast.data import load_qa
     from ragfast.methods.searchr1.loop import SearchR1Config
+    from ragfast.runner.drive import check_resume, data_identity, fingerprint, prepare_out
 
     con = console or Console(stderr=True)
     if ray is None:
@@ -234,48 +151,64 @@ def run_searchr1_command(*, model: str, retriever: str, data: str, out: str, lim
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
                          prompt_budget=prompt_budget, batch_size=batch_size, seed=seed, refill=refill)
     all_questions = load_qa(data)
-    questions = all_questions[:limit] if limit else all_questions
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    results_path = out_dir / "results.jsonl"
-    if results_path.exists() and results_path.stat().st_size > 0 and not resume:
-        raise ConfigError(f"{results_path} already holds results: pass --resume to continue, or another --out")
+    if offset >= len(all_questions):
+        raise ConfigError(f"--offset {offset} is past the {len(all_questions)} questions of {data}")
+    questions = all_questions[offset: offset + limit if limit else None]
+    corpus_parts = list(DEFAULTS["corpus"]) if corpus is None else [corpus] if isinstance(corpus, str) else list(corpus)
+    out_dir = prepare_out(out, "results.jsonl", resume)
+    spec = {"reasoner": model, "retriever": retriever, "corpus": corpus_parts, "encoder": encoder,
+            "served_model": served_model}
+    fp = fingerprint(method="searchr1", data={"test": data_identity(data)}, questions=questions, slots=spec,
+                     config=cfg.to_dict())
+    if resume:
+        check_resume(out_dir, fp)  # before any model loads: a mismatch is one line, at once
     common = dict(model=model, retriever=retriever, data=data, out_dir=out_dir, resume=resume, seed=seed,
                   dtype=dtype, batch_size=batch_size, prompt_budget=prompt_budget, served_model=served_model,
-                  tokenizer=tokenizer, max_turns=max_turns, corpus=corpus, progress=progress, con=con, cfg=cfg,
-                  all_questions=all_questions, questions=questions)
+                  tokenizer=tokenizer, model_config=model_config, max_turns=max_turns, corpus_parts=corpus_parts,
+                  encoder=encoder, encoder_backend=encoder_backend, progress=progress, con=con, cfg=cfg,
+                  all_questions=all_questions, questions=questions, fp=fp)
     if ray is not None:
         return _run_on_ray(ray=ray, ray_workers=ray_workers, **common)
     return _run_here(device=device or "cpu", **common)
 
 
-def _progress_bar(con: Any, progress: bool) -> Any:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+def _manifest_extra(data: str, model: str, retriever: str, fp: dict[str, Any], slots: dict[str, Any],
+                    **more: Any) -> dict[str, Any]:
+    from ragfast.runner.drive import fingerprint
 
-    return Progress(TextColumn("searchr1"), BarColumn(), MofNCompleteColumn(), TextColumn("EM {task.fields[em]:.3f}"),
-                    TimeRemainingColumn(), console=con, disable=not progress)
+    full = fingerprint(method=fp["method"], data=fp["data"], questions=[], slots=fp["slots"], config=fp["config"],
+                       identities=slots)
+    full["questions"] = fp["questions"]
+    return {"data": str(data), "model_arg": model, "retriever_arg": retriever, "fingerprint": full, **more}
 
 
 def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: bool, seed: int, dtype: str | None,
-              batch_size: int, prompt_budget: int, served_model: str | None, tokenizer: str | None, max_turns: int,
-              corpus: str | None, progress: bool, con: Any, cfg: Any, all_questions: list[Any],
-              questions: list[Any], device: str) -> dict[str, Any]:
+              batch_size: int, prompt_budget: int, served_model: str | None, tokenizer: str | None,
+              model_config: str | None, max_turns: int, corpus_parts: list[str], encoder: str, encoder_backend: str,
+              progress: bool, con: Any, cfg: Any, all_questions: list[Any], questions: list[Any], fp: dict[str, Any],
+              device: str) -> dict[str, Any]:
     """The single-process run: both models in this process, one :class:`SearchR1Loop`."""
     from ragfast.cost import CostLedger
     from ragfast.methods.searchr1.loop import SearchR1Loop
     from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
+    from ragfast.runner import slots as build
+    from ragfast.runner.drive import check_resume, progress_bar, slot_lines
 
     results_path = out_dir / "results.jsonl"
-    gen = make_generator(model, seed=seed, device=device, dtype=dtype, batch_size=batch_size,
+    gen = build.reasoner(model, seed=seed, device=device, dtype=dtype, batch_size=batch_size,
                          max_context=prompt_budget, served_model=served_model, tokenizer=tokenizer,
-                         max_turns=max_turns)
-    # The corpus comes from every question of the file, not just the first --limit ones, so the
-    # document ids and the distractors do not depend on --limit.
-    ret = make_retriever(retriever, all_questions, corpus=corpus, device=device, progress=progress)
+                         model_config=model_config, max_turns=max_turns)
+    # The corpus comes from every question of the file, not just the --offset/--limit slice, so
+    # the document ids and the distractors do not depend on the slice.
+    ret = build.retriever_over(retriever, all_questions, corpus_parts=corpus_parts, encoder_spec=encoder,
+                               encoder_backend=encoder_backend, device=device, progress=progress)
     slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret)}
-    write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed,
-                   extra={"data": str(data), "model_arg": model, "retriever_arg": retriever})
-    _print_slots(con, slots)
+    extra = _manifest_extra(data, model, retriever, fp, slots)
+    if resume:
+        check_resume(out_dir, {"models": extra["fingerprint"]["models"]})
+    write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed, extra=extra)
+    for line in slot_lines(slots):
+        con.print(line)
 
     ledger = CostLedger()
     loop = SearchR1Loop(gen, ret, cfg, ledger=ledger)
@@ -286,7 +219,7 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
         todo = [q for q in questions if q.id not in writer.done]
         if resume:
             con.print(f"resume: {len(questions) - len(todo)} of {len(questions)} questions already done")
-        with _progress_bar(con, progress) as bar:
+        with progress_bar(con, "searchr1", progress) as bar:
             task = bar.add_task("searchr1", total=len(todo), em=0.0)
             ems: list[float] = []
 
@@ -310,43 +243,28 @@ def _manifest_slot(info: dict[str, Any]) -> dict[str, Any]:
     return d
 
 
-def _check_resumable(out_dir: Path, cfg: Any, seed: int) -> None:
-    """Refuse, before any Ray actor starts, to resume a run made with another configuration."""
-    from ragfast.errors import DataError
-    from ragfast.results import _json_default, read_manifest
-
-    path = out_dir / "manifest.json"
-    if not path.exists():
-        return
-    old = read_manifest(out_dir)
-    new = {"pipeline": "searchr1", "config": json.loads(json.dumps(cfg.to_dict(), default=_json_default)),
-           "seed": int(seed)}
-    for key, value in new.items():
-        if old.get(key) != value:
-            raise DataError(f"{path}: {key} differs from the run being resumed ({old.get(key)!r} != {value!r}); "
-                            "use a new --out directory")
-
-
 def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume: bool, seed: int, dtype: str | None,
                 batch_size: int, prompt_budget: int, served_model: str | None, tokenizer: str | None,
-                max_turns: int, corpus: str | None, progress: bool, con: Any, cfg: Any, all_questions: list[Any],
-                questions: list[Any], ray: str, ray_workers: int) -> dict[str, Any]:
-    """The Ray run: :func:`ragfast.distributed.run_on_ray` with this module's slot factories.
+                model_config: str | None, max_turns: int, corpus_parts: list[str], encoder: str,
+                encoder_backend: str, progress: bool, con: Any, cfg: Any, all_questions: list[Any],
+                questions: list[Any], fp: dict[str, Any], ray: str, ray_workers: int) -> dict[str, Any]:
+    """The Ray run: :func:`ragfast.runner.distributed.run_on_ray` with the runner's slot factories.
 
-    The factories are ``functools.partial`` objects of the module-level :func:`make_generator`
-    and :func:`make_retriever`, so Ray ships them by reference; each actor calls them with its
+    The factories are ``functools.partial`` objects of module-level functions of
+    :mod:`ragfast.runner.slots`, so Ray ships them by reference; each actor calls them with its
     own ``device``. Local paths are made absolute first, since actors need not share this
     process's working directory.
     """
     import functools
     import warnings
 
-    from ragfast.distributed import run_on_ray
     from ragfast.results import finished_ids, read_manifest, repair_tail, write_manifest
+    from ragfast.runner import slots as build
+    from ragfast.runner.distributed import run_on_ray
+    from ragfast.runner.drive import progress_bar, slot_lines
 
     results_path = out_dir / "results.jsonl"
     if resume:
-        _check_resumable(out_dir, cfg, seed)
         cut = repair_tail(results_path)
         if cut:
             con.print(f"[yellow]cut a partial last line ({cut} bytes) left by an interrupted run[/]")
@@ -355,14 +273,14 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
     if resume:
         con.print(f"resume: {len(questions) - n_todo} of {len(questions)} questions already done")
 
-    model_arg = model if model in ("scripted", "tiny") else _abs_if_path(model)
-    retriever_arg = retriever if retriever in ("default", "bm25") else _abs_if_path(retriever)
-    gen_f = functools.partial(make_generator, model_arg, seed=seed, dtype=dtype, batch_size=batch_size,
+    gen_f = functools.partial(build.reasoner, build.absolute(model), seed=seed, dtype=dtype, batch_size=batch_size,
                               max_context=prompt_budget, served_model=served_model,
-                              tokenizer=_abs_if_path(tokenizer), max_turns=max_turns)
+                              tokenizer=build.absolute(tokenizer), model_config=build.absolute(model_config),
+                              max_turns=max_turns)
     # As in the single-process run, the corpus comes from every question of the file.
-    ret_f = functools.partial(make_retriever, retriever_arg, all_questions, corpus=_abs_if_path(corpus),
-                              progress=False)
+    ret_f = functools.partial(build.retriever_over, build.absolute(retriever), all_questions,
+                              corpus_parts=[build.absolute(c) for c in corpus_parts],
+                              encoder_spec=build.absolute(encoder), encoder_backend=encoder_backend, progress=False)
     slots: dict[str, Any] = {}
     ray_info: dict[str, Any] = {"address": ray, "workers_requested": ray_workers}
     clock: dict[str, float] = {}
@@ -371,18 +289,19 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
     def show_warning(message, category, filename, lineno, file=None, line=None):
         con.print(f"[yellow]warning:[/] {str(message).replace('config.batch_size', '--batch-size')}")
 
-    with _progress_bar(con, progress) as bar:
+    with progress_bar(con, "searchr1", progress) as bar:
         task = bar.add_task("searchr1", total=n_todo, em=0.0)
 
         def on_start(info: dict[str, Any]) -> None:
             # The actors are up: write the manifest before any batch runs, as the single-process run does.
             slots.update(reasoner=_manifest_slot(info["reasoner"]), retriever=_manifest_slot(info["retriever"]))
             ray_info.update(workers=info["workers"], worker_gpus=info["worker_gpus"], batches=info["batches"])
-            write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed,
-                           extra={"data": str(data), "model_arg": model, "retriever_arg": retriever,
-                                  "ray": {"address": ray, "workers": info["workers"],
-                                          "worker_gpus": info["worker_gpus"]}})
-            _print_slots(con, slots)
+            extra = _manifest_extra(data, model, retriever, fp, slots,
+                                    ray={"address": ray, "workers": info["workers"],
+                                         "worker_gpus": info["worker_gpus"]})
+            write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed, extra=extra)
+            for line in slot_lines(slots):
+                con.print(line)
             con.print(f"ray: {info['workers']} worker(s) at {ray!r}, {info['batches']} batch(es) of up to "
                       f"{batch_size} questions")
             clock["start"] = time.perf_counter()
@@ -417,30 +336,40 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
 
 @run_app.command("searchr1")
 def searchr1_cmd(
-    model: str = typer.Option(..., "--model", help="scripted | tiny | a local model directory | an http(s) "
-                                                    "URL of an OpenAI-compatible server (vLLM, SGLang)."),
-    data: str = typer.Option(..., "--data", help="QA file (HotpotQA, FlashRAG, Search-R1 parquet...) or a "
-                                                  "sample name such as hotpotqa-dev."),
-    out: str = typer.Option(..., "--out", help="Output directory: results.jsonl, manifest.json, summary.json."),
-    retriever: str = typer.Option("default", "--retriever",
-                                  help="default (MiniLM over the data's contexts) | bm25 | an index path | "
-                                       "an http(s) URL of a Search-R1 retrieval server."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N questions."),
-    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue OUT/results.jsonl, skipping finished ids."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
+    model: Optional[str] = typer.Option(None, "--model", help="scripted | tiny | a local model directory | an http(s) "
+                                                               "URL of an OpenAI-compatible server (vLLM, SGLang); "
+                                                               "URL#name names the served model."),
+    data: Optional[str] = typer.Option(None, "--data", help="QA file (HotpotQA, FlashRAG, Search-R1 parquet...) or a "
+                                                             "sample name such as hotpotqa-dev."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory: results.jsonl, manifest.json, "
+                                                           "summary.json."),
+    retriever: Optional[str] = typer.Option(None, "--retriever",
+                                            help="default (MiniLM over --corpus) | bm25 | faiss:<factory> | an index "
+                                                 "path | an http(s) URL of a Search-R1 retrieval server."),
+    config: Optional[str] = opt.CONFIG,
+    limit: Optional[int] = opt.LIMIT,
+    offset: Optional[int] = opt.OFFSET,
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue OUT/results.jsonl, skipping finished "
+                                                                     "ids; refused when data, questions, slots or "
+                                                                     "settings differ."),
+    batch_size: Optional[int] = opt.BATCH_SIZE,
     max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
     topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever "
-                                                                "(default: the data's own contexts)."),
-    served_model: Optional[str] = typer.Option(None, "--served-model", help="Model name on the server (URL models)."),
+    corpus: Optional[List[str]] = opt.CORPUS,
+    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
+    served_model: Optional[str] = typer.Option(None, "--served-model", help="URL model: the served model name "
+                                                                            "(default: the server's only model)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer of a served model "
                                                                       "(chat template, token-exact truncation)."),
-    device: Optional[str] = typer.Option(None, "--device", help="cpu | cuda (default cpu). Not with --ray: there an "
-                                                                 "actor holding a GPU uses cuda, any other cpu."),
+    model_config: Optional[str] = typer.Option(None, "--model-config", help="URL model: config.json or model dir, "
+                                                                            "for analytic FLOPs."),
+    device: Optional[str] = opt.DEVICE,
+    val_data: Optional[str] = opt.VAL_DATA,
+    val_offset: Optional[int] = opt.VAL_OFFSET,
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: checkpoint's)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
     refill: bool = typer.Option(False, "--refill", help="Continuous batching: start a queued question as soon as "
@@ -458,15 +387,30 @@ def searchr1_cmd(
     """Run Search-R1 (exact prompt, 4 search turns + a final answer-only turn, top-3) and write trajectories.
 
     With --ray the questions run on Ray actors; the files and per-question records are the same.
+    --val-data/--val-offset are accepted for a shared --config file; Search-R1 itself has no
+    validation split.
     """
+    from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    with output_dir(out):
-        run_searchr1_command(model=model, retriever=retriever, data=data, out=out, limit=limit, resume=resume,
-                             batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
-                             max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget,
-                             corpus=corpus, served_model=served_model, tokenizer=tokenizer, device=device, dtype=dtype,
-                             threads=threads, refill=refill, progress=not no_progress, ray=ray,
+    s = opt.resolve(config, dict(model=model, data=data, out=out, retriever=retriever, limit=limit, offset=offset,
+                                 batch_size=batch_size, corpus=corpus, encoder=encoder, device=device,
+                                 served_model=served_model, tokenizer=tokenizer, model_config=model_config,
+                                 val_data=val_data, val_offset=val_offset))
+    for need in ("model", "data", "out"):
+        if not s[need]:
+            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    # With --ray each actor picks its device; a device typed or set in --config is refused there.
+    dev = (None if s["device"] == "auto" else s["device"]) if ray is not None else resolve_device(s["device"])
+    with output_dir(s["out"]):
+        run_searchr1_command(model=s["model"], retriever=s["retriever"], data=s["data"], out=s["out"],
+                             limit=s["limit"], offset=s["offset"], resume=resume, batch_size=s["batch_size"],
+                             max_turns=max_turns, topk=topk, seed=seed, max_new_tokens=max_new_tokens,
+                             max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget, corpus=s["corpus"],
+                             encoder=s["encoder"], served_model=s["served_model"], tokenizer=s["tokenizer"],
+                             model_config=s["model_config"],
+                             device=dev,
+                             dtype=dtype, threads=threads, refill=refill, progress=not no_progress, ray=ray,
                              ray_workers=ray_workers)
 
 

@@ -1,0 +1,261 @@
+"""The driver's pieces: the results directory, the manifest's fingerprint, resume, progress and recording.
+
+Every command that runs methods goes through these, so a run directory means the same thing
+whichever command wrote it:
+
+- :func:`prepare_out` refuses to write over finished results unless ``--resume``;
+- :func:`fingerprint` names everything that decides a result (data file hash, question ids,
+  slot specs, model identities, config) and :func:`check_resume` refuses to continue a run made
+  with anything else, in one line that names the difference;
+- :class:`MethodRecorder` writes each finished question's trajectory and cost records at once,
+  so a crash loses no finished work and a resume never double counts.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+from ragfast.cost import CostLedger, CostRecord
+from ragfast.errors import ConfigError, DataError
+from ragfast.types import Trajectory
+
+__all__ = ["prepare_out", "fingerprint", "check_resume", "data_identity", "slot_lines", "progress_bar",
+           "MethodRecorder", "load_ledger"]
+
+
+def prepare_out(out_dir: str | Path, results: str | Path, resume: bool) -> Path:
+    """Create ``out_dir``; refuse when ``results`` there already holds lines and ``resume`` is off.
+
+    Raises
+    ------
+    ConfigError
+        Results exist and ``resume`` is False.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / results
+    if path.exists() and path.stat().st_size > 0 and not resume:
+        raise ConfigError(f"{path} already holds results: pass --resume to continue, or another --out")
+    return out
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def data_identity(data: str | Path) -> dict[str, str]:
+    """``{"source", "sha256"}`` of a QA file or bundled sample (the content decides, not the name)."""
+    from ragfast.data import SAMPLES, sample
+
+    path = Path(sample(str(data))) if str(data) in SAMPLES else Path(data)
+    if path.is_dir():  # a dataset directory: hash the sorted file hashes
+        h = hashlib.sha256()
+        for f in sorted(p for p in path.rglob("*") if p.is_file()):
+            h.update(f.relative_to(path).as_posix().encode() + _file_sha256(f).encode())
+        return {"source": str(data), "sha256": h.hexdigest()}
+    return {"source": str(data), "sha256": _file_sha256(path) if path.exists() else "missing"}
+
+
+def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any], slots: Mapping[str, Any],
+                config: Mapping[str, Any], identities: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Everything that decides a run's results, as one JSON-able mapping (kept in ``manifest.json``).
+
+    Parameters
+    ----------
+    method : str
+        The method (or ``bench``).
+    data : mapping
+        Role -> :func:`data_identity` (``{"test": ..., "val": ...}``).
+    questions : sequence of Question
+        The questions this run answers; their ids are hashed in order.
+    slots : mapping
+        Slot -> the spec the user gave (``"bm25"``, a path, a URL).
+    identities : mapping, optional
+        Left out before the models are loaded (resume is checked early, then again with them).
+        Slot -> the component's manifest entry (:func:`ragfast.results.slot_entry`); its ``name``
+        and ``fingerprint``/``revision`` fields identify the model.
+    config : mapping
+        The method's settings.
+    """
+    ids = [str(q.id) for q in questions]
+    fp: dict[str, Any] = {
+        "method": method,
+        "data": dict(data),
+        "questions": {"count": len(ids), "sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()},
+        "slots": dict(slots),
+        "config": dict(config),
+    }
+    if identities is not None:
+        fp["models"] = {k: {f: v[f] for f in ("name", "class", "fingerprint", "revision", "model") if f in v}
+                        for k, v in identities.items() if isinstance(v, Mapping)}
+    return json.loads(json.dumps(fp, default=str, sort_keys=True))
+
+
+def _first_difference(old: Any, new: Any, path: str) -> str | None:
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            d = _first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+            if d:
+                return d
+        return None
+    if old != new:
+        def short(v: Any) -> str:
+            s = json.dumps(v, default=str)
+            return s if len(s) <= 70 else s[:67] + "..."
+        return f"{path}: {short(old)} in the run on disk, {short(new)} now"
+    return None
+
+
+def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
+    """Refuse to resume ``out_dir`` when its manifest's fingerprint differs from ``fp``.
+
+    A directory without a fingerprint (nothing ran yet) is accepted. Only the keys of ``fp`` are
+    compared, so a command can check the data, questions, slot specs and config before it loads
+    any model, and the model identities once they are built.
+
+    Raises
+    ------
+    ConfigError
+        Naming the first difference, e.g. ``data.test.sha256`` or ``slots.retriever``.
+    """
+    path = Path(out_dir) / "manifest.json"
+    if not path.exists():
+        return
+    try:
+        old = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc.msg})") from None
+    if old is None:
+        return
+    new = json.loads(json.dumps(fp, default=str))
+    diff = _first_difference({k: old.get(k) for k in new}, new, "")
+    if diff:
+        raise ConfigError(f"--resume: {diff}; resume with the same settings, or use another --out")
+
+
+def slot_lines(slots: Mapping[str, Any]) -> list[str]:
+    """One line per slot: which component fills it and whether its outputs mean anything."""
+    out = []
+    for name, d in slots.items():
+        if d is None:
+            out.append(f"{name}: none (its stages are skipped)")
+            continue
+        verdict = "yes" if d.get("meaningful", True) else "NO"
+        out.append(f"{name}: {d.get('name')} ({d.get('class', '')})  meaningful: {verdict}"
+                   + (f"  [{d['note']}]" if d.get("note") else ""))
+    return out
+
+
+def progress_bar(console: Any, label: str, enabled: bool, *, em: bool = True) -> Any:
+    """A rich progress bar: label, bar, done/total, running EM (``task.fields['em']``), time left."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    cols = [TextColumn(label), BarColumn(), MofNCompleteColumn()]
+    if em:
+        cols.append(TextColumn("EM {task.fields[em]:.3f}"))
+    return Progress(*cols, TimeRemainingColumn(), console=console, disable=not enabled)
+
+
+def _write_records(f: Any, records: Iterable[CostRecord]) -> None:
+    for r in records:
+        f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+
+
+class MethodRecorder:
+    """Writes a method's trajectories and ledger records as each question finishes.
+
+    Parameters
+    ----------
+    traj_path, ledger_path : Path
+        Where the trajectories (one JSON line per finished question) and the cost records go.
+    resume : bool
+        Continue both files; records of questions that did not finish are dropped first.
+    """
+
+    def __init__(self, traj_path: Path, ledger_path: Path, resume: bool):
+        from ragfast.results import ResultsWriter, repair_tail
+
+        self.traj_path, self.ledger_path = Path(traj_path), Path(ledger_path)
+        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
+        if self.ledger_path.exists() and not resume and self.ledger_path.stat().st_size:
+            raise DataError(f"{self.ledger_path} already holds records; pass --resume or use a new --out")
+        self.writer = ResultsWriter(self.traj_path, resume=resume)
+        if resume and self.ledger_path.exists():
+            # Drop records of questions that did not finish (they run again now), so a crash
+            # between a question's ledger lines and its trajectory line never double counts.
+            repair_tail(self.ledger_path)
+            kept = load_ledger(self.ledger_path, self.writer.done)
+            tmp = self.ledger_path.with_suffix(".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                _write_records(f, kept.records)
+            os.replace(tmp, self.ledger_path)
+        self.ledger = CostLedger()
+        self._lf = open(self.ledger_path, "a", encoding="utf-8")
+
+    @property
+    def done(self) -> set[str]:
+        """Ids of the questions finished (this run or before a resume)."""
+        return self.writer.done
+
+    @property
+    def written(self) -> int:
+        """Questions finished by this run."""
+        return self.writer.written
+
+    def finish(self, traj: Trajectory | Mapping[str, Any]) -> None:
+        """Persist one finished question: its ledger records first, then its trajectory line.
+
+        A crash between the two leaves ledger records of an unfinished question; they are
+        dropped on resume, so totals never double count.
+        """
+        d = traj.to_dict() if isinstance(traj, Trajectory) else dict(traj)
+        qid = d["id"]
+        _write_records(self._lf, (r for r in self.ledger.records if r.question_id == qid))
+        self._lf.flush()
+        os.fsync(self._lf.fileno())
+        self.writer.write(d)
+
+    def add_records(self, records: Iterable[CostRecord]) -> None:
+        """Append records computed elsewhere (a Ray worker's) straight to the ledger file."""
+        _write_records(self._lf, records)
+        self._lf.flush()
+
+    def close(self) -> None:
+        """Write the records that belong to no question (set-up, shared work) and close both files."""
+        _write_records(self._lf, (r for r in self.ledger.records if r.question_id is None))
+        self._lf.close()
+        self.writer.close()
+
+    def __enter__(self) -> "MethodRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def load_ledger(path: Path, finished: set[str]) -> CostLedger:
+    """A ledger file read back, keeping records of finished questions (and those of no question)."""
+    led = CostLedger()
+    if not Path(path).exists():
+        return led
+    names = {f.name for f in dataclasses.fields(CostRecord)}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                d = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line after a crash
+            if d.get("question_id") is None or d["question_id"] in finished:
+                led.records.append(CostRecord(**{k: v for k, v in d.items() if k in names}))
+    return led
