@@ -263,10 +263,10 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
 
 
 def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
-    import ragfast.models.judge as judge_mod
+    import ragfast.runner.slots as slots_mod
     from ragfast.commands.s2g import run_s2g_command
 
-    monkeypatch.setattr(judge_mod, "load_judge", lambda spec, device="cpu": OverlapJudge())
+    monkeypatch.setattr(slots_mod, "judge", lambda spec, **kw: OverlapJudge())
     out = tmp_path / "s2g"
     ev = run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), retriever="bm25",
                          val_data="hotpotqa-dev", val_offset=0, val_limit=12, offset=12, limit=12, batch_size=12,

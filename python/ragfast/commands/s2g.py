@@ -16,11 +16,11 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.commands import options as opt
 
 from ragfast.errors import ConfigError
 
@@ -66,8 +66,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                     val_offset: int = 0, min_precision: float = 0.90, limit: int | None = None, offset: int = 0,
                     batch_size: int = 64, max_turns: int = 4, topk: int = 3, seed: int = 0,
                     max_new_tokens: int = 500, max_obs_tokens: int = 500, gap_queries: bool = False,
-                    live: bool = True, n_resamples: int = 10000, corpus: str | None = None, device: str = "cpu",
-                    overwrite: bool = False, progress: bool = True) -> dict[str, Any]:
+                    live: bool = True, n_resamples: int = 10000, corpus: str | Sequence[str] | None = None,
+                    encoder: str = "minilm", device: str = "cpu", overwrite: bool = False,
+                    progress: bool = True) -> dict[str, Any]:
     """What ``ragfast run s2g`` does; returns the evaluation it reports.
 
     Raises
@@ -78,14 +79,13 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     """
     from rich.console import Console
 
-    from ragfast.commands.run import make_generator, make_retriever
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
-    from ragfast.models.judge import load_judge
     from ragfast.methods.s2g.loop import record_states, run_s2g
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.policy import select_threshold, stop_precision_recall
     from ragfast.results import ResultsWriter, slot_entry, write_manifest
+    from ragfast.runner import slots as build
 
     con = Console(stderr=True)
     if threshold is None and not val_data:
@@ -116,12 +116,13 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         raise ConfigError("no test questions (check --offset/--limit)")
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
                          batch_size=batch_size, seed=seed)
-    gen = make_generator(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
+    gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
     # The corpus comes from every question of both files (deduplicated by id: validation and test
     # may be two slices of one file), so it does not depend on --limit.
     pool = list({q.id: q for q in list(all_test) + list(all_val)}.values())
-    ret = make_retriever(retriever, pool, corpus=corpus, device=device, progress=progress)
-    jd = load_judge(judge, device=device)
+    ret = build.retriever_over(retriever, pool, corpus_parts=corpus, encoder_spec=encoder, device=device,
+                               progress=progress)
+    jd = build.judge(judge, device=device, shared_encoder=getattr(ret, "encoder", None))
     slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret), "judge": slot_entry(jd)}
     write_manifest(out_dir, pipeline="s2g", slots=slots, config={**cfg.to_dict(), "gap_queries": gap_queries,
                                                                  "min_precision": min_precision},
@@ -164,7 +165,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         led = CostLedger()
         # A fresh judge: one that kept the recording pass's caches (EncoderJudge embeds each
         # document once) would score the live states for free and understate the judge's cost.
-        live_judge = load_judge(judge, device=device)
+        live_judge = build.judge(judge, device=device, shared_encoder=getattr(ret, "encoder", None))
         with ResultsWriter(out_dir / "s2g.jsonl") as w:
             run_s2g(test, gen, ret, live_judge, thr, cfg, gap_queries=gap_queries, ledger=led,
                     on_finish=lambda t: w.write(t.to_dict()))
@@ -181,21 +182,25 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
 
 
 def s2g_run_cmd(
-    model: str = typer.Option(..., "--model", help="Reasoner: scripted | tiny | a local model directory | a URL."),
-    data: str = typer.Option(..., "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
-    out: str = typer.Option(..., "--out", help="Output directory."),
-    judge: str = typer.Option("encoder", "--judge", help="encoder (bundled doc-set judge) | head (frozen-feature "
-                                                         "head) | a judge file/dir | a causal-LM dir."),
-    retriever: str = typer.Option("default", "--retriever", help="default | bm25 | an index path | a URL."),
+    model: Optional[str] = typer.Option(None, "--model", help="Reasoner: scripted | tiny | a local model directory | "
+                                                               "a URL."),
+    data: Optional[str] = typer.Option(None, "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory."),
+    judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled doc-set judge; default) | head "
+                                                               "(frozen-feature head) | a judge file/dir | a causal-LM "
+                                                               "dir | a serve-judge URL."),
+    retriever: Optional[str] = typer.Option(None, "--retriever", help="default | bm25 | faiss:<factory> | an index "
+                                                                       "path | a URL."),
+    config: Optional[str] = opt.CONFIG,
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
                                                                         "--val-data)."),
-    val_data: Optional[str] = typer.Option(None, "--val-data", help="Validation QA file/sample for the threshold."),
-    val_limit: int = typer.Option(100, "--val-limit", help="Validation questions used to choose the STOP threshold (same default as bench)."),
-    val_offset: int = typer.Option(0, "--val-offset", help="Skip the first N validation questions."),
+    val_data: Optional[str] = opt.VAL_DATA,
+    val_limit: Optional[int] = opt.VAL_LIMIT,
+    val_offset: Optional[int] = opt.VAL_OFFSET,
     min_precision: float = typer.Option(0.90, "--min-precision", help="STOP precision the threshold must reach."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only N test questions."),
-    offset: int = typer.Option(0, "--offset", help="Skip the first N test questions."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
+    limit: Optional[int] = opt.LIMIT,
+    offset: Optional[int] = opt.OFFSET,
+    batch_size: Optional[int] = opt.BATCH_SIZE,
     max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
     topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
@@ -204,21 +209,30 @@ def s2g_run_cmd(
     gap_queries: bool = typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra search."),
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
-    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
+    corpus: Optional[List[str]] = opt.CORPUS,
+    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
+    device: Optional[str] = opt.DEVICE,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
+    from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    with output_dir(out):
-        run_s2g_command(model=model, data=data, out=out, judge=judge, retriever=retriever, threshold=threshold,
-                        val_data=val_data, val_limit=val_limit, val_offset=val_offset, min_precision=min_precision,
-                        limit=limit, offset=offset, batch_size=batch_size, max_turns=max_turns, topk=topk, seed=seed,
+    s = opt.resolve(config, dict(model=model, data=data, out=out, judge=judge, retriever=retriever,
+                                 val_data=val_data, val_limit=val_limit, val_offset=val_offset, limit=limit,
+                                 offset=offset, batch_size=batch_size, corpus=corpus, encoder=encoder, device=device))
+    for need in ("model", "data", "out"):
+        if not s[need]:
+            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    with output_dir(s["out"]):
+        run_s2g_command(model=s["model"], data=s["data"], out=s["out"], judge=s["judge"], retriever=s["retriever"],
+                        threshold=threshold, val_data=s["val_data"], val_limit=s["val_limit"],
+                        val_offset=s["val_offset"], min_precision=min_precision, limit=s["limit"], offset=s["offset"],
+                        batch_size=s["batch_size"], max_turns=max_turns, topk=topk, seed=seed,
                         max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, gap_queries=gap_queries,
-                        live=not no_live, n_resamples=n_resamples, corpus=corpus, device=device, overwrite=overwrite,
-                        progress=not no_progress)
+                        live=not no_live, n_resamples=n_resamples, corpus=s["corpus"], encoder=s["encoder"],
+                        device=resolve_device(s["device"]), overwrite=overwrite, progress=not no_progress)
 
 
 @report_app.command("s2g")

@@ -7,13 +7,15 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, List, Optional, Sequence
 
 import typer
 
+from ragfast.commands import options as opt
 from ragfast.devices import DEVICE_HELP, device_option
-
 from ragfast.errors import ConfigError
+from ragfast.runner import slots as build
+from ragfast.runner.drive import slot_lines
 
 
 def _register_export(app: typer.Typer) -> None:
@@ -65,60 +67,6 @@ def _register_export(app: typer.Typer) -> None:
     app.add_typer(export_app, name="export")
 
 
-# ---------------------------------------------------------------------------------------------
-# model slots
-# ---------------------------------------------------------------------------------------------
-def make_nli(spec: str, *, backend: str = "torch", device: str = "cpu", max_length: int = 512,
-             token_budget: int = 8192) -> Any:
-    """The NLI scorer for ``--nli``: ``none``, ``tiny`` (random weights) or a local model directory."""
-    if spec == "none":
-        return None
-    from ragfast.models.nli import NLIScorer
-
-    if spec == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        spec = str(tiny_path("deberta-v2"))
-    return NLIScorer(spec, backend=backend, device=device, max_length=max_length, token_budget=token_budget)
-
-
-def make_checker(spec: str, reasoner: Any = None, *, device: str = "cpu") -> Any:
-    """The LLM of stages A-C for ``--checker-llm``: ``none``, ``reasoner``, ``tiny`` or a local directory.
-
-    ``reasoner`` reuses the reasoner when it is a language model; the scripted evidence oracle
-    cannot answer JSON prompts, so with it the LLM stages are skipped.
-    """
-    if spec == "none":
-        return None
-    from ragfast.models.generator import HFGenerator, ScriptedGenerator
-
-    if spec == "reasoner":
-        if reasoner is None or isinstance(reasoner, ScriptedGenerator):
-            return None
-        return reasoner
-
-    if spec == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return HFGenerator(tiny_path("qwen2"), device=device)
-    p = Path(spec)
-    if p.is_dir():
-        return HFGenerator(p, device=device)
-    raise ConfigError(f"--checker-llm {spec!r} is not 'none', 'reasoner', 'tiny' or a local model directory")
-
-
-def _slot_lines(slots: dict[str, Any]) -> list[str]:
-    out = []
-    for name, d in slots.items():
-        if d is None:
-            out.append(f"{name}: none (its stages are skipped)")
-            continue
-        verdict = "yes" if d.get("meaningful", True) else "NO"
-        out.append(f"{name}: {d.get('name')} ({d.get('class', '')})  meaningful: {verdict}"
-                   + (f"  [{d['note']}]" if d.get("note") else ""))
-    return out
-
-
 def _read_trajectories(path: str) -> list[Any]:
     from ragfast.results import read_results
     from ragfast.types import Trajectory
@@ -134,23 +82,26 @@ def _read_trajectories(path: str) -> list[Any]:
 # ---------------------------------------------------------------------------------------------
 # ragfast run stepgap
 # ---------------------------------------------------------------------------------------------
-def run_stepgap_command(*, model: str, retriever: str, data: str, out: str, nli: str = "tiny",
-                        nli_backend: str = "torch", checker_llm: str = "reasoner", stages: str = "ABCDE",
+def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "default", nli: str = "tiny",
+                        nli_backend: str = "auto", checker_llm: str = "reasoner", stages: str = "ABCDE",
                         entail: float = 0.5, contra: float = 0.5, repair: bool = True, max_repairs: int = 2,
-                        limit: int | None = None, resume: bool = False, batch_size: int = 64, max_turns: int = 4,
-                        topk: int = 3, seed: int = 0, max_new_tokens: int = 500, max_obs_tokens: int = 500,
-                        prompt_budget: int = 4096, corpus: str | None = None, device: str = "cpu",
+                        limit: int | None = None, offset: int = 0, resume: bool = False, batch_size: int = 64,
+                        max_turns: int = 4, topk: int = 3, seed: int = 0, max_new_tokens: int = 500,
+                        max_obs_tokens: int = 500, prompt_budget: int = 4096,
+                        corpus: str | Sequence[str] | None = None, encoder: str = "minilm", device: str = "cpu",
                         progress: bool = True) -> dict[str, Any]:
     """What ``ragfast run stepgap`` does; returns the summary it prints.
 
     Writes ``OUT/results.jsonl`` (trajectories with ``extra.stepgap``: labels, repairs, rewards),
     ``OUT/rewards.jsonl`` (one process-reward record per step), ``OUT/manifest.json`` and
     ``OUT/summary.json`` (EM, searches, repairs, label mix, and the checker's cost per question
-    beside the reasoner's).
+    beside the reasoner's). ``resume`` refuses a run whose data, questions, slots or settings
+    differ from the manifest's fingerprint.
     """
     from rich.console import Console
 
-    from ragfast.commands.run import make_generator, make_retriever, summarise
+    from ragfast.results import summarise
+    from ragfast.runner.drive import check_resume, data_identity, fingerprint, prepare_out
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
     from ragfast.methods.searchr1.loop import SearchR1Config
@@ -165,25 +116,31 @@ def run_stepgap_command(*, model: str, retriever: str, data: str, out: str, nli:
     cfg = StepGapConfig(searchr1=s1, stages=stages.upper(), thresholds=(entail, contra), repair=repair,
                         max_repairs=max_repairs)
     all_q = load_qa(data)
-    questions = all_q[:limit] if limit else all_q
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if offset >= len(all_q):
+        raise ConfigError(f"--offset {offset} is past the {len(all_q)} questions of {data}")
+    questions = all_q[offset: offset + limit if limit else None]
+    out_dir = prepare_out(out, "results.jsonl", resume)
     results_path = out_dir / "results.jsonl"
-    if results_path.exists() and results_path.stat().st_size > 0 and not resume:
-        raise ConfigError(f"{results_path} already holds results: pass --resume to continue, or another --out")
-    gen = make_generator(model, seed=seed, device=device, batch_size=batch_size, max_context=prompt_budget,
+    fp = fingerprint(method="stepgap", data={"test": data_identity(data)}, questions=questions,
+                     slots={"reasoner": model, "retriever": retriever, "corpus": corpus, "encoder": encoder,
+                            "nli": nli, "checker_llm": checker_llm}, config=cfg.to_dict())
+    if resume:
+        check_resume(out_dir, fp)
+    gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_context=prompt_budget,
                          max_turns=max_turns)
-    ret = make_retriever(retriever, all_q, corpus=corpus, device=device, progress=progress)
-    checker = make_checker(checker_llm, gen, device=device)
-    scorer = make_nli(nli, backend=nli_backend, device=device)
+    ret = build.retriever_over(retriever, all_q, corpus_parts=corpus, encoder_spec=encoder, device=device,
+                               progress=progress)
+    checker = build.checker(checker_llm, gen, device=device)
+    scorer = build.nli(nli, backend=nli_backend, device=device)
     pipe = StepGapPipeline(gen, ret, checker, scorer, cfg, ledger=CostLedger())
     slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret),
              "checker_llm": slot_entry(checker) if checker is not None else None,
              "nli": slot_entry(scorer) if scorer is not None else None}
     write_manifest(out_dir, pipeline="stepgap", slots={k: v for k, v in slots.items() if v is not None},
                    config=cfg.to_dict(), seed=seed,
-                   extra={"data": str(data), "model_arg": model, "nli_arg": nli, "checker_llm_arg": checker_llm})
-    for line in _slot_lines(slots):
+                   extra={"data": str(data), "model_arg": model, "nli_arg": nli, "checker_llm_arg": checker_llm,
+                          "fingerprint": fp})
+    for line in slot_lines(slots):
         con.print(line)
     t0 = time.perf_counter()
     with ResultsWriter(results_path, resume=resume) as writer:
@@ -239,43 +196,65 @@ def run_stepgap_command(*, model: str, retriever: str, data: str, out: str, nli:
 
 
 def stepgap_run_cmd(
-    model: str = typer.Option(..., "--model", help="Reasoner: scripted | tiny | a local model directory | a URL."),
-    data: str = typer.Option(..., "--data", help="QA file or sample name (e.g. hotpotqa-dev)."),
-    out: str = typer.Option(..., "--out", help="Output directory."),
-    retriever: str = typer.Option("default", "--retriever", help="default | bm25 | index path | server URL."),
-    nli: str = typer.Option("tiny", "--nli", help="NLI cross-encoder: a local directory (e.g. nli-deberta-v3-large), "
-                                                  "'tiny' (random weights, NOT meaningful) or 'none'."),
-    nli_backend: str = typer.Option("torch", "--nli-backend", help="torch | onnx."),
-    checker_llm: str = typer.Option("reasoner", "--checker-llm", help="LLM of stages A-C: reasoner | tiny | a local "
-                                                                      "directory | none."),
+    model: Optional[str] = typer.Option(None, "--model", help="Reasoner: scripted | tiny | a local model directory | "
+                                                               "a URL."),
+    data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (e.g. hotpotqa-dev)."),
+    out: Optional[str] = typer.Option(None, "--out", help="Output directory."),
+    retriever: Optional[str] = typer.Option(None, "--retriever", help="default | bm25 | faiss:<factory> | index path "
+                                                                       "| server URL."),
+    config: Optional[str] = opt.CONFIG,
+    nli: Optional[str] = typer.Option(None, "--nli", help="NLI cross-encoder: a local directory (e.g. "
+                                                           "nli-deberta-v3-large), 'tiny' (random weights, NOT "
+                                                           "meaningful; default) or 'none'."),
+    nli_backend: Optional[str] = typer.Option(None, "--nli-backend", help="auto (ONNX Runtime on CPU; default) | "
+                                                                           "torch | onnx."),
+    checker_llm: Optional[str] = typer.Option(None, "--checker-llm", help="LLM of stages A-C: reasoner (default) | "
+                                                                           "tiny | a local directory | none."),
     stages: str = typer.Option("ABCDE", "--stages", help="Checker stages to run."),
     entail: float = typer.Option(0.5, "--entail", help="Entailment threshold."),
     contra: float = typer.Option(0.5, "--contra", help="Contradiction threshold."),
     no_repair: bool = typer.Option(False, "--no-repair", help="Label steps only; inject no repairs."),
     max_repairs: int = typer.Option(2, "--max-repairs", help="Repairs per question."),
-    limit: Optional[int] = typer.Option(None, "--limit", help="Only the first N questions."),
-    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished questions are not redone."),
-    batch_size: int = typer.Option(64, "--batch-size", help="Questions run together through the loop."),
+    limit: Optional[int] = opt.LIMIT,
+    offset: Optional[int] = opt.OFFSET,
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished "
+                                                                     "questions are not redone."),
+    batch_size: Optional[int] = opt.BATCH_SIZE,
     max_turns: int = typer.Option(4, "--max-turns", help="Search budget (repair searches count)."),
     topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
     max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
     max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
-    corpus: Optional[str] = typer.Option(None, "--corpus", help="Corpus jsonl for the retriever (default: the data's own contexts)."),
-    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
+    corpus: Optional[List[str]] = opt.CORPUS,
+    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
+    device: Optional[str] = opt.DEVICE,
+    val_data: Optional[str] = opt.VAL_DATA,
+    val_offset: Optional[int] = opt.VAL_OFFSET,
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
 ) -> None:
-    """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge)."""
+    """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge).
+
+    --val-data/--val-offset are accepted for a shared --config file; StepGap has no validation split.
+    """
+    from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    with output_dir(out):
-        run_stepgap_command(model=model, retriever=retriever, data=data, out=out, nli=nli, nli_backend=nli_backend,
-                            checker_llm=checker_llm, stages=stages, entail=entail, contra=contra, repair=not no_repair,
-                            max_repairs=max_repairs, limit=limit, resume=resume, batch_size=batch_size,
-                            max_turns=max_turns, topk=topk, seed=seed, max_new_tokens=max_new_tokens,
-                            max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget, corpus=corpus, device=device,
-                            progress=not no_progress)
+    s = opt.resolve(config, dict(model=model, data=data, out=out, retriever=retriever, nli=nli,
+                                 nli_backend=nli_backend, checker_llm=checker_llm, limit=limit, offset=offset,
+                                 batch_size=batch_size, corpus=corpus, encoder=encoder, device=device,
+                                 val_data=val_data, val_offset=val_offset))
+    for need in ("model", "data", "out"):
+        if not s[need]:
+            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    with output_dir(s["out"]):
+        run_stepgap_command(model=s["model"], retriever=s["retriever"], data=s["data"], out=s["out"], nli=s["nli"],
+                            nli_backend=s["nli_backend"], checker_llm=s["checker_llm"], stages=stages, entail=entail,
+                            contra=contra, repair=not no_repair, max_repairs=max_repairs, limit=s["limit"],
+                            offset=s["offset"], resume=resume, batch_size=s["batch_size"], max_turns=max_turns,
+                            topk=topk, seed=seed, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
+                            prompt_budget=prompt_budget, corpus=s["corpus"], encoder=s["encoder"],
+                            device=resolve_device(s["device"]), progress=not no_progress)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,8 +280,8 @@ def _register_stepgap(app: typer.Typer) -> None:
         from ragfast.methods.stepgap.checker import check, process_rewards, write_jsonl
 
         trajs = _read_trajectories(results)
-        checker = make_checker(llm, device=device)
-        scorer = make_nli(nli, backend=nli_backend, device=device)
+        checker = build.checker(llm, device=device)
+        scorer = build.nli(nli, backend=nli_backend, device=device)
         led = CostLedger()
         res = check(trajs, checker, scorer, stages, (entail, contra), ledger=led)
         write_jsonl((lab.to_dict() for lab in res.labels), out)
@@ -310,7 +289,7 @@ def _register_stepgap(app: typer.Typer) -> None:
             write_jsonl(process_rewards(res), rewards)
         summ = res.summary()
         summ["cost"] = led.totals()
-        for line in _slot_lines({"checker_llm": summ["slots"]["llm"], "nli": summ["slots"]["nli"]}):
+        for line in slot_lines({"checker_llm": summ["slots"]["llm"], "nli": summ["slots"]["nli"]}):
             print(line)
         print(json.dumps({k: v for k, v in summ.items() if k != "slots"}, indent=2, default=str))
 
@@ -329,7 +308,7 @@ def _register_stepgap(app: typer.Typer) -> None:
 
         trajs = _read_trajectories(results)
         gold = load_annotations(annotations) if annotations else None
-        rep = ablate(trajs, make_checker(llm, device=device), make_nli(nli, backend=nli_backend, device=device),
+        rep = ablate(trajs, build.checker(llm, device=device), build.nli(nli, backend=nli_backend, device=device),
                      stages=stages, gold=gold)
         if as_json:
             print(json.dumps(rep, indent=2, default=str))
@@ -358,7 +337,7 @@ def _register_stepgap(app: typer.Typer) -> None:
             fa = rep["flag_all"]
             con.print(f"flag-everything baseline ({fa['label']}): sF1 {fa['sF1']:.3f}  QF1 {fa['QF1']:.3f}  "
                       f"BA {fa['BA']:.3f}  typed F1 {fa['typed_macro_F1']:.3f}  (Q-F1 alone rewards flagging all)")
-        for line in _slot_lines({"checker_llm": rep["slots"]["llm"], "nli": rep["slots"]["nli"]}):
+        for line in slot_lines({"checker_llm": rep["slots"]["llm"], "nli": rep["slots"]["nli"]}):
             con.print(line)
 
     @sg.command("metrics")
