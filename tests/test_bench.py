@@ -111,6 +111,20 @@ def test_refuses_to_mix_runs(bench_run):
         run_bench(cfg)
 
 
+def test_resume_with_other_data_or_slots_is_refused_by_name(bench_run, tmp_path):
+    import dataclasses
+
+    cfg, out, _ = bench_run
+    before = {p.name: p.read_bytes() for p in (out / "trajectories").iterdir()}
+    other = tmp_path / "other.jsonl"
+    other.write_text(Path(cfg.data).read_text(encoding="utf-8").replace("?", "? "), encoding="utf-8")
+    for change, named in (({"data": str(other)}, "data.test.sha256"), ({"index": "bm25"}, "slots.index"),
+                          ({"limit": 9}, "questions"), ({"budget": 3}, "config.budget")):
+        with pytest.raises(ConfigError, match="--resume: " + named.replace(".", r"\.")):
+            run_bench(dataclasses.replace(cfg, **change), resume=True)
+    assert {p.name: p.read_bytes() for p in (out / "trajectories").iterdir()} == before
+
+
 def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match="unknown method"):
         BenchConfig(methods=["searchr1", "magic"])

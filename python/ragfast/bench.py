@@ -26,6 +26,9 @@ import numpy as np
 
 from ragfast.cost import COMPONENTS, CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError
+from ragfast.http import is_url
+from ragfast.runner import slots as build
+from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
 from ragfast.types import Question, Trajectory
 
 log = logging.getLogger(__name__)
@@ -61,7 +64,7 @@ class BenchConfig:
         The same choice for the NLI cross-encoder (ONNX Runtime measured 4.8x faster than torch
         on the tiny model, ``bench/bench_nli_backends.py``).
     index : str
-        ``flat`` (ragfast's kernel), ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
+        ``flat`` (ragfast's kernel), ``bm25``, ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
         index path, or a ``/retrieve`` URL.
     budget, topk : int
         Search turns per question and documents per search.
@@ -200,10 +203,6 @@ def make_config(preset: str = "default", yaml_path: str | None = None, **overrid
     return BenchConfig(**values)
 
 
-def _is_url(s: str) -> bool:
-    return s.startswith("http://") or s.startswith("https://")
-
-
 def check_paths(cfg: BenchConfig) -> None:
     """Fail with one message naming every missing file or model directory of the config."""
     from ragfast.data import SAMPLES
@@ -211,7 +210,7 @@ def check_paths(cfg: BenchConfig) -> None:
     missing = []
 
     def need(label: str, value: str, builtins: Sequence[str] = ()) -> None:
-        if value in builtins or value in SAMPLES or _is_url(value):
+        if value in builtins or value in SAMPLES or is_url(value):
             return
         v = value.split(":", 1)[1] if value.startswith("faiss:") else value
         if value.startswith("faiss:") and not Path(v).suffix:
@@ -226,7 +225,7 @@ def check_paths(cfg: BenchConfig) -> None:
     need("judge", cfg.judge, ("encoder", "head", "tiny", "none"))
     need("nli", cfg.nli, ("tiny",))
     need("encoder", cfg.encoder, ("minilm",))
-    need("index", cfg.index, ("flat",))
+    need("index", cfg.index, ("flat", "default", "bm25"))
     if "s2g" in cfg.methods and cfg.threshold is None:
         need("val_data", cfg.val_data)
     if missing:
@@ -235,9 +234,9 @@ def check_paths(cfg: BenchConfig) -> None:
     from ragfast.retrieval.remote import check_reachable
 
     # A server that is not there fails now, before --out exists, not after the slots are built.
-    if _is_url(cfg.index):
+    if is_url(cfg.index):
         check_reachable(cfg.index, "--index server")
-    if _is_url(cfg.reasoner):
+    if is_url(cfg.reasoner):
         check_reachable(cfg.reasoner.partition("#")[0], "--reasoner server")
 
 
@@ -261,215 +260,46 @@ def _select(questions: list[Question], offset: int, limit: int | None) -> list[Q
     return questions[offset: offset + limit if limit else None]
 
 
-def build_corpus(cfg: BenchConfig, all_questions: list[Question]):
-    from ragfast.data import Corpus, corpus_from_contexts, load_corpus
-
-    parts = []
-    for c in cfg.corpus:
-        parts.append(corpus_from_contexts(all_questions) if c == "contexts" else load_corpus(c))
-    return parts[0] if len(parts) == 1 else Corpus.concat(parts)
-
-
-def build_encoder(cfg: BenchConfig, device: str = "cpu") -> Any:
-    """The encoder of the retrieval slot, on the backend ``cfg.encoder_backend`` picks.
-
-    ``auto`` uses ONNX Runtime on the CPU when it is installed (exported once, cached under
-    the ragfast cache) and falls back to torch, with a warning in the log, if the export fails.
-    """
-    from ragfast.retrieval import Encoder
-
-    return _on_backend(lambda b: Encoder(cfg.encoder, device=device, backend=b), cfg.encoder_backend, device,
-                       "encoder")
-
-
-def _on_backend(make: Callable[[str], Any], choice: str, device: str, what: str) -> Any:
-    """``make(backend)`` on the chosen backend; ``auto`` = ONNX Runtime on CPU, torch if that fails."""
-    if choice != "auto":
-        return make(choice)
-    import importlib.util
-
-    if device == "cpu" and importlib.util.find_spec("onnxruntime") is not None:
-        try:
-            return make("onnx")
-        except Exception as exc:  # an exporter/runtime mismatch must not stop the run: torch works
-            log.warning("ONNX Runtime %s unavailable (%s); using torch", what, exc)
-    return make("torch")
-
-
-def build_retriever(cfg: BenchConfig, corpus: Any, encoder: Any = None):
-    """The retrieval slot: ragfast's flat kernel, a faiss factory, a saved index, or a URL."""
-    from ragfast.retrieval import DenseIndex, DenseRetriever, build_default_retriever
-
-    if _is_url(cfg.index):
-        from ragfast.retrieval import RemoteRetriever
-
-        return RemoteRetriever(cfg.index)
-    enc = encoder if encoder is not None else build_encoder(cfg, cfg.slot_device["encoder"])
-    dev = cfg.slot_device["encoder"]
-    if cfg.index == "flat":
-        return build_default_retriever(corpus, encoder=enc, device=dev)
-    if cfg.index.startswith("faiss:") and not Path(cfg.index[6:]).exists():
-        base = build_default_retriever(corpus, encoder=enc, device=dev)
-        index = DenseIndex.build(np.asarray(base.index.vectors), backend="faiss", factory=cfg.index[6:])
-        return DenseRetriever(enc, index, corpus)
-    return DenseRetriever(enc, DenseIndex.load(cfg.index.removeprefix("faiss:")), corpus)
-
-
-def _generator_factory(cfg: BenchConfig) -> tuple[Callable[[], Any], dict[str, Any]]:
-    from ragfast.models.generator import ScriptedGenerator
-
-    if cfg.reasoner == "scripted":
-        def make() -> Any:
-            return ScriptedGenerator(seed=cfg.seed, max_searches=cfg.budget)
-    else:
-        shared = ray_generator(cfg.reasoner, cfg.seed, cfg.budget, cfg.slot_device["reasoner"],
-                               served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer,
-                               model_config=cfg.reasoner_config)
-
-        def make() -> Any:
-            return shared
-    g = make()
+def build_slots(cfg: BenchConfig) -> Slots:
+    """Load data and build every slot (encoder/index, reasoner, judge, NLI) once, through :mod:`ragfast.runner.slots`."""
+    from ragfast.data import load_qa
     from ragfast.results import slot_entry
 
-    return make, slot_entry(g)
-
-
-def build_slots(cfg: BenchConfig) -> Slots:
-    """Load data and build every slot (encoder/index, reasoner, judge, NLI) once."""
-    from ragfast.data import load_qa
-
+    dev = cfg.slot_device
     all_q = load_qa(cfg.data)
     questions = _select(all_q, cfg.offset, cfg.limit)
-    corpus = build_corpus(cfg, all_q)
-    encoder = None if _is_url(cfg.index) else build_encoder(cfg, cfg.slot_device["encoder"])
-    retriever = build_retriever(cfg, corpus, encoder)
+    corpus = build.corpus(cfg.corpus, all_q)
+    encoder = None if is_url(cfg.index) else build.encoder(cfg.encoder, backend=cfg.encoder_backend,
+                                                           device=dev["encoder"])
+    index = "default" if cfg.index == "flat" else cfg.index
+    retriever = build.retriever(index, corpus, shared_encoder=encoder, device=dev["encoder"], check=False)
     make_gen, gen_info = _generator_factory(cfg)
-    judge = build_judge(cfg, encoder) if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None
-    nli = build_nli(cfg) if "stepgap" in cfg.methods else None
+    judge = (build.judge(cfg.judge, device=dev["judge"], shared_encoder=encoder, encoder_device=dev["encoder"],
+                         check=False)
+             if ("s2g" in cfg.methods or "reloop" in cfg.methods) else None)
+    nli = build.nli(cfg.nli, backend=cfg.nli_backend, device=dev["nli"]) if "stepgap" in cfg.methods else None
     return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli)
 
 
-def build_judge(cfg: BenchConfig, encoder: Any = None):
-    """The judge slot; a bundled encoder judge shares the retrieval encoder when it is the same model."""
-    from ragfast.models.judge import CausalJudge, load_judge
+def _generator_factory(cfg: BenchConfig) -> tuple[Callable[[], Any], dict[str, Any]]:
+    """The reasoner as a factory: a fresh scripted oracle per method (its state is per run), else one shared model."""
+    from ragfast.results import slot_entry
 
-    dev = cfg.slot_device["judge"]
-    if cfg.judge == "none":
-        return None
-    if _is_url(cfg.judge):
-        from ragfast.models.remote_judge import RemoteJudge
+    kw = _reasoner_kwargs(cfg)
+    if cfg.reasoner == "scripted":
+        def make() -> Any:
+            return build.reasoner(cfg.reasoner, **kw)
+    else:
+        shared = build.reasoner(cfg.reasoner, check=False, **kw)
 
-        return RemoteJudge(cfg.judge)
-    if cfg.judge in ("encoder", "head"):
-        # "encoder": the bundled doc-set judge; "head": the frozen-feature head. When the judge's
-        # own encoder is the retrieval encoder, the model is loaded once (on its faster backend).
-        from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
-        from ragfast.models.judge import EncoderJudge, default_encoder_judge_path
-
-        if cfg.judge == "encoder":
-            cls, card = DocSetJudge, default_docset_judge_path().with_suffix(".json")
-        else:
-            head = default_encoder_judge_path()
-            cls, card = EncoderJudge, head / "encoder_judge.json" if head.is_dir() else head.with_suffix(".json")
-        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder", "minilm") if card.exists() else None
-        if (encoder is not None and wanted is not None and getattr(encoder, "name", None) == wanted
-                and cfg.slot_device["encoder"] == dev):
-            return cls(encoder=encoder)
-        return cls(device=dev)
-    if cfg.judge == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return CausalJudge(tiny_path("qwen2"), device=dev)
-    return load_judge(cfg.judge, device=dev)
+        def make() -> Any:
+            return shared
+    return make, slot_entry(make())
 
 
-def build_nli(cfg: BenchConfig, device: str | None = None):
-    """The NLI slot on the backend ``cfg.nli_backend`` picks."""
-    from ragfast.models.nli import NLIScorer
-
-    dev = cfg.slot_device["nli"] if device is None else device
-    path = cfg.nli
-    if cfg.nli == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        path = str(tiny_path("deberta-v2"))
-    return _on_backend(lambda b: NLIScorer(path, backend=b, device=dev), cfg.nli_backend, dev, "NLI model")
-
-
-# -- recording -------------------------------------------------------------------------------
-class MethodRecorder:
-    """Writes a method's trajectories and ledger records as each question finishes."""
-
-    def __init__(self, out_dir: Path, method: str, resume: bool):
-        from ragfast.results import ResultsWriter, repair_tail
-
-        self.method = method
-        self.traj_path = out_dir / "trajectories" / f"{method}.jsonl"
-        self.ledger_path = out_dir / "ledgers" / f"{method}.jsonl"
-        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
-        if self.ledger_path.exists() and not resume and self.ledger_path.stat().st_size:
-            raise DataError(f"{self.ledger_path} already holds records; pass --resume or use a new --out")
-        self.writer = ResultsWriter(self.traj_path, resume=resume)
-        if resume and self.ledger_path.exists():
-            # Drop records of questions that did not finish (they run again now), so a crash
-            # between a question's ledger lines and its trajectory line never double counts.
-            repair_tail(self.ledger_path)
-            kept = load_ledger(self.ledger_path, self.writer.done)
-            tmp = self.ledger_path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                for r in kept.records:
-                    f.write(json.dumps(dataclasses.asdict(r)) + "\n")
-            os.replace(tmp, self.ledger_path)
-        self.ledger = CostLedger()
-        self._flushed = 0
-        self._lf = open(self.ledger_path, "a", encoding="utf-8")
-
-    @property
-    def done(self) -> set[str]:
-        return self.writer.done
-
-    def finish(self, traj: Trajectory | Mapping[str, Any]) -> None:
-        """Persist one finished question: its ledger records first, then its trajectory line.
-
-        A crash between the two leaves ledger records of an unfinished question; they are
-        dropped on resume, so totals never double count.
-        """
-        d = traj.to_dict() if isinstance(traj, Trajectory) else dict(traj)
-        qid = d["id"]
-        recs = [r for r in self.ledger.records if r.question_id == qid]
-        for r in recs:
-            self._lf.write(json.dumps(dataclasses.asdict(r)) + "\n")
-        self._lf.flush()
-        os.fsync(self._lf.fileno())
-        self.writer.write(d)
-
-    def close(self) -> None:
-        # Records with no question (shared caches, set-up) are the method's overhead.
-        for r in self.ledger.records:
-            if r.question_id is None:
-                self._lf.write(json.dumps(dataclasses.asdict(r)) + "\n")
-        self._lf.close()
-        self.writer.close()
-
-
-def load_ledger(path: Path, finished: set[str]) -> CostLedger:
-    """A method's ledger from disk, keeping records of finished questions (and shared ones)."""
-    led = CostLedger()
-    if not path.exists():
-        return led
-    names = {f.name for f in dataclasses.fields(CostRecord)}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                d = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line after a crash
-            if d.get("question_id") is None or d["question_id"] in finished:
-                led.records.append(CostRecord(**{k: v for k, v in d.items() if k in names}))
-    return led
+def _reasoner_kwargs(cfg: BenchConfig) -> dict[str, Any]:
+    return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"],
+                served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
 
 
 # -- the methods -----------------------------------------------------------------------------
@@ -610,51 +440,12 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
              ledger=rec.ledger, on_result=done)
 
 
-# -- Ray: picklable slot factories, built inside the actors (never ship a loaded model) --------
-def ray_generator(reasoner: str, seed: int, budget: int, device: str = "cpu", *, served_model: str | None = None,
-                  tokenizer: str | None = None, model_config: str | None = None) -> Any:
-    """The reasoner slot of ``reasoner``, built on ``device`` (in this process or a Ray worker).
-
-    A URL is an OpenAI-compatible server: ``served_model`` names its model (default: the one
-    its ``/v1/models`` lists; ``URL#name`` is accepted too), ``tokenizer`` and ``model_config``
-    are local files of the served model for the chat template, token counts and FLOPs.
-    """
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
-
-    if reasoner == "scripted":
-        return ScriptedGenerator(seed=seed, max_searches=budget)
-    if reasoner == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return HFGenerator(tiny_path("qwen2"), device=device)
-    if _is_url(reasoner):
-        base, _, model = reasoner.partition("#")
-        return OpenAIGenerator(base, served_model or model or None, tokenizer=tokenizer, model_config=model_config)
-    return HFGenerator(reasoner, device=device)
-
-
-def ray_retriever(cfg_dict: dict[str, Any]) -> Any:
-    """The retrieval slot, built once in the shared retriever actor (embeddings come from the
-    on-disk cache the driver already filled)."""
-    from ragfast.data import load_qa
-
-    cfg = BenchConfig(**cfg_dict)
-    return build_retriever(cfg, build_corpus(cfg, load_qa(cfg.data)))
-
-
-def ray_judge(spec: str, device: str = "cpu") -> Any:
-    return build_judge(BenchConfig(judge=spec, device=device))
-
-
-def ray_nli(spec: str, device: str = "cpu") -> Any:
-    return build_nli(BenchConfig(nli=spec, device=device))
-
-
 def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, resume: bool,
                       progress: Callable[[int], None], threshold: float | None = None) -> None:
     """One method on Ray: the driver writes trajectories (question order) and ledger records."""
     import functools
 
+    from ragfast.data import load_qa
     from ragfast.distributed import GENERATOR, PipelineLoop, run_on_ray
     from ragfast.results import finished_ids, repair_tail
 
@@ -673,20 +464,26 @@ def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, re
     if method == "s2g":
         from ragfast.methods.s2g.loop import run_s2g as _s2g
 
-        make_loop = PipelineLoop(_s2g, slots={"judge": functools.partial(ray_judge, cfg.judge)}, threshold=threshold)
+        make_loop = PipelineLoop(_s2g, slots={"judge": functools.partial(build.judge, build.absolute(cfg.judge))},
+                                 threshold=threshold)
     elif method == "stepgap":
         from ragfast.methods.stepgap.loop import StepGapConfig, run_stepgap as _sg
 
         scripted = cfg.reasoner == "scripted"
         config = StepGapConfig(searchr1=config, stages="DE" if scripted else "ABCDE")
-        make_loop = PipelineLoop(_sg, slots={"nli": functools.partial(ray_nli, cfg.nli),
+        make_loop = PipelineLoop(_sg, slots={"nli": functools.partial(build.nli, build.absolute(cfg.nli),
+                                                                      backend=cfg.nli_backend),
                                              **({} if scripted else {"checker": GENERATOR})})
     # one unit of work per worker at least, else workers sit idle
     bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.ray_workers)))
-    make_gen = functools.partial(ray_generator, cfg.reasoner, cfg.seed, cfg.budget, served_model=cfg.served_model,
-                                 tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
-    res = run_on_ray(slots.questions, make_generator=make_gen,
-                     make_retriever=functools.partial(ray_retriever, dataclasses.asdict(cfg)), config=config,
+    kw = {k: v for k, v in _reasoner_kwargs(cfg).items() if k != "device"}  # each actor picks its device
+    make_gen = functools.partial(build.reasoner, build.absolute(cfg.reasoner), **kw)
+    # The retriever actor builds from the on-disk embedding cache the driver already filled.
+    make_ret = functools.partial(build.retriever_over, "default" if cfg.index == "flat" else build.absolute(cfg.index),
+                                 load_qa(cfg.data), corpus_parts=[build.absolute(c) for c in cfg.corpus],
+                                 encoder_spec=build.absolute(cfg.encoder), encoder_backend=cfg.encoder_backend,
+                                 progress=False, check=False)
+    res = run_on_ray(slots.questions, make_generator=make_gen, make_retriever=make_ret, config=config,
                      out_path=traj, address=cfg.ray, num_workers=cfg.ray_workers, resume=resume,
                      make_loop=make_loop, batch_size=bs, on_result=lambda r: progress(1))
     with open(ledger_path, "a", encoding="utf-8") as f:
@@ -862,6 +659,21 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
         return _run_bench(cfg, out, resume, console)
 
 
+def bench_fingerprint(cfg: BenchConfig, run_cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """What decides a bench's results (:func:`ragfast.runner.drive.fingerprint`): data hashes, test question ids, slots, settings."""
+    from ragfast.data import load_qa
+
+    data = {"test": data_identity(cfg.data)}
+    if cfg.threshold is None:  # the validation split decides the S2G threshold (whichever methods run now)
+        data["val"] = data_identity(cfg.val_data)
+    specs = {k: run_cfg[k] for k in ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")}
+    # limit/offset are in the question ids; data files in their hashes; methods may be added on resume.
+    config = {k: v for k, v in run_cfg.items()
+              if k not in specs and k not in ("data", "val_data", "methods", "limit", "offset")}
+    return fingerprint(method="bench", data=data, questions=_select(load_qa(cfg.data), cfg.offset, cfg.limit),
+                       slots=specs, config=config)
+
+
 def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[str, Any]:
     from rich.console import Console
 
@@ -869,6 +681,12 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
     from ragfast.results import finished_ids, read_results, write_manifest
 
     t0 = time.perf_counter()
+    # How a run executes (Ray or not, where it writes, which methods) is not part of what it computes.
+    run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
+               if k not in ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")}
+    fp = bench_fingerprint(cfg, run_cfg)
+    if resume:
+        check_resume(out, fp)  # before any model loads
     with RunProgress(console) as prog:
         setup = prog.task("loading slots", None)
         slots = build_slots(cfg)
@@ -884,11 +702,9 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
         for slot, dev_slot in (("reasoner", "reasoner"), ("retriever", "encoder"), ("judge", "judge"), ("nli", "nli")):
             remote = slot_info[slot].get("class") in ("OpenAIGenerator", "RemoteRetriever", "RemoteJudge")
             slot_info[slot]["device"] = "remote" if remote else cfg.slot_device[dev_slot]
-        # How a run executes (Ray or not, where it writes) is not part of what it computes.
-        run_cfg = {k: v for k, v in dataclasses.asdict(cfg).items()
-                   if k not in ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")}
         write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
-                       extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus)})
+                       extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
+                              "fingerprint": fp})
         for k, v in slot_info.items():
             label = v.get("answers_meaningful", v.get("meaningful"))
             if k == "judge" and label == "yes" and "s2g" in cfg.methods and cfg.threshold is None:
@@ -909,7 +725,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             if m == "s2g":
                 # Chosen before the method's recorder opens, so a failed selection leaves no empty files.
                 th = select_s2g_threshold(cfg, slots, out, prog)["threshold"]
-            rec = MethodRecorder(out, m, resume)
+            rec = MethodRecorder(out / "trajectories" / f"{m}.jsonl", out / "ledgers" / f"{m}.jsonl", resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
             task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
             t_m = time.perf_counter()

@@ -27,7 +27,7 @@ def register(app: typer.Typer) -> None:
                                                       "measured faster; torch on GPU) | torch | onnx."),
         nli_backend: Optional[str] = typer.Option(None, "--nli-backend", help="auto (ONNX Runtime on CPU, measured "
                                                   "faster; torch on GPU) | torch | onnx."),
-        index: Optional[str] = typer.Option(None, "--index", help="flat | faiss:<factory> | saved index path | /retrieve URL."),
+        index: Optional[str] = typer.Option(None, "--index", help="flat | bm25 | faiss:<factory> | saved index path | /retrieve URL."),
         budget: Optional[int] = typer.Option(None, "--budget", help="Search turns per question (default 4)."),
         topk: Optional[int] = typer.Option(None, "--topk", help="Documents per search (default 3)."),
         threshold: Optional[float] = typer.Option(None, "--threshold", help="S2G STOP threshold (default: selected on validation questions)."),
