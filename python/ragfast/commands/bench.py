@@ -5,6 +5,8 @@ from typing import List, Optional
 
 import typer
 
+from ragfast.commands import options as opt
+
 
 def register(app: typer.Typer) -> None:
     @app.command("bench")
@@ -17,8 +19,15 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted bench in --out; finished work is not redone."),
         preset: str = typer.Option("default", "--preset", help="'default' (bundled data and models, offline) or 'paper' "
                                    "(the S2G study's setting; needs its models under $RAGFAST_MODELS)."),
-        config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field)."),
+        config: Optional[str] = typer.Option(None, "--config", help="A YAML file of settings (any BenchConfig field); "
+                                             "the run commands read the same keys."),
         data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (default hotpotqa-dev)."),
+        offset: Optional[int] = typer.Option(None, "--offset", help="Skip the first N questions of --data (default "
+                                             "100: the first 100 are the S2G validation split)."),
+        val_data: Optional[str] = opt.VAL_DATA,
+        val_offset: Optional[int] = opt.VAL_OFFSET,
+        batch_size: Optional[int] = opt.BATCH_SIZE,
+        corpus: Optional[List[str]] = opt.CORPUS,
         reasoner: Optional[str] = typer.Option(None, "--reasoner", help="scripted | tiny | local HF path | OpenAI-compatible URL."),
         judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled doc-set judge) | head (frozen-feature head) | tiny | judge path | none."),
         nli: Optional[str] = typer.Option(None, "--nli", help="tiny | local cross-encoder path."),
@@ -55,7 +64,9 @@ def register(app: typer.Typer) -> None:
         """
         from ragfast.bench import make_config, run_bench
 
-        cfg = make_config(preset, config, limit=limit, out=out, data=data, reasoner=reasoner, judge=judge, nli=nli,
+        cfg = make_config(preset, config, limit=limit, out=out, data=data, offset=offset, val_data=val_data,
+                          val_offset=val_offset, batch_size=batch_size, corpus=list(corpus) if corpus else None,
+                          reasoner=reasoner, judge=judge, nli=nli,
                           encoder=encoder, encoder_backend=encoder_backend, nli_backend=nli_backend, index=index, budget=budget, topk=topk, threshold=threshold,
                           methods=list(methods) if methods else None, seed=seed, ray=ray, ray_workers=ray_workers,
                           val_limit=val_limit, device=device, served_model=served_model,

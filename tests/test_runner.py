@@ -1,0 +1,132 @@
+"""The runner: one factory (runner.slots), shared flags and --config (commands.options), the driver pieces."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ragfast.errors import ConfigError
+from ragfast.runner import slots as build
+from ragfast.runner.drive import check_resume, fingerprint
+
+
+def test_specs_mean_the_same_everywhere(tmp_path):
+    from ragfast.models.generator import ScriptedGenerator
+
+    g = build.reasoner("scripted", max_turns=2)
+    assert isinstance(g, ScriptedGenerator)
+    assert isinstance(build.reasoner({"spec": "scripted", "max_turns": 3}), ScriptedGenerator)
+    with pytest.raises(ConfigError, match="not 'scripted', 'tiny'"):
+        build.reasoner(str(tmp_path / "nope"))
+    with pytest.raises(ConfigError, match="'spec' key"):
+        build.reasoner({"model": "scripted"})
+    with pytest.raises(ConfigError, match="checker LLM 'x'"):
+        build.checker("x")
+    assert build.checker("reasoner", g) is None  # the oracle cannot answer the checker's JSON prompts
+    assert build.checker("none") is None and build.nli("none") is None and build.judge("none") is None
+    with pytest.raises(ConfigError, match="nli 'nowhere'"):
+        build.nli("nowhere")
+    with pytest.raises(ConfigError, match="retriever 'nowhere'"):
+        build.retriever("nowhere", corpus=[{"id": "1", "contents": "a"}])
+    with pytest.raises(ConfigError, match="cannot reach the retriever server"):
+        build.retriever("http://127.0.0.1:9")
+    assert build.judge("heuristic").__class__.__name__ == "HeuristicSufficiency"
+    assert build.head(None).__class__.__name__ == "ExtractiveHead"
+
+
+def test_default_corpus_is_the_benchs():
+    from ragfast.bench import BenchConfig
+
+    assert list(build.DEFAULT_CORPUS) == BenchConfig().corpus == build.DEFAULTS["corpus"]
+    assert BenchConfig().batch_size == build.DEFAULTS["batch_size"]
+
+
+def test_fingerprint_names_the_first_difference(tmp_path):
+    class Q:
+        def __init__(self, i):
+            self.id = i
+
+    def fp(**over):
+        kw = dict(method="searchr1", data={"test": {"source": "a", "sha256": "1"}}, questions=[Q("a"), Q("b")],
+                  slots={"retriever": "bm25"}, config={"topk": 3})
+        kw.update(over)
+        return fingerprint(**kw)
+
+    (tmp_path / "manifest.json").write_text(json.dumps({"fingerprint": fp()}))
+    check_resume(tmp_path, fp())  # the same run resumes
+    for over, named in (({"slots": {"retriever": "default"}}, "slots.retriever"),
+                        ({"questions": [Q("a")]}, "questions.count"),
+                        ({"config": {"topk": 5}}, "config.topk")):
+        with pytest.raises(ConfigError, match=r"--resume: " + named.replace(".", r"\.")):
+            check_resume(tmp_path, fp(**over))
+    check_resume(tmp_path / "fresh", fp(slots={"retriever": "x"}))  # nothing on disk: nothing to compare
+
+
+def test_config_yaml_is_shared_and_flags_win(tmp_path):
+    from ragfast.commands.options import resolve
+
+    y = tmp_path / "c.yaml"
+    y.write_text("offset: 5\nbatch-size: 8\ncorpus: contexts\n")
+    s = resolve(str(y), {"offset": None, "batch_size": 4, "corpus": None, "device": None, "limit": None})
+    assert s == {"offset": 5, "batch_size": 4, "corpus": ["contexts"], "device": "auto", "limit": None}
+    y.write_text("nonsense: 1\n")
+    with pytest.raises(ConfigError, match="nonsense"):
+        resolve(str(y), {"offset": None})
+    with pytest.raises(ConfigError, match="--offset must be"):
+        resolve(None, {"offset": -1})
+
+
+@pytest.mark.parametrize("command", [["run", "searchr1"], ["run", "s2g"], ["run", "stepgap"], ["run", "reloop"],
+                                     ["bench"]])
+def test_every_running_command_takes_the_shared_flags(command):
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    res = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert res.exit_code == 0, res.output
+    for flag in ("--config", "--offset", "--limit", "--val-data", "--val-offset", "--device", "--data", "--out",
+                 "--batch-size"):
+        assert flag in res.output, (command, flag)
+
+
+def test_run_searchr1_reuses_the_corpus_embeddings_bench_made(tmp_path):
+    """The second of ``ragfast bench`` and ``ragfast run searchr1`` embeds nothing: same corpus, same cache key."""
+    from ragfast.data import sample
+
+    data = tmp_path / "dev6.jsonl"
+    data.write_text("\n".join(sample("hotpotqa-dev").read_text(encoding="utf-8").splitlines()[:6]) + "\n")
+    # Shipped vectors cover the bundled passages; renamed titles make passages they do not cover,
+    # so the first command really embeds and the second must find its cache.
+    rows = [json.loads(x) for x in data.read_text().splitlines()]
+    for r in rows:
+        ctx = r.get("context")
+        if isinstance(ctx, dict):
+            ctx["title"] = [t + " (copy)" for t in ctx["title"]]
+        elif isinstance(ctx, list):
+            for c in ctx:
+                c[0] = c[0] + " (copy)"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "RAGFAST_CACHE": str(tmp_path / "cache")}
+    emb = tmp_path / "cache" / "emb"
+
+    def entries():
+        return sorted(p.name for p in emb.iterdir()) if emb.exists() else []
+
+    r = subprocess.run([sys.executable, "-m", "ragfast.cli", "bench", "--data", str(data), "--val-data", str(data),
+                        "--method", "searchr1", "--offset", "0", "--limit", "2", "--out", str(tmp_path / "b")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    made = entries()
+    assert made, "bench embedded nothing: the test no longer exercises the cache"
+    stamp = {p.name: p.stat().st_mtime_ns for p in emb.rglob("*")}
+    r = subprocess.run([sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--data",
+                        str(data), "--limit", "2", "--no-progress", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert entries() == made
+    assert {p.name: p.stat().st_mtime_ns for p in emb.rglob("*")} == stamp  # read, never rewritten
