@@ -13,7 +13,8 @@ from ragfast.data import load_qa, sample
 from ragfast.errors import ConfigError, DataError
 from ragfast.hseq import from_triples, to_source
 from ragfast.models.base import Generator
-from ragfast.methods.reloop import loop as rl
+import ragfast.methods.reloop as rl
+from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 
 
@@ -67,7 +68,7 @@ def test_kg_path_templates_on_constructed_graph(question, path, answers):
     seq = from_triples(TOY)
     plan = rl.kg_path_plan(question, seq.kg)
     assert plan.path == path
-    res = rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path"))
+    res = rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path"))
     assert set(res.answers) == answers
     assert res.steps == len(path) and res.stop_reason == "path complete"
 
@@ -75,10 +76,10 @@ def test_kg_path_templates_on_constructed_graph(question, path, answers):
 def test_kg_path_budget_and_dead_ends():
     seq = from_triples(TOY)
     plan = rl.kg_path_plan("what were the release years of the movies that share actors with the movie [Heat]", seq.kg)
-    res = rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path", max_steps=2))
+    res = rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path", max_steps=2))
     assert res.steps == 2 and res.stop_reason == "step budget" and res.answers == []
     plan = rl.kg_path_plan("what movies did [Nobody Known] direct", seq.kg)
-    assert rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path")).stop_reason == "unknown topic entity"
+    assert rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path")).stop_reason == "unknown topic entity"
     with pytest.raises(DataError, match="no topic entity"):
         rl.kg_path_plan("who directed it", seq.kg)
 
@@ -125,7 +126,7 @@ def test_budget_never_exceeded(mixed_wss, k, window, max_steps, max_tokens, neve
     for r in rows:
         assert r["steps"] <= max_steps
         assert r["evidence_tokens"] <= max_tokens
-        assert sum(rl.count_tokens(rl.item_view(it)) for it in r["evidence"]) == r["evidence_tokens"]
+        assert sum(whitespace_tokens(rl.item_view(it)) for it in r["evidence"]) == r["evidence_tokens"]
         assert len(r["turns"]) == r["steps"]
         for t in r["turns"]:
             assert len(t["read"]) <= k and len(t["window"]) <= window
