@@ -47,7 +47,7 @@ The generic pieces live in components: :class:`~ragfast.retrieval.hashing.Hashin
 from __future__ import annotations
 
 from ragfast.methods.reloop.config import ReloopConfig
-from ragfast.methods.reloop.iterate import Track, iterate
+from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
 from ragfast.methods.reloop.kg import KGPathResult, metaqa_kg, run_kg_path, set_scores, walk_path
 from ragfast.methods.reloop.loop import answer, run, run_text, verify
 from ragfast.methods.reloop.pack import canonicalise, item_view, resolve_provenance
@@ -68,6 +68,7 @@ __all__ = [
     "LLM_PLAN_PROMPT",
     "Workspace",
     "Track",
+    "CachedEncoding",
     "text_workspace",
     "tatqa_workspace",
     "workspace_key",

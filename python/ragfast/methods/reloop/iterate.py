@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.cost import CostLedger, CostRecord
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.workspace import Workspace
 from ragfast.models.base import Judge
@@ -17,7 +17,7 @@ from ragfast.models.plan import Plan
 from ragfast.text import EXTENDED_STOPWORDS, NAME_SPAN_PATTERN, content_words, whitespace_tokens, words
 from ragfast.types import State
 
-__all__ = ["Track", "iterate"]
+__all__ = ["Track", "CachedEncoding", "iterate"]
 
 
 @dataclass
@@ -70,50 +70,84 @@ def _expansion_rows(ws: Workspace, row: int) -> list[int]:
     return []
 
 
+@dataclass
+class CachedEncoding:
+    """One workspace's candidate embeddings and the encoder cost of computing them.
+
+    A question served from the cache is charged ``cost`` again (with ``reused`` counted), so its
+    recorded encoder calls, tokens and FLOPs do not depend on which questions ran before it.
+    """
+
+    emb: Any
+    cost: CostRecord
+
+
+# what a cache hit is charged: everything but time (a hit takes no compute)
+_CHARGED = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "bytes_scanned", "unknown")
+
+
+def _summed(records: Sequence[CostRecord]) -> CostRecord:
+    out = CostRecord("encoder")
+    for r in records:
+        for k in _CHARGED:
+            setattr(out, k, getattr(out, k) + getattr(r, k))
+    return out
+
+
 def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger | None,
-                       cache: dict[str, Any] | None) -> None:
+                       cache: dict[str, CachedEncoding] | None) -> None:
     # Questions over the same document (TAT-QA has ~6 per report) share one encoding: within
-    # the batch by key, and across batches through ``cache``.
+    # the batch by key, and across batches through ``cache``. Each sharer is charged what the
+    # encoding cost, counted as reused.
     texts: list[str] = []
-    owners: list[str] = []
-    first: dict[str, Track] = {}
-    pending: list[tuple[Track, str | None]] = []
+    slots: list[str] = []
+    fresh: list[Track] = []
+    hits: list[tuple[Track, CachedEncoding]] = []
+    shared: list[tuple[Track, str]] = []
+    keys: set[str] = set()
     for t in tracks:
         if t.ws.emb is not None:
-            continue
+            continue  # encoded (and charged) by an earlier iterate call on this track
         key = t.ws.meta.get("cache_key")
         if cache is not None and key is not None and key in cache:
-            t.ws.emb = cache[key]
-            continue
-        if key is not None and key in first:
-            pending.append((t, key))
-            continue
-        if key is not None:
-            first[key] = t
-        pending.append((t, None))
-        texts += t.ws.views
-        owners += [t.ws.qid] * len(t.ws.views)
-    if not texts:
-        return
-    emb = encoder.encode_passages(texts, ledger=ledger, question_ids=owners)
-    pos = 0
-    for t, shared in pending:
-        if shared is not None:
-            continue
-        n = len(t.ws.views)
-        t.ws.emb = emb[pos:pos + n]
-        pos += n
-        key = t.ws.meta.get("cache_key")
-        if cache is not None and key is not None:
-            cache[key] = t.ws.emb
-    for t, shared in pending:
-        if shared is not None:
-            t.ws.emb = first[shared].ws.emb
+            hits.append((t, cache[key]))
+        elif key is not None and key in keys:
+            shared.append((t, key))
+        else:
+            if key is not None:
+                keys.add(key)
+            # the encoder records under one slot id per track, so each track's cost reads back
+            slots += [str(len(fresh))] * len(t.ws.views)
+            fresh.append(t)
+            texts += t.ws.views
+    first: dict[str, CachedEncoding] = {}
+    if texts:
+        scratch = CostLedger()
+        emb = encoder.encode_passages(texts, ledger=scratch, question_ids=slots)
+        pos = 0
+        for k, t in enumerate(fresh):
+            n = len(t.ws.views)
+            t.ws.emb = emb[pos:pos + n]
+            pos += n
+            key = t.ws.meta.get("cache_key")
+            if key is not None:
+                first[key] = CachedEncoding(t.ws.emb, _summed([r for r in scratch.records if r.question_id == str(k)]))
+                if cache is not None:
+                    cache[key] = first[key]
+        owner = {str(k): t.ws.qid for k, t in enumerate(fresh)}
+        for r in scratch.records:
+            r.question_id = owner.get(r.question_id, r.question_id)
+        if ledger is not None:
+            ledger.merge(scratch)
+    for t, entry in hits + [(t, first[key]) for t, key in shared]:
+        t.ws.emb = entry.emb
+        if ledger is not None and entry.cost.calls:
+            ledger.add("encoder", t.ws.qid, reused=entry.cost.calls, **{k: getattr(entry.cost, k) for k in _CHARGED})
 
 
 def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConfig, *,
             ledger: CostLedger | None = None, max_steps: int | None = None, extra_tokens: int = 0,
-            emb_cache: dict[str, Any] | None = None, topk_backend: str | None = None) -> None:
+            emb_cache: dict[str, CachedEncoding] | None = None, topk_backend: str | None = None) -> None:
     """Run the guided sliding-window loop on every unfinished track, batched per step.
 
     Parameters
@@ -125,6 +159,9 @@ def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConf
         ``cfg.max_steps`` in total.
     extra_tokens : int
         Token allowance on top of what a track holds, capped by ``cfg.max_tokens``.
+    emb_cache : dict, optional
+        Workspace ``meta["cache_key"]`` -> :class:`CachedEncoding`, kept across calls; a hit is
+        charged to its question as if computed (``reused`` counted).
     """
     from ragfast.ops.topk_ip import topk_ip
 

@@ -13,7 +13,7 @@ import numpy as np
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.methods.reloop.config import ReloopConfig
-from ragfast.methods.reloop.iterate import Track, iterate
+from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
 from ragfast.methods.reloop.kg import metaqa_kg, run_kg_path
 from ragfast.methods.reloop.pack import canonicalise
 from ragfast.methods.reloop.planners import llm_plans, lm_complete
@@ -65,7 +65,7 @@ def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger 
 
 def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, generator: Generator,
              cfg: ReloopConfig, ledger: CostLedger | None = None, planner_generator: Generator | None = None,
-             emb_cache: dict[str, Any] | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
+             emb_cache: dict[str, CachedEncoding] | None = None, on_result: Callable[[dict[str, Any]], None] | None = None,
              topk_backend: str | None = None) -> list[dict[str, Any]]:
     """Run RELOOP on text/table workspaces in batches; returns one result row per question.
 
@@ -74,6 +74,9 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
     ``evidence`` (the pack with provenance), ``plan``, ``refined``, ``verifier`` and
     ``seconds`` (the question's share of its batch's wall time).
     ``on_result`` is called as soon as a row is final (results are written as they finish).
+    ``emb_cache`` shares candidate embeddings between questions over one document (see
+    :func:`~ragfast.methods.reloop.iterate.iterate`); a question's recorded cost is the same with
+    or without it.
     """
     ledger = ledger if ledger is not None else CostLedger()
     rows: list[dict[str, Any]] = []
