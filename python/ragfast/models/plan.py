@@ -36,6 +36,7 @@ class Plan:
     source: str = "heuristic"
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (hops of ``path`` as ``[relation, inverse]`` lists)."""
         d = asdict(self)
         d["path"] = [[r, inv] for r, inv in self.path]
         return d

@@ -28,6 +28,7 @@ class HashingEncoder:
         self.dim = int(dim)
 
     def describe(self) -> dict[str, Any]:
+        """The slot entry a run manifest records."""
         return {"name": self.name, "dim": self.dim, "class": type(self).__name__, "meaningful": True}
 
     def _encode(self, texts: Sequence[str], ledger: CostLedger | None, question_ids: Sequence[str] | None):
@@ -50,10 +51,12 @@ class HashingEncoder:
 
     def encode_queries(self, texts: Sequence[str], *, ledger: CostLedger | None = None,
                        question_ids: Sequence[str] | None = None, **_: Any):
+        """Query vectors, float32 ``[len(texts), dim]``, L2-normalised (a torch tensor)."""
         return self._encode(texts, ledger, question_ids)
 
     def encode_passages(self, texts: Sequence[str], *, ledger: CostLedger | None = None,
                         question_ids: Sequence[str] | None = None, **_: Any):
+        """Passage vectors; the same map as :meth:`encode_queries` (no query/passage prefixes)."""
         return self._encode(texts, ledger, question_ids)
 
 

@@ -139,7 +139,8 @@ def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger
             r.question_id = owner.get(r.question_id, r.question_id)
         if ledger is not None:
             ledger.merge(scratch)
-    for t, entry in hits + [(t, first[key]) for t, key in shared]:
+    # (a document with no candidates encodes nothing: its sharers stay empty, as their first did)
+    for t, entry in hits + [(t, first[key]) for t, key in shared if key in first]:
         t.ws.emb = entry.emb
         if ledger is not None and entry.cost.calls:
             ledger.add("encoder", t.ws.qid, reused=entry.cost.calls, **{k: getattr(entry.cost, k) for k in _CHARGED})
