@@ -138,7 +138,7 @@ class _NoStop:
 def _text_runs(name: str, n: int, encoder, reps: int, rows_out: list, summary: list) -> None:
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa, sample
-    from ragfast.methods.reloop import loop as rl
+    import ragfast.methods.reloop as rl
 
     qs = load_qa(name, limit=n)
     if name.startswith("tatqa"):
@@ -167,7 +167,7 @@ def _text_runs(name: str, n: int, encoder, reps: int, rows_out: list, summary: l
 
 def _kg_runs(name: str, n: int, reps: int, rows_out: list, summary: list) -> None:
     from ragfast.data import load_qa
-    from ragfast.methods.reloop import loop as rl
+    import ragfast.methods.reloop as rl
 
     qs = load_qa(name, limit=n)
     seq = rl.metaqa_kg()
@@ -189,7 +189,7 @@ def _kg_runs(name: str, n: int, reps: int, rows_out: list, summary: list) -> Non
                         read += len(t)
                         nxt.append((kg.head if inv else kg.tail)[t])
                 front = np.unique(np.concatenate(nxt))
-            res = rl._walk(plan, seq, cfg)
+            res = rl.walk_path(plan, seq, cfg)
             ans = res.pack[0]["reached"] if res.pack else ""
             from ragfast.metrics import exact_match
 
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_reloop.csv"))
     args = ap.parse_args(argv)
     reps = args.reps or (2 if args.quick else 5)
-    from ragfast.methods.reloop import loop as rl
+    import ragfast.methods.reloop as rl
 
     encoder = rl.default_encoder(args.encoder)
     rows_out: list = []

@@ -13,7 +13,8 @@ from ragfast.data import load_qa, sample
 from ragfast.errors import ConfigError, DataError
 from ragfast.hseq import from_triples, to_source
 from ragfast.models.base import Generator
-from ragfast.methods.reloop import loop as rl
+import ragfast.methods.reloop as rl
+from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 
 
@@ -67,7 +68,7 @@ def test_kg_path_templates_on_constructed_graph(question, path, answers):
     seq = from_triples(TOY)
     plan = rl.kg_path_plan(question, seq.kg)
     assert plan.path == path
-    res = rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path"))
+    res = rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path"))
     assert set(res.answers) == answers
     assert res.steps == len(path) and res.stop_reason == "path complete"
 
@@ -75,10 +76,10 @@ def test_kg_path_templates_on_constructed_graph(question, path, answers):
 def test_kg_path_budget_and_dead_ends():
     seq = from_triples(TOY)
     plan = rl.kg_path_plan("what were the release years of the movies that share actors with the movie [Heat]", seq.kg)
-    res = rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path", max_steps=2))
+    res = rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path", max_steps=2))
     assert res.steps == 2 and res.stop_reason == "step budget" and res.answers == []
     plan = rl.kg_path_plan("what movies did [Nobody Known] direct", seq.kg)
-    assert rl._walk(plan, seq, rl.ReloopConfig(planner="kg-path")).stop_reason == "unknown topic entity"
+    assert rl.walk_path(plan, seq, rl.ReloopConfig(planner="kg-path")).stop_reason == "unknown topic entity"
     with pytest.raises(DataError, match="no topic entity"):
         rl.kg_path_plan("who directed it", seq.kg)
 
@@ -125,7 +126,7 @@ def test_budget_never_exceeded(mixed_wss, k, window, max_steps, max_tokens, neve
     for r in rows:
         assert r["steps"] <= max_steps
         assert r["evidence_tokens"] <= max_tokens
-        assert sum(rl.count_tokens(rl.item_view(it)) for it in r["evidence"]) == r["evidence_tokens"]
+        assert sum(whitespace_tokens(rl.item_view(it)) for it in r["evidence"]) == r["evidence_tokens"]
         assert len(r["turns"]) == r["steps"]
         for t in r["turns"]:
             assert len(t["read"]) <= k and len(t["window"]) <= window
@@ -177,11 +178,58 @@ def test_tatqa_cell_and_arithmetic_head():
         w.meta["cache_key"] = rl.workspace_key(doc)
     led = CostLedger()
     rows = _run(wss, rl.ReloopConfig(k=3, max_steps=3), ledger=led)
-    # the three questions share one document: its candidates are encoded once
+    # the three questions share one document: its candidates are encoded once, and the two
+    # sharers are charged the same calls as reused
     queries = sum(r["steps"] for r in rows)
-    assert led.totals()["encoder"]["calls"] == len(wss[0].cand) + queries
+    n = len(wss[0].cand)
+    assert led.totals()["encoder"]["calls"] == 3 * n + queries
+    assert led.totals()["encoder"]["reused"] == 2 * n
+    assert led.batches["encoder"] == 1 + max(r["steps"] for r in rows)  # one passage batch + query batches
     assert [r["answer"] for r in rows] == ["$1,200.5", "50", "1100.5"]
     assert [r["em"] for r in rows] == [1.0, 1.0, 1.0]
+
+
+class _FlopsEncoder(rl.HashingEncoder):
+    """The hashing encoder, recording made-up FLOPs (proportional to tokens) so they can be compared."""
+
+    def _encode(self, texts, ledger, question_ids):
+        if ledger is not None and len(texts):
+            ledger.add_batch("encoder", list(question_ids) if question_ids is not None else [None] * len(texts),
+                             input_tokens=[len(t.split()) for t in texts],
+                             flops=[1000.0 * len(t.split()) for t in texts])
+        return super()._encode(texts, None, question_ids)
+
+
+def test_cached_workspace_embeddings_cost_as_computed(tatqa):
+    docs, qs = tatqa
+    # two questions over one TAT-QA document
+    by_doc = {}
+    for q in qs:
+        by_doc.setdefault(q.metadata["doc_index"], []).append(q)
+    q1, q2 = next(v for v in by_doc.values() if len(v) >= 2)[:2]
+    doc = docs[q2.metadata["doc_index"]]
+
+    def workspaces(*questions):
+        out = [rl.tatqa_workspace(q, doc) for q in questions]
+        for w in out:
+            w.meta["cache_key"] = rl.workspace_key(doc)
+        return out
+
+    def encoder_cost(questions, cache, batch_size):
+        led = CostLedger()
+        rl.run_text(workspaces(*questions), encoder=_FlopsEncoder(), judge=rl.HeuristicSufficiency(multi_doc=False),
+                    generator=rl.ExtractiveHead(), cfg=rl.ReloopConfig(batch_size=batch_size), ledger=led,
+                    emb_cache=cache)
+        return led.for_question(q2.id)["encoder"]
+
+    alone = encoder_cost([q2], {}, 16)                # q2's embeddings computed for q2
+    after = encoder_cost([q1, q2], {}, 1)             # computed for q1, served to q2 from the cache
+    together = encoder_cost([q1, q2], None, 16)       # computed once in the batch, shared with q2
+    n = len(workspaces(q2)[0].cand)
+    assert alone["reused"] == 0 and after["reused"] == n and together["reused"] == n
+    assert alone["flops"] > 0 and alone["input_tokens"] > 0
+    for k in ("calls", "input_tokens", "flops"):
+        assert after[k] == alone[k] == together[k], k
 
 
 def test_verifier_triggers_one_refinement_within_budget(hotpot):

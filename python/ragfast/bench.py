@@ -421,7 +421,7 @@ def run_reloop(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: S
     The head is the reasoner when it is a real model; with the scripted reasoner it is RELOOP's
     extractive head (a span picker, not an LLM: marked not meaningful).
     """
-    from ragfast.methods.reloop.loop import ExtractiveHead, HeuristicSufficiency, ReloopConfig, run_text, text_workspace
+    from ragfast.methods.reloop import ExtractiveHead, HeuristicSufficiency, ReloopConfig, run_text, text_workspace
 
     head = ExtractiveHead() if cfg.reasoner == "scripted" else slots.make_generator()
     encoder = getattr(slots.retriever, "encoder", None)

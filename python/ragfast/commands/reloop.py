@@ -31,7 +31,7 @@ def reloop_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Run RELOOP (HSEQ + guided budget-aware iterator + canonical-evidence head) and write results as they finish."""
-    from ragfast.methods.reloop.loop import ReloopConfig, run
+    from ragfast.methods.reloop import ReloopConfig, run
 
     cfg = ReloopConfig(planner=planner, k=k, window=window, max_steps=max_steps, max_tokens=max_tokens,
                        verify=verify, batch_size=batch_size)

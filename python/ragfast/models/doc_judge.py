@@ -28,14 +28,11 @@ import numpy as np
 from ragfast.cost import CostLedger
 from ragfast.errors import ModelError
 from ragfast.models.cross_judge import STATE_FEATURES, DocumentStateJudge
+from ragfast.text import content_words
 
 __all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "DocFeatures"]
 
 DOCSET_FORMAT = "ragfast-docset-judge-v1"
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset("what which who whom whose when where why how the and for was were are is of in on at to by "
-                  "from with that this than then did does do has have had its his her their they them an a "
-                  "be been being as or not into also".split())
 
 
 def default_docset_judge_path() -> Path:
@@ -54,7 +51,7 @@ def doc_title(doc: str) -> str:
 
 
 def _words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if len(w) > 2 and w not in _STOP}
+    return set(content_words(text, min_len=3))
 
 
 class DocFeatures:

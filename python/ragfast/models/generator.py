@@ -19,13 +19,9 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
 from ragfast.http import post_json
 from ragfast.models.base import Generator
+from ragfast.text import whitespace_tokens
 
 __all__ = ["ScriptedGenerator", "HFGenerator", "OpenAIGenerator", "cut_at_stop", "whitespace_tokens"]
-
-
-def whitespace_tokens(text: str) -> int:
-    """Token count used where a generator has no tokenizer: whitespace-separated pieces."""
-    return len(text.split())
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:

@@ -30,6 +30,7 @@ from ragfast.cache import ByteLRU, text_key
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.base import Judge
+from ragfast.text import content_words
 from ragfast.types import State
 
 __all__ = [
@@ -773,10 +774,6 @@ class CausalJudge(Judge):
 FEATURE_VERSION = 1
 _DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+\(Title: ")
 _INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
-_WORD = re.compile(r"[a-z0-9]+")
-_STOP = frozenset("what which who whom whose when where why how the and for was were are is of in on at to by "
-                  "from with that this than then did does do has have had its his her their they them an a "
-                  "be been being as or not into also".split())
 _N_SCALARS = 7
 
 
@@ -793,7 +790,7 @@ def _split_docs(block: str) -> list[str]:
 
 
 def _content_words(text: str) -> set[str]:
-    return {w for w in _WORD.findall(text.lower()) if len(w) > 2 and w not in _STOP}
+    return set(content_words(text, min_len=3))
 
 
 class _FeatureMaker:

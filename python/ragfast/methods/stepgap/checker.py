@@ -80,6 +80,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
+from ragfast.text import SHORT_STOPWORDS, content_words as split_content_words
 from ragfast.types import Trajectory
 
 __all__ = [
@@ -113,9 +114,6 @@ _ABSTAIN = re.compile(r"\b(?:undeterminable|cannot be determined|can ?not determ
 _DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |\Z)", re.DOTALL)
 # The closing tag is optional: Search-R1 truncates observations to 500 tokens, which can cut it.
 _INFO = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
-_WORD = re.compile(r"[A-Za-z0-9]+")
-_STOPWORDS = frozenset("a an the of in on at to for from by with and or is are was were be been it its this that "
-                       "which who whom what when where why how did does do as than then so also not".split())
 
 
 # ---------------------------------------------------------------------------------------------
@@ -665,7 +663,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
 # ---------------------------------------------------------------------------------------------
 def content_words(text: str) -> list[str]:
     """Lower-case word tokens minus a small stop list (query similarity and bridge terms)."""
-    return [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    return split_content_words(text, SHORT_STOPWORDS)
 
 
 def repair_query(step: Step, label: StepLabel) -> str | None:
