@@ -14,6 +14,7 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.hseq import from_triples, to_source
 from ragfast.models.base import Generator
 import ragfast.methods.reloop as rl
+from ragfast.commands.reloop import run_reloop_command
 from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 
@@ -308,18 +309,18 @@ FIELDS = {"id", "question", "golden_answers", "answer", "em", "f1", "searches", 
 
 def test_run_writes_resumable_results(tmp_path):
     out = tmp_path / "kg"
-    s1 = rl.run("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=15, progress=False)
+    s1 = run_reloop_command("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=15, progress=False)
     assert s1["questions"] == 15
-    s2 = rl.run("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=25, resume=True, progress=False)
+    s2 = run_reloop_command("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=25, resume=True, progress=False)
     rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == 25 and len({r["id"] for r in rows}) == 25 and s2["questions"] == 25
     assert FIELDS <= set(rows[0])
     man = json.loads((out / "manifest.json").read_text())
     assert man["slots"]["head"]["meaningful"] is False  # the extractive head is not an LLM
     with pytest.raises(ConfigError, match="kg-path"):
-        rl.run("metaqa-1hop", str(tmp_path / "x"), rl.ReloopConfig(planner="heuristic"), limit=2, progress=False)
+        run_reloop_command("metaqa-1hop", str(tmp_path / "x"), rl.ReloopConfig(planner="heuristic"), limit=2, progress=False)
     with pytest.raises(ConfigError, match="'kg-path' follows"):
-        rl.run("hotpotqa-dev", str(tmp_path / "y"), rl.ReloopConfig(planner="kg-path"), limit=2, progress=False,
+        run_reloop_command("hotpotqa-dev", str(tmp_path / "y"), rl.ReloopConfig(planner="kg-path"), limit=2, progress=False,
                encoder="hashing", judge="heuristic")
 
 
@@ -390,7 +391,7 @@ class _CannedLM(Generator):
 
 def test_llm_planner_and_generator_head_through_run(tmp_path):
     lm = _CannedLM()
-    s = rl.run("hotpotqa-dev", str(tmp_path / "lm"), rl.ReloopConfig(planner="llm", max_steps=3, batch_size=2),
+    s = run_reloop_command("hotpotqa-dev", str(tmp_path / "lm"), rl.ReloopConfig(planner="llm", max_steps=3, batch_size=2),
                limit=3, encoder="hashing", judge="heuristic", generator=lm, planner_model=lm, progress=False)
     assert s["questions"] == 3 and s["answers_meaningful"] is False
     man = json.loads((tmp_path / "lm" / "manifest.json").read_text())
@@ -402,5 +403,5 @@ def test_llm_planner_and_generator_head_through_run(tmp_path):
         assert r["cost"]["reasoner"]["calls"] in (2, 3)
         assert r["answer"] == r["evidence"][0]["title"]
     with pytest.raises(ConfigError, match="--planner-model"):
-        rl.run("hotpotqa-dev", str(tmp_path / "x"), rl.ReloopConfig(planner="llm"), limit=1, encoder="hashing",
+        run_reloop_command("hotpotqa-dev", str(tmp_path / "x"), rl.ReloopConfig(planner="llm"), limit=1, encoder="hashing",
                progress=False)

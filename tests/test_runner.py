@@ -59,10 +59,11 @@ def test_fingerprint_names_the_first_difference(tmp_path):
     (tmp_path / "manifest.json").write_text(json.dumps({"fingerprint": fp()}))
     check_resume(tmp_path, fp())  # the same run resumes
     for over, named in (({"slots": {"retriever": "default"}}, "slots.retriever"),
-                        ({"questions": [Q("a")]}, "questions.count"),
+                        ({"questions": [Q("a"), Q("c")]}, "questions: the run on disk asked 2"),
                         ({"config": {"topk": 5}}, "config.topk")):
         with pytest.raises(ConfigError, match=r"--resume: " + named.replace(".", r"\.")):
             check_resume(tmp_path, fp(**over))
+    check_resume(tmp_path, fp(questions=[Q("a"), Q("b"), Q("c")]))  # a larger --limit extends the run
     check_resume(tmp_path / "fresh", fp(slots={"retriever": "x"}))  # nothing on disk: nothing to compare
 
 

@@ -75,7 +75,7 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     data : mapping
         Role -> :func:`data_identity` (``{"test": ..., "val": ...}``).
     questions : sequence of Question
-        The questions this run answers; their ids are hashed in order.
+        The questions this run answers: their ids (a resume may add questions, never drop one).
     slots : mapping
         Slot -> the spec the user gave (``"bm25"``, a path, a URL).
     identities : mapping, optional
@@ -89,7 +89,7 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     fp: dict[str, Any] = {
         "method": method,
         "data": dict(data),
-        "questions": {"count": len(ids), "sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest()},
+        "questions": {"count": len(ids), "sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "ids": ids},
         "slots": dict(slots),
         "config": dict(config),
     }
@@ -136,9 +136,18 @@ def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
     if old is None:
         return
     new = json.loads(json.dumps(fp, default=str))
-    diff = _first_difference({k: old.get(k) for k in new}, new, "")
+    # Data, slots and settings first: they name the cause; the question ids follow from them.
+    diff = _first_difference({k: old.get(k) for k in new if k != "questions"},
+                             {k: v for k, v in new.items() if k != "questions"}, "")
     if diff:
         raise ConfigError(f"--resume: {diff}; resume with the same settings, or use another --out")
+    old_q, new_q = old.get("questions") or {}, new.get("questions") or {}
+    # More questions than before (a larger --limit) is fine: what finished stays valid.
+    if "questions" in new and old_q != new_q and not (
+            old_q.get("ids") is not None and set(old_q["ids"]) <= set(new_q.get("ids", []))):
+        raise ConfigError(f"--resume: questions: the run on disk asked {old_q.get('count')} questions that are not "
+                          f"all among the {new_q.get('count')} asked now (--data/--offset/--limit); resume with "
+                          "the same settings, or use another --out")
 
 
 def slot_lines(slots: Mapping[str, Any]) -> list[str]:

@@ -49,7 +49,8 @@ from __future__ import annotations
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
 from ragfast.methods.reloop.kg import KGPathResult, metaqa_kg, run_kg_path, set_scores, walk_path
-from ragfast.methods.reloop.loop import answer, run, run_text, verify
+from ragfast.methods.reloop.loop import (answer, check_setup, dataset_kind, run_questions, run_text, summarise_rows,
+                                        verify)
 from ragfast.methods.reloop.pack import canonicalise, item_view, resolve_provenance
 from ragfast.methods.reloop.planners import LLM_PLAN_PROMPT, kg_path_plan, llm_plans, lm_complete
 from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_workspace, workspace_key
@@ -90,5 +91,8 @@ __all__ = [
     "KGPathResult",
     "set_scores",
     "metaqa_kg",
-    "run",
+    "run_questions",
+    "check_setup",
+    "dataset_kind",
+    "summarise_rows",
 ]

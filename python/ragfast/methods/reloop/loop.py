@@ -2,10 +2,8 @@
 and the end-to-end run with results on disk."""
 from __future__ import annotations
 
-import json
 import re
 import time
-from dataclasses import asdict
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -14,19 +12,18 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
-from ragfast.methods.reloop.kg import metaqa_kg, run_kg_path
+from ragfast.methods.reloop.kg import run_kg_path
 from ragfast.methods.reloop.pack import canonicalise
 from ragfast.methods.reloop.planners import llm_plans, lm_complete
 from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_workspace, workspace_key
 from ragfast.metrics import exact_match, f1
 from ragfast.models.base import Generator, Judge
-from ragfast.models.extractive import ExtractiveHead, render_pack
+from ragfast.models.extractive import render_pack
 from ragfast.models.plan import Plan, heuristic_plan
 from ragfast.models.sufficiency import HeuristicSufficiency
-from ragfast.retrieval.hashing import default_encoder
 from ragfast.text import YEAR_PATTERN, parse_number, words
 
-__all__ = ["verify", "answer", "run_text", "run"]
+__all__ = ["verify", "answer", "run_text", "run_questions", "check_setup", "dataset_kind", "summarise_rows"]
 
 
 def verify(plan: Plan, answer_text: str, pack: Sequence[dict[str, Any]]) -> tuple[bool, str]:
@@ -134,43 +131,63 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
                 on_result(row)
     return rows
 
-def _judge_for(kind: str, spec: str) -> Judge:
-    """``heuristic``, ``encoder`` (the trained EncoderJudge) or ``auto``.
+def dataset_kind(layout: str) -> str:
+    """What RELOOP walks for a data layout: ``kg`` (MetaQA), ``tatqa`` (table + text) or ``text``."""
+    return "kg" if layout == "metaqa" else "tatqa" if layout == "tatqa" else "text"
 
-    ``auto`` uses the EncoderJudge on text when it loads (it was trained on HotpotQA text
-    states) and the heuristic rule on tables, where no trained judge exists.
+
+def check_setup(kind: str, cfg: ReloopConfig, questions: Sequence[Any], source: str = "data") -> None:
+    """Refuse a planner that cannot walk this kind of source, or text questions without context documents.
+
+    Raises
+    ------
+    ConfigError, DataError
     """
-    if spec not in ("auto", "heuristic", "encoder"):
-        raise ConfigError(f"unknown judge {spec!r}; expected auto, heuristic or encoder")
-    if spec == "heuristic" or (spec == "auto" and kind != "text"):
-        return HeuristicSufficiency(multi_doc=(kind == "text"))
-    try:
-        from ragfast.models.judge import EncoderJudge
-
-        return EncoderJudge()
-    except Exception as exc:  # not trained / not bundled yet
-        if spec == "encoder":
-            raise ConfigError(f"the trained EncoderJudge is not available: {exc}") from exc
-        return HeuristicSufficiency(multi_doc=(kind == "text"))
+    if kind == "kg" and cfg.planner != "kg-path":
+        raise ConfigError(f"MetaQA questions run with --planner kg-path (got {cfg.planner!r}): the knowledge-graph "
+                          "walk follows parsed relation paths; heuristic/llm plans are for text and tables")
+    if kind != "kg" and cfg.planner == "kg-path":
+        raise ConfigError("planner 'kg-path' follows knowledge-graph relation paths; it runs on MetaQA questions "
+                          "(use heuristic or llm for text and tables)")
+    if kind == "text" and not all(isinstance(q.metadata.get("context"), dict) for q in questions[:1]):
+        raise DataError(f"{source}: has no per-question context documents to read; RELOOP text runs need "
+                        "HotpotQA-style metadata['context']")
 
 
-def _generator_for(spec: "str | Generator | None", device: str = "cpu") -> Generator:
-    if isinstance(spec, Generator):
-        return spec
-    if spec in (None, "", "extractive"):
-        return ExtractiveHead()
-    from ragfast.models.generator import HFGenerator
+def run_questions(questions: Sequence[Any], kind: str, cfg: ReloopConfig, *, head: Generator, ledger: CostLedger,
+                  encoder: Any = None, judge: Judge | None = None, planner_generator: Generator | None = None,
+                  kg: Any = None, tatqa_docs: Sequence[dict[str, Any]] | None = None,
+                  on_result: Callable[[dict[str, Any]], None] | None = None,
+                  topk_backend: str | None = None) -> None:
+    """RELOOP over ``questions`` of one kind, with built components; ``on_result(row)`` per finished question.
 
-    return HFGenerator(spec, device=device)
+    Parameters
+    ----------
+    kind : {"kg", "tatqa", "text"}
+        From :func:`dataset_kind`.
+    kg : HSeq, optional
+        The knowledge graph for ``kg`` (:func:`~ragfast.methods.reloop.kg.metaqa_kg`).
+    tatqa_docs : sequence of dict, optional
+        The TAT-QA documents ``question.metadata["doc_index"]`` points into.
+    """
+    if kind == "kg":
+        run_kg_path(questions, kg, cfg=cfg, generator=head, ledger=ledger, on_result=on_result)
+        return
+    if kind == "tatqa":
+        wss = []
+        for q in questions:
+            doc = tatqa_docs[q.metadata["doc_index"]]
+            w = tatqa_workspace(q, doc)
+            w.meta["cache_key"] = workspace_key(doc)  # questions of one document share its embeddings
+            wss.append(w)
+    else:
+        wss = [text_workspace(q) for q in questions]
+    run_text(wss, encoder=encoder, judge=judge, generator=head, cfg=cfg, ledger=ledger,
+             planner_generator=planner_generator, emb_cache={}, on_result=on_result, topk_backend=topk_backend)
 
 
-def _spec_name(spec: Any) -> str:
-    if isinstance(spec, Generator):
-        return getattr(spec, "name", type(spec).__name__)
-    return spec or "extractive"
-
-
-def _summary(rows: Sequence[dict[str, Any]], wall: float, ledger: CostLedger) -> dict[str, Any]:
+def summarise_rows(rows: Sequence[dict[str, Any]], wall: float) -> dict[str, Any]:
+    """Means over finished questions (EM, F1, steps, evidence tokens...) plus summed costs."""
     from ragfast.cost import sum_cost_dicts
 
     n = len(rows)
@@ -193,134 +210,3 @@ def _summary(rows: Sequence[dict[str, Any]], wall: float, ledger: CostLedger) ->
         for k in ("precision", "recall", "set_f1"):
             out[k] = float(np.mean([r.get(k, 0.0) for r in rows]))
     return out
-
-
-def run(data: str, out_dir: str, cfg: ReloopConfig, *, kb: str | None = None, limit: int | None = None,
-        resume: bool = False, encoder: str = "minilm", judge: str = "auto", generator: "str | Generator | None" = None,
-        planner_model: "str | Generator | None" = None, device: str = "cpu", progress: bool = True,
-        topk_backend: str | None = None) -> dict[str, Any]:
-    """Run RELOOP on a QA file or sample and write ``results.jsonl``, ``manifest.json``, ``summary.json``.
-
-    The dataset kind comes from the file's layout: MetaQA questions run on the knowledge graph
-    (``kb`` or the bundled MetaQA KB), TAT-QA on each document's table and paragraphs, HotpotQA
-    (and any layout with ``metadata["context"]``) on the question's context documents.
-
-    Parameters
-    ----------
-    data : str
-        A QA file path or a bundled sample name (``hotpotqa-dev``, ``tatqa-dev``, ``metaqa-3hop``...).
-    out_dir : str
-        Output directory; results are appended as questions finish.
-    cfg : ReloopConfig
-    kb : str, optional
-        Triple file for MetaQA questions (default: the bundled ``metaqa-kb``).
-    limit : int, optional
-        First ``limit`` questions only.
-    resume : bool
-        Continue an interrupted run in ``out_dir`` (finished questions are skipped).
-    encoder : {"minilm", "hashing"}
-        Dense scorer of the iterator.
-    judge : {"auto", "heuristic", "encoder"}
-    generator : str or Generator, optional
-        ``extractive`` (default, not an LLM), a local causal-LM directory, or a Generator instance
-        for the head.
-    planner_model : str or Generator, optional
-        Local causal-LM directory (or Generator) for ``--planner llm``.
-
-    Returns
-    -------
-    dict
-        The summary (also written to ``summary.json``).
-    """
-    from pathlib import Path
-
-    from ragfast.data import SAMPLES, detect_layout, load_qa, sample
-    from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
-
-    path = sample(data) if data in SAMPLES else Path(data)
-    if not Path(path).exists():
-        raise DataError(f"no such data file or sample: {data!r} (samples: {', '.join(SAMPLES)})")
-    layout = detect_layout(path)
-    questions = load_qa(path, limit=limit)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ledger = CostLedger()
-    head = _generator_for(generator, device)
-    if layout == "metaqa":
-        kind = "kg"
-        if cfg.planner != "kg-path":
-            raise ConfigError(f"MetaQA questions run with --planner kg-path (got {cfg.planner!r}): the knowledge-graph "
-                              "walk follows parsed relation paths; heuristic/llm plans are for text and tables")
-        slots = {"planner": {"name": "kg-path template parser (deterministic)", "meaningful": True},
-                 "iterator": {"name": "CSR relation hops over the MetaQA KB", "meaningful": True},
-                 "head": head}
-    else:
-        kind = "tatqa" if layout == "tatqa" else "text"
-        if cfg.planner == "kg-path":
-            raise ConfigError("planner 'kg-path' follows knowledge-graph relation paths; it runs on MetaQA questions "
-                              "(use heuristic or llm for text and tables)")
-        if kind == "text" and not all(isinstance(q.metadata.get("context"), dict) for q in questions[:1]):
-            raise DataError(f"{path}: layout {layout!r} has no per-question context documents to read; RELOOP text "
-                            "runs need HotpotQA-style metadata['context']")
-        enc = default_encoder(encoder)
-        jd = _judge_for(kind, judge)
-        # one model instance when the planner and the head are the same checkpoint
-        plan_gen = (head if planner_model is not None and planner_model == generator else
-                    _generator_for(planner_model, device)) if cfg.planner == "llm" else None
-        if cfg.planner == "llm" and planner_model is None:
-            raise ConfigError("--planner llm needs --planner-model PATH (a local causal LM); none is bundled")
-        slots = {"planner": plan_gen if plan_gen is not None else
-                 {"name": f"{cfg.planner} question templates", "meaningful": True},
-                 "encoder": enc, "judge": jd, "head": head}
-    write_manifest(out, pipeline="reloop", slots=slots, config={**asdict(cfg), "kind": kind, "encoder": encoder,
-                                                                   "judge": judge,
-                                                                   "generator": _spec_name(generator)},
-                   seed=0, extra={"data": str(path), "layout": layout, "limit": limit, "kb": kb})
-    res_path = out / "results.jsonl"
-    t0 = time.perf_counter()
-    with ResultsWriter(res_path, resume=resume) as writer:
-        todo = [q for q in questions if q.id not in writer.done]
-        bar = None
-        if progress:
-            from rich.progress import Progress
-
-            bar = Progress(transient=True)
-            bar.start()
-            task = bar.add_task(f"reloop {kind}", total=len(todo))
-
-        def on_result(row: dict[str, Any]) -> None:
-            writer.write(row)
-            if bar is not None:
-                bar.advance(task)
-
-        try:
-            if kind == "kg":
-                seq = metaqa_kg(kb)
-                run_kg_path(todo, seq, cfg=cfg, generator=head, ledger=ledger, on_result=on_result)
-            else:
-                if kind == "tatqa":
-                    docs = json.loads(Path(path).read_text(encoding="utf-8"))
-                    docs = docs if isinstance(docs, list) else docs["data"]
-                    wss = []
-                    for q in todo:
-                        doc = docs[q.metadata["doc_index"]]
-                        w = tatqa_workspace(q, doc)
-                        w.meta["cache_key"] = workspace_key(doc)
-                        wss.append(w)
-                else:
-                    wss = [text_workspace(q) for q in todo]
-                run_text(wss, encoder=enc, judge=jd, generator=head, cfg=cfg, ledger=ledger,
-                         planner_generator=plan_gen, emb_cache={}, on_result=on_result, topk_backend=topk_backend)
-        finally:
-            if bar is not None:
-                bar.stop()
-    wall = time.perf_counter() - t0
-    rows = read_results(res_path)
-    summary = {"data": str(path), "kind": kind, "planner": cfg.planner,
-               "slots": {k: (v if isinstance(v, dict) else slot_entry(v)) for k, v in slots.items()},
-               **_summary(rows, wall, ledger)}
-    summary["answers_meaningful"] = bool(getattr(head, "meaningful", True))
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
-    # this run's records only (a resumed run adds a second file rather than overwriting)
-    ledger.save(out / ("ledger.jsonl" if not resume else f"ledger.resume-{int(time.time())}.jsonl"))
-    return summary
