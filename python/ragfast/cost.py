@@ -119,7 +119,8 @@ class CostLedger:
         """Record one batched call covering several questions.
 
         Token, FLOP and byte counts are given per question. The batch's seconds are split in
-        proportion to the FLOPs (or, without FLOPs, to the tokens; else evenly), so that the
+        proportion to the FLOPs (or, without FLOPs, to the tokens; else evenly) of the calls
+        actually computed (``reused`` ones get none unless every call was reused), so that the
         per-question records add up to the measured time exactly.
 
         Parameters
@@ -144,9 +145,14 @@ class CostLedger:
         fl, by, un = col(flops, "flops"), col(bytes_scanned, "bytes_scanned"), col(unknown, "unknown")
         ru = col(reused, "reused")
         ca = col(calls, "calls") if calls is not None else [1] * n
+        # Reused calls took no compute time: the seconds go to the computed share of each entry.
+        live = [max(0.0, c - r) / c if c > 0 else 1.0 for c, r in zip(ca, ru)]
+        if not any(live):
+            live = [1.0] * n
         weights = fl if sum(fl) > 0 else [a + b + c for a, b, c in zip(inp, cac, out)]
+        weights = [w * v for w, v in zip(weights, live)]
         tot = float(sum(weights))
-        share = [w / tot for w in weights] if tot > 0 else [1.0 / n] * n
+        share = [w / tot for w in weights] if tot > 0 else [v / sum(live) for v in live]
         recs = [
             CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
                        output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
@@ -260,6 +266,19 @@ def sum_cost_dicts(dicts: Iterable[dict[str, dict[str, float]]]) -> dict[str, di
             acc = out.setdefault(comp, _empty())
             for k, v in row.items():
                 acc[k] = acc.get(k, 0) + v
+    return out
+
+
+def reuse_flags(keys: Iterable[Any], computed: Iterable[Any]) -> list[int]:
+    """``reused`` per read of a batch: 0 for the first read of each key computed now, else 1.
+
+    A result computed once and read by several questions (or found in a cache) is charged to
+    every reader as computed; only one reader took the compute time.
+    """
+    fresh, out = set(computed), []
+    for k in keys:
+        out.append(0 if k in fresh else 1)
+        fresh.discard(k)
     return out
 
 

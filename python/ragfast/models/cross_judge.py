@@ -11,8 +11,9 @@
    found, the number of documents) into the STOP logit "every needed document is here".
 
 A document's logit depends only on (question, document), so the states of one trajectory share
-them: each document is read once per question (a bounded cache), which is also what the
-ledger charges. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
+them: each document is read once per question (a bounded cache). The ledger charges a
+question every pair it reads in a call as if read then, counting cache hits as ``reused``, so
+its cost does not depend on what the judge scored before. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
 into the base encoder at load time, so loading needs neither a hub nor peft. Trained by
 :func:`ragfast.methods.s2g.judge_train.train_cross_judge` (``ragfast train-judge --kind encoder``).
 No cross-encoder weights are bundled: on this project's 2-core CPU budget the adapters did not
@@ -31,7 +32,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.cost import CostLedger, reuse_flags
 from ragfast.errors import DataError, ModelError
 from ragfast.models.base import Judge
 from ragfast.types import State
@@ -233,7 +234,8 @@ class CrossEncoderJudge(DocumentStateJudge):
         self.device = str(device)
         self.batch_size = int(batch_size)
         self.cache_size = int(cache_size)
-        self._cache: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (question, document) -> (logit, tokens read): a hit is charged what the miss was
+        self._cache: OrderedDict[tuple[str, str], tuple[float, int]] = OrderedDict()
         self.path = p
         self.name = f"cross-judge:{p.name} on {base}"
         self.meaningful = True
@@ -269,30 +271,33 @@ class CrossEncoderJudge(DocumentStateJudge):
 
     def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                    question_ids: Sequence[Any] | None = None) -> np.ndarray:
-        """Cross-encoder logit per (question, document) pair; cached pairs cost nothing.
+        """Cross-encoder logit per (question, document) pair; cached pairs are charged as read, and reused.
 
         Parameters
         ----------
         pairs : sequence of (str, str)
         ledger : CostLedger, optional
-            Receives ``judge`` records for the pairs actually encoded (tokens, FLOPs, seconds).
+            Receives one ``judge`` record per distinct pair (tokens, FLOPs; seconds for those read now).
         question_ids : sequence, optional
             One id per pair, for the per-question ledger split.
         """
         from ragfast.flops import forward_flops_per_sequence
 
-        # this call's cached values are read before anything is evicted, so none is lost midway
-        known: dict[tuple[str, str], float] = {}
-        todo: dict[tuple[str, str], Any] = {}
-        for k, (q, d) in enumerate(pairs):
-            key = (q, d)
+        # Each question is charged each distinct pair it reads once per call, whether read now,
+        # by another question of the call or from the cache (then counted as reused): a cached
+        # logit keeps its token count, so the charge is the same and a question's cost depends
+        # on neither what ran before nor its batch. This call's cached values are read before
+        # anything is evicted, so none is lost midway.
+        qids = list(question_ids) if question_ids is not None else [None] * len(pairs)
+        reads = list(dict.fromkeys((qid, tuple(pair)) for qid, pair in zip(qids, pairs)))
+        known: dict[tuple[str, str], tuple[float, int]] = {}
+        for key in dict.fromkeys(key for _, key in reads):
             if key in self._cache:
+                self._cache.move_to_end(key)
                 known[key] = self._cache[key]
-            elif key not in todo:
-                todo[key] = question_ids[k] if question_ids is not None else None
-        if todo:
-            t0 = time.perf_counter()
-            keys = list(todo)
+        keys = list(dict.fromkeys(key for _, key in reads if key not in known))
+        t0 = time.perf_counter()
+        if keys:
             rows = cross_encoder_inputs(self.tokenizer, [q for q, _ in keys], [d for _, d in keys], self.max_length)
             lengths = np.array([len(r["input_ids"]) for r in rows])
             order = np.argsort(-lengths, kind="stable")
@@ -300,14 +305,14 @@ class CrossEncoderJudge(DocumentStateJudge):
             for s in range(0, len(keys), self.batch_size):
                 idx = order[s:s + self.batch_size]
                 out[idx] = self._forward([rows[i] for i in idx])
-            for key, v in zip(keys, out):
-                self._cache[key] = float(v)
+            for key, v, n in zip(keys, out, lengths):
+                known[key] = self._cache[key] = (float(v), int(n))
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
-            if ledger is not None:
-                ledger.add_batch("judge", [todo[k] for k in keys], seconds=time.perf_counter() - t0,
-                                 input_tokens=lengths.tolist(),
-                                 flops=forward_flops_per_sequence(self.model.config, lengths.tolist()))
-            known.update(zip(keys, out))
-        return np.array([known[(q, d)] for q, d in pairs], dtype=np.float64)
+        if ledger is not None and reads:
+            tokens = [known[key][1] for _, key in reads]
+            ledger.add_batch("judge", [qid for qid, _ in reads], seconds=time.perf_counter() - t0 if keys else 0.0,
+                             input_tokens=tokens, flops=forward_flops_per_sequence(self.model.config, tokens),
+                             reused=reuse_flags([key for _, key in reads], keys))
+        return np.array([known[(q, d)][0] for q, d in pairs], dtype=np.float64)
 

@@ -13,7 +13,9 @@ all-MiniLM-L6-v2 as a bi-encoder (question and document embedded apart, each onc
 Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the MEAN document
 vector), each document keeps its own score, so a state with both needed documents stands out
 from one with many near misses. Question and document vectors are cached (each text is
-embedded once), so the states of one trajectory share them. Trained by
+embedded once), so the states of one trajectory share them; a cached text is still charged
+what embedding it costs (counted as ``reused``), so a question's recorded cost does not depend
+on what the judge scored before. Trained by
 :func:`ragfast.methods.s2g.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
 """
 from __future__ import annotations
@@ -57,66 +59,39 @@ def _words(text: str) -> set[str]:
 class DocFeatures:
     """Per (question, document) features on a frozen sentence encoder, with embedding caches.
 
-    The caches are LRU and capped in bytes (:class:`ragfast.cache.ByteLRU`, keyed by a digest of
-    the text, so a long passage is never held twice): a judge behind a server sees an unbounded
-    stream of distinct texts.
+    The caches are LRU and capped in bytes (:class:`ragfast.retrieval.encoder.EmbeddingCache`):
+    a judge behind a server sees an unbounded stream of distinct texts. A text found in a cache
+    is charged what embedding it costs, counted as ``reused``, so a caller's recorded cost does
+    not depend on what this judge scored before.
     """
 
     def __init__(self, encoder: Any, max_bytes: int | None = None):
-        from ragfast.cache import ByteLRU
+        from ragfast.retrieval.encoder import EmbeddingCache
 
         self.encoder = encoder
         self.dim = int(encoder.dim)
-        self._q = ByteLRU(max_bytes)
-        self._d = ByteLRU(max_bytes)
+        self._q = EmbeddingCache(encoder, "query", max_bytes)
+        self._d = EmbeddingCache(encoder, "passage", max_bytes)
 
     @property
     def n_features(self) -> int:
         return 2 * self.dim + 3
 
-    def _embed(self, texts: Sequence[str], kind: str, store: Any, qids: Sequence[Any],
-               ledger: CostLedger | None) -> dict[str, np.ndarray]:
-        """Vectors of ``texts`` (cached ones reused, new ones embedded and charged to ``ledger``).
-
-        Returns this call's own vectors, so an eviction in the middle of a call loses nothing.
-        """
-        from ragfast.cache import text_key
-
-        got: dict[str, np.ndarray] = {}
-        todo: dict[str, Any] = {}
-        for t, q in zip(texts, qids):
-            if t in got or t in todo:
-                continue
-            v = store.get(text_key(t))
-            if v is None:
-                todo[t] = q
-            else:
-                got[t] = v
-        if not todo:
-            return got
-        keys = list(todo)
-        tmp = CostLedger()
-        vecs = self.encoder.encode(keys, kind=kind, ledger=tmp, question_ids=[todo[k] for k in keys]).numpy()
-        for k, v in zip(keys, vecs):
-            got[k] = v.astype(np.float32)
-            store.put(text_key(k), got[k])
-        if ledger is not None and tmp.records:
-            recs = tmp.records
-            ledger.add_batch("judge", [r.question_id for r in recs], seconds=sum(r.seconds for r in recs),
-                             input_tokens=[r.input_tokens for r in recs], flops=[r.flops for r in recs])
-        return got
-
     def document_vectors(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of document texts ``[n, dim]``, embedded into the cache where new."""
-        got = self._embed(list(texts), "passage", self._d, [None] * len(texts), None)
+        got = self._d.embed(list(texts)).vectors
         return np.stack([got[t] for t in texts]) if len(texts) else np.zeros((0, self.dim), np.float32)
 
     def __call__(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                  question_ids: Sequence[Any] | None = None) -> np.ndarray:
         """Features ``[len(pairs), n_features]`` (float32); new texts are embedded (cost to ``ledger``)."""
+        from ragfast.retrieval.encoder import record_embedded
+
         qids = list(question_ids) if question_ids is not None else [None] * len(pairs)
-        qvec = self._embed([q for q, _ in pairs], "query", self._q, qids, ledger)
-        dvec = self._embed([d for _, d in pairs], "passage", self._d, qids, ledger)
+        qe = self._q.embed([q for q, _ in pairs], qids)
+        de = self._d.embed([d for _, d in pairs], qids)
+        record_embedded(ledger, "judge", [qe, de])
+        qvec, dvec = qe.vectors, de.vectors
         X = np.zeros((len(pairs), self.n_features), dtype=np.float32)
         D = self.dim
         for i, (q, d) in enumerate(pairs):

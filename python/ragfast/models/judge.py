@@ -602,12 +602,14 @@ class CausalJudge(Judge):
         from transformers import DynamicCache
 
         if self._sys_kv is None:
+            t0 = time.perf_counter()
             cache = DynamicCache(config=self.config)
             ids = torch.tensor([self._sys_ids], device=self.device)
             with torch.inference_mode():
                 self._decoder()(input_ids=ids, cache=cache, use_cache=True)
             self._sys_kv = [(layer.keys, layer.values) for layer in cache.layers]
             self._sys_kv_new = True
+            self._sys_kv_seconds = time.perf_counter() - t0
         return self._sys_kv
 
     def _pack(self, sts: list[State], chain: list[int]) -> dict[str, Any]:
@@ -696,15 +698,16 @@ class CausalJudge(Judge):
             # Attention FLOPs count each row as fully causal: an upper bound for the suffixes,
             # which see only their own prefix.
             flops = _forward_flops(self.config, lengths, [S] * len(lengths), [len(ch) for ch in chains])
-            fresh = list(lengths)
-            cached = [S] * len(lengths)
+            seconds = time.perf_counter() - t0
             if self._sys_kv_new:
-                # The one-off system-prompt prefill belongs to this call's first trajectory.
-                flops[0] += _forward_flops(self.config, [S])[0]
-                fresh[0] += S
-                cached[0] -= S
-            ledger.add_batch("judge", qids, seconds=time.perf_counter() - t0, input_tokens=fresh,
-                             cached_tokens=cached, flops=flops)
+                # The one-off system-prompt prefill is this judge's setup, not any question's: it
+                # is booked with no question, so a question's cost does not depend on whether
+                # it was the first this judge scored. Every trajectory reads it as cached tokens.
+                ledger.add("judge", None, calls=0, input_tokens=S, flops=_forward_flops(self.config, [S])[0],
+                           seconds=self._sys_kv_seconds)
+                seconds = max(0.0, seconds - self._sys_kv_seconds)
+            ledger.add_batch("judge", qids, seconds=seconds, input_tokens=list(lengths),
+                             cached_tokens=[S] * len(lengths), flops=flops)
         return scores
 
     # -- generation ---------------------------------------------------------------------------
@@ -804,52 +807,38 @@ class _FeatureMaker:
     """
 
     def __init__(self, encoder: Any, cache_bytes: int | None = None):
+        from ragfast.retrieval.encoder import EmbeddingCache
+
         self.encoder = encoder
         self.dim = int(encoder.dim)
-        # Text digest -> vector, least recently used first out once over the byte cap.
-        self._q = ByteLRU(cache_bytes)
-        self._d = ByteLRU(cache_bytes)
+        # Least recently used first out once over the byte cap; a hit is charged as a miss.
+        self._q = EmbeddingCache(encoder, "query", cache_bytes)
+        self._d = EmbeddingCache(encoder, "passage", cache_bytes)
 
     @property
     def n_features(self) -> int:
         return 4 * self.dim + _N_SCALARS
 
-    def _embed(self, texts: list[str], kind: str, store: ByteLRU, qids: list[Any],
-                tmp: CostLedger) -> dict[str, np.ndarray]:
-        got: dict[str, np.ndarray] = {}  # this call's vectors: eviction cannot lose them mid-call
-        todo: dict[str, Any] = {}
-        for t, qid in zip(texts, qids):
-            if t not in got and t not in todo:
-                v = store.get(text_key(t))
-                if v is None:
-                    todo[t] = qid
-                else:
-                    got[t] = v
-        if not todo:
-            return got
-        keys = list(todo)
-        vecs = self.encoder.encode(keys, kind=kind, ledger=tmp, question_ids=[todo[k] for k in keys]).numpy()
-        for k, v in zip(keys, vecs):
-            got[k] = v.astype(np.float32)
-            store.put(text_key(k), got[k])
-        return got
-
     def embed_documents(self, texts: Sequence[str]) -> None:
         """Embed document texts into the cache (as the judge reads them)."""
-        self._embed(list(texts), "passage", self._d, [None] * len(texts), CostLedger())
+        self._d.embed(list(texts))
 
     def doc_vector(self, text: str) -> np.ndarray:
-        v = self._d.get(text_key(text))
-        return v if v is not None else self._embed([text], "passage", self._d, [None], CostLedger())[text]
+        v = self._d.get(text)
+        return v if v is not None else self._d.embed([text]).vectors[text]
 
     def __call__(self, states: Sequence[State], question_ids: Sequence[Any] | None = None,
-                 tmp: CostLedger | None = None) -> np.ndarray:
-        tmp = tmp if tmp is not None else CostLedger()
+                 ledger: CostLedger | None = None) -> np.ndarray:
+        """Features ``[len(states), n_features]``; the embeddings are charged to ``ledger`` as ``judge``."""
+        from ragfast.retrieval.encoder import record_embedded
+
         qids = list(question_ids) if question_ids is not None else [None] * len(states)
         docs = [[d for b in context_blocks(s) for d in _split_docs(b)] for s in states]
-        qv = self._embed([s.question for s in states], "query", self._q, qids, tmp)
+        qe = self._q.embed([s.question for s in states], qids)
         flat = [(d, qid) for ds, qid in zip(docs, qids) for d in ds]
-        dv = self._embed([d for d, _ in flat], "passage", self._d, [q for _, q in flat], tmp)
+        de = self._d.embed([d for d, _ in flat], [q for _, q in flat])
+        record_embedded(ledger, "judge", [qe, de])
+        qv, dv = qe.vectors, de.vectors
         X = np.zeros((len(states), self.n_features), dtype=np.float32)
         D = self.dim
         for i, (s, ds) in enumerate(zip(states, docs)):
@@ -939,15 +928,8 @@ class EncoderJudge(Judge):
             raise DataError(f"{len(question_ids)} question ids for {len(sts)} states")
         if not sts:
             return np.zeros(0, dtype=np.float64)
-        t0 = time.perf_counter()
-        tmp = CostLedger()
-        X = self.features(sts, question_ids, tmp)
-        out = X.astype(np.float64) @ self.weight + self.bias
-        if ledger is not None and tmp.records:
-            recs = tmp.records
-            ledger.add_batch("judge", [r.question_id for r in recs], seconds=time.perf_counter() - t0,
-                             input_tokens=[r.input_tokens for r in recs], flops=[r.flops for r in recs])
-        return out
+        X = self.features(sts, question_ids, ledger)
+        return X.astype(np.float64) @ self.weight + self.bias
 
 
 def load_judge(spec: str, device: str = "cpu") -> Any:

@@ -24,7 +24,7 @@ import numpy as np
 from ragfast.errors import ConfigError, DataError, ModelError
 
 __all__ = ["Encoder", "EncoderPreset", "PRESETS", "CorpusEmbeddings", "encode_corpus", "load_embeddings",
-           "minilm_path", "cache_root"]
+           "minilm_path", "cache_root", "EmbeddingCache", "Embedded", "record_embedded"]
 
 
 @dataclass(frozen=True)
@@ -372,6 +372,118 @@ class Encoder:
         """Embed every passage of a corpus into ``.npy`` chunks; see :func:`encode_corpus`."""
         return encode_corpus(self, corpus, out_dir, chunk_size, progress=progress, max_chunks=max_chunks,
                              on_chunk=on_chunk)
+
+
+# -- a result cache of text vectors that charges a hit as a miss -------------------------------
+
+@dataclass
+class Embedded:
+    """One call's vectors and what embedding them costs: one entry per distinct (question, text).
+
+    Each question is charged each distinct text it reads once per call, whether the vector came
+    from the cache or was embedded now, and whether another question of the same call read it
+    too: the tokens and FLOPs are the same either way, so a question's recorded cost depends on
+    neither what was embedded before it nor what it was batched with. ``reused`` is 0 for the
+    one entry per text that was embedded now, else 1; ``seconds`` is the time spent embedding.
+    """
+
+    vectors: dict[str, np.ndarray]
+    question_ids: list[Any]
+    input_tokens: list[int]
+    flops: list[float]
+    reused: list[int]
+    seconds: float = 0.0
+
+
+def record_embedded(ledger: Any, component: str, parts: Sequence[Embedded], seconds: float | None = None) -> None:
+    """Charge the texts of ``parts`` to ``ledger`` as one batch of ``component`` calls.
+
+    Parameters
+    ----------
+    ledger : ragfast.cost.CostLedger or None
+        Nothing is recorded without one, or when the parts hold no text.
+    component : str
+        The ledger component (a judge's embeddings are ``"judge"`` compute).
+    parts : sequence of Embedded
+    seconds : float, optional
+        Wall time to book (default: the parts' own embedding seconds).
+    """
+    qids = [q for p in parts for q in p.question_ids]
+    if ledger is None or not qids:
+        return
+    ledger.add_batch(component, qids, seconds=sum(p.seconds for p in parts) if seconds is None else seconds,
+                     input_tokens=[t for p in parts for t in p.input_tokens], flops=[f for p in parts for f in p.flops],
+                     reused=[r for p in parts for r in p.reused])
+
+
+class EmbeddingCache:
+    """Vectors of texts of one ``kind``, each embedded once, kept with what embedding it cost.
+
+    An LRU capped in bytes (:class:`ragfast.cache.ByteLRU`, keyed by a digest of the text, so a
+    long passage is never held twice). Each entry keeps its token count and FLOPs, so a hit is
+    charged exactly what the miss was (see :class:`Embedded`).
+
+    Parameters
+    ----------
+    encoder : Encoder
+        Anything with ``encode(texts, kind=, ledger=, question_ids=)`` that records one
+        ``encoder`` entry per text.
+    kind : {"query", "passage", "raw"}
+    max_bytes : int, optional
+        The cap (default :func:`ragfast.cache.default_max_bytes`).
+    """
+
+    def __init__(self, encoder: Any, kind: str, max_bytes: int | None = None):
+        from ragfast.cache import ByteLRU
+
+        self.encoder = encoder
+        self.kind = kind
+        self.store = ByteLRU(max_bytes)
+
+    def get(self, text: str) -> np.ndarray | None:
+        """The cached vector of ``text``, or None (no cost is recorded)."""
+        from ragfast.cache import text_key
+
+        got = self.store.get(text_key(text))
+        return None if got is None else got[0]
+
+    def embed(self, texts: Sequence[str], question_ids: Sequence[Any] | None = None) -> Embedded:
+        """Vectors of ``texts`` (cached ones reused, new ones embedded) and their charges.
+
+        The returned vectors are this call's own, so an eviction in the middle of a call loses
+        nothing.
+        """
+        from ragfast.cache import text_key
+        from ragfast.cost import CostLedger, reuse_flags
+
+        qids = list(question_ids) if question_ids is not None else [None] * len(texts)
+        reads = list(dict.fromkeys(zip(qids, texts)))  # (question, text), in order of first appearance
+        got: dict[str, tuple[np.ndarray, int, float]] = {}
+        todo = []
+        for t in dict.fromkeys(t for _, t in reads):
+            hit = self.store.get(text_key(t))
+            if hit is None:
+                todo.append(t)
+            else:
+                got[t] = hit
+        seconds = 0.0
+        if todo:
+            tmp = CostLedger()
+            vecs = self.encoder.encode(todo, kind=self.kind, ledger=tmp, question_ids=list(range(len(todo)))).numpy()
+            per = {r.question_id: r for r in tmp.records}  # one record per text, keyed by its position
+            seconds = sum(r.seconds for r in tmp.records)
+            for i, (t, v) in enumerate(zip(todo, vecs)):
+                rec = per.get(i)
+                entry = (v.astype(np.float32), int(rec.input_tokens) if rec else 0, float(rec.flops) if rec else 0.0)
+                got[t] = entry
+                self.store.put(text_key(t), entry)
+        return Embedded(vectors={t: v[0] for t, v in got.items()}, question_ids=[q for q, _ in reads],
+                        input_tokens=[got[t][1] for _, t in reads], flops=[got[t][2] for _, t in reads],
+                        reused=reuse_flags([t for _, t in reads], todo), seconds=seconds)
+
+    def describe(self) -> dict[str, Any]:
+        """The store's entries, bytes, cap, hits, misses and evictions."""
+        return self.store.describe()
 
 
 # -- corpus embedding on disk -------------------------------------------------------------------
