@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 COMPONENTS = ("reasoner", "encoder", "search", "judge", "nli", "other")
-_NUMERIC = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
+NUMERIC_FIELDS = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
             "device_seconds", "bytes_scanned", "unknown", "reused")
 
 
@@ -51,7 +51,7 @@ class CostRecord:
 
 
 def _empty() -> dict[str, float]:
-    return {k: 0 for k in _NUMERIC}
+    return {k: 0 for k in NUMERIC_FIELDS}
 
 
 class Timer:
@@ -189,13 +189,13 @@ class CostLedger:
         out: dict[str, dict[str, float]] = {}
         for r in self.records:
             row = out.setdefault(r.component, _empty())
-            for k in _NUMERIC:
+            for k in NUMERIC_FIELDS:
                 row[k] += getattr(r, k)
         total = _empty()
         for c, row in out.items():
             row["batches"] = self.batches.get(c, 0)
             row["tokens"] = row["input_tokens"] + row["cached_tokens"] + row["output_tokens"]
-            for k in _NUMERIC:
+            for k in NUMERIC_FIELDS:
                 total[k] += row[k]
         total["tokens"] = total["input_tokens"] + total["cached_tokens"] + total["output_tokens"]
         total["batches"] = sum(self.batches.values())
@@ -210,7 +210,7 @@ class CostLedger:
             if r.question_id is None:
                 continue
             row = out.setdefault(r.question_id, {}).setdefault(r.component, _empty())
-            for k in _NUMERIC:
+            for k in NUMERIC_FIELDS:
                 row[k] += getattr(r, k)
         return out
 
@@ -220,7 +220,7 @@ class CostLedger:
         for r in self.records:
             if r.question_id == question_id:
                 row = out.setdefault(r.component, _empty())
-                for k in _NUMERIC:
+                for k in NUMERIC_FIELDS:
                     row[k] += getattr(r, k)
         return out
 

@@ -47,7 +47,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ragfast.cost import CostLedger, _NUMERIC
+from ragfast.cost import NUMERIC_FIELDS, CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.protocol import (INVALID_OBSERVATION, PROMPT_TEMPLATE, STOP, build_prompt, format_docs,
                               format_observation, parse_action)
@@ -499,9 +499,9 @@ class SearchR1Loop:
         for r in led.records[start:]:
             if r.question_id is None:
                 continue
-            row = per_q.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in _NUMERIC})
-            tot = acc.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in _NUMERIC})
-            for k in _NUMERIC:
+            row = per_q.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in NUMERIC_FIELDS})
+            tot = acc.setdefault(r.question_id, {}).setdefault(r.component, {k: 0 for k in NUMERIC_FIELDS})
+            for k in NUMERIC_FIELDS:
                 v = getattr(r, k)
                 row[k] += v
                 tot[k] += v

@@ -1,0 +1,152 @@
+"""The package's shape: imports only go down the floors, no import loops, no private names across modules.
+
+Floors, bottom to top (DESIGN.md): ops -> records and shared checks -> components -> methods ->
+runner -> the top (bench, report, commands, CLI). Read from the source with ``ast``, so a
+function-level import counts as much as a module-level one.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import ragfast
+
+ROOT = Path(ragfast.__file__).parent
+
+FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    ("ops", ("ragfast._C", "ragfast.ops")),
+    ("records", ("ragfast.types", "ragfast.errors", "ragfast.text", "ragfast.checks", "ragfast.protocol",
+                 "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
+                 "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
+                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help")),
+    ("components", ("ragfast.data", "ragfast.hseq", "ragfast.retrieval", "ragfast.models", "ragfast.serving")),
+    ("methods", ("ragfast.methods",)),
+    ("runner", ("ragfast.runner",)),
+    ("top", ("ragfast.bench", "ragfast.report", "ragfast.savings", "ragfast.projection", "ragfast.commands",
+             "ragfast.cli")),
+]
+
+
+def _floor(module: str) -> int:
+    best, depth = None, -1
+    for i, (_, prefixes) in enumerate(FLOORS):
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > depth:
+                best, depth = i, len(p)
+    if best is None:
+        raise AssertionError(f"{module} is on no floor: add it to FLOORS in tests/test_layers.py")
+    return best
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for p in ROOT.rglob("*.py"):
+        parts = list(p.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = p
+    return out
+
+
+def _imports(path: Path) -> list[tuple[str, str | None, int]]:
+    """(module, imported name or None, line) of every ``ragfast`` import in a file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("ragfast"):
+            for a in node.names:
+                found.append((node.module, a.name, node.lineno))
+        elif isinstance(node, ast.Import):
+            found += [(a.name, None, node.lineno) for a in node.names if a.name.startswith("ragfast")]
+    return found
+
+
+MODULES = _modules()
+
+
+def _target(module: str, name: str | None, known: dict[str, Path]) -> str:
+    """``from ragfast.x import y`` imports module ragfast.x.y when that is a module, else ragfast.x."""
+    return f"{module}.{name}" if name and f"{module}.{name}" in known else module
+
+
+def test_every_module_is_on_a_floor():
+    for m in MODULES:
+        if m != "ragfast":
+            _floor(m)
+
+
+def test_imports_only_go_down():
+    bad = []
+    for m, path in MODULES.items():
+        if m == "ragfast":  # the package's lazy public API re-exports every floor by design
+            continue
+        for mod, name, line in _imports(path):
+            t = _target(mod, name, MODULES)
+            if t == "ragfast" or t.startswith("ragfast._C"):
+                continue
+            if _floor(t) > _floor(m):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} ({FLOORS[_floor(m)][0]}) imports {t} "
+                           f"({FLOORS[_floor(t)][0]})")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_private_names_across_modules():
+    bad = []
+    for m, path in MODULES.items():
+        for mod, name, line in _imports(path):
+            if name == "_C" or mod.startswith("ragfast._C"):  # the compiled extension is the ops floor's own
+                continue
+            t = _target(mod, name, MODULES)
+            private_module = any(part.startswith("_") and part != "_C" for part in t.split(".")[1:])
+            private_name = name is not None and name.startswith("_") and t == mod and mod != m
+            if (private_module or private_name) and t != m:
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {mod}.{name or ''}")
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_loops():
+    """No cycle among modules, counting every import (a loop is fragile even when it happens to load)."""
+    graph = {m: {_target(mod, name, MODULES) for mod, name, _ in _imports(p)} & set(MODULES) - {m, "ragfast"}
+             for m, p in MODULES.items() if m != "ragfast"}
+    # A package __init__ that re-exports its own submodules is not a loop with them.
+    for m in graph:
+        graph[m] = {t for t in graph[m] if not (t.startswith(m + ".") and MODULES[m].name == "__init__.py")
+                    and not (m.startswith(t + ".") and MODULES[t].name == "__init__.py")}
+    index, low, stack, on, loops, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                loops.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not loops, loops
+
+
+@pytest.mark.parametrize("limit", [900])
+def test_no_product_module_is_huge(limit):
+    """No module over ~900 lines unless it is one cohesive thing (the kernels' wrappers are allowed)."""
+    allowed = {"ragfast.ops.topk_ip"}
+    big = {m: sum(1 for _ in p.open(encoding="utf-8")) for m, p in MODULES.items()}
+    over = {m: n for m, n in big.items() if n > limit and m not in allowed}
+    assert not over, over
