@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ragfast._backend import register, resolve
+from ragfast.checks import check_k, check_min_score
 from ragfast.ops.topk_ip_choice import choose as choose_path
 
 __all__ = [
@@ -264,17 +265,8 @@ def _validate(queries: Any, corpus: Any, k: Any, min_score: Any, exclude: Any):
         raise ValueError("corpus is empty (N = 0): nothing to search")
     if q.shape[1] != d:
         raise ValueError(f"dimension mismatch: queries have d={q.shape[1]}, corpus rows have d={d}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    k = int(k)
-    if k <= 0:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if k > N:
-        raise ValueError(f"k={k} exceeds the corpus size N={N}")
-    if min_score is not None:
-        min_score = float(min_score)
-        if math.isnan(min_score):
-            raise ValueError("min_score is NaN")
+    k = check_k(k, N, size=f"the corpus size N={N}", type_error=TypeError)
+    min_score = check_min_score(min_score, finite=False)
     if q.device != cdev:
         if q.device.type == "cpu" and cdev.type != "cpu":
             q = q.to(cdev)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ragfast.checks import check_exclude, check_positive_k, check_question_ids
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
 
@@ -133,10 +134,8 @@ class BM25:
         for i, q in enumerate(queries):
             if not isinstance(q, str):
                 raise DataError(f"query {i} is {type(q).__name__}, expected str")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        if exclude is not None and len(exclude) != len(queries):
-            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+        k = check_positive_k(k)
+        check_exclude(exclude, len(queries), as_int=False)
         bsz = len(queries)
         out_s = np.full((bsz, k), -np.inf, dtype=np.float32)
         out_i = np.full((bsz, k), -1, dtype=np.int64)
@@ -155,10 +154,7 @@ class BM25:
             out_s[r, :len(sel)] = scores[r, sel]
             out_i[r, :len(sel)] = docs[r, sel]
         if ledger is not None:
-            qids = list(question_ids) if question_ids is not None else [None] * bsz
-            if len(qids) != bsz:
-                raise ValueError(f"{len(qids)} question ids for {bsz} queries")
-            ledger.add_batch("search", qids, seconds=time.perf_counter() - t0,
+            ledger.add_batch("search", check_question_ids(question_ids, bsz), seconds=time.perf_counter() - t0,
                              bytes_scanned=[self._bytes_for(t) for t in toks])
         return out_s, out_i
 
@@ -235,8 +231,7 @@ class BM25Retriever(Retriever):
             return []
         ex = None
         if exclude is not None:
-            if len(exclude) != len(queries):
-                raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+            check_exclude(exclude, len(queries), as_int=False)
             ex = []
             for e in exclude:
                 rows = []
