@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.http import post_json
+from ragfast.http import check_url, get_json, post_json
 from ragfast.models.base import Generator
 
 __all__ = ["ScriptedGenerator", "HFGenerator", "OpenAIGenerator", "cut_at_stop", "whitespace_tokens"]
@@ -745,8 +745,7 @@ class OpenAIGenerator(Generator):
                  meaningful: bool = True, seed: int | None = None):
         import httpx
 
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
+        check_url(base_url, "base_url")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         url = base_url.rstrip("/")
@@ -758,7 +757,6 @@ class OpenAIGenerator(Generator):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=self.concurrency))
-        self._httpx = httpx
         self.model = model or self._served_model()
         self.name = f"{self.model} @ {self.base_url}"
         self.call_seconds: list[float] = []
@@ -781,16 +779,13 @@ class OpenAIGenerator(Generator):
     def _served_model(self) -> str:
         url = self.base_url + "/models"
         try:
-            r = self._client.get(url)
-        except self._httpx.TransportError as exc:
-            raise ModelError(f"cannot reach {url} to find the served model: {exc} "
-                             "(or name it with --served-model)") from None
+            body = get_json(self._client, url, retries=0, error=ModelError)
+        except ModelError as exc:
+            raise ModelError(f"{exc} (to find the served model; or name it with --served-model)") from None
         try:
-            names = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
-        except (ValueError, KeyError, TypeError):
-            names = None
-        if names is None:
-            raise ModelError(f"{url} answered {r.status_code} without a model list; name the model with --served-model")
+            names = [m["id"] for m in body["data"]]
+        except (KeyError, TypeError):
+            raise ModelError(f"{url} answered without a model list; name the model with --served-model") from None
         if len(names) != 1:
             raise ConfigError(f"{url} serves {len(names)} models ({', '.join(names) or 'none'}); "
                               "choose one with --served-model")
