@@ -8,6 +8,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from ragfast._backend import backends  # noqa: E402
+
+
+def backends():
+    """Which op backends are available and which each op uses (:func:`ragfast.ops.registry.backends`)."""
+    from ragfast.ops.registry import backends as report
+
+    return report()
+
 
 __all__ = ["__version__", "backends"]

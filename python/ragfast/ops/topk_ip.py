@@ -9,7 +9,7 @@ score ``-inf``. A corpus row whose score is NaN or ``-inf`` is never a hit.
 Corpus storage: a float32/float16/bfloat16 tensor, or a :class:`QuantizedCorpus` made by
 :func:`quantize` (fp16, bf16, or int8 with a per-vector scale).
 
-Backends (``ragfast._backend``): ``ref`` (torch, the oracle and fallback), ``cpp``
+Backends (``ragfast.ops.registry``): ``ref`` (torch, the oracle and fallback), ``cpp``
 (``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512
 with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
 ``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16
@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ragfast._backend import register, resolve
+from ragfast.ops.registry import register, resolve
 from ragfast.checks import check_k, check_min_score
 from ragfast.ops.topk_ip_choice import choose as choose_path
 
@@ -447,7 +447,7 @@ def default_path(batch: int, storage: str = "fp32"):
     """What :func:`topk_ip` runs by default on this machine for ``batch`` queries over
     ``storage``: a :class:`~ragfast.ops.topk_ip_choice.Choice` (compiled kernels at the ISA
     level in use, or torch mm + topk), or None when the compiled backend is not available."""
-    from ragfast._backend import available
+    from ragfast.ops.registry import available
 
     if not available()["cpp"]:
         return None
