@@ -26,6 +26,7 @@ __all__ = [
     "as_query_tensor",
     "positive_int",
     "check_search",
+    "check_texts",
 ]
 
 
@@ -210,3 +211,23 @@ def check_search(queries: Any, k: Any, exclude: Sequence[Sequence[int]] | None, 
     ex = check_exclude(exclude, q.shape[0])
     check_min_score(min_score)
     return q, k, ex
+
+
+def check_texts(texts: Any, expects: str, *, item: str = "text") -> list[str]:
+    """A list of strings; one bare string, or a non-string item, is a DataError.
+
+    Parameters
+    ----------
+    texts : sequence of str
+    expects : str
+        The message for a bare string, e.g. ``"BM25.search expects a list of query strings"``.
+    item : str
+        How the message names one item (``"query 3 is int, expected str"``).
+    """
+    if isinstance(texts, str):
+        raise DataError(f"{expects}, got one string")
+    out = list(texts)
+    for i, t in enumerate(out):
+        if not isinstance(t, str):
+            raise DataError(f"{item} {i} is {type(t).__name__}, expected str")
+    return out

@@ -56,6 +56,17 @@ def _check_sessions(sessions: Mapping[str, Any], ids: Sequence[str], who: str) -
         raise ValueError(f"{who}: duplicate session ids in one call")
 
 
+def _check_new_sessions(sessions: Mapping[str, Any], ids: Sequence[str], prompts: Sequence[str], who: str) -> None:
+    # Checked before any session opens, so a refused call leaves no half-started batch behind.
+    if len(ids) != len(prompts):
+        raise ValueError(f"{who}: {len(ids)} ids but {len(prompts)} prompts")
+    seen: set[str] = set()
+    for i in ids:
+        if i in sessions or i in seen:
+            raise ValueError(f"{who}: session {i!r} is already open")
+        seen.add(i)
+
+
 # ---------------------------------------------------------------------------------------------
 # Scripted evidence oracle
 # ---------------------------------------------------------------------------------------------
@@ -158,11 +169,8 @@ class ScriptedGenerator(Generator):
 
     # -- Generator interface -----------------------------------------------------------------
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"ScriptedGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "ScriptedGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"ScriptedGenerator.start: session {i!r} is already open")
             q = self._questions.get(i)
             if q is not None:
                 question, golds = q.question.strip(), list(q.golden_answers)
@@ -462,11 +470,8 @@ class HFGenerator(Generator):
 
     # -- sessions ----------------------------------------------------------------------------
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"HFGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "HFGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"HFGenerator.start: session {i!r} is already open")
             toks = self.encode(p)
             if not toks:
                 raise ValueError(f"HFGenerator.start: empty prompt for session {i!r}")
@@ -837,11 +842,8 @@ class OpenAIGenerator(Generator):
         return out
 
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"OpenAIGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "OpenAIGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"OpenAIGenerator.start: session {i!r} is already open")
             self._sessions[i] = p
 
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:

@@ -14,9 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.checks import check_exclude, check_positive_k, check_question_ids
+from ragfast.checks import check_exclude, check_positive_k, check_question_ids, check_texts
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
+from ragfast.retrieval.index_meta import read_index_meta
 
 __all__ = ["BM25", "BM25Retriever"]
 
@@ -128,12 +129,7 @@ class BM25:
         (scores, ids) : (np.ndarray, np.ndarray)
             float32 ``[B, k]`` best first, int64 ``[B, k]``.
         """
-        if isinstance(queries, str):
-            raise DataError("BM25.search expects a list of query strings, got one string")
-        queries = list(queries)
-        for i, q in enumerate(queries):
-            if not isinstance(q, str):
-                raise DataError(f"query {i} is {type(q).__name__}, expected str")
+        queries = check_texts(queries, "BM25.search expects a list of query strings", item="query")
         k = check_positive_k(k)
         check_exclude(exclude, len(queries), as_int=False)
         bsz = len(queries)
@@ -188,12 +184,7 @@ class BM25:
         from bm25s.tokenization import Tokenizer
 
         p = Path(path)
-        meta_path = p / "meta.json"
-        if not meta_path.exists():
-            raise DataError(f"{p} is not a ragfast BM25 index (no meta.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise DataError(f"{p}: unknown BM25 index format {meta.get('format')!r}")
+        meta = read_index_meta(p, _FORMAT, "BM25 index")
         ret = bm25s.BM25.load(str(p), mmap=mmap, show_progress=False, verbosity=0)
         tok = Tokenizer(stopwords="en", stemmer=_stemmer(True) if meta["stem"] else None)
         tok.load_vocab(str(p))

@@ -29,6 +29,7 @@ from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_sea
 from ragfast.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
+from ragfast.retrieval.index_meta import read_index_meta
 from ragfast.retrieval.merge import merge_topk, shard_exclude
 from ragfast.retrieval.search_cost import record_search, split_evenly
 
@@ -351,12 +352,7 @@ class DenseIndex:
         if not p.exists():
             raise DataError(f"no index at {p}")
         if p.is_dir():
-            meta_path = p / "meta.json"
-            if not meta_path.exists():
-                raise DataError(f"{p} is not a ragfast index directory (no meta.json)")
-            meta = json.loads(meta_path.read_text())
-            if meta.get("format") != _FORMAT:
-                raise DataError(f"{p}: unknown index format {meta.get('format')!r}")
+            meta = read_index_meta(p, _FORMAT, "index directory")
             if meta["backend"] == "flat":
                 vec = np.load(p / "vectors.npy", mmap_mode="r" if mmap else None)
                 return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
