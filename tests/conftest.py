@@ -15,3 +15,14 @@ def minilm_encoder():
     from ragfast.retrieval.encoder import Encoder
 
     return Encoder("minilm", batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local 2-CPU Ray cluster for one test module (skipped without Ray)."""
+    ray = pytest.importorskip("ray")
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    yield
+    ray.shutdown()

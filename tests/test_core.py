@@ -6,7 +6,7 @@ import sys
 import pytest
 
 import ragfast
-from ragfast._backend import BackendError, register, resolve
+from ragfast.ops.registry import BackendError, register, resolve
 from ragfast.cost import CostLedger
 
 

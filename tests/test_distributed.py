@@ -1,5 +1,5 @@
 """Scale-out on Ray: a Ray run equals a single-process run, killed workers are retried without
-losing or duplicating a result, resume, and the Ray-sharded flat index equals the unsharded one.
+losing or duplicating a result, and resume (the Ray-sharded index is tested in test_ray_index.py).
 
 One local Ray cluster (2 CPUs) serves the whole module. Factories and the crash-injecting
 generator live in this module, which Ray ships to its workers by value (tests/ is not a package
@@ -8,14 +8,11 @@ the workers could import).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
 
-import numpy as np
 import pytest
-from topk_compare import assert_topk_agree
 
 ray = pytest.importorskip("ray")
 
@@ -141,15 +138,6 @@ def crashing_bm25(questions, marker: str, after: int):
 
 
 # -- fixtures ------------------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def cluster():
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    yield
-    ray.shutdown()
-
 
 @pytest.fixture(scope="module")
 def questions():
@@ -348,30 +336,6 @@ def test_cluster_too_small_is_named(cluster, questions, config, tmp_path):
         _run(questions, config, tmp_path / "r.jsonl", worker_cpus=4.0)
 
 
-# -- sharded index -------------------------------------------------------------------------------
-
-def _tie_aware_equal(s1, i1, s2, i2, tol=1e-5):
-    assert_topk_agree(s1, i1, s2, i2, atol=tol)
-
-
-class HashEncoder:
-    """A deterministic stand-in query encoder: each text maps to a fixed random vector."""
-
-    def __init__(self, dim: int):
-        self.dim = dim
-
-    def describe(self):
-        return {"name": "hash", "dim": self.dim}
-
-    def encode_queries(self, texts, *, ledger=None, question_ids=None):
-        import zlib
-
-        import torch
-
-        return torch.from_numpy(np.stack([np.random.default_rng(zlib.crc32(t.encode())).standard_normal(self.dim)
-                                          for t in texts]).astype(np.float32))
-
-
 def test_gpus_per_worker_rule():
     from ragfast.distributed import gpus_per_worker
 
@@ -380,73 +344,3 @@ def test_gpus_per_worker_rule():
     assert gpus_per_worker(2, 4) == 0.5  # four replicas share two GPUs
     assert gpus_per_worker(4, 4, retriever_gpus=1) == 0.75
     assert gpus_per_worker(1, 1, retriever_gpus=1) == 0.0
-
-
-def test_ray_sharded_equals_unsharded(cluster, tmp_path):
-    from ragfast.data import Corpus
-    from ragfast.distributed import sharded_dense_retriever, write_vectors
-    from ragfast.retrieval.dense import DenseIndex, DenseRetriever
-
-    rng = np.random.default_rng(7)
-    n, d = 389, 24
-    emb = rng.standard_normal((n, d)).astype(np.float32)
-    emb[200] = emb[5]  # exact ties across the shard boundary: the lower id must win
-    emb[388] = emb[5]
-    emb[300] = emb[194]
-    path = write_vectors(emb, tmp_path / "vectors")
-    q = rng.standard_normal((6, d)).astype(np.float32)
-    q[0] = emb[5] * 3.0  # row 5 and its copies are the top hits of query 0
-    storage = "fp32"
-    ref = DenseIndex.build(emb, storage=storage)
-    corpus = Corpus.from_rows({"id": f"p{i}", "contents": f'"T{i}"\ntext {i}'} for i in range(n))
-    sharded = sharded_dense_retriever(corpus, path, 2, encoder=HashEncoder(d), shard_cpus=0.5)
-    with sharded.index as idx:
-        # The sharded index is a drop-in DenseIndex: the retriever over it returns the same hits.
-        enc = HashEncoder(d)
-        texts = ["who wrote it", "a river", "the 1990s"]
-        got = sharded.search(texts, 4, exclude=[["p1"], [], ["p200", "p5"]])
-        want = DenseRetriever(enc, ref, corpus).search(texts, 4, exclude=[["p1"], [], ["p200", "p5"]])
-        # the same hits up to near-ties (tests/topk_compare.py): compare as row indices
-        ids_of = (lambda rows: [[int(h.id[1:]) for h in r] for r in rows])  # passage "p<i>" is row i
-        _tie_aware_equal([[h.score for h in r] for r in got], ids_of(got),
-                         [[h.score for h in r] for r in want], ids_of(want))
-        assert len(idx) == n and idx.dim == d and idx.num_shards == 2
-        infos = idx.describe()["shards"]
-        assert [i["lo"] for i in infos] == [0, 195] and [i["hi"] for i in infos] == [195, 389]
-        # Both shards map the same file; their byte ranges tile it.
-        assert infos[1]["offset_bytes"] - infos[0]["offset_bytes"] == 195 * d * 4
-        assert all(i["mmap"] for i in infos)
-        assert all(i["zero_copy"] == (storage == "fp32") for i in infos)
-        for k in (1, 7, 50):
-            s1, i1 = idx.search(q, k)
-            s2, i2 = ref.search(q, k)
-            _tie_aware_equal(s1, i1, s2, i2)
-        s1, i1 = idx.search(q, 3)
-        assert i1[0].tolist() == [5, 200, 388]  # bitwise ties ordered by row id, across shards
-        ex = [[5, 200], [], [1, 2, 3], [], [388], list(range(0, 389, 2))]
-        s1, i1 = idx.search(q, 5, exclude=ex, min_score=0.0)
-        s2, i2 = ref.search(q, 5, exclude=ex, min_score=0.0)
-        _tie_aware_equal(s1, i1, s2, i2)
-        assert not set(i1[5].tolist()) & set(ex[5])
-        from ragfast.cost import CostLedger
-
-        led = CostLedger()
-        idx.search(q[:2], 3, ledger=led, question_ids=["a", "b"])
-        assert led.totals()["search"]["bytes_scanned"] == idx.bytes_per_search()
-        with pytest.raises(DataError, match="dimension"):
-            idx.search(q[:, :5], 3)
-        with pytest.raises(ValueError, match="exceeds"):
-            idx.search(q, n + 1)
-
-
-def test_ray_sharded_bad_input(cluster, tmp_path):
-    from ragfast.distributed import RayShardedIndex, write_vectors
-
-    with pytest.raises(DataError, match="no vectors"):
-        RayShardedIndex(tmp_path / "missing.npy", 2)
-    path = write_vectors(np.ones((4, 3), np.float32), tmp_path / "v.npy")
-    with pytest.raises(ConfigError, match="num_shards"):
-        RayShardedIndex(path, 5, shard_cpus=0.1)
-    (tmp_path / "x.json").write_text(json.dumps({}))
-    with pytest.raises(DataError, match="not a .npy"):
-        RayShardedIndex(tmp_path / "x.json", 2)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragfast._backend import available
+from ragfast.ops.registry import available
 from ragfast.ops import QuantizedCorpus, quantize, retrieve_step, retrieve_step_ref, topk_ip, topk_ip_ref
 from topk_compare import assert_topk_agree
 

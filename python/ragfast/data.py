@@ -82,11 +82,17 @@ def _resolve(path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 # layout detection
 # ---------------------------------------------------------------------------------------------
-def _first_json_line(p: Path) -> tuple[dict[str, Any], int]:
+def _text_lines(p: Path) -> Iterator[tuple[int, str]]:
+    """(1-based line number, line without its newline) for every non-blank line of ``p``."""
     with open(p, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if line.strip():
-                return _parse_line(line, p, n), n
+                yield n, line.rstrip("\n\r")
+
+
+def _first_json_line(p: Path) -> tuple[dict[str, Any], int]:
+    for n, line in _text_lines(p):
+        return _parse_line(line, p, n), n
     raise DataError(f"{p}: the file is empty")
 
 
@@ -195,10 +201,8 @@ def _check(q: Question, where: str) -> Question:
 
 
 def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if line.strip():
-                yield n, _parse_line(line, p, n)
+    for n, line in _text_lines(p):
+        yield n, _parse_line(line, p, n)
 
 
 def _req(rec: dict[str, Any], key: str, where: str) -> Any:
@@ -278,20 +282,16 @@ _METAQA_ENTITY = re.compile(r"\[([^\]]+)\]")
 
 def _metaqa(p: Path) -> list[Question]:
     out = []
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n\r")
-            if not line.strip():
-                continue
-            where = f"{p}:{n}"
-            if "\t" not in line:
-                raise DataError(f"{where}: expected 'question<TAB>answer1|answer2'")
-            raw, ans = line.split("\t", 1)
-            m = _METAQA_ENTITY.search(raw)
-            meta = {"topic_entity": m.group(1) if m else None, "raw_question": raw}
-            golds = [a for a in ans.split("|") if a.strip()]
-            q = Question(f"{p.stem}-{n}", raw.replace("[", "").replace("]", "").strip(), golds, [], meta)
-            out.append(_check(q, where))
+    for n, line in _text_lines(p):
+        where = f"{p}:{n}"
+        if "\t" not in line:
+            raise DataError(f"{where}: expected 'question<TAB>answer1|answer2'")
+        raw, ans = line.split("\t", 1)
+        m = _METAQA_ENTITY.search(raw)
+        meta = {"topic_entity": m.group(1) if m else None, "raw_question": raw}
+        golds = [a for a in ans.split("|") if a.strip()]
+        q = Question(f"{p.stem}-{n}", raw.replace("[", "").replace("]", "").strip(), golds, [], meta)
+        out.append(_check(q, where))
     return out
 
 
@@ -401,15 +401,11 @@ def load_triples(path: str | Path) -> list[tuple[str, str, str]]:
     """
     p = _resolve(path)
     out = []
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\n\r")
-            if not line.strip():
-                continue
-            parts = line.split("|")
-            if len(parts) != 3:
-                raise DataError(f"{p}:{n}: expected 'head|relation|tail', got {len(parts)} fields")
-            out.append((parts[0], parts[1], parts[2]))
+    for n, line in _text_lines(p):
+        parts = line.split("|")
+        if len(parts) != 3:
+            raise DataError(f"{p}:{n}: expected 'head|relation|tail', got {len(parts)} fields")
+        out.append((parts[0], parts[1], parts[2]))
     return out
 
 

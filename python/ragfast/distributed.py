@@ -1,5 +1,4 @@
-"""Scale-out on Ray: question sharding over generator actors, a shared retriever actor, and a
-flat index sharded over Ray actors.
+"""Scale-out on Ray: question sharding over generator actors and a shared retriever actor.
 
 ragfast does not run its own cluster: everything here is a Ray actor, an ObjectRef or a Ray
 retry setting, so it runs wherever its users already operate Ray (``address="local"`` starts a
@@ -31,11 +30,9 @@ Batch evaluation (:func:`run_on_ray`)
   the driver writes each batch once, so no question is lost or written twice; cost records of
   failed attempts die with them and are never counted.
 
-Sharded index (:class:`RayShardedIndex`)
-----------------------------------------
-One ``.npy`` matrix written once (:func:`write_vectors`); S shard actors each memory-map it and
-search only their own row range (a view of the map: no copy in fp32), and the driver merges the
-S partial top-k exactly (score descending, row id ascending), which equals the unsharded answer.
+The flat index sharded over Ray actors (:class:`RayShardedIndex`, :func:`write_vectors`,
+:func:`sharded_dense_retriever`) lives in :mod:`ragfast.retrieval.ray_index`; it is re-exported
+here, where it was public before.
 """
 from __future__ import annotations
 
@@ -51,12 +48,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-import numpy as np
-
+from ragfast.checks import positive_int
 from ragfast.cost import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError, RagfastError
+from ragfast.ray_support import actor_device, require_ray
 from ragfast.results import summarise
 from ragfast.retrieval.base import Hit, Retriever
+from ragfast.retrieval.ray_index import RayShardedIndex, sharded_dense_retriever, write_vectors  # noqa: F401  (public here before the move)
 from ragfast.types import Question
 
 __all__ = [
@@ -78,17 +76,9 @@ __all__ = [
 # Ray plumbing
 # ---------------------------------------------------------------------------------------------
 
-def _ray():
-    try:
-        import ray
-    except ImportError:  # pragma: no cover - ray is in the [dist] extra
-        raise ConfigError("Ray is not installed; install it with: pip install 'ragfast[dist]'") from None
-    return ray
-
-
 def _retryable(exc: BaseException) -> bool:
     """Errors that mean "the process running the batch is gone", not "the batch is wrong"."""
-    ex = _ray().exceptions
+    ex = require_ray().exceptions
     kinds = tuple(getattr(ex, n) for n in ("RayActorError", "WorkerCrashedError", "NodeDiedError",
                                            "OutOfMemoryError", "ObjectLostError", "OwnerDiedError",
                                            "LocalRayletDiedError") if hasattr(ex, n))
@@ -117,7 +107,7 @@ def ray_session(address: str | None = "local", *, num_cpus: int | None = None, n
     module
         The ``ray`` module.
     """
-    ray = _ray()
+    ray = require_ray()
     if ray.is_initialized():
         yield ray
         return
@@ -155,22 +145,12 @@ def _call_factory(factory: Callable[..., Any], device: str) -> Any:
 
 
 def _check_picklable(obj: Any, what: str) -> None:
-    ray = _ray()
+    ray = require_ray()
     try:
         ray.cloudpickle.dumps(obj)
     except Exception as exc:
         raise ConfigError(f"{what} cannot be sent to Ray actors ({type(exc).__name__}: {exc}); use a "
                           "module-level function, a functools.partial of one, or a small dataclass") from None
-
-
-def _device_of_actor() -> str:
-    ray = _ray()
-    try:
-        gpus = ray.get_gpu_ids()
-    except Exception:
-        gpus = []
-    # Ray sets CUDA_VISIBLE_DEVICES to the actor's GPUs, so its first GPU is always cuda:0.
-    return "cuda" if gpus else "cpu"
 
 
 def _records_of(ledger: CostLedger) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -194,7 +174,7 @@ class _RetrieverActor:
     """Holds one Retriever (corpus + index loaded once) and answers batched searches."""
 
     def __init__(self, make_retriever: Callable[..., Any]):
-        self.device = _device_of_actor()
+        self.device = actor_device()
         self.retriever = _call_factory(make_retriever, self.device)
         if not isinstance(self.retriever, Retriever) and not hasattr(self.retriever, "search"):
             raise ConfigError(f"make_retriever returned {type(self.retriever).__name__}, not a Retriever")
@@ -245,7 +225,7 @@ class RayRetriever(Retriever):
 
     def __init__(self, actor: Any, info: dict[str, Any] | None = None):
         self.actor = actor
-        self._info = dict(info) if info is not None else _ray().get(actor.describe.remote())
+        self._info = dict(info) if info is not None else require_ray().get(actor.describe.remote())
         self.name = str(self._info.get("name", "ray-retriever"))
         self.meaningful = bool(self._info.get("meaningful", True))
         self.rpc_seconds = 0.0
@@ -277,7 +257,7 @@ class RayRetriever(Retriever):
         ConfigError
             When the factory cannot be pickled or the actor fails to build its retriever.
         """
-        ray = _ray()
+        ray = require_ray()
         _check_picklable(make_retriever, "make_retriever")
         actor_cls = ray.remote(_RetrieverActor)
         # A restarted actor re-reads its constructor arguments from the object store: hold a
@@ -309,7 +289,7 @@ class RayRetriever(Retriever):
             raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
         if question_ids is not None and len(question_ids) != len(queries):
             raise ValueError(f"{len(question_ids)} question ids for {len(queries)} queries")
-        ray = _ray()
+        ray = require_ray()
         t0 = time.perf_counter()
         ex = [list(map(str, e)) for e in exclude] if exclude is not None else None
         qids = list(question_ids) if question_ids is not None else None
@@ -391,7 +371,7 @@ class PipelineLoop:
 
     def __call__(self, generator: Any, retriever: Any, config: Any, ledger: CostLedger) -> "_BoundPipeline":
         if self._built is None:
-            device = _device_of_actor() if _ray().is_initialized() else "cpu"
+            device = actor_device() if require_ray().is_initialized() else "cpu"
             self._built = {name: (None if isinstance(f, str) else _call_factory(f, device))
                            for name, f in self.slots.items()}
         built = {name: (generator if isinstance(self.slots[name], str) else v) for name, v in self._built.items()}
@@ -413,7 +393,7 @@ class _Worker:
 
     def __init__(self, make_generator: Callable[..., Any], retriever_actor: Any, retriever_info: dict[str, Any],
                  make_loop: Callable[..., Any] | None):
-        self.device = _device_of_actor()
+        self.device = actor_device()
         self.generator = _call_factory(make_generator, self.device)
         self.retriever = RayRetriever(retriever_actor, retriever_info)
         self.make_loop = make_loop or _default_loop
@@ -422,7 +402,7 @@ class _Worker:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Ray's own property uses a deprecated accessor
             try:
-                self.reconstructed = bool(_ray().get_runtime_context().was_current_actor_reconstructed)
+                self.reconstructed = bool(require_ray().get_runtime_context().was_current_actor_reconstructed)
             except Exception:
                 self.reconstructed = False
 
@@ -570,12 +550,6 @@ def _check_questions(questions: Sequence[Question]) -> list[Question]:
         if not q.golden_answers:
             raise DataError(f"question {q.id!r} has no golden answers")
     return qs
-
-
-def _positive_int(v: Any, name: str, minimum: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < minimum:
-        raise ConfigError(f"{name} must be an int >= {minimum}, got {v!r}")
-    return int(v)
 
 
 def gpus_per_worker(cluster_gpus: float, num_workers: int, retriever_gpus: float = 0.0) -> float:
@@ -729,11 +703,11 @@ def run_on_ray(
             batch_size = getattr(getattr(cfg, "searchr1", None), "batch_size", None)
         if batch_size is None:
             raise ConfigError(f"{type(cfg).__name__} has no batch_size; pass batch_size= to run_on_ray")
-    bs = _positive_int(batch_size, "batch_size")
-    num_workers = _positive_int(num_workers, "num_workers")
-    max_attempts = _positive_int(max_attempts, "max_attempts")
-    max_restarts = _positive_int(max_restarts, "max_restarts", 0)
-    max_task_retries = _positive_int(max_task_retries, "max_task_retries", 0)
+    bs = positive_int(batch_size, "batch_size")
+    num_workers = positive_int(num_workers, "num_workers")
+    max_attempts = positive_int(max_attempts, "max_attempts")
+    max_restarts = positive_int(max_restarts, "max_restarts", 0)
+    max_task_retries = positive_int(max_task_retries, "max_task_retries", 0)
     for name, v in (("worker_cpus", worker_cpus), ("retriever_cpus", retriever_cpus),
                     ("retriever_gpus", retriever_gpus)):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
@@ -907,300 +881,3 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
     result.seconds = time.perf_counter() - t_start
     if len(done_batches) != len(batches):  # pragma: no cover - the loop above only exits when all are done
         raise RagfastError(f"only {len(done_batches)} of {len(batches)} batches finished")
-
-
-# ---------------------------------------------------------------------------------------------
-# Sharded flat index on Ray
-# ---------------------------------------------------------------------------------------------
-
-def write_vectors(embeddings: Any, path: str | os.PathLike) -> Path:
-    """Write a ``[N, d]`` float32 matrix once as ``.npy`` (atomically), for :class:`RayShardedIndex`.
-
-    Parameters
-    ----------
-    embeddings : np.ndarray or torch.Tensor
-        One row per corpus passage, in corpus order.
-    path : path
-        Target file; ``.npy`` is appended when missing.
-
-    Returns
-    -------
-    Path
-        The written file.
-    """
-    from ragfast.retrieval.dense import _as_matrix
-
-    emb = _as_matrix(embeddings)
-    p = Path(path)
-    if p.suffix != ".npy":
-        p = p.with_name(p.name + ".npy")
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.stem}.{os.getpid()}.tmp.npy")
-    np.save(tmp, np.ascontiguousarray(emb, dtype=np.float32))
-    os.replace(tmp, p)
-    return p
-
-
-def _resolve_vectors(path: str | os.PathLike) -> tuple[Path, str | None]:
-    p = Path(path)
-    if p.is_dir():
-        meta = p / "meta.json"
-        if not (p / "vectors.npy").exists():
-            raise DataError(f"{p} holds no vectors.npy (a flat ragfast index directory or a .npy file is needed)")
-        storage = json.loads(meta.read_text()).get("storage") if meta.exists() else None
-        return p / "vectors.npy", storage
-    if not p.exists():
-        raise DataError(f"no vectors at {p}")
-    if p.suffix != ".npy":
-        raise DataError(f"{p} is not a .npy matrix (write one with ragfast.distributed.write_vectors)")
-    return p, None
-
-
-class _ShardActor:
-    """Maps rows [lo, hi) of one .npy file and answers top-k searches over them."""
-
-    def __init__(self, path: str, lo: int, hi: int, storage: str, kernel_backend: str | None, threads: int | None):
-        import torch
-
-        if threads:
-            torch.set_num_threads(int(threads))
-        self.device = _device_of_actor()
-        whole = np.load(path, mmap_mode="r")
-        view = whole[lo:hi]  # a view of the map: the shard's pages are read on demand, never copied
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UserWarning)  # read-only map; the kernel never writes it
-            t = torch.from_numpy(view)
-        self.zero_copy = bool(storage == "fp32" and t.data_ptr() == view.ctypes.data)
-        if storage == "fp32":
-            stored: Any = t
-            self.scan_bytes = int(view.nbytes)
-        else:
-            from ragfast.ops.topk_ip import quantize
-
-            stored = quantize(t, dtype=storage)  # quantised codes are a new (smaller) array
-            self.scan_bytes = int(stored.scan_bytes)
-        if self.device == "cuda":
-            stored = stored.to("cuda") if isinstance(stored, torch.Tensor) else dataclasses.replace(
-                stored, **{f.name: getattr(stored, f.name).to("cuda") for f in dataclasses.fields(stored)
-                           if isinstance(getattr(stored, f.name), torch.Tensor)})
-        self.stored = stored
-        self.kernel_backend = kernel_backend
-        self.info = {"path": path, "lo": int(lo), "hi": int(hi), "rows": int(hi - lo), "dim": int(view.shape[1]),
-                     "storage": storage, "mmap": isinstance(whole, np.memmap), "zero_copy": self.zero_copy,
-                     "scan_bytes": self.scan_bytes,
-                     "offset_bytes": (int(whole.offset + lo * view.shape[1] * 4)
-                                      if isinstance(whole, np.memmap) else None),
-                     "device": self.device, "pid": os.getpid()}
-
-    def describe(self) -> dict[str, Any]:
-        return dict(self.info)
-
-    def search(self, q: np.ndarray, k: int, exclude: list[list[int]] | None, min_score: float | None):
-        import torch
-
-        from ragfast.ops.topk_ip import topk_ip
-
-        qt = torch.from_numpy(q)
-        if self.device == "cuda":
-            qt = qt.to("cuda")
-        scores, ids = topk_ip(qt, self.stored, k, min_score=min_score, exclude=exclude, backend=self.kernel_backend)
-        return scores.cpu().numpy(), ids.cpu().numpy()
-
-
-class RayShardedIndex:
-    """A flat inner-product index split over S Ray actors, merged exactly.
-
-    The vectors are one ``.npy`` file (:func:`write_vectors`, or a flat index directory saved by
-    :meth:`ragfast.retrieval.DenseIndex.save`). Shard s is an actor that memory-maps the file
-    and searches rows ``offsets[s] .. offsets[s+1]``: with fp32 storage the shard is a view of
-    the map (no copy; the page cache is shared by every shard on a node), with bf16/int8 the
-    shard quantises its own rows. A search sends the queries to every shard once (one object in
-    Ray's store), each returns its top-k, and the union is sorted by (score descending, row id
-    ascending), which is the unsharded answer: the global top-k is contained in the union of
-    the per-shard top-k.
-
-    Has the same ``search`` contract as :class:`~ragfast.retrieval.DenseIndex`, so it can stand
-    in for one inside :class:`~ragfast.retrieval.DenseRetriever`. Needs a Ray connection
-    (:func:`ray_session` or ``ray.init``).
-
-    Parameters
-    ----------
-    path : path
-        The ``.npy`` matrix, or a flat ragfast index directory.
-    num_shards : int
-        S, 1 <= S <= N.
-    storage : {"fp32", "fp16", "bf16", "int8"}, optional
-        Default: the index directory's, else fp32.
-    kernel_backend : str, optional
-        ``ref`` / ``cpp`` / ``triton`` for :func:`~ragfast.ops.topk_ip.topk_ip`.
-    shard_cpus, shard_gpus : float
-        Resources per shard actor (a shard with a GPU moves its rows to it and searches there).
-    threads_per_shard : int, optional
-        torch threads in each shard actor (default: Ray's, i.e. its CPUs).
-    max_restarts, max_task_retries : int
-        A shard actor that dies is rebuilt and the search re-sent (searches are read-only).
-    """
-
-    def __init__(self, path: str | os.PathLike, num_shards: int, *, storage: str | None = None,
-                 kernel_backend: str | None = None, shard_cpus: float = 1.0, shard_gpus: float = 0.0,
-                 threads_per_shard: int | None = None, max_restarts: int = 3, max_task_retries: int = 3):
-        from ragfast.retrieval.dense import STORAGE_BYTES, _split_evenly
-
-        ray = _ray()
-        if not ray.is_initialized():
-            raise ConfigError("RayShardedIndex needs a Ray connection: use ragfast.distributed.ray_session() "
-                              "or ray.init() first")
-        vec_path, saved_storage = _resolve_vectors(path)
-        storage = storage or saved_storage or "fp32"
-        if storage not in STORAGE_BYTES:
-            raise ConfigError(f"unknown storage {storage!r}; expected one of {', '.join(STORAGE_BYTES)}")
-        head = np.load(vec_path, mmap_mode="r")
-        if head.ndim != 2 or head.dtype != np.float32:
-            raise DataError(f"{vec_path}: expected a float32 [N, d] matrix, got {head.dtype} {head.shape}")
-        n, d = int(head.shape[0]), int(head.shape[1])
-        del head
-        num_shards = _positive_int(num_shards, "num_shards")
-        if num_shards > n:
-            raise ConfigError(f"num_shards={num_shards} exceeds the number of vectors ({n})")
-        self.path, self.storage, self.ntotal, self.dim = vec_path, storage, n, d
-        self.offsets = np.concatenate([[0], np.cumsum(_split_evenly(n, num_shards))]).astype(np.int64)
-        cls = ray.remote(_ShardActor).options(num_cpus=shard_cpus, num_gpus=shard_gpus, max_restarts=max_restarts,
-                                             max_task_retries=max_task_retries)
-        self.actors = [cls.remote(str(vec_path.resolve()), int(self.offsets[s]), int(self.offsets[s + 1]), storage,
-                                  kernel_backend, threads_per_shard) for s in range(num_shards)]
-        try:
-            self.shard_info = ray.get([a.describe.remote() for a in self.actors])
-        except ray.exceptions.RayError as exc:
-            self.close()
-            raise ConfigError(f"a shard actor failed to load {vec_path}: {exc}") from None
-        self._flops = 2.0 * n * d
-
-    # -- facts -------------------------------------------------------------------------------
-    def __len__(self) -> int:
-        return self.ntotal
-
-    @property
-    def num_shards(self) -> int:
-        return len(self.actors)
-
-    def describe(self) -> dict[str, Any]:
-        return {"backend": "ray-sharded", "storage": self.storage, "ntotal": self.ntotal, "dim": self.dim,
-                "path": str(self.path), "shards": [dict(s) for s in self.shard_info]}
-
-    def bytes_per_search(self) -> int:
-        """Bytes one batched search reads over all shards (each shard's rows once)."""
-        return int(sum(self._shard_bytes()))
-
-    def _shard_bytes(self) -> list[int]:
-        # What each shard's kernel reads per batched search, as the shard measured its storage.
-        return [int(info["scan_bytes"]) for info in self.shard_info]
-
-    def flops_per_query(self) -> float:
-        return self._flops
-
-    # -- search ------------------------------------------------------------------------------
-    def search(self, queries: Any, k: int, *, exclude: Sequence[Sequence[int]] | None = None,
-               min_score: float | None = None, ledger: CostLedger | None = None,
-               question_ids: Sequence[str] | None = None):
-        """Top-k rows by inner product over all shards (same contract as ``DenseIndex.search``).
-
-        Returns
-        -------
-        (scores, ids) : (torch.Tensor, torch.Tensor)
-            float32 ``[B, k]`` best first and int64 ``[B, k]`` global row ids; empty slots are
-            -inf / -1. Ties in score are ordered by the lower row id.
-        """
-        import torch
-
-        from ragfast.retrieval.dense import _as_query_tensor, _check_exclude, _check_k, _record
-
-        ray = _ray()
-        q = _as_query_tensor(queries, self.dim)
-        k = _check_k(k, self.ntotal)
-        b = q.shape[0]
-        ex = _check_exclude(exclude, b)
-        if min_score is not None and not np.isfinite(min_score):
-            raise ValueError(f"min_score must be finite, got {min_score}")
-        if b == 0:
-            return torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64)
-        t0 = time.perf_counter()
-        for e in ex or []:
-            bad = [x for x in e if not 0 <= x < self.ntotal]
-            if bad:
-                raise ValueError(f"exclude ids {bad[:5]} are outside 0..{self.ntotal - 1}")
-        q_ref = ray.put(q.numpy())  # one copy in the object store, read by every shard
-        refs = []
-        for s, actor in enumerate(self.actors):
-            lo, hi = int(self.offsets[s]), int(self.offsets[s + 1])
-            local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex] if ex is not None else None
-            refs.append(actor.search.remote(q_ref, min(k, hi - lo), local_ex, min_score))
-        parts = ray.get(refs)
-        scores = np.concatenate([p[0] for p in parts], axis=1)
-        ids = np.concatenate([np.where(p[1] >= 0, p[1] + self.offsets[s], -1) for s, p in enumerate(parts)], axis=1)
-        # Exact merge: score descending, then row id ascending; empty slots (-1) last.
-        key_id = np.where(ids < 0, np.iinfo(np.int64).max, ids)
-        order = np.lexsort((key_id, -scores), axis=1)[:, :k]
-        out_s = np.take_along_axis(scores, order, axis=1)
-        out_i = np.take_along_axis(ids, order, axis=1)
-        _record(ledger, question_ids, b, time.perf_counter() - t0, self.bytes_per_search(), self._flops)
-        return (torch.from_numpy(np.ascontiguousarray(out_s, dtype=np.float32)),
-                torch.from_numpy(np.ascontiguousarray(out_i, dtype=np.int64)))
-
-    def close(self) -> None:
-        """Stop the shard actors."""
-        ray = _ray()
-        for a in getattr(self, "actors", []):
-            with contextlib.suppress(Exception):
-                ray.kill(a, no_restart=True)
-        self.actors = []
-
-    def __enter__(self) -> "RayShardedIndex":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def sharded_dense_retriever(corpus: Any, vectors: str | os.PathLike, num_shards: int, *, encoder: Any = "minilm",
-                            storage: str | None = None, kernel_backend: str | None = None,
-                            shard_cpus: float = 1.0, shard_gpus: float = 0.0, threads_per_shard: int | None = None,
-                            device: str = "cpu") -> Any:
-    """A :class:`~ragfast.retrieval.DenseRetriever` whose index is a :class:`RayShardedIndex`.
-
-    Meant as ``make_retriever`` of :func:`run_on_ray` for indexes too big for one process:
-    ``functools.partial(sharded_dense_retriever, corpus_path, "vectors.npy", 16, encoder=...)``.
-    The shared retriever actor then holds the encoder and the corpus, and S shard actors hold
-    the rows (memory-mapped). Needs a Ray connection (inside an actor there always is one).
-
-    Parameters
-    ----------
-    corpus : ragfast.data.Corpus, path or sample name
-        Row i of the corpus is row i of ``vectors``.
-    vectors : path
-        The ``.npy`` matrix (:func:`write_vectors`) or a flat ragfast index directory.
-    num_shards : int
-        Shard actors.
-    encoder : Encoder, preset name or checkpoint path
-        The query encoder (default the bundled MiniLM).
-    storage, kernel_backend, shard_cpus, shard_gpus, threads_per_shard
-        As for :class:`RayShardedIndex`.
-    device : str
-        Device of the query encoder.
-    """
-    from ragfast.retrieval.dense import DenseRetriever
-
-    if isinstance(corpus, (str, os.PathLike)):
-        from ragfast.data import load_corpus
-
-        corpus = load_corpus(corpus)
-    if isinstance(encoder, (str, os.PathLike)):
-        from ragfast.retrieval.encoder import Encoder
-
-        encoder = Encoder(str(encoder), device=device)
-    index = RayShardedIndex(vectors, num_shards, storage=storage, kernel_backend=kernel_backend,
-                            shard_cpus=shard_cpus, shard_gpus=shard_gpus, threads_per_shard=threads_per_shard)
-    try:
-        return DenseRetriever(encoder, index, corpus)
-    except Exception:
-        index.close()
-        raise

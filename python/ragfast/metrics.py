@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import string
 from collections import Counter
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 __all__ = [
     "normalize_answer",
@@ -65,6 +65,15 @@ def _golds(golds: str | Sequence[str]) -> list[str]:
     return out
 
 
+def _best(pred: str | None, golds: str | Sequence[str], score: Callable[[str, str], float]) -> float:
+    """``score(normalised pred, normalised gold)`` maximised over the gold answers; 0 for no prediction."""
+    gl = _golds(golds)
+    if pred is None:
+        return 0.0
+    p = normalize_answer(pred)
+    return max(score(p, normalize_answer(g)) for g in gl)
+
+
 def exact_match(pred: str | None, golds: str | Sequence[str]) -> float:
     """1.0 when the normalised prediction equals any normalised gold answer, else 0.0.
 
@@ -80,11 +89,7 @@ def exact_match(pred: str | None, golds: str | Sequence[str]) -> float:
     ValueError
         If ``golds`` is an empty list.
     """
-    gl = _golds(golds)
-    if pred is None:
-        return 0.0
-    p = normalize_answer(pred)
-    return 1.0 if any(p == normalize_answer(g) for g in gl) else 0.0
+    return _best(pred, golds, lambda p, g: float(p == g))
 
 
 def sub_exact_match(pred: str | None, golds: str | Sequence[str]) -> float:
@@ -92,16 +97,10 @@ def sub_exact_match(pred: str | None, golds: str | Sequence[str]) -> float:
 
     Parameters
     ----------
-    pred : str or None
-        The predicted answer; None scores 0.
-    golds : str or sequence of str
-        One gold answer or a non-empty list of them.
+    pred, golds
+        As for :func:`exact_match`.
     """
-    gl = _golds(golds)
-    if pred is None:
-        return 0.0
-    p = normalize_answer(pred)
-    return 1.0 if any(normalize_answer(g) in p for g in gl) else 0.0
+    return _best(pred, golds, lambda p, g: float(g in p))
 
 
 def _f1_one(p: str, g: str) -> float:
@@ -123,16 +122,10 @@ def f1(pred: str | None, golds: str | Sequence[str]) -> float:
 
     Parameters
     ----------
-    pred : str or None
-        The predicted answer; None scores 0.
-    golds : str or sequence of str
-        One gold answer or a non-empty list of them.
+    pred, golds
+        As for :func:`exact_match`.
     """
-    gl = _golds(golds)
-    if pred is None:
-        return 0.0
-    p = normalize_answer(pred)
-    return max(_f1_one(p, normalize_answer(g)) for g in gl)
+    return _best(pred, golds, _f1_one)
 
 
 def extract_answer(text: str | None) -> str | None:

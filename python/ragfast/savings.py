@@ -17,7 +17,7 @@ Two rules keep the verdict honest:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -174,19 +174,23 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
     return Balance(spender, len(pairs), states, status, metrics, confidence)
 
 
+def _by_sign(iv: Interval, above: Callable[[Interval], str], below: Callable[[Interval], str],
+             across: Callable[[Interval], str]) -> str:
+    """Describe an interval above 0, below 0 (given its negation), or including 0."""
+    if iv.low > 0:
+        return above(iv)
+    if iv.high < 0:
+        return below(Interval(-iv.mean, -iv.high, -iv.low))
+    return across(iv)
+
+
 def _saving_text(saved: Interval) -> str:
-    if saved.low > 0:
-        return f"the method saved {saved.describe()}"
-    if saved.high < 0:
-        extra = Interval(-saved.mean, -saved.high, -saved.low)
-        return f"no saving: the other components spent {extra.describe()} extra"
-    return f"no measurable saving (interval {saved.describe()} includes 0)"
+    return _by_sign(saved, lambda s: f"the method saved {s.describe()}",
+                    lambda extra: f"no saving: the other components spent {extra.describe()} extra",
+                    lambda s: f"no measurable saving (interval {s.describe()} includes 0)")
 
 
 def _verdict(spender: str, net: Interval) -> str:
-    if net.low > 0:
-        return f"{spender} pays for itself (net {net.describe()})"
-    if net.high < 0:
-        over = Interval(-net.mean, -net.high, -net.low)
-        return f"{spender} does not pay for itself: it costs {over.describe()} more than it saves"
-    return f"undetermined: saving minus spend is {net.describe()}, an interval that includes 0"
+    return _by_sign(net, lambda n: f"{spender} pays for itself (net {n.describe()})",
+                    lambda over: f"{spender} does not pay for itself: it costs {over.describe()} more than it saves",
+                    lambda n: f"undetermined: saving minus spend is {n.describe()}, an interval that includes 0")

@@ -135,7 +135,7 @@ def paired_bootstrap(a, b=None, n_resamples: int = 10000, seed: int = 0, method:
     one = d.ndim == 1
     D = d[None, :] if one else d
     K, n = D.shape
-    from ragfast._backend import resolve
+    from ragfast.ops.registry import resolve
 
     be, _ = resolve("bootstrap", backend)
     theta_b = bootstrap_means(D, n_resamples, seed, backend=be)  # [K, R]

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.http import post_json
+from ragfast.http import check_url, get_json, post_json
 from ragfast.models.base import Generator
 from ragfast.text import whitespace_tokens
 
@@ -50,6 +50,17 @@ def _check_sessions(sessions: Mapping[str, Any], ids: Sequence[str], who: str) -
         raise KeyError(f"{who}: no open session for id(s) {missing[:5]} (call start() first)")
     if len(set(ids)) != len(ids):
         raise ValueError(f"{who}: duplicate session ids in one call")
+
+
+def _check_new_sessions(sessions: Mapping[str, Any], ids: Sequence[str], prompts: Sequence[str], who: str) -> None:
+    # Checked before any session opens, so a refused call leaves no half-started batch behind.
+    if len(ids) != len(prompts):
+        raise ValueError(f"{who}: {len(ids)} ids but {len(prompts)} prompts")
+    seen: set[str] = set()
+    for i in ids:
+        if i in sessions or i in seen:
+            raise ValueError(f"{who}: session {i!r} is already open")
+        seen.add(i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -154,11 +165,8 @@ class ScriptedGenerator(Generator):
 
     # -- Generator interface -----------------------------------------------------------------
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"ScriptedGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "ScriptedGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"ScriptedGenerator.start: session {i!r} is already open")
             q = self._questions.get(i)
             if q is not None:
                 question, golds = q.question.strip(), list(q.golden_answers)
@@ -458,11 +466,8 @@ class HFGenerator(Generator):
 
     # -- sessions ----------------------------------------------------------------------------
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"HFGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "HFGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"HFGenerator.start: session {i!r} is already open")
             toks = self.encode(p)
             if not toks:
                 raise ValueError(f"HFGenerator.start: empty prompt for session {i!r}")
@@ -741,8 +746,7 @@ class OpenAIGenerator(Generator):
                  meaningful: bool = True, seed: int | None = None):
         import httpx
 
-        if not base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"base_url must start with http:// or https://, got {base_url!r}")
+        check_url(base_url, "base_url")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
         url = base_url.rstrip("/")
@@ -754,7 +758,6 @@ class OpenAIGenerator(Generator):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=self.concurrency))
-        self._httpx = httpx
         self.model = model or self._served_model()
         self.name = f"{self.model} @ {self.base_url}"
         self.call_seconds: list[float] = []
@@ -777,16 +780,13 @@ class OpenAIGenerator(Generator):
     def _served_model(self) -> str:
         url = self.base_url + "/models"
         try:
-            r = self._client.get(url)
-        except self._httpx.TransportError as exc:
-            raise ModelError(f"cannot reach {url} to find the served model: {exc} "
-                             "(or name it with --served-model)") from None
+            body = get_json(self._client, url, retries=0, error=ModelError)
+        except ModelError as exc:
+            raise ModelError(f"{exc} (to find the served model; or name it with --served-model)") from None
         try:
-            names = [m["id"] for m in r.json()["data"]] if r.status_code == 200 else None
-        except (ValueError, KeyError, TypeError):
-            names = None
-        if names is None:
-            raise ModelError(f"{url} answered {r.status_code} without a model list; name the model with --served-model")
+            names = [m["id"] for m in body["data"]]
+        except (KeyError, TypeError):
+            raise ModelError(f"{url} answered without a model list; name the model with --served-model") from None
         if len(names) != 1:
             raise ConfigError(f"{url} serves {len(names)} models ({', '.join(names) or 'none'}); "
                               "choose one with --served-model")
@@ -838,11 +838,8 @@ class OpenAIGenerator(Generator):
         return out
 
     def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
-        if len(ids) != len(prompts):
-            raise ValueError(f"OpenAIGenerator.start: {len(ids)} ids but {len(prompts)} prompts")
+        _check_new_sessions(self._sessions, ids, prompts, "OpenAIGenerator.start")
         for i, p in zip(ids, prompts):
-            if i in self._sessions:
-                raise ValueError(f"OpenAIGenerator.start: session {i!r} is already open")
             self._sessions[i] = p
 
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:

@@ -1,7 +1,7 @@
 """Policy ops: the first-crossing sweep and paired-bootstrap resample means.
 
 Two ops, each with a ``ref`` (numpy) and a ``cpp`` (``ragfast._C``, OpenMP) implementation
-registered with :mod:`ragfast._backend`:
+registered with :mod:`ragfast.ops.registry`:
 
 ``sweep``
     ``(scores[B, T], lengths[B], thresholds[M]) -> int64[B, M]``: the first state ``t <
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ragfast._backend import _cpp_module, register, resolve
+from ragfast.ops.registry import cpp_module, register, resolve
 
 # Bound the [rows, T, M] boolean block of the reference sweep (~16 MB).
 _REF_SWEEP_BLOCK = 1 << 24
@@ -72,11 +72,11 @@ def bootstrap_ref(diffs: np.ndarray, n_resamples: int, seed: int, out=None) -> n
 
 # -- compiled implementations -------------------------------------------------------------------
 def sweep_cpp(scores: np.ndarray, lengths: np.ndarray, thresholds: np.ndarray, out=None) -> np.ndarray:
-    return _cpp_module().sweep_first_crossing(scores, lengths, thresholds, out)
+    return cpp_module().sweep_first_crossing(scores, lengths, thresholds, out)
 
 
 def bootstrap_cpp(diffs: np.ndarray, n_resamples: int, seed: int, out=None) -> np.ndarray:
-    return _cpp_module().bootstrap_means(diffs, int(n_resamples), int(seed), out)
+    return cpp_module().bootstrap_means(diffs, int(n_resamples), int(seed), out)
 
 
 register("sweep", "ref", sweep_ref)
@@ -129,7 +129,7 @@ def sweep(scores, thresholds, lengths=None, *, out=None, backend: str | None = N
     out : numpy.ndarray of int64, shape (B, M), optional
         Buffer to write into (C-contiguous).
     backend : {"ref", "cpp"}, optional
-        Implementation; default from :func:`ragfast._backend.resolve`.
+        Implementation; default from :func:`ragfast.ops.registry.resolve`.
 
     Returns
     -------

@@ -24,7 +24,7 @@ from __future__ import annotations
 import warnings
 from typing import Any
 
-from ragfast._backend import register, resolve
+from ragfast.ops.registry import register, resolve
 
 __all__ = ["prefix_attention", "prefix_attention_ref", "prefix_attention_flex", "flex_block_mask", "dense_mask",
            "check_inputs"]

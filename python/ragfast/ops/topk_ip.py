@@ -9,7 +9,7 @@ score ``-inf``. A corpus row whose score is NaN or ``-inf`` is never a hit.
 Corpus storage: a float32/float16/bfloat16 tensor, or a :class:`QuantizedCorpus` made by
 :func:`quantize` (fp16, bf16, or int8 with a per-vector scale).
 
-Backends (``ragfast._backend``): ``ref`` (torch, the oracle and fallback), ``cpp``
+Backends (``ragfast.ops.registry``): ``ref`` (torch, the oracle and fallback), ``cpp``
 (``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512
 with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
 ``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16
@@ -26,7 +26,8 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from ragfast._backend import register, resolve
+from ragfast.ops.registry import register, resolve
+from ragfast.checks import check_k, check_min_score
 from ragfast.ops.topk_ip_choice import choose as choose_path
 
 __all__ = [
@@ -264,17 +265,8 @@ def _validate(queries: Any, corpus: Any, k: Any, min_score: Any, exclude: Any):
         raise ValueError("corpus is empty (N = 0): nothing to search")
     if q.shape[1] != d:
         raise ValueError(f"dimension mismatch: queries have d={q.shape[1]}, corpus rows have d={d}")
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    k = int(k)
-    if k <= 0:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if k > N:
-        raise ValueError(f"k={k} exceeds the corpus size N={N}")
-    if min_score is not None:
-        min_score = float(min_score)
-        if math.isnan(min_score):
-            raise ValueError("min_score is NaN")
+    k = check_k(k, N, size=f"the corpus size N={N}", type_error=TypeError)
+    min_score = check_min_score(min_score, finite=False)
     if q.device != cdev:
         if q.device.type == "cpu" and cdev.type != "cpu":
             q = q.to(cdev)
@@ -455,7 +447,7 @@ def default_path(batch: int, storage: str = "fp32"):
     """What :func:`topk_ip` runs by default on this machine for ``batch`` queries over
     ``storage``: a :class:`~ragfast.ops.topk_ip_choice.Choice` (compiled kernels at the ISA
     level in use, or torch mm + topk), or None when the compiled backend is not available."""
-    from ragfast._backend import available
+    from ragfast.ops.registry import available
 
     if not available()["cpp"]:
         return None

@@ -1,4 +1,5 @@
-"""Retrieval: encoders, dense and BM25 indexes, the Search-R1-compatible server and client.
+"""Retrieval: encoders, dense (local, sharded, Ray-sharded) and BM25 indexes, the exact top-k merge,
+the Search-R1-compatible server and client.
 
 Only the interface is imported eagerly; the heavy classes (torch, transformers, faiss, bm25s)
 load on first use, so ``import ragfast.retrieval`` stays cheap for the HTTP client and the CLI.
@@ -22,6 +23,8 @@ _LAZY = {
     "BM25Retriever": "ragfast.retrieval.bm25",
     "create_app": "ragfast.retrieval.server",
     "RemoteRetriever": "ragfast.retrieval.remote",
+    "RayShardedIndex": "ragfast.retrieval.ray_index",
+    "merge_topk": "ragfast.retrieval.merge",
 }
 
 __all__ = ["Hit", "Retriever", *_LAZY]

@@ -14,8 +14,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ragfast.checks import check_exclude, check_positive_k, check_question_ids, check_texts
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
+from ragfast.retrieval.index_meta import read_index_meta
 
 __all__ = ["BM25", "BM25Retriever"]
 
@@ -127,16 +129,9 @@ class BM25:
         (scores, ids) : (np.ndarray, np.ndarray)
             float32 ``[B, k]`` best first, int64 ``[B, k]``.
         """
-        if isinstance(queries, str):
-            raise DataError("BM25.search expects a list of query strings, got one string")
-        queries = list(queries)
-        for i, q in enumerate(queries):
-            if not isinstance(q, str):
-                raise DataError(f"query {i} is {type(q).__name__}, expected str")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        if exclude is not None and len(exclude) != len(queries):
-            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+        queries = check_texts(queries, "BM25.search expects a list of query strings", item="query")
+        k = check_positive_k(k)
+        check_exclude(exclude, len(queries), as_int=False)
         bsz = len(queries)
         out_s = np.full((bsz, k), -np.inf, dtype=np.float32)
         out_i = np.full((bsz, k), -1, dtype=np.int64)
@@ -155,10 +150,7 @@ class BM25:
             out_s[r, :len(sel)] = scores[r, sel]
             out_i[r, :len(sel)] = docs[r, sel]
         if ledger is not None:
-            qids = list(question_ids) if question_ids is not None else [None] * bsz
-            if len(qids) != bsz:
-                raise ValueError(f"{len(qids)} question ids for {bsz} queries")
-            ledger.add_batch("search", qids, seconds=time.perf_counter() - t0,
+            ledger.add_batch("search", check_question_ids(question_ids, bsz), seconds=time.perf_counter() - t0,
                              bytes_scanned=[self._bytes_for(t) for t in toks])
         return out_s, out_i
 
@@ -192,12 +184,7 @@ class BM25:
         from bm25s.tokenization import Tokenizer
 
         p = Path(path)
-        meta_path = p / "meta.json"
-        if not meta_path.exists():
-            raise DataError(f"{p} is not a ragfast BM25 index (no meta.json)")
-        meta = json.loads(meta_path.read_text())
-        if meta.get("format") != _FORMAT:
-            raise DataError(f"{p}: unknown BM25 index format {meta.get('format')!r}")
+        meta = read_index_meta(p, _FORMAT, "BM25 index")
         ret = bm25s.BM25.load(str(p), mmap=mmap, show_progress=False, verbosity=0)
         tok = Tokenizer(stopwords="en", stemmer=_stemmer(True) if meta["stem"] else None)
         tok.load_vocab(str(p))
@@ -235,8 +222,7 @@ class BM25Retriever(Retriever):
             return []
         ex = None
         if exclude is not None:
-            if len(exclude) != len(queries):
-                raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
+            check_exclude(exclude, len(queries), as_int=False)
             ex = []
             for e in exclude:
                 rows = []

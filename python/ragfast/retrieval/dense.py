@@ -25,69 +25,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search
 from ragfast.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
+from ragfast.retrieval.index_meta import read_index_meta
+from ragfast.retrieval.merge import merge_topk, shard_exclude
+from ragfast.retrieval.search_cost import record_search, split_evenly
 
 __all__ = ["DenseIndex", "ShardedIndex", "DenseRetriever", "build_default_retriever", "STORAGE_BYTES"]
 
 #: Bytes per stored element of each flat storage dtype (int8 adds per-row scale and sums).
 STORAGE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "int8": 1}
 _FORMAT = "ragfast-dense-index/1"
-
-
-def _as_query_tensor(queries: Any, dim: int):
-    import torch
-
-    q = queries if isinstance(queries, torch.Tensor) else torch.as_tensor(np.asarray(queries))
-    if q.ndim == 1:
-        q = q.unsqueeze(0)
-    if q.ndim != 2:
-        raise DataError(f"queries must be a [B, d] matrix, got shape {tuple(q.shape)}")
-    if q.shape[1] != dim:
-        raise DataError(f"query dimension {q.shape[1]} does not match the index dimension {dim}")
-    if not q.is_floating_point():
-        raise DataError(f"queries must be floating point, got {q.dtype}")
-    q = q.to(torch.float32).contiguous()
-    if q.numel() and not torch.isfinite(q).all():
-        raise DataError("queries contain NaN or infinite values")
-    return q
-
-
-def _check_k(k: int, n: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-        raise ValueError(f"k must be an int, got {type(k).__name__}")
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
-    if k > n:
-        raise ValueError(f"k={k} exceeds the number of indexed vectors ({n})")
-    return int(k)
-
-
-def _check_exclude(exclude: Sequence[Sequence[int]] | None, b: int) -> list[list[int]] | None:
-    if exclude is None:
-        return None
-    if len(exclude) != b:
-        raise ValueError(f"exclude has {len(exclude)} lists for {b} queries")
-    return [[int(x) for x in ex] for ex in exclude]
-
-
-def _split_evenly(total: int, n: int) -> list[int]:
-    """Integers summing to ``total`` exactly, as even as possible over ``n`` items."""
-    base, rem = divmod(int(total), n)
-    return [base + (1 if i < rem else 0) for i in range(n)]
-
-
-def _record(ledger, question_ids, b: int, seconds: float, bytes_total: int, flops_per_query: float = 0.0) -> None:
-    if ledger is None or b == 0:
-        return
-    qids = list(question_ids) if question_ids is not None else [None] * b
-    if len(qids) != b:
-        raise ValueError(f"{len(qids)} question ids for {b} queries")
-    # One batched scan reads the corpus once for all its queries; each question is charged an
-    # equal share so the per-question bytes add up to what was read.
-    ledger.add_batch("search", qids, seconds=seconds, bytes_scanned=_split_evenly(bytes_total, b),
-                     flops=[float(flops_per_query)] * b)
 
 
 class DenseIndex:
@@ -178,7 +128,7 @@ class DenseIndex:
         progress : bool
             Show a progress bar while adding to a faiss index.
         """
-        emb = _as_matrix(embeddings)
+        emb = as_matrix(embeddings)
         if backend == "flat":
             return cls("flat", vectors=emb, storage=storage, kernel_backend=kernel_backend)
         if backend != "faiss":
@@ -300,12 +250,8 @@ class DenseIndex:
         """
         import torch
 
-        q = _as_query_tensor(queries, self.dim)
-        k = _check_k(k, self.ntotal)
+        q, k, ex = check_search(queries, k, exclude, min_score, dim=self.dim, n=self.ntotal)
         b = q.shape[0]
-        ex = _check_exclude(exclude, b)
-        if min_score is not None and not np.isfinite(min_score):
-            raise ValueError(f"min_score must be finite, got {min_score}")
         if b == 0:
             return torch.zeros((0, k), dtype=torch.float32), torch.zeros((0, k), dtype=torch.int64)
         t0 = time.perf_counter()
@@ -319,7 +265,7 @@ class DenseIndex:
         per_batch = self.bytes_per_search()
         if self.backend == "faiss" and isinstance(self._downcast(), _ivf_class()):
             per_batch *= b  # IVF reads its lists per query, not once per batch
-        _record(ledger, question_ids, b, seconds, per_batch, self.flops_per_query())
+        record_search(ledger, question_ids, b, seconds, per_batch, self.flops_per_query())
         return scores, ids
 
     def flops_per_query(self) -> float:
@@ -406,12 +352,7 @@ class DenseIndex:
         if not p.exists():
             raise DataError(f"no index at {p}")
         if p.is_dir():
-            meta_path = p / "meta.json"
-            if not meta_path.exists():
-                raise DataError(f"{p} is not a ragfast index directory (no meta.json)")
-            meta = json.loads(meta_path.read_text())
-            if meta.get("format") != _FORMAT:
-                raise DataError(f"{p}: unknown index format {meta.get('format')!r}")
+            meta = read_index_meta(p, _FORMAT, "index directory")
             if meta["backend"] == "flat":
                 vec = np.load(p / "vectors.npy", mmap_mode="r" if mmap else None)
                 return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
@@ -421,7 +362,7 @@ class DenseIndex:
                        gpus=gpus)
         if p.suffix == ".npy":
             vec = np.load(p, mmap_mode="r" if mmap else None)
-            return cls("flat", vectors=_as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
+            return cls("flat", vectors=as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
         return cls("faiss", faiss_index=_read_faiss(p, mmap), search_params=search_params, gpus=gpus)
 
 
@@ -453,26 +394,6 @@ def _read_faiss(path: Path, mmap: bool):
         except RuntimeError as exc:
             last = exc
     raise DataError(f"{path} is not a readable faiss index: {str(last).splitlines()[0]}") from last
-
-
-def _as_matrix(embeddings: Any) -> np.ndarray:
-    try:
-        import torch
-
-        if isinstance(embeddings, torch.Tensor):
-            embeddings = embeddings.detach().to(torch.float32).cpu().numpy()
-    except ImportError:
-        pass
-    arr = embeddings if isinstance(embeddings, np.ndarray) else np.asarray(embeddings)
-    if arr.ndim != 2:
-        raise DataError(f"embeddings must be a [N, d] matrix, got shape {arr.shape}")
-    if arr.shape[0] == 0:
-        raise DataError("cannot index an empty corpus (0 vectors)")
-    if arr.dtype != np.float32:
-        if not np.issubdtype(arr.dtype, np.floating):
-            raise DataError(f"embeddings must be floating point, got {arr.dtype}")
-        arr = arr.astype(np.float32)
-    return arr
 
 
 def _shard_worker(path: str, storage: str | None, kernel_backend: str | None, threads: int | None, conn) -> None:
@@ -600,11 +521,11 @@ class ShardedIndex:
                 raise ConfigError("only flat indexes can be split; faiss shards over GPUs itself")
             storage = embeddings.storage if storage == "fp32" else storage
             embeddings = embeddings.vectors
-        emb = _as_matrix(embeddings)
+        emb = as_matrix(embeddings)
         n = emb.shape[0]
         if not 1 <= num_shards <= n:
             raise ValueError(f"num_shards must be in 1..{n}, got {num_shards}")
-        bounds = np.cumsum([0] + _split_evenly(n, num_shards))
+        bounds = np.cumsum([0] + split_evenly(n, num_shards))
         shards = [DenseIndex("flat", vectors=emb[bounds[s]:bounds[s + 1]], storage=storage,
                              kernel_backend=kernel_backend) for s in range(num_shards)]
         return cls(shards, threads=threads)
@@ -680,25 +601,19 @@ class ShardedIndex:
         """Same contract as :meth:`DenseIndex.search`, over all shards."""
         import torch
 
-        q = _as_query_tensor(queries, self.dim)
-        k = _check_k(k, self.ntotal)
+        q, k, ex = check_search(queries, k, exclude, min_score, dim=self.dim, n=self.ntotal)
         b = q.shape[0]
-        ex = _check_exclude(exclude, b)
         t0 = time.perf_counter()
 
         def one(s: int):
             shard, lo = self.shards[s], int(self.offsets[s])
-            hi = lo + len(shard)
-            local_ex = None
-            if ex is not None:
-                local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex]
+            local_ex = shard_exclude(ex, lo, lo + len(shard))
             return shard.search(q, min(k, len(shard)), exclude=local_ex, min_score=min_score)
 
         if isinstance(self.shards[0], _ProcessShard):
             for s_, shard in enumerate(self.shards):  # send to every process, then collect
                 lo, hi = int(self.offsets[s_]), int(self.offsets[s_ + 1])
-                local_ex = [[x - lo for x in e if lo <= x < hi] for e in ex] if ex is not None else None
-                shard.submit(q, min(k, len(shard)), local_ex, min_score)
+                shard.submit(q, min(k, len(shard)), shard_exclude(ex, lo, hi), min_score)
             parts, errors = [], []
             for shard in self.shards:  # drain every pipe, even after a failure, to stay in step
                 try:
@@ -712,18 +627,10 @@ class ShardedIndex:
         else:
             with ThreadPoolExecutor(max_workers=min(self.threads, len(self.shards))) as pool:
                 parts = list(pool.map(one, range(len(self.shards))))
-        scores = np.concatenate([p[0].numpy() for p in parts], axis=1)
-        ids = np.concatenate([np.where(p[1].numpy() >= 0, p[1].numpy() + self.offsets[s], -1)
-                              for s, p in enumerate(parts)], axis=1)
-        # Exact merge: score descending, then row id ascending; empty slots (-1) sort last.
-        key_id = np.where(ids < 0, np.iinfo(np.int64).max, ids)
-        order = np.lexsort((key_id, -scores), axis=1)[:, :k]
-        out_s = np.take_along_axis(scores, order, axis=1)
-        out_i = np.take_along_axis(ids, order, axis=1)
-        _record(ledger, question_ids, b, time.perf_counter() - t0, self.bytes_per_search(),
-                sum(s.flops_per_query() for s in self.shards))
-        return torch.from_numpy(np.ascontiguousarray(out_s, dtype=np.float32)), torch.from_numpy(
-            np.ascontiguousarray(out_i, dtype=np.int64))
+        out_s, out_i = merge_topk([(p[0].numpy(), p[1].numpy()) for p in parts], self.offsets[:-1], k)
+        record_search(ledger, question_ids, b, time.perf_counter() - t0, self.bytes_per_search(),
+                      sum(s.flops_per_query() for s in self.shards))
+        return torch.from_numpy(out_s), torch.from_numpy(out_i)
 
 
 class DenseRetriever(Retriever):
@@ -768,10 +675,8 @@ class DenseRetriever(Retriever):
         queries = list(queries)
         if not queries:
             return []
-        if exclude is not None and len(exclude) != len(queries):
-            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
+        check_exclude(exclude, len(queries), as_int=False)
+        k = check_positive_k(k)
         qv = self.encoder.encode_queries(queries, ledger=ledger, question_ids=question_ids)
         ex = [self._rows_of(e) for e in exclude] if exclude is not None else None
         scores, ids = self.index.search(qv, min(int(k), len(self.index)), exclude=ex, min_score=min_score,

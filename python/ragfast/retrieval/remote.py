@@ -10,8 +10,9 @@ import math
 import time
 from typing import Any, Sequence
 
+from ragfast.checks import check_exclude, check_positive_k, check_question_ids
 from ragfast.errors import ConfigError, RagfastError
-from ragfast.http import post_json
+from ragfast.http import check_url, get_json, post_json
 from ragfast.remote_cost import book
 from ragfast.retrieval.base import Hit, Retriever
 
@@ -75,9 +76,7 @@ class RemoteRetriever(Retriever):
                  client: Any = None):
         import httpx
 
-        if not url.startswith(("http://", "https://")):
-            raise ConfigError(f"retriever URL must start with http:// or https://, got {url!r}")
-        url = url.rstrip("/")
+        url = check_url(url, "retriever URL").rstrip("/")
         self.base = url[: -len("/retrieve")] if url.endswith("/retrieve") else url
         self.url = self.base + "/retrieve"
         if max_queries_per_request < 1:
@@ -89,9 +88,8 @@ class RemoteRetriever(Retriever):
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "class": type(self).__name__, "url": self.url}
         try:
-            r = self.client.get(self.base + "/health", timeout=5.0)
-            if r.status_code == 200:
-                d["server"] = r.json().get("retriever")
+            d["server"] = get_json(self.client, self.base + "/health", retries=0, timeout=5.0,
+                                   error=RemoteRetrievalError).get("retriever")
         except Exception:
             d["server"] = None  # a Search-R1 server has no /health; the URL is what we know
         return d
@@ -121,13 +119,9 @@ class RemoteRetriever(Retriever):
         queries = list(queries)
         if not queries:
             return []
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be a positive int, got {k!r}")
-        if exclude is not None and len(exclude) != len(queries):
-            raise ValueError(f"exclude has {len(exclude)} lists for {len(queries)} queries")
-        qids = list(question_ids) if question_ids is not None else [None] * len(queries)
-        if len(qids) != len(queries):
-            raise ValueError(f"{len(qids)} question ids for {len(queries)} queries")
+        k = check_positive_k(k)
+        check_exclude(exclude, len(queries), as_int=False)
+        qids = check_question_ids(question_ids, len(queries))
         out: list[list[Hit]] = []
         for s in range(0, len(queries), self.max_queries):
             part = queries[s:s + self.max_queries]

@@ -4,6 +4,10 @@ Every op has up to three implementations with one signature: ``ref`` (plain torc
 oracle and fallback), ``cpp`` (``ragfast._C``) and ``triton`` (``ragfast.kernels``). The op
 modules register them here; :func:`resolve` picks one per call.
 
+This module imports no op module, so there is no import loop: the op modules import it, and
+importing it (``ragfast.ops.registry``) first runs ``ragfast/ops/__init__.py``, which imports
+every op module, so every op is registered before anything here is called.
+
 Choice order: the ``backend=`` argument of the call, then ``RAGFAST_BACKEND``, then the default
 for the data's device (triton for CUDA tensors, cpp for CPU ones), falling back to ``ref`` when
 the preferred one is not available for that op.
@@ -14,6 +18,9 @@ import functools
 import importlib
 import os
 from typing import Any, Callable
+
+__all__ = ["BACKENDS", "BackendError", "register", "cpp_module", "available", "default_backend", "resolve",
+           "backends"]
 
 BACKENDS = ("ref", "cpp", "triton")
 
@@ -34,7 +41,8 @@ def register(op: str, backend: str, fn: Callable[..., Any]) -> Callable[..., Any
 
 
 @functools.lru_cache(maxsize=None)
-def _cpp_module():
+def cpp_module():
+    """The compiled extension ``ragfast._C``, or None when it did not build or import."""
     try:
         return importlib.import_module("ragfast._C")
     except ImportError:
@@ -61,7 +69,7 @@ def _triton_status() -> tuple[bool, str]:
 
 def available() -> dict[str, bool]:
     """Which backends can run on this machine."""
-    return {"ref": True, "cpp": _cpp_module() is not None, "triton": _triton_status()[0]}
+    return {"ref": True, "cpp": cpp_module() is not None, "triton": _triton_status()[0]}
 
 
 def _env_backend() -> str | None:
@@ -73,14 +81,8 @@ def _env_backend() -> str | None:
     return env
 
 
-def _ensure_ops_loaded() -> None:
-    # Importing ragfast.ops registers every op's implementations.
-    importlib.import_module("ragfast.ops")
-
-
 def default_backend(op: str, device: str = "cpu") -> str:
     """The backend ``op`` uses when the call names none."""
-    _ensure_ops_loaded()
     impls = _REGISTRY.get(op, {})
     avail = available()
     env = _env_backend()
@@ -102,7 +104,6 @@ def resolve(op: str, backend: str | None = None, device: str = "cpu") -> tuple[s
         When the named backend does not exist, is not available here, or has no
         implementation of this op.
     """
-    _ensure_ops_loaded()
     impls = _REGISTRY.get(op)
     if not impls:
         raise BackendError(f"unknown op {op!r}; known: {sorted(_REGISTRY)}")
@@ -150,8 +151,7 @@ def backends() -> dict[str, Any]:
         ``topk_ip_paths``: per storage and batch class, whether the default topk_ip runs the
         compiled kernels (``cpp``) or torch mm + topk at that level, from the measured table.
     """
-    _ensure_ops_loaded()
-    c = _cpp_module()
+    c = cpp_module()
     return {
         "available": available(),
         "override": _env_backend(),
