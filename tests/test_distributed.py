@@ -161,7 +161,7 @@ def single(questions, config, tmp_path_factory):
 
 
 def _run(questions, config, out, **kw):
-    from ragfast.distributed import run_on_ray
+    from ragfast.runner.distributed import run_on_ray
 
     kw.setdefault("make_generator", scripted)
     kw.setdefault("make_retriever", functools.partial(build_bm25, questions))
@@ -217,7 +217,7 @@ def test_ray_run_equals_single_process(questions, config, single, tmp_path):
 
 @pytest.mark.slow
 def test_worker_and_retriever_exits_are_restarted_by_ray(cluster, questions, config, single, tmp_path):
-    from ragfast.distributed import PipelineLoop
+    from ragfast.runner.distributed import PipelineLoop
     from ragfast.methods.searchr1.loop import run_searchr1
 
     marker, r_marker = tmp_path / "crashed", tmp_path / "retriever-crashed"
@@ -291,7 +291,7 @@ def generator_is(questions, generator, retriever, *, me, config, ledger):
 
 
 def test_pipeline_loop_builds_slots_once_and_runs_the_function(questions, config):
-    from ragfast.distributed import GENERATOR, PipelineLoop
+    from ragfast.runner.distributed import GENERATOR, PipelineLoop
     from ragfast.cost import CostLedger
 
     ml = PipelineLoop(searchr1_with_hook, slots={"stopper": make_force_answer})
@@ -314,7 +314,7 @@ def test_pipeline_loop_builds_slots_once_and_runs_the_function(questions, config
 
 
 def test_bad_input_is_named(questions, config, tmp_path):
-    from ragfast.distributed import run_on_ray
+    from ragfast.runner.distributed import run_on_ray
 
     mk = functools.partial(build_bm25, questions)
     with pytest.raises(DataError, match="duplicate question id"):
@@ -337,7 +337,7 @@ def test_cluster_too_small_is_named(cluster, questions, config, tmp_path):
 
 
 def test_gpus_per_worker_rule():
-    from ragfast.distributed import gpus_per_worker
+    from ragfast.runner.distributed import gpus_per_worker
 
     assert gpus_per_worker(0, 4) == 0.0
     assert gpus_per_worker(8, 4) == 1.0

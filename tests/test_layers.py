@@ -16,11 +16,12 @@ import ragfast
 ROOT = Path(ragfast.__file__).parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
-    ("ops", ("ragfast._C", "ragfast.ops")),
+    ("ops", ("ragfast._C", "ragfast.ops", "ragfast.kernels")),
     ("records", ("ragfast.types", "ragfast.errors", "ragfast.text", "ragfast.checks", "ragfast.protocol",
                  "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
                  "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
-                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help")),
+                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help",
+                 "ragfast.ray_support")),
     ("components", ("ragfast.data", "ragfast.hseq", "ragfast.retrieval", "ragfast.models", "ragfast.serving")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),

@@ -74,8 +74,8 @@ _LAZY: dict[str, str] = {
     "run_s2g": "ragfast.methods.s2g.loop",
     "StepGapConfig": "ragfast.methods.stepgap.loop",
     "run_stepgap": "ragfast.methods.stepgap.loop",
-    "ReloopConfig": "ragfast.methods.reloop.loop",
-    "run_reloop": "ragfast.methods.reloop.loop:run",
+    "ReloopConfig": "ragfast.methods.reloop.config",
+    "run_reloop": "ragfast.methods.reloop.loop:run_questions",
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -446,7 +446,7 @@ def run_method_on_ray(cfg: BenchConfig, method: str, slots: Slots, out: Path, re
     import functools
 
     from ragfast.data import load_qa
-    from ragfast.distributed import GENERATOR, PipelineLoop, run_on_ray
+    from ragfast.runner.distributed import GENERATOR, PipelineLoop, run_on_ray
     from ragfast.results import finished_ids, repair_tail
 
     traj = out / "trajectories" / f"{method}.jsonl"

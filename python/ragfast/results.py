@@ -172,7 +172,7 @@ class ResultsWriter:
         qid = str(record["id"])
         if qid in self.done:
             raise DataError(f"question {qid!r} is already in {self.path}; refusing to write it twice")
-        data = (json.dumps(record, ensure_ascii=False, default=_json_default) + "\n").encode("utf-8")
+        data = (json.dumps(record, ensure_ascii=False, default=json_default) + "\n").encode("utf-8")
         # One write call per line: a crash leaves at most one partial line, which repair_tail cuts.
         self._f.write(data)
         self._f.flush()
@@ -191,7 +191,8 @@ class ResultsWriter:
         self.close()
 
 
-def _json_default(o: Any) -> Any:
+def json_default(o: Any) -> Any:
+    """JSON for numpy scalars and arrays, sets and paths (``json.dumps(..., default=json_default)``)."""
     # numpy scalars and arrays show up in scores; write them as plain JSON numbers and lists.
     try:
         import numpy as np
@@ -281,10 +282,10 @@ def write_manifest(out_dir: str | Path, *, pipeline: str, slots: Mapping[str, An
     entry = {
         "pipeline": pipeline,
         "slots": {k: (dict(v) if isinstance(v, Mapping) else slot_entry(v)) for k, v in slots.items()},
-        "config": json.loads(json.dumps(dict(config), default=_json_default)),
+        "config": json.loads(json.dumps(dict(config), default=json_default)),
         "seed": int(seed),
         "ragfast_version": ragfast.__version__,
-        **(json.loads(json.dumps(dict(extra), default=_json_default)) if extra else {}),
+        **(json.loads(json.dumps(dict(extra), default=json_default)) if extra else {}),
     }
     if path.exists():
         old = read_manifest(out_dir)

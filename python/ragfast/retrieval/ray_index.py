@@ -135,7 +135,7 @@ class RayShardedIndex:
 
     Has the same ``search`` contract as :class:`~ragfast.retrieval.DenseIndex`, so it can stand
     in for one inside :class:`~ragfast.retrieval.DenseRetriever`. Needs a Ray connection
-    (:func:`ragfast.distributed.ray_session` or ``ray.init``).
+    (:func:`ragfast.runner.distributed.ray_session` or ``ray.init``).
 
     Parameters
     ----------
@@ -160,7 +160,7 @@ class RayShardedIndex:
                  threads_per_shard: int | None = None, max_restarts: int = 3, max_task_retries: int = 3):
         ray = require_ray()
         if not ray.is_initialized():
-            raise ConfigError("RayShardedIndex needs a Ray connection: use ragfast.distributed.ray_session() "
+            raise ConfigError("RayShardedIndex needs a Ray connection: use ragfast.runner.distributed.ray_session() "
                               "or ray.init() first")
         vec_path, saved_storage = _resolve_vectors(path)
         storage = storage or saved_storage or "fp32"
@@ -262,7 +262,7 @@ def sharded_dense_retriever(corpus: Any, vectors: str | os.PathLike, num_shards:
                             device: str = "cpu") -> Any:
     """A :class:`~ragfast.retrieval.DenseRetriever` whose index is a :class:`RayShardedIndex`.
 
-    Meant as ``make_retriever`` of :func:`ragfast.distributed.run_on_ray` for indexes too big for one process:
+    Meant as ``make_retriever`` of :func:`ragfast.runner.distributed.run_on_ray` for indexes too big for one process:
     ``functools.partial(sharded_dense_retriever, corpus_path, "vectors.npy", 16, encoder=...)``.
     The shared retriever actor then holds the encoder and the corpus, and S shard actors hold
     the rows (memory-mapped). Needs a Ray connection (inside an actor there always is one).

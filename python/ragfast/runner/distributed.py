@@ -30,9 +30,8 @@ Batch evaluation (:func:`run_on_ray`)
   the driver writes each batch once, so no question is lost or written twice; cost records of
   failed attempts die with them and are never counted.
 
-The flat index sharded over Ray actors (:class:`RayShardedIndex`, :func:`write_vectors`,
-:func:`sharded_dense_retriever`) lives in :mod:`ragfast.retrieval.ray_index`; it is re-exported
-here, where it was public before.
+The flat index sharded over Ray actors (``RayShardedIndex``) is a component: it lives in
+:mod:`ragfast.retrieval.ray_index`.
 """
 from __future__ import annotations
 
@@ -54,7 +53,6 @@ from ragfast.errors import ConfigError, DataError, RagfastError
 from ragfast.ray_support import actor_device, require_ray
 from ragfast.results import summarise
 from ragfast.retrieval.base import Hit, Retriever
-from ragfast.retrieval.ray_index import RayShardedIndex, sharded_dense_retriever, write_vectors  # noqa: F401  (public here before the move)
 from ragfast.types import Question
 
 __all__ = [
@@ -62,10 +60,7 @@ __all__ = [
     "RayRunResult",
     "ray_session",
     "RayRetriever",
-    "RayShardedIndex",
-    "write_vectors",
     "sort_results",
-    "sharded_dense_retriever",
     "gpus_per_worker",
     "PipelineLoop",
     "GENERATOR",
@@ -461,7 +456,7 @@ def sort_results(path: str | os.PathLike, order: Sequence[str]) -> int:
     DataError
         When an id occurs twice in the file.
     """
-    from ragfast.results import _json_default, read_results
+    from ragfast.results import json_default, read_results
 
     path = Path(path)
     if not path.exists():
@@ -479,7 +474,7 @@ def sort_results(path: str | os.PathLike, order: Sequence[str]) -> int:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.sorting")
     with open(tmp, "wb") as f:
         for _, r in keyed:
-            f.write((json.dumps(r, ensure_ascii=False, default=_json_default) + "\n").encode("utf-8"))
+            f.write((json.dumps(r, ensure_ascii=False, default=json_default) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
