@@ -1,7 +1,7 @@
 """The package's shape: imports only go down the floors, no import loops, no private names across modules.
 
-Floors, bottom to top (DESIGN.md): ops -> records and shared checks -> components -> methods ->
-runner -> the top (bench, report, commands, CLI). Read from the source with ``ast``, so a
+Floors, bottom to top (DESIGN.md, refined): errors and argument checks -> ops -> records ->
+components -> methods -> runner -> the top (bench, report, commands, CLI). Read from the source with ``ast``, so a
 function-level import counts as much as a module-level one.
 """
 from __future__ import annotations
@@ -16,8 +16,10 @@ import ragfast
 ROOT = Path(ragfast.__file__).parent
 
 FLOORS: list[tuple[str, tuple[str, ...]]] = [
+    # the errors and argument checks every floor raises, the ops included
+    ("base", ("ragfast.errors", "ragfast.checks")),
     ("ops", ("ragfast._C", "ragfast.ops", "ragfast.kernels")),
-    ("records", ("ragfast.types", "ragfast.errors", "ragfast.text", "ragfast.checks", "ragfast.protocol",
+    ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.savings",
                  "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
                  "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
                  "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help",
@@ -25,7 +27,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("components", ("ragfast.data", "ragfast.hseq", "ragfast.retrieval", "ragfast.models", "ragfast.serving")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
-    ("top", ("ragfast.bench", "ragfast.report", "ragfast.savings", "ragfast.projection", "ragfast.commands",
+    ("top", ("ragfast.bench", "ragfast.report", "ragfast.projection", "ragfast.commands",
              "ragfast.cli")),
 ]
 
@@ -147,7 +149,7 @@ def test_no_import_loops():
 @pytest.mark.parametrize("limit", [900])
 def test_no_product_module_is_huge(limit):
     """No module over ~900 lines unless it is one cohesive thing (the kernels' wrappers are allowed)."""
-    allowed = {"ragfast.ops.topk_ip"}
+    allowed = {"ragfast.ops.topk_ip", "ragfast.hseq"}  # one kernel wrapper; the one HSEQ format and its round trips
     big = {m: sum(1 for _ in p.open(encoding="utf-8")) for m, p in MODULES.items()}
     over = {m: n for m, n in big.items() if n > limit and m not in allowed}
     assert not over, over
