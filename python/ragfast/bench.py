@@ -24,10 +24,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import COMPONENTS, CostLedger, CostRecord
+from ragfast.cost import COMPONENTS
 from ragfast.errors import ConfigError, DataError
 from ragfast.http import is_url
 from ragfast.runner import slots as build
+from ragfast.progress import TurnReporter, turn_reporting
 from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
 from ragfast.types import Question, Trajectory
 
@@ -263,7 +264,6 @@ def _select(questions: list[Question], offset: int, limit: int | None) -> list[Q
 def build_slots(cfg: BenchConfig) -> Slots:
     """Load data and build every slot (encoder/index, reasoner, judge, NLI) once, through :mod:`ragfast.runner.slots`."""
     from ragfast.data import load_qa
-    from ragfast.results import slot_entry
 
     dev = cfg.slot_device
     all_q = load_qa(cfg.data)
@@ -499,40 +499,13 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
     """Counterfactual threshold sweep and judge calibration on the native test trajectories.
 
     Every state of every native trajectory is scored by the judge and probed (answer-only
-    generation from that state); replaying the first-crossing rule over 60 thresholds gives EM,
-    searches and unsafe early stops per threshold without rerunning the reasoner.
+    generation from that state); :func:`ragfast.methods.s2g.analysis.threshold_sweep` replays the
+    first-crossing rule over thresholds without rerunning the reasoner.
     """
+    from ragfast.methods.s2g.analysis import threshold_sweep
     from ragfast.methods.s2g.loop import record_states
-    from ragfast.methods.s2g.policy import sweep
-    from ragfast.stats import calibration_table, sigmoid, unsafe_stop_fraction
 
-    rec = record_states(list(native), slots.judge, slots.make_generator())
-    sc, lab, _ = rec.state_table()
-    fin = sc[np.isfinite(sc)]
-    if fin.size == 0:
-        return {}
-    ths = np.unique(np.quantile(fin, np.linspace(0, 1, 60)))
-    if np.isfinite(threshold):
-        ths = np.unique(np.r_[ths, threshold])
-    idx = sweep(rec.scores, ths, rec.lengths)
-    B = len(rec.ids)
-    rows = np.arange(B)
-    em, searches, unsafe = [], [], []
-    for j in range(len(ths)):
-        i = idx[:, j]
-        stopped = i >= 0
-        em.append(float(np.where(stopped, rec.probe_em[rows, np.where(stopped, i, 0)], rec.native_em).mean()))
-        # stopping at state t means t searches were made
-        searches.append(float(np.where(stopped, np.minimum(i, rec.native_searches), rec.native_searches).mean()))
-        u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
-        unsafe.append(float(u["unsafe_early_stops"]) / B)
-    cal = calibration_table(lab, sigmoid(sc), n_bins=10)
-    from ragfast.stats import brier
-
-    return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
-            "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
-            "brier": float(brier(lab, sigmoid(sc))),
-            "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}
+    return threshold_sweep(record_states(list(native), slots.judge, slots.make_generator()), threshold)
 
 
 # -- summary ---------------------------------------------------------------------------------
@@ -790,38 +763,6 @@ def run_info(cfg: BenchConfig, slots: Slots, wall_seconds: float) -> dict[str, A
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
     return info
-
-
-class TurnReporter:
-    """Wraps a reasoner so each batched generation (one loop turn) updates a progress task.
-
-    Everything else is delegated untouched; the status reads ``turn k · m active (≤n
-    turns/question)``, where a turn is one batched ``generate`` call over the running trajectories
-    and ``n`` the most generations one question can take (budget + the answer turn).
-    """
-
-    def __init__(self, generator: Any, task: Any, max_turns: int):
-        self._gen = generator
-        self._task = task
-        self._max = max_turns
-        self._calls = 0
-
-    def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
-        self._calls += 1
-        # batches refill as questions finish, so the loop's turn count can pass one question's maximum
-        self._task.set_status(f"turn {self._calls} · {len(ids)} active (≤{self._max} turns/question)")
-        return self._gen.generate(ids, *args, **kw)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._gen, name)
-
-
-def turn_reporting(make_generator: Callable[[], Any], task: Any, max_turns: int) -> Callable[[], Any]:
-    """A generator factory whose generators report their turns on ``task``."""
-    def make() -> Any:
-        return TurnReporter(make_generator(), task, max_turns)
-
-    return make
 
 
 def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:

@@ -43,6 +43,8 @@ COMMAND_MODULES = (
     "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
     "ragfast.commands.judge_training",
+    "ragfast.commands.report",
+    "ragfast.commands.export",
     "ragfast.commands.cost",
 )
 

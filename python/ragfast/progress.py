@@ -16,9 +16,9 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
-__all__ = ["RunProgress", "Task", "current", "progress_task"]
+__all__ = ["RunProgress", "Task", "current", "progress_task", "TurnReporter", "turn_reporting"]
 
 log = logging.getLogger("ragfast.progress")
 
@@ -190,3 +190,34 @@ class progress_task:  # noqa: N801 - used like a function in a with statement
         if self._own is not None:
             self._own.__exit__(*exc)
 
+
+class TurnReporter:
+    """Wraps a reasoner so each batched generation (one loop turn) updates a progress task.
+
+    Everything else is delegated untouched; the status reads ``turn k · m active (≤n
+    turns/question)``, where a turn is one batched ``generate`` call over the running trajectories
+    and ``n`` the most generations one question can take (budget + the answer turn).
+    """
+
+    def __init__(self, generator: Any, task: Any, max_turns: int):
+        self._gen = generator
+        self._task = task
+        self._max = max_turns
+        self._calls = 0
+
+    def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
+        self._calls += 1
+        # batches refill as questions finish, so the loop's turn count can pass one question's maximum
+        self._task.set_status(f"turn {self._calls} · {len(ids)} active (≤{self._max} turns/question)")
+        return self._gen.generate(ids, *args, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gen, name)
+
+
+def turn_reporting(make_generator: Callable[[], Any], task: Any, max_turns: int) -> Callable[[], Any]:
+    """A generator factory whose generators report their turns on ``task``."""
+    def make() -> Any:
+        return TurnReporter(make_generator(), task, max_turns)
+
+    return make

@@ -76,6 +76,6 @@ def report_cost_cmd(
 
 def register(app: typer.Typer) -> None:
     """Add ``report cost`` to the ``report`` group (created by :mod:`ragfast.commands.s2g`)."""
-    from ragfast.commands.s2g import report_app
+    from ragfast.commands.report import report_app
 
     report_app.command("cost")(report_cost_cmd)

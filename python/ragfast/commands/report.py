@@ -1,0 +1,91 @@
+"""``ragfast report ...``: evaluate finished runs from their results directories.
+
+``report s2g RESULTS_DIR`` recomputes the S2G report from a ``run s2g`` directory; other areas
+add theirs to :data:`report_app` (``report cost`` in :mod:`ragfast.commands.cost`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+report_app = typer.Typer(help="Evaluate finished runs from their results directories.", no_args_is_help=True)
+
+__all__ = ["report_app", "register", "report_s2g"]
+
+
+def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0,
+               margin: float = 0.02) -> dict[str, Any]:
+    """Evaluate a ``run s2g`` directory; write ``s2g_report.md`` and ``s2g_report.json`` there.
+
+    Returns
+    -------
+    dict
+        The evaluation (see :func:`ragfast.methods.s2g.loop.evaluate`).
+    """
+    from ragfast.methods.s2g.loop import evaluate, render_markdown
+
+    d = Path(results_dir)
+    ev = evaluate(d, n_resamples=n_resamples, seed=seed, margin=margin)
+    man = json.loads((d / "manifest.json").read_text()) if (d / "manifest.json").exists() else None
+    md = render_markdown(ev, man)
+    (d / "s2g_report.md").write_text(md, encoding="utf-8")
+
+    def clean(o: Any) -> Any:
+        if isinstance(o, dict):
+            return {k: clean(v) for k, v in o.items()}
+        if isinstance(o, (list, tuple)):
+            return [clean(v) for v in o]
+        if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
+            return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
+        if hasattr(o, "item"):
+            return clean(o.item())
+        return o
+
+    (d / "s2g_report.json").write_text(json.dumps(clean(ev), indent=1) + "\n", encoding="utf-8")
+    return ev
+
+
+
+@report_app.command("s2g")
+def s2g_report_cmd(
+    results_dir: str = typer.Argument(..., help="A directory written by `ragfast run s2g`."),
+    n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
+    margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),
+    judge: Optional[list[str]] = typer.Option(None, "--judge", help="Also compare judges side by side on the recorded "
+                                                                    "states (repeatable): recorded | encoder | head | "
+                                                                    "a judge path. Writes s2g_judges.md/.json."),
+    labels: str = typer.Option("probe", "--labels", help="With --judge: what a right stop is, probe or gold."),
+    min_precision: float = typer.Option(0.90, "--min-precision", help="With --judge: validation precision the "
+                                                                      "frozen threshold must reach."),
+) -> None:
+    """Four-part S2G evaluation and the judge's cost balance; writes s2g_report.md/.json."""
+    report_s2g(results_dir, n_resamples=n_resamples, seed=seed, margin=margin)
+    print((Path(results_dir) / "s2g_report.md").read_text(encoding="utf-8"))
+    if judge:
+        from ragfast.methods.s2g.judges import compare_judges, render_judges
+
+        cmp = compare_judges(results_dir, judge, labels=labels, min_precision=min_precision, seed=seed,
+                             log=lambda m: typer.echo(m, err=True))
+        md = render_judges(cmp)
+        d = Path(results_dir)
+        (d / "s2g_judges.md").write_text(md, encoding="utf-8")
+        (d / "s2g_judges.json").write_text(json.dumps(cmp, indent=1, default=_jsonable) + "\n", encoding="utf-8")
+        print(md)
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``report`` group."""
+    app.add_typer(report_app, name="report")

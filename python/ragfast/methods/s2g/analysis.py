@@ -1,0 +1,56 @@
+"""S2G's counterfactual evaluation on recorded states: a threshold sweep and the judge's calibration."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ragfast.methods.s2g.policy import sweep
+from ragfast.stats import brier, calibration_table, sigmoid, unsafe_stop_fraction
+
+__all__ = ["threshold_sweep"]
+
+
+def threshold_sweep(rec: Any, threshold: float, n_thresholds: int = 60) -> dict[str, Any]:
+    """EM, searches and unsafe early stops per threshold, replayed on recorded states, plus calibration.
+
+    Parameters
+    ----------
+    rec : RecordedStates
+        Judge scores and answer-only probe results of every state
+        (:func:`ragfast.methods.s2g.loop.record_states`).
+    threshold : float
+        The frozen threshold; always one of the swept ones.
+    n_thresholds : int
+        Thresholds at the score quantiles.
+
+    Returns
+    -------
+    dict
+        ``sweep`` (thresholds, em, searches, unsafe), ``calibration`` bins, ``ece``, ``brier``,
+        ``n_states``; empty when no state has a finite score.
+    """
+    sc, lab, _ = rec.state_table()
+    fin = sc[np.isfinite(sc)]
+    if fin.size == 0:
+        return {}
+    ths = np.unique(np.quantile(fin, np.linspace(0, 1, n_thresholds)))
+    if np.isfinite(threshold):
+        ths = np.unique(np.r_[ths, threshold])
+    idx = sweep(rec.scores, ths, rec.lengths)
+    B = len(rec.ids)
+    rows = np.arange(B)
+    em, searches, unsafe = [], [], []
+    for j in range(len(ths)):
+        i = idx[:, j]
+        stopped = i >= 0
+        em.append(float(np.where(stopped, rec.probe_em[rows, np.where(stopped, i, 0)], rec.native_em).mean()))
+        # stopping at state t means t searches were made
+        searches.append(float(np.where(stopped, np.minimum(i, rec.native_searches), rec.native_searches).mean()))
+        u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
+        unsafe.append(float(u["unsafe_early_stops"]) / B)
+    cal = calibration_table(lab, sigmoid(sc), n_bins=10)
+    return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
+            "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
+            "brier": float(brier(lab, sigmoid(sc))),
+            "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}
