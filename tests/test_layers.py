@@ -22,7 +22,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.savings",
                  "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
                  "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
-                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help",
+                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
                  "ragfast.ray_support")),
     ("components", ("ragfast.data", "ragfast.hseq", "ragfast.retrieval", "ragfast.models", "ragfast.serving")),
     ("methods", ("ragfast.methods",)),

@@ -68,12 +68,20 @@ def test_fingerprint_names_the_first_difference(tmp_path):
 
 
 def test_config_yaml_is_shared_and_flags_win(tmp_path):
+    from ragfast.bench import make_config
     from ragfast.commands.options import resolve
 
     y = tmp_path / "c.yaml"
-    y.write_text("offset: 5\nbatch-size: 8\ncorpus: contexts\n")
-    s = resolve(str(y), {"offset": None, "batch_size": 4, "corpus": None, "device": None, "limit": None})
-    assert s == {"offset": 5, "batch_size": 4, "corpus": ["contexts"], "device": "auto", "limit": None}
+    # bench names (reasoner, budget) and run-command names (max-new-tokens) in one file
+    y.write_text("offset: 5\nbatch-size: 8\ncorpus: contexts\nreasoner: tiny\nbudget: 2\nmax-new-tokens: 9\n"
+                 "judge: head\n")
+    s = resolve(str(y), {"offset": None, "batch_size": 4, "corpus": None, "device": None, "limit": None,
+                         "model": None, "max_turns": None, "max_new_tokens": None, "topk": None})
+    assert s == {"offset": 5, "batch_size": 4, "corpus": ["contexts"], "device": "auto", "limit": None,
+                 "model": "tiny", "max_turns": 2, "max_new_tokens": 9, "topk": 3}
+    cfg = make_config(yaml_path=str(y))  # the bench reads the same file
+    assert (cfg.offset, cfg.batch_size, cfg.reasoner, cfg.budget, cfg.judge) == (5, 8, "tiny", 2, "head")
+    assert cfg.corpus == ["contexts"]
     y.write_text("nonsense: 1\n")
     with pytest.raises(ConfigError, match="nonsense"):
         resolve(str(y), {"offset": None})

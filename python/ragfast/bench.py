@@ -183,20 +183,14 @@ def make_config(preset: str = "default", yaml_path: str | None = None, **overrid
         elif isinstance(v, list):
             v = [x.format(models=models) if isinstance(x, str) else x for x in v]
         values[k] = v
-    if yaml_path:
-        import yaml
+    # The same file the run commands read: their names for bench settings are accepted, and
+    # settings only they take (the loop's token caps) are left to them.
+    from ragfast.settings import BENCH_NAMES, RUN_ONLY, load_yaml
 
-        p = Path(yaml_path)
-        if not p.exists():
-            raise ConfigError(f"config file {p} does not exist")
-        try:
-            loaded = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{p}: not valid YAML ({exc})") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"{p}: expected a mapping of settings, got {type(loaded).__name__}")
-        values.update(loaded)
+    values.update({BENCH_NAMES.get(k, k): v for k, v in load_yaml(yaml_path).items() if k not in RUN_ONLY})
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("corpus"), str):  # one part, as a flag or YAML scalar gives it
+        values["corpus"] = [values["corpus"]]
     known = {f.name for f in dataclasses.fields(BenchConfig)}
     unknown = sorted(set(values) - known)
     if unknown:

@@ -141,16 +141,11 @@ def run_reloop_command(data: str, out: str, cfg: Any, *, kb: str | None = None, 
     return summary
 
 
+@opt.with_flags("data", "out", "config", "limit", "offset", "batch_size", "device", "val_data", "val_offset",
+                "no_progress")
 def reloop_cmd(
-    data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (hotpotqa-dev, tatqa-dev, "
-                                                             "metaqa-3hop, ...)."),
     planner: str = typer.Option("heuristic", "--planner", help="heuristic | kg-path (MetaQA) | llm."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory (results.jsonl, manifest.json, "
-                                                           "summary.json)."),
-    config: Optional[str] = opt.CONFIG,
     kb: Optional[str] = typer.Option(None, "--kb", help="Triple file for MetaQA questions (default: bundled KB)."),
-    limit: Optional[int] = opt.LIMIT,
-    offset: Optional[int] = opt.OFFSET,
     resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out; refused "
                                                                      "when data, questions, slots or settings differ."),
     encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled all-MiniLM-L6-v2; default) | "
@@ -165,33 +160,28 @@ def reloop_cmd(
     max_steps: int = typer.Option(4, "--max-steps", help="Step budget per question."),
     max_tokens: int = typer.Option(400, "--max-tokens", help="Evidence token budget per question."),
     verify: bool = typer.Option(True, "--verify/--no-verify", help="Verifier + one reduced-budget refinement."),
-    batch_size: Optional[int] = typer.Option(None, "--batch-size", help="Questions per batched step (default 16: "
-                                                                         "RELOOP batches per step, not per turn)."),
-    device: Optional[str] = opt.DEVICE,
-    val_data: Optional[str] = opt.VAL_DATA,
-    val_offset: Optional[int] = opt.VAL_OFFSET,
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    **flags: Any,
 ) -> None:
     """Run RELOOP (HSEQ + guided budget-aware iterator + canonical-evidence head) and write results as they finish.
 
-    --val-data/--val-offset are accepted for a shared --config file; RELOOP has no validation split.
+    RELOOP batches per step: its --batch-size defaults to 16. --val-data/--val-offset are accepted
+    for a shared --config file; RELOOP has no validation split.
     """
     from ragfast.devices import resolve_device
     from ragfast.methods.reloop import ReloopConfig
     from ragfast.outdir import output_dir
 
-    s = opt.resolve(config, dict(data=data, out=out, limit=limit, offset=offset, encoder=encoder,
-                                 batch_size=batch_size, device=device, val_data=val_data, val_offset=val_offset),
-                    defaults={"batch_size": 16})
-    for need in ("data", "out"):
-        if not s[need]:
-            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    config, no_progress = flags.pop("config"), flags.pop("no_progress")
+    s = opt.resolve(config, {**flags, "encoder": encoder}, defaults={"batch_size": 16})
+    opt.require(s, "out")
     cfg = ReloopConfig(planner=planner, k=k, window=window, max_steps=max_steps, max_tokens=max_tokens,
                        verify=verify, batch_size=s["batch_size"])
     with output_dir(s["out"]):
         summary = run_reloop_command(s["data"], s["out"], cfg, kb=kb, limit=s["limit"], offset=s["offset"],
                                      resume=resume, encoder=s["encoder"], judge=judge, generator=generator,
-                                     planner_model=planner_model, device=resolve_device(s["device"]))
+                                     planner_model=planner_model, device=resolve_device(s["device"]),
+                                     progress=not no_progress)
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
         return

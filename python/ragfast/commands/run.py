@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -335,46 +335,21 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
 
 
 @run_app.command("searchr1")
+@opt.with_flags(*opt.LOOP_FLAGS)
 def searchr1_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="scripted | tiny | a local model directory | an http(s) "
-                                                               "URL of an OpenAI-compatible server (vLLM, SGLang); "
-                                                               "URL#name names the served model."),
-    data: Optional[str] = typer.Option(None, "--data", help="QA file (HotpotQA, FlashRAG, Search-R1 parquet...) or a "
-                                                             "sample name such as hotpotqa-dev."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory: results.jsonl, manifest.json, "
-                                                           "summary.json."),
-    retriever: Optional[str] = typer.Option(None, "--retriever",
-                                            help="default (MiniLM over --corpus) | bm25 | faiss:<factory> | an index "
-                                                 "path | an http(s) URL of a Search-R1 retrieval server."),
-    config: Optional[str] = opt.CONFIG,
-    limit: Optional[int] = opt.LIMIT,
-    offset: Optional[int] = opt.OFFSET,
     resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue OUT/results.jsonl, skipping finished "
                                                                      "ids; refused when data, questions, slots or "
                                                                      "settings differ."),
-    batch_size: Optional[int] = opt.BATCH_SIZE,
-    max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
-    topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
-    max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
-    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
-    prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
-    corpus: Optional[List[str]] = opt.CORPUS,
-    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
     served_model: Optional[str] = typer.Option(None, "--served-model", help="URL model: the served model name "
                                                                             "(default: the server's only model)."),
     tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer of a served model "
                                                                       "(chat template, token-exact truncation)."),
     model_config: Optional[str] = typer.Option(None, "--model-config", help="URL model: config.json or model dir, "
                                                                             "for analytic FLOPs."),
-    device: Optional[str] = opt.DEVICE,
-    val_data: Optional[str] = opt.VAL_DATA,
-    val_offset: Optional[int] = opt.VAL_OFFSET,
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: checkpoint's)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
     refill: bool = typer.Option(False, "--refill", help="Continuous batching: start a queued question as soon as "
                                                          "one finishes (same trajectories, fuller batches)."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
     ray: Optional[str] = typer.Option(None, "--ray", metavar="ADDRESS",
                                       help="Run on Ray: 'local' starts a local cluster (shut down afterwards), "
                                            "anything else is a cluster address (auto, ray://HOST:10001). Batches "
@@ -383,6 +358,7 @@ def searchr1_cmd(
     ray_workers: Optional[int] = typer.Option(None, "--ray-workers", metavar="N",
                                               help="Reasoner replicas (Ray worker actors) with --ray; default 2. "
                                                    "Each runs whole batches: keep --batch-size <= questions / N."),
+    **flags: Any,
 ) -> None:
     """Run Search-R1 (exact prompt, 4 search turns + a final answer-only turn, top-3) and write trajectories.
 
@@ -393,25 +369,21 @@ def searchr1_cmd(
     from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    s = opt.resolve(config, dict(model=model, data=data, out=out, retriever=retriever, limit=limit, offset=offset,
-                                 batch_size=batch_size, corpus=corpus, encoder=encoder, device=device,
-                                 served_model=served_model, tokenizer=tokenizer, model_config=model_config,
-                                 val_data=val_data, val_offset=val_offset))
-    for need in ("model", "data", "out"):
-        if not s[need]:
-            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    config, no_progress = flags.pop("config"), flags.pop("no_progress")
+    s = opt.resolve(config, {**flags, "served_model": served_model, "tokenizer": tokenizer,
+                             "model_config": model_config})
+    opt.require(s, "out")
     # With --ray each actor picks its device; a device typed or set in --config is refused there.
     dev = (None if s["device"] == "auto" else s["device"]) if ray is not None else resolve_device(s["device"])
     with output_dir(s["out"]):
         run_searchr1_command(model=s["model"], retriever=s["retriever"], data=s["data"], out=s["out"],
                              limit=s["limit"], offset=s["offset"], resume=resume, batch_size=s["batch_size"],
-                             max_turns=max_turns, topk=topk, seed=seed, max_new_tokens=max_new_tokens,
-                             max_obs_tokens=max_obs_tokens, prompt_budget=prompt_budget, corpus=s["corpus"],
-                             encoder=s["encoder"], served_model=s["served_model"], tokenizer=s["tokenizer"],
-                             model_config=s["model_config"],
-                             device=dev,
-                             dtype=dtype, threads=threads, refill=refill, progress=not no_progress, ray=ray,
-                             ray_workers=ray_workers)
+                             max_turns=s["max_turns"], topk=s["topk"], seed=s["seed"],
+                             max_new_tokens=s["max_new_tokens"], max_obs_tokens=s["max_obs_tokens"],
+                             prompt_budget=s["prompt_budget"], corpus=s["corpus"], encoder=s["encoder"],
+                             served_model=s["served_model"], tokenizer=s["tokenizer"], model_config=s["model_config"],
+                             device=dev, dtype=dtype, threads=threads, refill=refill, progress=not no_progress,
+                             ray=ray, ray_workers=ray_workers)
 
 
 def register(app: typer.Typer) -> None:

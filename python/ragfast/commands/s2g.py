@@ -16,7 +16,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -149,58 +149,39 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     return ev
 
 
+@opt.with_flags(*opt.LOOP_FLAGS, "val_limit")
 def s2g_run_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="Reasoner: scripted | tiny | a local model directory | "
-                                                               "a URL."),
-    data: Optional[str] = typer.Option(None, "--data", help="Test QA file or sample name (e.g. hotpotqa-dev)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory."),
     judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled doc-set judge; default) | head "
                                                                "(frozen-feature head) | a judge file/dir | a causal-LM "
                                                                "dir | a serve-judge URL."),
-    retriever: Optional[str] = typer.Option(None, "--retriever", help="default | bm25 | faiss:<factory> | an index "
-                                                                       "path | a URL."),
-    config: Optional[str] = opt.CONFIG,
     threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
                                                                         "--val-data)."),
-    val_data: Optional[str] = opt.VAL_DATA,
-    val_limit: Optional[int] = opt.VAL_LIMIT,
-    val_offset: Optional[int] = opt.VAL_OFFSET,
     min_precision: float = typer.Option(0.90, "--min-precision", help="STOP precision the threshold must reach."),
-    limit: Optional[int] = opt.LIMIT,
-    offset: Optional[int] = opt.OFFSET,
-    batch_size: Optional[int] = opt.BATCH_SIZE,
-    max_turns: int = typer.Option(4, "--max-turns", help="Search-enabled turns (reference: 4)."),
-    topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
-    max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
-    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
     gap_queries: bool = typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra search."),
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
-    corpus: Optional[List[str]] = opt.CORPUS,
-    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
-    device: Optional[str] = opt.DEVICE,
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
+    **flags: Any,
 ) -> None:
-    """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
+    """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report.
+
+    --prompt-budget is accepted for a shared --config file (generators cap their own context).
+    """
     from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    s = opt.resolve(config, dict(model=model, data=data, out=out, judge=judge, retriever=retriever,
-                                 val_data=val_data, val_limit=val_limit, val_offset=val_offset, limit=limit,
-                                 offset=offset, batch_size=batch_size, corpus=corpus, encoder=encoder, device=device))
-    for need in ("model", "data", "out"):
-        if not s[need]:
-            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    config, no_progress = flags.pop("config"), flags.pop("no_progress")
+    s = opt.resolve(config, {**flags, "judge": judge})
+    opt.require(s, "out")
     with output_dir(s["out"]):
         run_s2g_command(model=s["model"], data=s["data"], out=s["out"], judge=s["judge"], retriever=s["retriever"],
                         threshold=threshold, val_data=s["val_data"], val_limit=s["val_limit"],
                         val_offset=s["val_offset"], min_precision=min_precision, limit=s["limit"], offset=s["offset"],
-                        batch_size=s["batch_size"], max_turns=max_turns, topk=topk, seed=seed,
-                        max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens, gap_queries=gap_queries,
-                        live=not no_live, n_resamples=n_resamples, corpus=s["corpus"], encoder=s["encoder"],
-                        device=resolve_device(s["device"]), overwrite=overwrite, progress=not no_progress)
+                        batch_size=s["batch_size"], max_turns=s["max_turns"], topk=s["topk"], seed=s["seed"],
+                        max_new_tokens=s["max_new_tokens"], max_obs_tokens=s["max_obs_tokens"],
+                        gap_queries=gap_queries, live=not no_live, n_resamples=n_resamples, corpus=s["corpus"],
+                        encoder=s["encoder"], device=resolve_device(s["device"]), overwrite=overwrite,
+                        progress=not no_progress)
 
 
 def register(app: typer.Typer) -> None:

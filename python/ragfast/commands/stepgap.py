@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, List, Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import typer
 
@@ -145,14 +145,8 @@ def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "de
     return summary
 
 
+@opt.with_flags(*opt.LOOP_FLAGS)
 def stepgap_run_cmd(
-    model: Optional[str] = typer.Option(None, "--model", help="Reasoner: scripted | tiny | a local model directory | "
-                                                               "a URL."),
-    data: Optional[str] = typer.Option(None, "--data", help="QA file or sample name (e.g. hotpotqa-dev)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Output directory."),
-    retriever: Optional[str] = typer.Option(None, "--retriever", help="default | bm25 | faiss:<factory> | index path "
-                                                                       "| server URL."),
-    config: Optional[str] = opt.CONFIG,
     nli: Optional[str] = typer.Option(None, "--nli", help="NLI cross-encoder: a local directory (e.g. "
                                                            "nli-deberta-v3-large), 'tiny' (random weights, NOT "
                                                            "meaningful; default) or 'none'."),
@@ -165,23 +159,9 @@ def stepgap_run_cmd(
     contra: float = typer.Option(0.5, "--contra", help="Contradiction threshold."),
     no_repair: bool = typer.Option(False, "--no-repair", help="Label steps only; inject no repairs."),
     max_repairs: int = typer.Option(2, "--max-repairs", help="Repairs per question."),
-    limit: Optional[int] = opt.LIMIT,
-    offset: Optional[int] = opt.OFFSET,
     resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished "
                                                                      "questions are not redone."),
-    batch_size: Optional[int] = opt.BATCH_SIZE,
-    max_turns: int = typer.Option(4, "--max-turns", help="Search budget (repair searches count)."),
-    topk: int = typer.Option(3, "--topk", help="Documents per search (reference: 3)."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
-    max_new_tokens: int = typer.Option(500, "--max-new-tokens", help="New tokens per turn (reference: 500)."),
-    max_obs_tokens: int = typer.Option(500, "--max-obs-tokens", help="Observation cap in tokens (reference: 500)."),
-    prompt_budget: int = typer.Option(4096, "--prompt-budget", help="Context cap in tokens (reference: 4096)."),
-    corpus: Optional[List[str]] = opt.CORPUS,
-    encoder: Optional[str] = typer.Option(None, "--encoder", help="minilm (bundled) | a local encoder path."),
-    device: Optional[str] = opt.DEVICE,
-    val_data: Optional[str] = opt.VAL_DATA,
-    val_offset: Optional[int] = opt.VAL_OFFSET,
-    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bars."),
+    **flags: Any,
 ) -> None:
     """Run Search-R1 with the StepGap checker after every turn and typed repairs (retract / re-search / bridge).
 
@@ -190,21 +170,17 @@ def stepgap_run_cmd(
     from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    s = opt.resolve(config, dict(model=model, data=data, out=out, retriever=retriever, nli=nli,
-                                 nli_backend=nli_backend, checker_llm=checker_llm, limit=limit, offset=offset,
-                                 batch_size=batch_size, corpus=corpus, encoder=encoder, device=device,
-                                 val_data=val_data, val_offset=val_offset))
-    for need in ("model", "data", "out"):
-        if not s[need]:
-            raise ConfigError(f"--{need} is required (on the command line or in --config)")
+    config, no_progress = flags.pop("config"), flags.pop("no_progress")
+    s = opt.resolve(config, {**flags, "nli": nli, "nli_backend": nli_backend, "checker_llm": checker_llm})
+    opt.require(s, "out")
     with output_dir(s["out"]):
         run_stepgap_command(model=s["model"], retriever=s["retriever"], data=s["data"], out=s["out"], nli=s["nli"],
                             nli_backend=s["nli_backend"], checker_llm=s["checker_llm"], stages=stages, entail=entail,
                             contra=contra, repair=not no_repair, max_repairs=max_repairs, limit=s["limit"],
-                            offset=s["offset"], resume=resume, batch_size=s["batch_size"], max_turns=max_turns,
-                            topk=topk, seed=seed, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
-                            prompt_budget=prompt_budget, corpus=s["corpus"], encoder=s["encoder"],
-                            device=resolve_device(s["device"]), progress=not no_progress)
+                            offset=s["offset"], resume=resume, batch_size=s["batch_size"], max_turns=s["max_turns"],
+                            topk=s["topk"], seed=s["seed"], max_new_tokens=s["max_new_tokens"],
+                            max_obs_tokens=s["max_obs_tokens"], prompt_budget=s["prompt_budget"], corpus=s["corpus"],
+                            encoder=s["encoder"], device=resolve_device(s["device"]), progress=not no_progress)
 
 
 # ---------------------------------------------------------------------------------------------
