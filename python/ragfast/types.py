@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 
 @dataclass
@@ -123,3 +123,30 @@ class Trajectory:
         d = {k: v for k, v in d.items() if k in known}
         d.setdefault("extra", {}).update(extra)
         return cls(**d)
+
+
+def check_questions(questions: Iterable[Any], who: str) -> list[Question]:
+    """The questions as a list, refused unless each is a :class:`Question` with a unique id and gold answers.
+
+    Parameters
+    ----------
+    who : str
+        The caller, for the message (``"SearchR1Loop.run"``).
+
+    Raises
+    ------
+    ragfast.errors.DataError
+    """
+    from ragfast.errors import DataError
+
+    qs = list(questions)
+    seen: set[str] = set()
+    for q in qs:
+        if not isinstance(q, Question):
+            raise DataError(f"{who} expects ragfast.types.Question items, got {type(q).__name__}")
+        if q.id in seen:
+            raise DataError(f"duplicate question id {q.id!r}: ids key sessions, costs and results")
+        seen.add(q.id)
+        if not q.golden_answers:
+            raise DataError(f"question {q.id!r} has no golden answers")
+    return qs

@@ -94,7 +94,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     from ragfast.errors import ConfigError, RagfastError
     from ragfast.remote_cost import cost_items
     from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
-                                 fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes)
+                                 fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes, server_gauges)
 
     lim = limits or JudgeLimits()
     if min(lim.max_states, lim.max_passages, lim.max_passage_chars, lim.max_question_chars, lim.max_body_bytes,
@@ -146,13 +146,8 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 
     @app.get("/metrics")
     def metrics():
-        st = stats()
-        vals = {"requests_total": st["requests"], "states_total": st["items"], "batches_total": st["batches"],
-                "errors_total": st["errors"], "rejected_total": st["rejected"],
-                "isolation_retries_total": st["isolation_retries"], "queued_requests": st["queued_requests"],
-                "queued_states": st["queued_items"], "inflight_requests": st["inflight_requests"],
-                "inflight_states": st["inflight_items"], "resident_memory_bytes": rss_bytes()}
-        return PlainTextResponse(prometheus_text("ragfast_judge", vals), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(prometheus_text("ragfast_judge", server_gauges(stats(), "states")),
+                                 media_type="text/plain; version=0.0.4")
 
     @app.post("/score")
     async def score(request: Request):

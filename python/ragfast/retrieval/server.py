@@ -42,7 +42,7 @@ from ragfast.remote_cost import cost_items
 from ragfast.retrieval.base import Retriever
 from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
                              check_int, check_text_list, fix_mmap_threshold, json_bytes, parse_json_body,
-                             prometheus_text, rss_bytes)
+                             prometheus_text, rss_bytes, server_gauges)
 
 __all__ = ["create_app", "load_retriever", "serve", "set_threads", "ServerLimits", "RetrieveRequest"]
 
@@ -291,13 +291,8 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
 
     @app.get("/metrics")
     async def metrics():
-        st = state()
-        vals = {"requests_total": st["requests"], "queries_total": st["queries"], "batches_total": st["batches"],
-                "errors_total": st["errors"], "rejected_total": st["rejected"],
-                "isolation_retries_total": st["isolation_retries"], "queued_requests": st["queued_requests"],
-                "queued_queries": st["queued_queries"], "inflight_requests": st["inflight_requests"],
-                "inflight_queries": st["inflight_queries"], "resident_memory_bytes": rss_bytes()}
-        return PlainTextResponse(prometheus_text("ragfast_retriever", vals), media_type="text/plain; version=0.0.4")
+        return PlainTextResponse(prometheus_text("ragfast_retriever", server_gauges(state(), "queries", "queries")),
+                                 media_type="text/plain; version=0.0.4")
 
     # Outermost first: request ids wrap everything, the body limit runs before any parsing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes, on_reject=rejected)

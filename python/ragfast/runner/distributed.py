@@ -53,7 +53,7 @@ from ragfast.errors import ConfigError, DataError, RagfastError
 from ragfast.ray_support import actor_device, require_ray
 from ragfast.results import summarise
 from ragfast.retrieval.base import Hit, Retriever
-from ragfast.types import Question
+from ragfast.types import Question, check_questions
 
 __all__ = [
     "run_on_ray",
@@ -533,20 +533,6 @@ class RayRunResult:
         return self.questions_done / self.seconds if self.seconds > 0 and self.questions_done else 0.0
 
 
-def _check_questions(questions: Sequence[Question]) -> list[Question]:
-    qs = list(questions)
-    seen: set[str] = set()
-    for q in qs:
-        if not isinstance(q, Question):
-            raise DataError(f"run_on_ray expects ragfast.types.Question items, got {type(q).__name__}")
-        if q.id in seen:
-            raise DataError(f"duplicate question id {q.id!r}: results are keyed by id")
-        seen.add(q.id)
-        if not q.golden_answers:
-            raise DataError(f"question {q.id!r} has no golden answers")
-    return qs
-
-
 def gpus_per_worker(cluster_gpus: float, num_workers: int, retriever_gpus: float = 0.0) -> float:
     """The ``worker_gpus="auto"`` rule: GPUs each generator actor asks Ray for.
 
@@ -690,7 +676,7 @@ def run_on_ray(
     from ragfast.methods.searchr1.loop import SearchR1Config
     from ragfast.results import ResultsWriter, read_results
 
-    qs = _check_questions(questions)
+    qs = check_questions(questions, "run_on_ray")
     cfg = config if config is not None else SearchR1Config()
     if batch_size is None:
         batch_size = getattr(cfg, "batch_size", None)

@@ -48,11 +48,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from ragfast.cost import NUMERIC_FIELDS, CostLedger
-from ragfast.errors import ConfigError, DataError
+from ragfast.errors import ConfigError
 from ragfast.protocol import (INVALID_OBSERVATION, PROMPT_TEMPLATE, STOP, build_prompt, format_docs,
                               format_observation, parse_action)
 from ragfast.text import truncate_whitespace_tokens
-from ragfast.types import Question, Trajectory, Turn
+from ragfast.types import Question, Trajectory, Turn, check_questions
 
 __all__ = [
     "PROMPT_TEMPLATE",
@@ -327,15 +327,7 @@ class SearchR1Loop:
         """
         _seed_everything(self.config.seed)
         skip = {str(s) for s in skip_ids}
-        seen: set[str] = set()
-        for q in questions:
-            if not isinstance(q, Question):
-                raise DataError(f"SearchR1Loop.run expects ragfast.types.Question items, got {type(q).__name__}")
-            if q.id in seen:
-                raise DataError(f"duplicate question id {q.id!r}: ids key sessions, costs and results")
-            seen.add(q.id)
-            if not q.golden_answers:
-                raise DataError(f"question {q.id!r} has no golden answers")
+        questions = check_questions(questions, "SearchR1Loop.run")
         todo = [q for q in questions if q.id not in skip]
         bs = self.config.batch_size
         if self.config.refill:
