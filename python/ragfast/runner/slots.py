@@ -277,7 +277,8 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
                 and same_device):
             return cls(encoder=shared_encoder)
         return cls(device=device)
-    from ragfast.models.judge import CausalJudge, load_judge
+    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.models.judge import load_judge
 
     if name == "tiny":
         from ragfast.models.tiny import tiny_path
