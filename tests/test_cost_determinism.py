@@ -115,7 +115,7 @@ def test_cross_judge_cost_does_not_depend_on_its_cache(tmp_path):
 
 
 def test_causal_judge_question_cost_does_not_depend_on_the_system_prefix_cache():
-    from ragfast.models.judge import CausalJudge
+    from ragfast.models.causal_judge import CausalJudge
     from ragfast.models.tiny import tiny_path
 
     judge = CausalJudge(tiny_path("qwen2"), attention="ref")

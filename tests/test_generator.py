@@ -228,7 +228,7 @@ def fake_server():
 
 
 def test_openai_generator_in_the_loop(fake_server):
-    from ragfast.models.generator import OpenAIGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     url, state = fake_server
     g = OpenAIGenerator(url, "fake-model", concurrency=4)
@@ -248,7 +248,7 @@ def test_openai_generator_in_the_loop(fake_server):
 
 
 def test_openai_generator_errors(fake_server):
-    from ragfast.models.generator import OpenAIGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     with pytest.raises(ConfigError, match="http"):
         OpenAIGenerator("localhost:1", "m")

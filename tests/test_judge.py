@@ -9,8 +9,9 @@ import torch
 
 from ragfast.cost import CostLedger
 from ragfast.errors import DataError, ModelError
-from ragfast.models.judge import (ANSWER_PREFIX, NO_CONTEXT, CausalJudge, EncoderJudge, group_states,
-                                  parse_verdict, user_text)
+from ragfast.models.causal_judge import CausalJudge
+from ragfast.models.judge import EncoderJudge
+from ragfast.models.judge_prompt import ANSWER_PREFIX, NO_CONTEXT, group_states, parse_verdict, user_text
 from ragfast.types import State
 
 WORDS = ("river mountain album film born played city capital director singer novel war treaty king queen "

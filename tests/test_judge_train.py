@@ -173,7 +173,7 @@ def _labelled(n=6):
 
 def test_target_text_is_a_strict_verdict():
     from ragfast.methods.s2g.causal_train import target_text
-    from ragfast.models.judge import ANSWER_PREFIX, parse_verdict
+    from ragfast.models.judge_prompt import ANSWER_PREFIX, parse_verdict
 
     for y in (True, False):
         v = parse_verdict(ANSWER_PREFIX + target_text(y))
@@ -182,7 +182,7 @@ def test_target_text_is_a_strict_verdict():
 
 def test_causal_lora_sft_tiny_qwen2(tmp_path):
     from ragfast.methods.s2g.causal_train import sft_examples, train_causal_judge
-    from ragfast.models.judge import CausalJudge
+    from ragfast.models.causal_judge import CausalJudge
     from ragfast.models.tiny import tiny_path
 
     base = tiny_path("qwen2")

@@ -104,7 +104,8 @@ def served_tiny():
 
 
 def test_url_reasoner_costs_equal_the_local_model(served_tiny):
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     url, path, log = served_tiny
     qs = [Question(f"q{i}", q, ["Paris"]) for i, q in enumerate(QUESTIONS)]
@@ -137,7 +138,7 @@ def test_url_reasoner_costs_equal_the_local_model(served_tiny):
 
 
 def test_without_usage_tokens_are_counted_with_the_tokenizer(served_tiny, monkeypatch):
-    from ragfast.models.generator import OpenAIGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     url, path, _ = served_tiny
     g = OpenAIGenerator(url, "tiny-qwen2", tokenizer=path)
@@ -164,7 +165,7 @@ def test_without_usage_tokens_are_counted_with_the_tokenizer(served_tiny, monkey
 
 def test_model_discovery_errors(served_tiny, monkeypatch):
     from ragfast.errors import ModelError
-    from ragfast.models.generator import OpenAIGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     with pytest.raises(ModelError, match="cannot reach .*--served-model"):
         OpenAIGenerator(f"http://127.0.0.1:{_free_port()}", None, timeout=2)

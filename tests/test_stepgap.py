@@ -8,8 +8,9 @@ import pytest
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
-from ragfast.methods.stepgap.checker import (CC, IE, MB, NO_GAP, RewardConfig, check, load_annotations, process_rewards, segment,
-                             step_metrics)
+from ragfast.methods.stepgap.checker import CC, IE, MB, NO_GAP, check, segment
+from ragfast.methods.stepgap.evaluation import load_annotations, step_metrics
+from ragfast.methods.stepgap.rewards import RewardConfig, process_rewards
 from ragfast.types import Trajectory, Turn
 
 
@@ -274,7 +275,7 @@ def test_process_rewards_base_and_shape(tmp_path):
     res2 = check([dup], ScriptedLLM(TABLE), ScriptedNLI())
     r2 = {x["step"]: x for x in process_rewards(res2, RewardConfig(duplicate=-0.3))}
     assert r2[3]["r_shape"] == pytest.approx(-0.3)
-    from ragfast.methods.stepgap.checker import write_jsonl
+    from ragfast.methods.stepgap.rewards import write_jsonl
 
     n = write_jsonl(process_rewards(res), tmp_path / "r.jsonl")
     lines = (tmp_path / "r.jsonl").read_text().splitlines()
@@ -307,7 +308,7 @@ def test_step_metrics_hand_computed():
 
 
 def test_annotations_roundtrip(tmp_path):
-    from ragfast.methods.stepgap.checker import align_annotations
+    from ragfast.methods.stepgap.evaluation import align_annotations
 
     p = tmp_path / "gold.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in [
@@ -504,7 +505,7 @@ def test_loop_full_path_with_tiny_models():
 
 
 def test_repair_queries_and_retraction_text():
-    from ragfast.methods.stepgap.checker import repair_query, retraction_text
+    from ragfast.methods.stepgap.repairs import repair_query, retraction_text
 
     res, _, _, _ = run_all()
     by = {(lab.trajectory_id, lab.claim): (s, lab) for s, lab in zip(res.steps, res.labels)}

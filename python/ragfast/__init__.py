@@ -66,7 +66,7 @@ _LAZY: dict[str, str] = {
     "Judge": "ragfast.models.base",
     "ScriptedGenerator": "ragfast.models.generator",
     "HFGenerator": "ragfast.models.generator",
-    "OpenAIGenerator": "ragfast.models.generator",
+    "OpenAIGenerator": "ragfast.models.openai_generator",
     # methods
     "SearchR1Config": "ragfast.methods.searchr1.loop",
     "SearchR1Loop": "ragfast.methods.searchr1.loop",

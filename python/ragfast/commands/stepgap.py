@@ -203,7 +203,8 @@ def _register_stepgap(app: typer.Typer) -> None:
                   device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP)) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
         from ragfast.cost import CostLedger
-        from ragfast.methods.stepgap.checker import check, process_rewards, write_jsonl
+        from ragfast.methods.stepgap.checker import check
+        from ragfast.methods.stepgap.rewards import process_rewards, write_jsonl
 
         trajs = _read_trajectories(results)
         checker = build.checker(llm, device=device)
@@ -230,7 +231,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                    device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
                    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
         """Remove one stage at a time and report how labels (and metrics, with annotations) change."""
-        from ragfast.methods.stepgap.checker import ablate, load_annotations
+        from ragfast.methods.stepgap.evaluation import ablate, load_annotations
 
         trajs = _read_trajectories(results)
         gold = load_annotations(annotations) if annotations else None
@@ -271,7 +272,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                     labels: str = typer.Option(..., "--labels", help="Labels JSONL from `ragfast stepgap check`.")) -> None:
         """Score checker labels against human labels (sF1, QF1, BA, typed F1, flag-everything baseline)."""
         from ragfast.errors import DataError
-        from ragfast.methods.stepgap.checker import load_annotations, step_metrics
+        from ragfast.methods.stepgap.evaluation import load_annotations, step_metrics
 
         gold = load_annotations(annotations)
         pred = {}

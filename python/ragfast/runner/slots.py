@@ -112,7 +112,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
               max_turns=max_turns, served_model=served_model, tokenizer=tokenizer, model_config=model_config,
               api_key=api_key, concurrency=concurrency)
     kw.update(opts)
-    from ragfast.models.generator import HFGenerator, OpenAIGenerator, ScriptedGenerator
+    from ragfast.models.generator import HFGenerator, ScriptedGenerator
+    from ragfast.models.openai_generator import OpenAIGenerator
 
     if name == "scripted":
         return ScriptedGenerator(seed=kw["seed"], max_searches=kw["max_turns"])
@@ -277,7 +278,8 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
                 and same_device):
             return cls(encoder=shared_encoder)
         return cls(device=device)
-    from ragfast.models.judge import CausalJudge, load_judge
+    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.models.judge import load_judge
 
     if name == "tiny":
         from ragfast.models.tiny import tiny_path

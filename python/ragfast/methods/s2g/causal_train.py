@@ -1,7 +1,7 @@
 """LoRA SFT of a causal-LM judge on labelled states (``ragfast train-judge --kind causal``).
 
 Each labelled state becomes one example in the judge's exact format: the token ids
-:meth:`ragfast.models.judge.CausalJudge.prompt_ids` builds (chat-templated system prompt and
+:meth:`ragfast.models.causal_judge.CausalJudge.prompt_ids` builds (chat-templated system prompt and
 ``QUESTION/CONTEXT`` user message, then the forced ``{"sufficient":`` prefix), followed by the
 JSON target ``" true, "gap_items": []}"`` or ``" false, "gap_items": [...]}"`` and EOS. The
 loss covers the target tokens only. So the first target token is exactly the token the STOP
@@ -64,7 +64,7 @@ def sft_examples(judge: Any, labelled: Sequence[Any], source: str, max_length: i
 
     Parameters
     ----------
-    judge : ragfast.models.judge.CausalJudge
+    judge : ragfast.models.causal_judge.CausalJudge
         Supplies the prompt layout and tokenizer (the base model).
     labelled : sequence of LabelledState
     source : str
@@ -164,7 +164,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         from peft.utils import get_peft_model_state_dict
     except ImportError as exc:
         raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'") from exc
-    from ragfast.models.judge import CausalJudge
+    from ragfast.models.causal_judge import CausalJudge
     from ragfast.methods.s2g.labelling import load_labelled_states
 
     if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:

@@ -10,7 +10,7 @@ directory: ``trajectories/searchr1.jsonl``) and labels every state the live judg
 - ``gold``: every supporting title of the question is among the passages retrieved so far
   (:func:`ragfast.metrics.sufficient`; needs data with supporting facts);
 - ``teacher``: an LLM asked for the judge's JSON verdict (the S2G prompt and schema of
-  :mod:`ragfast.models.judge`): a local causal-LM directory (greedy, forced ``{"sufficient":``
+  :mod:`ragfast.models.causal_judge`): a local causal-LM directory (greedy, forced ``{"sufficient":``
   prefix) or an OpenAI-compatible ``/v1/chat/completions`` URL. Unparseable verdicts are
   counted and left unlabelled (``null``), never guessed.
 
@@ -170,7 +170,7 @@ class ChatTeacher:
         self.name = f"{model} @ {self.base_url}"
 
     def _ask(self, state: State) -> str:
-        from ragfast.models.judge import SYSTEM_PROMPT, user_text
+        from ragfast.models.judge_prompt import SYSTEM_PROMPT, user_text
 
         body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(state)}]}
@@ -211,9 +211,10 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
     """Label states with a teacher LLM's JSON verdict; returns parse counts (strict/lenient/failed).
 
     ``teacher`` is an ``http(s)://`` URL (chat completions) or a local causal-LM directory
-    (:meth:`ragfast.models.judge.CausalJudge.verdicts`). A failed parse leaves the state unlabelled.
+    (:meth:`ragfast.models.causal_judge.CausalJudge.verdicts`). A failed parse leaves the state unlabelled.
     """
-    from ragfast.models.judge import ANSWER_PREFIX, CausalJudge, parse_verdict
+    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.models.judge_prompt import ANSWER_PREFIX, parse_verdict
 
     sts = [s.to_state() for s in states]
     if teacher.startswith(("http://", "https://")):

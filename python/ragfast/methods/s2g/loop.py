@@ -8,7 +8,7 @@ retrieval states, batched over trajectories. The FIRST state whose score is ``>=
 threshold stops the trajectory: its next generation is the answer-only one (search disabled),
 and ``stop_reason`` is ``"judge"``. State 0 (nothing retrieved) is never scored: the judge
 runs after retrievals. With ``gap_queries`` a judge that writes verdicts (``verdicts()``, e.g.
-:class:`~ragfast.models.judge.CausalJudge`) also steers: for trajectories it does not stop, the
+:class:`~ragfast.models.causal_judge.CausalJudge`) also steers: for trajectories it does not stop, the
 first three gap items (``"target slot"``, else the description) are appended to the question
 and searched at once (an injected search, counted against the budget).
 

@@ -2,7 +2,8 @@
 
 A trajectory's reasoning is cut into steps; each step gets one of four labels from a five-stage
 tree (three LLM stages, two NLI stages), the stage that decided it and, where one exists, the
-verbatim evidence quote behind the decision. Each gap label has a typed repair.
+verbatim evidence quote behind the decision. Each gap label has a typed repair
+(:mod:`ragfast.methods.stepgap.repairs`).
 
 Labels and repairs
 ------------------
@@ -80,14 +81,12 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
-from ragfast.text import SHORT_STOPWORDS, content_words as split_content_words
 from ragfast.types import Trajectory
 
 __all__ = [
     "LABELS", "GAP_LABELS", "NO_GAP", "CC", "IE", "MB", "REPAIRS", "STAGES",
-    "Doc", "Step", "StepLabel", "CheckResult", "RewardConfig",
-    "segment", "parse_docs", "check", "process_rewards", "write_jsonl",
-    "load_annotations", "align_annotations", "step_metrics", "ablate", "repair_query", "retraction_text",
+    "Doc", "Step", "StepLabel", "CheckResult",
+    "segment", "parse_docs", "check", "as_trajectory", "entity_of", "label_fractions", "norm_ws",
 ]
 
 NO_GAP = "no_gap"
@@ -98,9 +97,6 @@ LABELS = (NO_GAP, CC, IE, MB)
 GAP_LABELS = (CC, IE, MB)
 REPAIRS = {CC: "retract", IE: "re-search", MB: "bridge"}
 STAGES = "ABCDE"
-# Short spellings accepted in annotation files.
-_LABEL_ALIASES = {"no_gap": NO_GAP, "none": NO_GAP, "ok": NO_GAP, "cc": CC, "contradicted_claim": CC,
-                  "ie": IE, "irrelevant_evidence": IE, "mb": MB, "missing_bridge": MB}
 
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
@@ -208,7 +204,8 @@ def _sentences(text: str) -> list[str]:
     return [s.strip() for s in _SENT.split(text) if s.strip()] if text else []
 
 
-def _coerce(t: Trajectory | Mapping[str, Any]) -> Trajectory:
+def as_trajectory(t: Trajectory | Mapping[str, Any]) -> Trajectory:
+    """A :class:`~ragfast.types.Trajectory` from itself or its dict; :class:`DataError` otherwise."""
     if isinstance(t, Trajectory):
         return t
     if isinstance(t, Mapping):
@@ -233,7 +230,7 @@ def segment(trajectory: Trajectory | Mapping[str, Any]) -> list[Step]:
     -------
     list of Step
     """
-    tr = _coerce(trajectory)
+    tr = as_trajectory(trajectory)
     steps: list[Step] = []
     evidence: list[Doc] = []
     local_turn: int | None = None
@@ -326,7 +323,7 @@ class CheckResult:
         return out
 
     def label_mix(self) -> dict[str, float]:
-        return _mix([lab.label for lab in self.labels])
+        return label_fractions([lab.label for lab in self.labels])
 
     def summary(self) -> dict[str, Any]:
         return {"steps": len(self.labels), "stages": self.stages, "label_mix": self.label_mix(),
@@ -335,7 +332,8 @@ class CheckResult:
                 "slots": self.slots}
 
 
-def _mix(labels: Sequence[str]) -> dict[str, float]:
+def label_fractions(labels: Sequence[str]) -> dict[str, float]:
+    """The share of each of :data:`LABELS` among ``labels`` (zeros when empty)."""
     n = len(labels)
     c = Counter(labels)
     return {lab: (c[lab] / n if n else 0.0) for lab in LABELS}
@@ -416,13 +414,14 @@ def _parse_json(stage: str, text: str) -> dict[str, Any] | None:
     return obj
 
 
-def _norm_ws(s: str) -> str:
+def norm_ws(s: str) -> str:
+    """Lower-case text with whitespace runs collapsed (how quotes are matched against evidence)."""
     return re.sub(r"\s+", " ", s).strip().lower()
 
 
 def _verbatim(quote: str, docs: Sequence[Doc]) -> bool:
-    q = _norm_ws(quote)
-    return bool(q) and any(q in _norm_ws(d.title + " " + d.text) for d in docs)
+    q = norm_ws(quote)
+    return bool(q) and any(q in norm_ws(d.title + " " + d.text) for d in docs)
 
 
 def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledger: CostLedger | None,
@@ -483,7 +482,8 @@ def _nli_max(nli: Any, pairs: list[tuple[int, str, str]], ledger: CostLedger | N
     return best
 
 
-def _entity_of(s: Step) -> str | None:
+def entity_of(s: Step) -> str | None:
+    """The entity a step's claim is about, read from its capitalised words (None when none is new)."""
     # Capitalised word runs of the claim that the question does not already name: the
     # re-search target when stage A gave no entity.
     q = s.question.lower()
@@ -544,7 +544,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
         if k not in _MAX_NEW or int(v) < 1:
             raise ConfigError(f"max_new_tokens: bad entry {k!r}: {v!r} (stages A, B, C; at least 1)")
         budget[k] = int(v)
-    trajs = [_coerce(t) for t in trajectories]
+    trajs = [as_trajectory(t) for t in trajectories]
     dup = [k for k, c in Counter(t.id for t in trajs).items() if c > 1]
     if dup:
         raise DataError(f"duplicate trajectory ids {dup[:3]}: step labels are keyed by (id, step)")
@@ -654,376 +654,6 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
             decide(i, NO_GAP, "-", "no active stage found a gap")
     for lab, s in zip(labels, steps):
         if lab.entity is None:
-            lab.entity = _entity_of(s)
+            lab.entity = entity_of(s)
     return res
 
-
-# ---------------------------------------------------------------------------------------------
-# repairs (used by ragfast.methods.stepgap.loop)
-# ---------------------------------------------------------------------------------------------
-def content_words(text: str) -> list[str]:
-    """Lower-case word tokens minus a small stop list (query similarity and bridge terms)."""
-    return split_content_words(text, SHORT_STOPWORDS)
-
-
-def repair_query(step: Step, label: StepLabel) -> str | None:
-    """The search a repair runs: the step's entity (re-search) or the missing link (bridge).
-
-    A bridge query joins the title of the quoted document with the claim's content words the
-    quote does not contain: what the quote leaves unexplained is what the next hop must find.
-    """
-    if label.label == IE:
-        ent = label.entity or _entity_of(step)
-        return f"{ent} {step.question}".strip() if ent else step.question
-    if label.label == MB:
-        quote_words = set(content_words(label.quote or ""))
-        missing = [w for w in content_words(step.hypothesis) if w not in quote_words]
-        title = next((d.title for d in step.local if label.quote and _norm_ws(label.quote) in _norm_ws(d.text)), "")
-        q = " ".join(dict.fromkeys([title] + missing)).strip()
-        return q or step.question
-    return None
-
-
-def retraction_text(step: Step, label: StepLabel) -> str:
-    """The text that tells the reasoner one of its claims was contradicted.
-
-    It is plain text, not an ``<information>`` block: it carries no documents, and evidence
-    parsers (ours and the reasoner's training format) treat ``<information>`` as retrieval.
-    """
-    why = f' The evidence says: "{label.quote}".' if label.quote else ""
-    return (f"\n\n[check] Your claim \"{step.claim}\" is contradicted or off target ({label.reason}).{why} "
-            f"Retract it and reason again from the evidence.\n\n")
-
-
-# ---------------------------------------------------------------------------------------------
-# process rewards
-# ---------------------------------------------------------------------------------------------
-@dataclass
-class RewardConfig:
-    """Magnitudes of the per-step process rewards (GRPO-style trainers read them as JSONL).
-
-    ``r_base`` depends on the step's label. ``r_shape`` looks at the next action (the next
-    search or answer step of the same trajectory): the matching repair earns ``match``;
-    answering straight after an IE/MB gap, or repeating a contradicted claim in the answer, is
-    ``ignore``; a next query that is a near-duplicate (word Jaccard >= ``dup_jaccard``) of an
-    earlier query costs ``duplicate``.
-
-    The defaults are PROTOCOLS.md's example values where it gives one (+0.20 no gap, -0.10
-    IE, +0.05 for a detected CC: catching the contradiction is what lets the retraction happen;
-    the shaping term then rewards or penalises what the model does about it).
-    """
-
-    no_gap: float = 0.20
-    irrelevant_evidence: float = -0.10
-    missing_bridge: float = -0.05
-    contradicted_claim: float = 0.05
-    match: float = 0.10
-    ignore: float = -0.10
-    duplicate: float = -0.05
-    dup_jaccard: float = 0.8
-
-    def base(self, label: str) -> float:
-        return {NO_GAP: self.no_gap, IE: self.irrelevant_evidence, MB: self.missing_bridge,
-                CC: self.contradicted_claim}[label]
-
-
-def _jaccard(a: Sequence[str], b: Sequence[str]) -> float:
-    sa, sb = set(a), set(b)
-    return len(sa & sb) / len(sa | sb) if sa | sb else 1.0
-
-
-def process_rewards(result: CheckResult, config: RewardConfig | None = None) -> list[dict[str, Any]]:
-    """Per-step r_base and r_shape records for every labelled step.
-
-    Parameters
-    ----------
-    result : CheckResult
-        From :func:`check`.
-    config : RewardConfig, optional
-
-    Returns
-    -------
-    list of dict
-        ``question_id, step, turn, kind, label, stage, repair, next_action, next_content,
-        r_base, r_shape, reward`` per step.
-    """
-    cfg = config or RewardConfig()
-    by_traj: dict[str, list[tuple[Step, StepLabel]]] = {}
-    for s, lab in zip(result.steps, result.labels):
-        by_traj.setdefault(s.trajectory_id, []).append((s, lab))
-    out = []
-    for tid, rows in by_traj.items():
-        for k, (s, lab) in enumerate(rows):
-            nxt = next(((t, lt) for t, lt in rows[k + 1:] if t.kind in ("search", "answer", "abstain")
-                        and t.index > s.index), None)
-            prev_queries = [content_words(t.claim) for t, _ in rows[:k + 1] if t.kind == "search"]
-            shape = 0.0
-            if nxt is not None:
-                ns = nxt[0]
-                if ns.kind == "search" and any(_jaccard(content_words(ns.claim), q) >= cfg.dup_jaccard
-                                               for q in prev_queries):
-                    shape += cfg.duplicate
-                elif lab.label in (IE, MB):
-                    shape += cfg.match if ns.kind == "search" else cfg.ignore
-                elif lab.label == CC:
-                    repeats = ns.kind == "answer" and ns.claim and _norm_ws(ns.claim) in _norm_ws(s.claim) \
-                        and s.kind != "answer"
-                    shape += cfg.ignore if repeats else cfg.match
-            elif lab.label in GAP_LABELS and s.kind != "answer":
-                shape += cfg.ignore  # the trajectory ended without acting on the gap
-            base = cfg.base(lab.label)
-            out.append({"question_id": tid, "step": s.index, "turn": s.turn, "kind": s.kind, "label": lab.label,
-                        "stage": lab.stage, "repair": lab.repair,
-                        "next_action": nxt[0].kind if nxt else None, "next_content": nxt[0].claim if nxt else None,
-                        "r_base": round(base, 6), "r_shape": round(shape, 6), "reward": round(base + shape, 6)})
-    return out
-
-
-def write_jsonl(records: Iterable[Mapping[str, Any]], path: Any) -> int:
-    """Write records as JSON lines; returns how many."""
-    n = 0
-    with open(path, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-            n += 1
-    return n
-
-
-# ---------------------------------------------------------------------------------------------
-# metrics against human labels
-# ---------------------------------------------------------------------------------------------
-def normalise_label(label: str) -> str:
-    """Canonical label name from an annotation spelling ("CC", "ie", "no_gap", ...)."""
-    key = str(label).strip().lower()
-    if key in _LABEL_ALIASES:
-        return _LABEL_ALIASES[key]
-    raise DataError(f"unknown StepGap label {label!r}; expected one of {LABELS} (or CC/IE/MB/no_gap)")
-
-
-def load_annotations(path: Any) -> dict[tuple[str, int], str]:
-    """Read human step labels.
-
-    Annotation format: one JSON object per line with ``question_id`` (the trajectory id),
-    ``step`` (the step index from :func:`segment`), ``label`` (one of :data:`LABELS`, or
-    CC/IE/MB/no_gap) and optionally ``claim`` (the step text, checked against the segmentation
-    by :func:`align_annotations` when present) and ``note``.
-
-    Returns
-    -------
-    dict
-        (question_id, step) -> canonical label.
-    """
-    out: dict[tuple[str, int], str] = {}
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-                key = (str(rec["question_id"]), int(rec["step"]))
-                lab = normalise_label(rec["label"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise DataError(f"{path}:{n}: bad annotation line ({exc}); need question_id, step, label") from exc
-            if key in out:
-                raise DataError(f"{path}:{n}: step {key} annotated twice")
-            out[key] = lab
-    return out
-
-
-def align_annotations(gold: Mapping[tuple[str, int], str], result: CheckResult
-                      ) -> tuple[list[str], list[str], list[str]]:
-    """Gold labels, predicted labels and question ids for the annotated steps of a result.
-
-    Raises
-    ------
-    DataError
-        When an annotated step is not among the checked steps.
-    """
-    pred = {(lab.trajectory_id, lab.step): lab.label for lab in result.labels}
-    missing = [k for k in gold if k not in pred]
-    if missing:
-        raise DataError(f"{len(missing)} annotated steps are not in the checked trajectories, e.g. {missing[:3]}")
-    keys = sorted(gold)
-    return [gold[k] for k in keys], [pred[k] for k in keys], [k[0] for k in keys]
-
-
-def _f1(tp: int, fp: int, fn: int) -> float:
-    return 2 * tp / (2 * tp + fp + fn) if tp else 0.0
-
-
-def _binary(gold: Sequence[bool], pred: Sequence[bool]) -> dict[str, float]:
-    tp = sum(g and p for g, p in zip(gold, pred))
-    fp = sum((not g) and p for g, p in zip(gold, pred))
-    fn = sum(g and not p for g, p in zip(gold, pred))
-    tn = sum((not g) and not p for g, p in zip(gold, pred))
-    rates = []
-    if tp + fn:
-        rates.append(tp / (tp + fn))
-    if tn + fp:
-        rates.append(tn / (tn + fp))
-    return {"f1": _f1(tp, fp, fn), "ba": float(np.mean(rates)) if rates else 0.0, "tp": tp, "fp": fp, "fn": fn, "tn": tn}
-
-
-def _metrics_core(gold: Sequence[str], pred: Sequence[str], qids: Sequence[str]) -> dict[str, Any]:
-    g = [x != NO_GAP for x in gold]
-    p = [x != NO_GAP for x in pred]
-    step = _binary(g, p)
-    qs = list(dict.fromkeys(qids))
-    qg = {q: False for q in qs}
-    qp = {q: False for q in qs}
-    for q, a, b in zip(qids, g, p):
-        qg[q] |= a
-        qp[q] |= b
-    ques = _binary([qg[q] for q in qs], [qp[q] for q in qs])
-    typed = {}
-    for lab in GAP_LABELS:
-        tp = sum(a == lab and b == lab for a, b in zip(gold, pred))
-        fp = sum(a != lab and b == lab for a, b in zip(gold, pred))
-        fn = sum(a == lab and b != lab for a, b in zip(gold, pred))
-        typed[lab] = _f1(tp, fp, fn)
-    return {"sF1": step["f1"], "QF1": ques["f1"], "BA": step["ba"], "typed_macro_F1": float(np.mean(list(typed.values()))),
-            "typed_F1": typed, "label_mix_pred": _mix(pred), "confusion": {k: step[k] for k in ("tp", "fp", "fn", "tn")}}
-
-
-def step_metrics(gold: Sequence[str], pred: Sequence[str], question_ids: Sequence[str]) -> dict[str, Any]:
-    """Step- and question-level agreement of predicted gap labels with human labels.
-
-    Parameters
-    ----------
-    gold, pred : sequence of str
-        Labels per step (any spelling :func:`normalise_label` accepts), aligned.
-    question_ids : sequence of str
-        The question of each step.
-
-    Returns
-    -------
-    dict
-        ``sF1`` (binary F1 of "the step has a gap"), ``QF1`` (the same per question: flagged
-        when any step is), ``BA`` (balanced accuracy of the step decision), ``typed_macro_F1``
-        (mean one-vs-rest F1 over the three gap labels) with ``typed_F1``, ``label_mix_gold``,
-        ``label_mix_pred``, ``n_steps``, ``n_questions``, and ``flag_all``: the same metrics of
-        the baseline that flags every step (with the most frequent gold gap label), which shows
-        how far Q-F1 alone can be gamed.
-    """
-    if not (len(gold) == len(pred) == len(question_ids)):
-        raise DataError(f"step_metrics: {len(gold)} gold, {len(pred)} predicted, {len(question_ids)} question ids")
-    if not gold:
-        raise DataError("step_metrics: no steps to score")
-    gold = [normalise_label(x) for x in gold]
-    pred = [normalise_label(x) for x in pred]
-    qids = [str(q) for q in question_ids]
-    out = _metrics_core(gold, pred, qids)
-    out["label_mix_gold"] = _mix(gold)
-    out["n_steps"] = len(gold)
-    out["n_questions"] = len(set(qids))
-    gaps = Counter(x for x in gold if x != NO_GAP)
-    flag_label = gaps.most_common(1)[0][0] if gaps else IE
-    base = _metrics_core(gold, [flag_label] * len(gold), qids)
-    out["flag_all"] = {k: base[k] for k in ("sF1", "QF1", "BA", "typed_macro_F1")}
-    out["flag_all"]["label"] = flag_label
-    return out
-
-
-# ---------------------------------------------------------------------------------------------
-# ablations
-# ---------------------------------------------------------------------------------------------
-class _MemoGenerator:
-    """Replays stage outputs already produced for the same prompt (ablation runs re-ask them)."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.cache: dict[str, str] = {}
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe() if hasattr(self.inner, "describe") else {"name": type(self.inner).__name__}
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def complete(self, prompts: Sequence[str], **kw: Any) -> list[str]:
-        todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
-        if todo:
-            qids = kw.pop("question_ids", None)
-            if qids is not None:
-                first = {p: q for p, q in zip(prompts, qids)}
-                kw["question_ids"] = [first[p] for p in todo]
-            for p, o in zip(todo, self.inner.complete(todo, **kw)):
-                self.cache[p] = o
-        return [self.cache[p] for p in prompts]
-
-
-class _MemoNLI:
-    """Replays NLI probabilities already computed for the same pair."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.cache: dict[tuple[str, str], np.ndarray] = {}
-
-    def describe(self) -> dict[str, Any]:
-        return self.inner.describe() if hasattr(self.inner, "describe") else {"name": type(self.inner).__name__}
-
-    def score(self, premises: Sequence[str], hypotheses: Sequence[str], **kw: Any) -> np.ndarray:
-        pairs = list(zip(premises, hypotheses))
-        todo = [p for p in dict.fromkeys(pairs) if p not in self.cache]
-        if todo:
-            qids = kw.pop("question_ids", None)
-            if qids is not None:
-                first = {p: q for p, q in zip(pairs, qids)}
-                kw["question_ids"] = [first[p] for p in todo]
-            probs = self.inner.score([a for a, _ in todo], [b for _, b in todo], **kw)
-            for p, row in zip(todo, np.asarray(probs)):
-                self.cache[p] = row
-        return np.stack([self.cache[p] for p in pairs]) if pairs else np.zeros((0, 3), dtype=np.float32)
-
-
-def ablate(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any = None, nli: Any = None, *,
-           stages: str = STAGES, thresholds: tuple[float, float] = (0.5, 0.5),
-           gold: Mapping[tuple[str, int], str] | None = None, ledger: CostLedger | None = None,
-           max_new_tokens: Mapping[str, int] | None = None) -> dict[str, Any]:
-    """Run the full tree and the tree minus each stage in turn; report what changes.
-
-    LLM outputs and NLI scores are memoised across the runs (the same prompt or pair is
-    answered once), so an ablation costs little more than the full check.
-
-    Parameters
-    ----------
-    trajectories, generator, nli, stages, thresholds, max_new_tokens
-        As for :func:`check`.
-    gold : mapping, optional
-        Human labels from :func:`load_annotations`; adds :func:`step_metrics` per variant and
-        its difference from the full tree.
-
-    Returns
-    -------
-    dict
-        ``variants``: name ("full", "-A", ...) -> {stages, label_mix, changed_steps (vs full),
-        metrics and delta when gold is given}; ``slots`` and ``failures`` of the full run.
-    """
-    trajs = [_coerce(t) for t in trajectories]
-    gen = _MemoGenerator(generator) if generator is not None else None
-    scorer = _MemoNLI(nli) if nli is not None else None
-    runs = {"full": stages.upper()}
-    for s in stages.upper():
-        runs[f"-{s}"] = stages.upper().replace(s, "")
-    out: dict[str, Any] = {"variants": {}}
-    full_labels: list[str] | None = None
-    full_metrics = None
-    for name, st in runs.items():
-        res = check(trajs, gen, scorer, st, thresholds, ledger=ledger, max_new_tokens=max_new_tokens)
-        labs = [lab.label for lab in res.labels]
-        v: dict[str, Any] = {"stages": st, "label_mix": res.label_mix(),
-                             "deciding_stage": dict(Counter(lab.stage for lab in res.labels))}
-        if full_labels is None:
-            full_labels = labs
-            out["slots"], out["failures"], out["steps"] = res.slots, dict(res.failures), len(labs)
-        v["changed_steps"] = sum(a != b for a, b in zip(labs, full_labels))
-        if gold:
-            g, p, q = align_annotations(gold, res)
-            m = step_metrics(g, p, q)
-            v["metrics"] = {k: m[k] for k in ("sF1", "QF1", "BA", "typed_macro_F1")}
-            if full_metrics is None:
-                full_metrics = v["metrics"]
-                out["flag_all"] = m["flag_all"]
-            v["delta"] = {k: v["metrics"][k] - full_metrics[k] for k in full_metrics}
-        out["variants"][name] = v
-    return out

@@ -30,8 +30,9 @@ from typing import Any, Callable, Iterable, Sequence
 from ragfast.cost import CostLedger, sum_cost_dicts
 from ragfast.errors import ConfigError
 from ragfast.methods.searchr1.loop import ActiveTrajectory, SearchR1Config, SearchR1Loop, TurnContext
-from ragfast.methods.stepgap.checker import (CC, GAP_LABELS, IE, MB, REPAIRS, STAGES, CheckResult, RewardConfig, StepLabel, check,
-                             process_rewards, repair_query, retraction_text)
+from ragfast.methods.stepgap.checker import CC, GAP_LABELS, IE, MB, REPAIRS, STAGES, CheckResult, StepLabel, check
+from ragfast.methods.stepgap.repairs import repair_query, retraction_text
+from ragfast.methods.stepgap.rewards import RewardConfig, process_rewards
 from ragfast.types import Question, Trajectory
 
 __all__ = ["StepGapConfig", "StepGapHook", "StepGapPipeline", "run_stepgap"]
