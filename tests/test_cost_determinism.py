@@ -152,15 +152,16 @@ def test_remote_judge_books_the_servers_reused_calls(minilm_encoder):
 
 
 def test_reloop_judge_cost_does_not_depend_on_what_the_judge_scored_before(docset_judge):
-    import ragfast.methods.reloop.loop as rl
+    import ragfast.methods.reloop as rl
     from ragfast.data import load_qa
+    from ragfast.retrieval.hashing import HashingEncoder
 
     wss = [rl.text_workspace(q) for q in load_qa("hotpotqa-dev", limit=4)]
     cfg = rl.ReloopConfig(k=2, window=6, max_steps=3, max_tokens=400, batch_size=2, judge_threshold=50.0)
 
     def run(judge, workspaces):
         led = CostLedger()
-        rl.run_text(workspaces, encoder=rl.HashingEncoder(), judge=judge, generator=rl.ExtractiveHead(), cfg=cfg,
+        rl.run_text(workspaces, encoder=HashingEncoder(), judge=judge, generator=rl.ExtractiveHead(), cfg=cfg,
                     ledger=led)
         return led
 

@@ -503,6 +503,16 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
 
 
 # -- summary ---------------------------------------------------------------------------------
+def in_question_order(records: Sequence[Mapping[str, Any]], questions: Sequence[Question]) -> list[Mapping[str, Any]]:
+    """``records`` in the order of ``questions``, not the order they finished in.
+
+    A resumed run writes its questions in another order than a clean one, and the bootstrap
+    intervals resample by position: sorting makes them the same for the same results.
+    """
+    pos = {q.id: i for i, q in enumerate(questions)}
+    return sorted(records, key=lambda r: pos.get(r["id"], len(pos)))
+
+
 def _cost_row(rows: Sequence[Mapping[str, float]]) -> dict[str, float]:
     out = {"calls": 0.0, "tokens": 0.0, "flops": 0.0, "seconds": 0.0}
     for r in rows:
@@ -711,7 +721,8 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
                 task.done()
             log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
         judge_verdict(slot_info, out)
-        records = {m: read_results(out / "trajectories" / f"{m}.jsonl") for m in cfg.methods}
+        records = {m: in_question_order(read_results(out / "trajectories" / f"{m}.jsonl"), slots.questions)
+                   for m in cfg.methods}
         analysis_path = out / "s2g_analysis.json"
         if "s2g" in records and "searchr1" in records and slots.judge is not None:
             old = json.loads(analysis_path.read_text(encoding="utf-8")) if analysis_path.exists() else {}

@@ -198,8 +198,9 @@ def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConf
             scores, ids = topk_ip(qv[j:j + 1], ws.emb, w, exclude=[t.selected] if t.selected else None,
                                   backend=topk_backend)
             if ledger is not None:
+                # an exhaustive inner-product scan: one multiply-add per candidate and dimension
                 ledger.add("search", ws.qid, seconds=time.perf_counter() - t0,
-                           bytes_scanned=int(n * ws.emb.shape[1] * 4))
+                           bytes_scanned=int(n * ws.emb.shape[1] * 4), flops=2.0 * n * ws.emb.shape[1])
             ids = [int(i) for i in ids[0].tolist() if i >= 0]
             sc = scores[0].tolist()[:len(ids)]
             # window re-ranking: dense score + guidance (mentions an uncovered plan entity) +
