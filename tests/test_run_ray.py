@@ -137,7 +137,7 @@ def test_ray_limit_then_resume_runs_only_the_rest(data, single, tmp_path):
 
     # Another configuration is refused before any Ray actor starts.
     bad = _cli(data, out, "--ray", "local", "--batch-size", "2", "--topk", "5", "--resume", timeout=120)
-    assert bad.returncode == 2 and "config differs" in bad.stderr and "Traceback" not in bad.stderr
+    assert bad.returncode == 2 and "config.topk: 3 in the run on disk, 5 now" in bad.stderr and "Traceback" not in bad.stderr
 
     r = _cli(data, out, "--ray", "local", "--ray-workers", "2", "--batch-size", "2", "--resume")
     assert r.returncode == 0, r.stderr[-3000:]
