@@ -176,7 +176,7 @@ def test_cpp_every_kernel_path(isa, force_path, path, dtype):
     chosen = force_path(path)
     assert len(set(chosen[0])) == 1  # the same path at every batch size
     for B, N, d, k in [(1, 19, 7, 5), (5, 123, 33, 10), (19, 989, 384, 10), (40, 301, 66, 7), (17, 100, 1, 3),
-                       (33, 250, 2, 4), (3, 61, 3, 61)]:
+                       (33, 250, 2, 4), (3, 61, 3, 61), (13, 130, 600, 5), (8, 70, 257, 3)]:
         q, c = rand(B, d), rand(N, d)
         store = c if dtype == "fp32" else quantize(c, dtype, oversample=N)  # full over-fetch: exact
         dense = c if dtype == "fp32" else (store.rescore.float() if dtype == "int8" else store.data.float())
