@@ -307,3 +307,45 @@ def test_train_cross_judge_small(tmp_path):
     assert s.shape == (2,) and np.isfinite(s).all()
     with pytest.raises(ConfigError, match="top_layers"):
         train_cross_judge("hotpotqa-train", tmp_path / "x", limit=14, top_layers=0)
+
+
+def test_cross_fitted_scorer_uses_each_questions_held_out_head():
+    from ragfast.methods.s2g.judge_train import CrossFittedScorer
+
+    class Feats:
+        def __call__(self, pairs, ledger=None, question_ids=None):
+            return np.array([[1.0, float(len(d))] for _, d in pairs])
+
+    class Judge:
+        features = Feats()
+
+        def state_inputs(self, question, docs, doc_logits):
+            return np.asarray(doc_logits, dtype=float)
+
+    heads = [(np.array([1.0, 0.0]), 0.5), (np.array([0.0, 2.0]), -1.0)]
+    sc = CrossFittedScorer(Judge(), {"qa": 0, "qb": 1}, heads)
+    z = sc.doc_logits([("qa", "xx"), ("qb", "xx"), ("qa", "xxx")])
+    np.testing.assert_allclose(z, [1.5, 3.0, 1.5])
+    assert sc.doc_logits([]).shape == (0,)
+    with pytest.raises(KeyError):
+        sc.doc_logits([("unseen", "x")])
+
+
+def test_train_docset_judge_small(tmp_path):
+    from ragfast.methods.s2g.judge_train import train_docset_judge
+    from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocSetJudge
+
+    card = train_docset_judge("hotpotqa-train", tmp_path / "dj", limit=16, n_subsets=4, threads=1,
+                              log=lambda m: None)
+    sp = card["split"]
+    assert card["format"] == DOCSET_FORMAT and card["state_features"] == list(DOCSET_STATE_FEATURES)
+    # the state head also trains on the document questions' states (cross-fitted logits): more
+    # states than the state-head questions alone give (4 subsets + 5 trajectory states each)
+    assert card["state_head"]["states"] > sp["state_head"] * 9
+    assert "cross-fitted" in card["state_head"]["states_built"]
+    assert "bridge_link" in card["training"]["set_features"]
+    j = DocSetJudge(tmp_path / "dj")
+    assert j.state_w.size == len(DOCSET_STATE_FEATURES)
+    s = j.stop_scores([("Who?", []), ("Who?", ['<information>Doc 1(Title: "x") y</information>'])])
+    assert s.shape == (2,) and np.isfinite(s).all()
+    assert "set features" in (tmp_path / "dj" / "docset_judge.md").read_text()

@@ -135,7 +135,8 @@ class DocumentStateJudge(Judge):
     """A judge whose STOP score is a state head over per-document logits.
 
     Subclasses provide ``doc_logits(pairs, ledger=, question_ids=)`` (one logit per (question,
-    document) pair) and the state head ``state_w`` / ``state_b`` over :data:`STATE_FEATURES`.
+    document) pair) and the state head ``state_w`` / ``state_b`` over :meth:`state_inputs`
+    (:data:`STATE_FEATURES` unless a subclass reads more of the state).
     """
 
     state_w: np.ndarray
@@ -145,6 +146,24 @@ class DocumentStateJudge(Judge):
     def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                    question_ids: Sequence[str] | None = None) -> np.ndarray:
         """One logit per (question, document) pair, higher = more likely a needed document."""
+
+    def state_inputs(self, question: str, docs: Sequence[str], doc_logits: Sequence[float]) -> np.ndarray:
+        """The state head's inputs for one state: :func:`state_features` of its document logits.
+
+        Parameters
+        ----------
+        question : str
+        docs : sequence of str
+            The state's distinct documents (as :func:`split_documents` gives them).
+        doc_logits : sequence of float
+            One logit per document, in ``docs`` order.
+
+        Returns
+        -------
+        numpy.ndarray
+            float64, one value per weight of the state head.
+        """
+        return state_features(doc_logits)
 
     # -- STOP scores -------------------------------------------------------------------------
     def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,
@@ -164,12 +183,11 @@ class DocumentStateJudge(Judge):
         pairs = [(s.question, d) for s, ds in zip(sts, docs) for d in ds]
         pq = ([question_ids[i] for i, ds in enumerate(docs) for _ in ds] if question_ids is not None else None)
         z = self.doc_logits(pairs, ledger=ledger, question_ids=pq)
-        X = np.zeros((len(sts), len(STATE_FEATURES)))
-        off = 0
-        for i, ds in enumerate(docs):
-            X[i] = state_features(z[off:off + len(ds)])
+        rows, off = [], 0
+        for s, ds in zip(sts, docs):
+            rows.append(self.state_inputs(s.question, ds, z[off:off + len(ds)]))
             off += len(ds)
-        return X @ self.state_w + self.state_b
+        return np.vstack(rows) @ self.state_w + self.state_b
 
 
 class CrossEncoderJudge(DocumentStateJudge):

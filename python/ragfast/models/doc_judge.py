@@ -8,7 +8,15 @@ all-MiniLM-L6-v2 as a bi-encoder (question and document embedded apart, each onc
    share of the question's content words in the document]`` (trained on HotpotQA supporting
    paragraphs: "this document is one the answer needs");
 2. STOP logit = the state head over the state's sorted document logits
-   (:func:`ragfast.models.cross_judge.state_features`).
+   (:func:`ragfast.models.cross_judge.state_features`) AND set features of the state as a whole
+   (:func:`set_features`: how much of the question the union of its documents covers, whether
+   one document names another's title (a bridge), whether both sides of an "X or Y" question
+   are there, how many documents have a positive logit).
+
+The document logits alone cannot tell a state holding both documents a two-hop question needs
+from one holding the first hop and look-alikes of the second: each document is scored apart.
+The set features read the documents together, cheaply and deterministically (string matching,
+no model).
 
 Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the MEAN document
 vector), each document keeps its own score, so a state with both needed documents stands out
@@ -29,12 +37,29 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ModelError
-from ragfast.models.cross_judge import STATE_FEATURES, DocumentStateJudge
+from ragfast.models.cross_judge import STATE_FEATURES, DocumentStateJudge, state_features
 from ragfast.text import content_words
 
-__all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "DocFeatures"]
+__all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "doc_body", "DocFeatures",
+           "SET_FEATURES", "DOCSET_STATE_FEATURES", "set_features", "question_entities", "comparison_sides"]
 
-DOCSET_FORMAT = "ragfast-docset-judge-v1"
+#: ``format`` field of the card; v2 added the set features to the state head.
+DOCSET_FORMAT = "ragfast-docset-judge-v2"
+#: Names of the set features (:func:`set_features`), in order.
+SET_FEATURES = ("union_coverage", "entity_title_match", "bridge_link", "bridge_from_question", "bridge_from_top",
+                "linked_pair", "comparison_both", "comparison_question", "docs_logit_gt0", "docs_logit_gt_m1")
+#: The doc-set judge's state head inputs: the document-logit features, then the set features.
+DOCSET_STATE_FEATURES = tuple(STATE_FEATURES) + SET_FEATURES
+
+# A capitalised span: capitalised words (or numbers), possibly joined by a few lower-case
+# particles ("Lord of the Rings", "University of California")
+_CAPS = re.compile(r"(?:[A-Z0-9][\w'’.\-&]*)(?:\s+(?:(?:of|the|and|de|la|in|for|on|a)\s+)*[A-Z0-9][\w'’.\-&]*)*")
+_QUOTED = re.compile(r'"([^"]+)"|“([^”]+)”|`([^\']+)\'')
+# the question's first word is capitalised because it starts the sentence, not because it is a name
+_LEADING = frozenset({"which", "what", "who", "when", "where", "how", "is", "are", "was", "were", "the", "in",
+                      "did", "do", "does", "name"})
+# "..., X or Y?" at the end of a question: HotpotQA's comparison questions
+_COMPARISON = re.compile(r",?\s*([^,?]+?)\s+or\s+([^,?]+?)\s*\??$")
 
 
 def default_docset_judge_path() -> Path:
@@ -50,6 +75,97 @@ def doc_title(doc: str) -> str:
         return ""
     t = re.sub(r"\s*\([^)]*\)\s*$", "", m.group(1)).strip().lower()
     return t if len(t) > 2 else ""
+
+
+def doc_body(doc: str) -> str:
+    """A document string's text after its ``Title)`` prefix (the whole string when there is none)."""
+    i = doc.find(") ")
+    return doc[i + 2:] if i >= 0 else doc
+
+
+def question_entities(question: str) -> list[str]:
+    """Lower-cased quoted titles and capitalised spans of a question (its named entities, roughly).
+
+    A sentence-initial question word ("Which", "What", ...) is dropped from the span it starts;
+    spans of two characters or fewer are dropped. Order of first appearance, no repeats.
+    """
+    out = [next(g for g in m.groups() if g) for m in _QUOTED.finditer(question)]
+    for m in _CAPS.finditer(question):
+        span = m.group(0)
+        if m.start() == 0:
+            parts = span.split()
+            if parts[0].lower() in _LEADING:
+                span = " ".join(parts[1:])
+        if len(span) > 2:
+            out.append(span)
+    return list(dict.fromkeys(x.lower() for x in out))
+
+
+def comparison_sides(question: str) -> tuple[str, str] | None:
+    """The two sides ``(x, y)`` (lower-cased) of a question ending in "X or Y?"; None otherwise."""
+    m = _COMPARISON.search(question)
+    if not m:
+        return None
+    return m.group(1).lower().strip(' "'), m.group(2).lower().strip(' "')
+
+
+def _title_match(span: str, titles: Sequence[str]) -> bool:
+    # either way round: "tinted windows" names the title "tinted windows (band)" after doc_title
+    # strips the parenthetical, and a span may be longer than the title it holds
+    return any(t and (span == t or span in t or t in span) for t in titles)
+
+
+def set_features(question: str, docs: Sequence[str], doc_logits: Sequence[float]) -> np.ndarray:
+    """Features of a state's documents taken together (:data:`SET_FEATURES`).
+
+    Parameters
+    ----------
+    question : str
+    docs : sequence of str
+        The state's distinct documents, ``Title) text`` strings as
+        :func:`ragfast.models.cross_judge.split_documents` gives them.
+    doc_logits : sequence of float
+        The judge's document logit per document.
+
+    Returns
+    -------
+    numpy.ndarray
+        float64 ``[len(SET_FEATURES)]``:
+
+        - ``union_coverage``: share of the question's content words found in some document;
+        - ``entity_title_match``: share of :func:`question_entities` matched by a document title;
+        - ``bridge_link``: 1 when a document's title appears in another document's text;
+        - ``bridge_from_question``: 1 when a document whose title the question names names another
+          document's title in its text (the first hop of a bridge question leads to the second);
+        - ``bridge_from_top``: 1 when the highest-logit document names another document's title;
+        - ``linked_pair``: 1 when two documents are linked (either names the other's title) or both
+          are named by the question;
+        - ``comparison_both``: 1 when both sides of an "X or Y?" question match document titles;
+        - ``comparison_question``: 1 when the question is an "X or Y?" question;
+        - ``docs_logit_gt0``, ``docs_logit_gt_m1``: documents whose logit is above 0 / above -1.
+    """
+    z = np.asarray(doc_logits, dtype=np.float64)
+    if z.size != len(docs):
+        raise ValueError(f"{z.size} document logits for {len(docs)} documents")
+    ql = question.lower()
+    qw = _words(question)
+    titles = [doc_title(d) for d in docs]
+    bodies = [doc_body(d).lower() for d in docs]
+    union = set().union(*(_words(d) for d in docs)) if docs else set()
+    coverage = len(qw & union) / len(qw) if qw else 0.0
+    ents = question_entities(question)
+    ent_match = float(np.mean([_title_match(e, titles) for e in ents])) if ents else 0.0
+    in_q = [bool(t) and t in ql for t in titles]
+    n = len(docs)
+    link = np.array([[i != j and bool(titles[j]) and titles[j] in bodies[i] for j in range(n)] for i in range(n)],
+                    dtype=bool).reshape(n, n)
+    bridge_q = any(in_q[i] and link[i].any() for i in range(n))
+    bridge_top = n > 0 and bool(link[int(np.argmax(z))].any())
+    linked = any(link[i, j] or link[j, i] or (in_q[i] and in_q[j]) for i in range(n) for j in range(i + 1, n))
+    sides = comparison_sides(question)
+    both = sides is not None and _title_match(sides[0], titles) and _title_match(sides[1], titles)
+    return np.array([coverage, ent_match, float(link.any()), float(bridge_q), float(bridge_top), float(linked),
+                     float(both), float(sides is not None), float(np.sum(z > 0)), float(np.sum(z > -1))])
 
 
 def _words(text: str) -> set[str]:
@@ -108,6 +224,9 @@ class DocFeatures:
 class DocSetJudge(DocumentStateJudge):
     """Per-document logits (bi-encoder features + logistic head) and a state head; STOP = its logit.
 
+    The state head reads :data:`DOCSET_STATE_FEATURES`: the sorted document logits'
+    features and the :func:`set_features` of the state's documents.
+
     Parameters
     ----------
     path : str or Path, optional
@@ -130,10 +249,14 @@ class DocSetJudge(DocumentStateJudge):
             raise ModelError(f"doc-set judge not found: need {p} and {card_path} "
                              "(train one with `ragfast train-judge --kind docset`)")
         self.card = json.loads(card_path.read_text())
+        if self.card.get("format") == "ragfast-docset-judge-v1":
+            raise ModelError(f"{card_path} is a ragfast-docset-judge-v1 judge, whose state head lacks the set "
+                             f"features this ragfast reads ({DOCSET_FORMAT}); retrain it with "
+                             "`ragfast train-judge --kind docset`")
         if self.card.get("format") != DOCSET_FORMAT:
             raise ModelError(f"{card_path} is not a {DOCSET_FORMAT} card (format {self.card.get('format')!r})")
-        if list(self.card.get("state_features", [])) != list(STATE_FEATURES):
-            raise ModelError(f"{card_path}: state features differ from this ragfast's {list(STATE_FEATURES)}")
+        if list(self.card.get("state_features", [])) != list(DOCSET_STATE_FEATURES):
+            raise ModelError(f"{card_path}: state features differ from this ragfast's {list(DOCSET_STATE_FEATURES)}")
         t = load_file(str(p))
         if encoder is None:
             from ragfast.retrieval.encoder import Encoder
@@ -145,9 +268,9 @@ class DocSetJudge(DocumentStateJudge):
         self.doc_b = float(t["doc_head.bias"].reshape(-1)[0])
         self.state_w = t["state_head.weight"].astype(np.float64).reshape(-1)
         self.state_b = float(t["state_head.bias"].reshape(-1)[0])
-        if self.doc_w.size != self.features.n_features or self.state_w.size != len(STATE_FEATURES):
+        if self.doc_w.size != self.features.n_features or self.state_w.size != len(DOCSET_STATE_FEATURES):
             raise ModelError(f"{p}: head sizes {self.doc_w.size}/{self.state_w.size} do not match the encoder's "
-                             f"{self.features.n_features} features / {len(STATE_FEATURES)} state features")
+                             f"{self.features.n_features} features / {len(DOCSET_STATE_FEATURES)} state features")
         self.path = p
         self.name = f"docset-judge:{p.name} on {self.card.get('encoder', 'minilm')}"
         self.meaningful = True
@@ -155,7 +278,8 @@ class DocSetJudge(DocumentStateJudge):
     def describe(self) -> dict[str, Any]:
         """Weights path, encoder, training data and the held-out metrics from the card."""
         return {"name": self.name, "class": type(self).__name__, "meaningful": self.meaningful,
-                "why": "per-document logits on MiniLM + state head, trained on supporting-fact sufficiency; see metrics",
+                "why": "per-document logits on MiniLM + a state head over them and set features of the state's "
+                       "documents, trained on supporting-fact sufficiency; see metrics",
                 "path": str(self.path), "encoder": self.card.get("encoder", "minilm"),
                 "trained_on": self.card.get("data"), "metrics": self.card.get("metrics")}
 
@@ -165,3 +289,7 @@ class DocSetJudge(DocumentStateJudge):
         if not pairs:
             return np.zeros(0)
         return self.features(pairs, ledger=ledger, question_ids=question_ids).astype(np.float64) @ self.doc_w + self.doc_b
+
+    def state_inputs(self, question: str, docs: Sequence[str], doc_logits: Sequence[float]) -> np.ndarray:
+        """The state head's inputs (:data:`DOCSET_STATE_FEATURES`): document-logit and set features."""
+        return np.concatenate([state_features(doc_logits), set_features(question, docs, doc_logits)])

