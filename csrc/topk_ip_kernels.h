@@ -109,8 +109,9 @@ inline float bf16_to_float(uint16_t h) {
 }
 
 
-#if defined(TK_AVX2)
-// ---------------------------------------------------------------------------- AVX2 helpers
+#if defined(TK_AVX2) || defined(TK_SIMD)
+// ---------------------------------------------------------------------------- 256-bit helpers
+// (AVX2 + FMA + F16C: the AVX2 level, and the AVX-512 levels, which are compiled with them too)
 
 inline float hsum8(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -153,6 +154,59 @@ inline __m256 load8(const char* row, int64_t j, int64_t n) {
     int64_t v = 0;
     std::memcpy(&v, r, size_t(n >= 8 ? 8 : n));
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(v)));
+  }
+}
+
+// 8 x 8 transpose of fp32 registers (the standard unpack / shuffle / lane-permute network).
+inline void transpose8(__m256 (&r)[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 2; ++i) {
+    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+  }
+}
+
+// Rows t0+r0 .. t0+r0+7 of the corpus as fp32 (int8 dequantised; rows at or past `rows` are
+// zero), eight depths at a time through a register transpose: store(j, v) receives the eight
+// rows' values at depth j. The packed kernels lay tiles out depth-major; element-wise stores,
+// one per 4-byte value at a 64- or 256-byte stride, cost a fifth of the GEMM's time at d = 768.
+template <class Store>
+inline void pack_rows8(const Problem& p, int64_t t0, int rows, int r0, Store store) {
+  const int64_t d = p.d;
+  const char* row[8];
+  __m256 sc[8];
+  for (int i = 0; i < 8; ++i) {
+    const bool live = r0 + i < rows;
+    row[i] = live ? row_of(p, t0 + r0 + i) : nullptr;
+    sc[i] = _mm256_set1_ps(p.kind == kI8 && live ? p.scale[t0 + r0 + i] : 1.f);
+  }
+  for (int64_t j = 0; j < d; j += 8) {
+    const int64_t n = imin(8, d - j);
+    __m256 v[8];
+    for (int i = 0; i < 8; ++i) {
+      if (!row[i]) {
+        v[i] = _mm256_setzero_ps();
+        continue;
+      }
+      switch (p.kind) {
+        case kF32: v[i] = load8<kF32>(row[i], j, n); break;
+        case kF16: v[i] = load8<kF16>(row[i], j, n); break;
+        case kBF16: v[i] = load8<kBF16>(row[i], j, n); break;
+        default: v[i] = _mm256_mul_ps(load8<kI8>(row[i], j, n), sc[i]); break;
+      }
+    }
+    transpose8(v);
+    for (int64_t u = 0; u < n; ++u) store(j + u, v[u]);
   }
 }
 #endif
@@ -594,31 +648,8 @@ void pack_tile(const Problem& p, int64_t t0, int rows, void* P) {
     return;
   }
   float* out = static_cast<float*>(P);
-  for (int r = 0; r < kTile; ++r) {
-    if (r >= rows) {
-      for (int64_t j = 0; j < d; ++j) out[j * kTile + r] = 0.f;
-      continue;
-    }
-    const char* row = row_of(p, t0 + r);
-    if (p.kind == kF32) {
-      const float* x = reinterpret_cast<const float*>(row);
-      for (int64_t j = 0; j < d; ++j) out[j * kTile + r] = x[j];
-    } else {
-      // 16 at a time through the vector converters, then scattered by depth
-      alignas(64) float buf[16];
-      for (int64_t j = 0; j < d; j += 16) {
-        __mmask16 m = m16(d - j);
-        __m512 v = p.kind == kF16 ? load_f<kF16>(row, j, m, false)
-                  : p.kind == kBF16 ? load_f<kBF16>(row, j, m, false)
-                                    : _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-                                                        _mm_maskz_loadu_epi8(m, reinterpret_cast<const int8_t*>(row) + j))),
-                                                    _mm512_set1_ps(p.scale[t0 + r]));
-        _mm512_store_ps(buf, v);
-        const int64_t n = imin(16, d - j);
-        for (int64_t u = 0; u < n; ++u) out[(j + u) * kTile + r] = buf[u];
-      }
-    }
-  }
+  for (int r0 = 0; r0 < kTile; r0 += 8)
+    pack_rows8(p, t0, rows, r0, [&](int64_t j, __m256 v) { _mm256_store_ps(out + j * kTile + r0, v); });
 }
 
 // Push 16 scores (rows t0 + g*16 + lane) of one query, after a vector threshold test.
@@ -1045,58 +1076,12 @@ void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
 // every block of 6 queries passes over it; 6 x 2 accumulators, 2 panel loads and 6 broadcasts
 // per depth step.
 
-// 8 x 8 transpose of fp32 registers (the standard unpack / shuffle / lane-permute network).
-inline void transpose8(__m256 (&r)[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 2; ++i) {
-    u[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
-    u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
-    u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
-    u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
-    r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
-  }
-}
-
 // Rows t0 .. t0+rows of the corpus as fp32 (int8 dequantised) in four 16-row panels, each
-// depth-major ([panel][j][16]); rows past `rows` are zero. Eight rows by eight depths at a
-// time through a register transpose: element-wise stores, one per 4-byte value at a 64-byte
-// stride, cost a fifth of the GEMM's time at d = 768.
+// depth-major ([panel][j][16]); rows past `rows` are zero.
 void pack_tile2(const Problem& p, int64_t t0, int rows, float* P) {
-  const int64_t d = p.d;
   for (int r0 = 0; r0 < kTile; r0 += 8) {
-    float* dst = P + (r0 / 16) * d * 16 + (r0 % 16);
-    const char* row[8];
-    __m256 sc[8];
-    for (int i = 0; i < 8; ++i) {
-      const bool live = r0 + i < rows;
-      row[i] = live ? row_of(p, t0 + r0 + i) : nullptr;
-      sc[i] = _mm256_set1_ps(p.kind == kI8 && live ? p.scale[t0 + r0 + i] : 1.f);
-    }
-    for (int64_t j = 0; j < d; j += 8) {
-      const int64_t n = imin(8, d - j);
-      __m256 v[8];
-      for (int i = 0; i < 8; ++i) {
-        if (!row[i]) {
-          v[i] = _mm256_setzero_ps();
-          continue;
-        }
-        switch (p.kind) {
-          case kF32: v[i] = load8<kF32>(row[i], j, n); break;
-          case kF16: v[i] = load8<kF16>(row[i], j, n); break;
-          case kBF16: v[i] = load8<kBF16>(row[i], j, n); break;
-          default: v[i] = _mm256_mul_ps(load8<kI8>(row[i], j, n), sc[i]); break;
-        }
-      }
-      transpose8(v);
-      for (int64_t u = 0; u < n; ++u) _mm256_storeu_ps(dst + (j + u) * 16, v[u]);
-    }
+    float* dst = P + (r0 / 16) * p.d * 16 + (r0 % 16);
+    pack_rows8(p, t0, rows, r0, [&](int64_t j, __m256 v) { _mm256_storeu_ps(dst + j * 16, v); });
   }
 }
 
