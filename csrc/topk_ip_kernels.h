@@ -538,7 +538,7 @@ inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
 
 template <int QB, int RB>
 void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
-  // QB x RB x S >= 8 accumulators (independent FMA chains)
+  // QB x RB x S = 6 to 16 accumulators (independent FMA chains)
   constexpr int S = RB == 1 ? (QB == 1 ? 8 : QB == 2 ? 4 : 2) : (QB == 1 ? 4 : QB == 2 ? 2 : 1);
   alignas(64) float out[QB * RB];
   int64_t r = r0;
@@ -961,9 +961,8 @@ inline void sk2_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
     }
   };
   int64_t j = 0;
-  for (; j + 8 * S <= d; j += 8 * S) {
+  for (; j + 8 * S <= d; j += 8 * S)
     for (int t = 0; t < S; ++t) chunk(t, j + 8 * t, 8);
-  }
   for (; j + 8 <= d; j += 8) chunk(0, j, 8);
   if (j < d) chunk(0, j, d - j);
   for (int t = 1; t < S; ++t)
