@@ -1070,10 +1070,10 @@ void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
 }
 
 // ---------------------------------------------------------------------------- AVX2 packed
-// A 64-row tile converted to fp32 (int8 dequantised) and stored as four 16-row panels, each
-// depth-major ([panel][j][16]): one panel (16 x d floats, 24 KB at d = 384) stays in L1 while
-// every block of 6 queries passes over it; 6 x 2 accumulators, 2 panel loads and 6 broadcasts
-// per depth step.
+// A 64-row tile converted to fp32 and stored as four 16-row panels, each depth-major
+// ([panel][j][16]); a depth chunk of a panel stays in L1 while every block of 6 queries passes
+// over it: 6 x 2 accumulators, 2 panel loads and 6 broadcasts per depth step. int8 has its own
+// tile of int16 depth pairs (pk2_i8).
 
 // Rows t0 .. t0+rows of the corpus as fp32 (int8 dequantised) in four 16-row panels, each
 // depth-major ([panel][j][16]); rows past `rows` are zero.
@@ -1138,7 +1138,129 @@ void pk2(const Problem& p, const float* panel, int64_t j0, int64_t j1, float* pa
   }
 }
 
+// int8 packed: the tile's codes widened to int16 and stored as depth pairs, [panel][pair][16 rows]
+// in 32-bit units (a pair of codes per unit), so vpmaddwd against a broadcast pair of int16
+// query codes gives 8 rows' dot over two depths per instruction (16 multiply-adds, against 8 per
+// fp32 FMA); products sum in int32 and cannot saturate (2 * 127 * 127 per step). Scores are the
+// stream kernel's exactly: float(int dot) * row scale * query dequantisation.
+constexpr int64_t kPairs2 = 256;  // depth pairs per chunk: a panel chunk is 16 KB, as for fp32
+
+void pack_tile2_i8(const Problem& p, int64_t t0, int rows, uint32_t* P) {
+  const int64_t d = p.d, D2 = (d + 1) / 2;
+  for (int r0 = 0; r0 < kTile; r0 += 8) {
+    uint32_t* dst = P + (r0 / 16) * D2 * 16 + (r0 % 16);
+    const int8_t* row[8];
+    for (int i = 0; i < 8; ++i)
+      row[i] = r0 + i < rows ? reinterpret_cast<const int8_t*>(row_of(p, t0 + r0 + i)) : nullptr;
+    for (int64_t j = 0; j < d; j += 16) {
+      const int64_t n = imin(16, d - j);
+      __m256 v[8];
+      for (int i = 0; i < 8; ++i) {
+        __m128i c = _mm_setzero_si128();
+        if (row[i]) {
+          if (n == 16) {
+            c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row[i] + j));
+          } else {
+            int8_t buf[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+            std::memcpy(buf, row[i] + j, size_t(n));
+            c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(buf));
+          }
+        }
+        v[i] = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(c));  // 8 pairs as 32-bit lanes
+      }
+      transpose8(v);
+      const int64_t np = (n + 1) / 2;
+      for (int64_t u = 0; u < np; ++u)
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (j / 2 + u) * 16), _mm256_castps_si256(v[u]));
+    }
+  }
+}
+
+template <int QB>
+void pk2_i8(const Problem& p, const uint32_t* panel, int64_t k0, int64_t k1, int32_t* part, bool last, int64_t b0,
+            int64_t row0, int nvalid, TopK* tk) {
+  // accumulators handled as in pk2: unrolled loops only, selection through a buffer
+  __m256i acc[QB][2];
+#pragma GCC unroll 8
+  for (int b = 0; b < QB; ++b) {
+    const __m256i* src = reinterpret_cast<const __m256i*>(part + (b0 + b) * kTile);
+    acc[b][0] = k0 == 0 ? _mm256_setzero_si256() : _mm256_loadu_si256(src);
+    acc[b][1] = k0 == 0 ? _mm256_setzero_si256() : _mm256_loadu_si256(src + 1);
+  }
+  const int16_t* q = p.qw + b0 * p.qsw;
+  const int64_t qs = p.qsw;
+  for (int64_t k = k0; k < k1; ++k) {
+    const __m256i v0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * 16));
+    const __m256i v1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(panel + k * 16 + 8));
+#pragma GCC unroll 8
+    for (int b = 0; b < QB; ++b) {
+      int32_t pair;  // query codes 2k and 2k+1 (zero padded past d)
+      std::memcpy(&pair, q + b * qs + 2 * k, 4);
+      const __m256i qv = _mm256_set1_epi32(pair);
+      acc[b][0] = _mm256_add_epi32(acc[b][0], _mm256_madd_epi16(v0, qv));
+      acc[b][1] = _mm256_add_epi32(acc[b][1], _mm256_madd_epi16(v1, qv));
+    }
+  }
+  alignas(32) int32_t buf[QB][16];
+  int32_t* dst[QB];
+#pragma GCC unroll 8
+  for (int b = 0; b < QB; ++b) dst[b] = last ? buf[b] : part + (b0 + b) * kTile;
+#pragma GCC unroll 8
+  for (int b = 0; b < QB; ++b) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b]), acc[b][0]);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst[b] + 8), acc[b][1]);
+  }
+  if (!last) return;
+  alignas(32) float sc[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+  for (int L = 0; L < 16 && L < nvalid; ++L) sc[L] = p.scale[row0 + L];
+  for (int b = 0; b < QB; ++b) {
+    TopK& t = tk[b0 + b];
+    alignas(32) float s[16];
+    for (int L = 0; L < 16; ++L) s[L] = float(buf[b][L]) * sc[L] * p.qdeq[b0 + b];  // as sk2_i8
+    const __m256 thr = _mm256_set1_ps(t.thr);
+    unsigned m = unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(s), thr, _CMP_GE_OQ))) |
+                 unsigned(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_load_ps(s + 8), thr, _CMP_GE_OQ))) << 8;
+    m &= nvalid >= 16 ? 0xffffu : ((1u << nvalid) - 1);
+    while (m) {
+      const int L = __builtin_ctz(m);
+      m &= m - 1;
+      tk_push(t, s[L], row0 + L);
+    }
+  }
+}
+
+void scan_packed2_i8(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch) {
+  const int64_t D2 = (p.d + 1) / 2;
+  uint32_t* P = reinterpret_cast<uint32_t*>(scratch);
+  int32_t* part = reinterpret_cast<int32_t*>(scratch + kTile * p.d);  // see scratch_floats
+  for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
+    const int rows = int(imin(kTile, r1 - t0));
+    pack_tile2_i8(p, t0, rows, P);
+    for (int64_t k0 = 0; k0 < D2; k0 += kPairs2) {
+      const int64_t k1 = imin(D2, k0 + kPairs2);
+      const bool last = k1 == D2;
+      for (int g = 0; g * 16 < rows; ++g) {
+        const uint32_t* panel = P + g * D2 * 16;
+        int32_t* pp = part + g * 16;
+        const int nvalid = rows - g * 16;
+        const int64_t row0 = t0 + g * 16;
+        int64_t b = 0;
+        for (; b + 6 <= p.B; b += 6) pk2_i8<6>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk);
+        switch (p.B - b) {
+          case 5: pk2_i8<5>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
+          case 4: pk2_i8<4>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
+          case 3: pk2_i8<3>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
+          case 2: pk2_i8<2>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
+          case 1: pk2_i8<1>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
+          default: break;
+        }
+      }
+    }
+  }
+}
+
 void scan_packed2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* P) {
+  if (p.kind == kI8) return scan_packed2_i8(p, r0, r1, tk, P);
   const int64_t d = p.d;
   float* part = P + kTile * d;  // see scratch_floats
   for (int64_t t0 = r0; t0 < r1; t0 += kTile) {

@@ -185,6 +185,24 @@ def test_cpp_every_kernel_path(isa, force_path, path, dtype):
         assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex)
 
 
+@needs_cpp
+def test_int8_first_pass_same_in_every_kernel(isa, force_path):
+    # With no over-fetch (oversample=1) the kept candidates are exactly the approximate first
+    # pass's top k, so any kernel whose int8 scores differ from the stream kernel's shows here
+    # (the full over-fetch of test_cpp_every_kernel_path would hide it behind the re-scoring).
+    for B, N, d in [(7, 1000, 384), (13, 777, 33), (20, 300, 600), (6, 64, 1), (19, 129, 513)]:
+        q, c = rand(B, d), unit(N, d)
+        for rescore in (None, "fp16"):
+            store = quantize(c, "int8", rescore=rescore, oversample=1)
+            got = {}
+            for path in ("stream", "qmajor", "packed"):
+                force_path(path)
+                got[path] = call("cpp", q, store, 5)
+            for path in ("qmajor", "packed"):
+                assert torch.equal(got[path][1], got["stream"][1]), (path, B, N, d, rescore)
+                assert torch.equal(got[path][0], got["stream"][0]), (path, B, N, d, rescore)
+
+
 TRITON_GRID = [(1, 19, 7, 5), (3, 123, 32, 10), (19, 989, 32, 10), (3, 4097, 7, 1), (5, 70, 384, 5), (17, 1, 7, 1)]
 
 

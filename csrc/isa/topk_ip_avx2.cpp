@@ -6,12 +6,12 @@
 #define TK_NAME "avx2"
 // Batch sizes from which the level switches kernel, per storage (fp32, fp16, bf16, int8):
 // {query-major from, packed from}. Measured as described in csrc/topk_ip.cpp (Paths).
-// Stream (4 rows x 2 queries, dot along d) below 16 queries; from 16, the packed 6 x 16
-// GEMM-style kernel for fp32/fp16/bf16. Measured round-robin, N=100k, one thread, Zen 4 forced
-// to avx2, packed time / stream time: d=384: B=12 1.07, 24 0.90, 64 0.76, 256 0.73;
-// d=768: B=12 1.00, 24 0.85, 64 0.74, 256 0.67. int8 stays on stream: vpmaddwd does 16
-// multiply-adds per instruction and beats the fp32 GEMM at every batch (stream / packed time
-// 0.51-0.97, d=384 and 768, B=12-256). torch takes over where it is faster
+// Stream (one row at a time for the first query pair of a tile, then 4 rows x 2 queries)
+// below 16 queries; from 16, the packed 6 x 16 GEMM-style kernel for fp32/fp16/bf16, and from
+// 24 its int8 form (vpmaddwd on int16 depth pairs). Measured round-robin, N=100k, one thread,
+// Zen 4 forced to avx2, packed time / stream time: fp32 d=384: B=12 1.07, 24 0.90, 64 0.76,
+// 256 0.73; d=768: B=12 1.00, 24 0.85, 64 0.74, 256 0.67. int8 d=384: B=8 1.33, 16 1.07, 64
+// 0.76, 256 0.66; d=768: B=16 0.97, 64 0.77, 256 0.75. torch takes over where it is faster
 // (python/ragfast/ops/topk_ip_choice.py).
-#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {16, 16, 16, 1 << 30}}
+#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {16, 16, 16, 24}}
 #include "../topk_ip_kernels.h"
