@@ -77,6 +77,23 @@ inline void tk_push(TopK& t, float s, int64_t id) {
 
 inline const char* row_of(const Problem& p, int64_t r) { return p.base + (r * p.rs) * p.esize; }
 
+// The packed kernels take queries in blocks of 6 (then the 1-5 left over), the block size a
+// compile-time constant: run(QBlock<QB>{}, b0) for each block.
+template <int N> struct QBlock { static constexpr int value = N; };
+template <class Run>
+inline void for_query_blocks(int64_t B, Run run) {
+  int64_t b = 0;
+  for (; b + 6 <= B; b += 6) run(QBlock<6>{}, b);
+  switch (B - b) {
+    case 5: run(QBlock<5>{}, b); break;
+    case 4: run(QBlock<4>{}, b); break;
+    case 3: run(QBlock<3>{}, b); break;
+    case 2: run(QBlock<2>{}, b); break;
+    case 1: run(QBlock<1>{}, b); break;
+    default: break;
+  }
+}
+
 // ---------------------------------------------------------------------------- scalar helpers
 
 inline float half_to_float(uint16_t h) {
@@ -790,16 +807,7 @@ void scan_packed(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scra
   for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
     const int rows = int(imin(kTile, r1 - t0));
     pack_tile(p, t0, rows, P);
-    int64_t b = 0;
-    for (; b + 6 <= p.B; b += 6) packed_block<6>(p, P, D, b, t0, rows, tk);
-    switch (p.B - b) {
-      case 5: packed_block<5>(p, P, D, b, t0, rows, tk); break;
-      case 4: packed_block<4>(p, P, D, b, t0, rows, tk); break;
-      case 3: packed_block<3>(p, P, D, b, t0, rows, tk); break;
-      case 2: packed_block<2>(p, P, D, b, t0, rows, tk); break;
-      case 1: packed_block<1>(p, P, D, b, t0, rows, tk); break;
-      default: break;
-    }
+    for_query_blocks(p.B, [&](auto qb, int64_t b) { packed_block<decltype(qb)::value>(p, P, D, b, t0, rows, tk); });
   }
 }
 
@@ -1092,7 +1100,7 @@ void pack_tile2(const Problem& p, int64_t t0, int rows, float* P) {
 constexpr int64_t kDepth2 = 256;
 
 template <int QB>
-void pk2(const Problem& p, const float* panel, int64_t j0, int64_t j1, float* part, bool last, int64_t b0,
+__attribute__((noinline)) void pk2(const Problem& p, const float* panel, int64_t j0, int64_t j1, float* part, bool last, int64_t b0,
          int64_t row0, int nvalid, TopK* tk) {
   // Every loop over the accumulators is fully unrolled and the selection reads them back from a
   // buffer: a runtime index into `acc` makes GCC keep all twelve on the stack inside the hot
@@ -1176,8 +1184,10 @@ void pack_tile2_i8(const Problem& p, int64_t t0, int rows, uint32_t* P) {
   }
 }
 
+// noinline: inlined into the scan loop, GCC ran out of ymm registers (12 accumulators, 2 panel
+// vectors, a broadcast and a product fill all 16) and spilled an accumulator every step (1.5x slower)
 template <int QB>
-void pk2_i8(const Problem& p, const uint32_t* panel, int64_t k0, int64_t k1, int32_t* part, bool last, int64_t b0,
+__attribute__((noinline)) void pk2_i8(const Problem& p, const uint32_t* panel, int64_t k0, int64_t k1, int32_t* part, bool last, int64_t b0,
             int64_t row0, int nvalid, TopK* tk) {
   // accumulators handled as in pk2: unrolled loops only, selection through a buffer
   __m256i acc[QB][2];
@@ -1244,16 +1254,9 @@ void scan_packed2_i8(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* 
         int32_t* pp = part + g * 16;
         const int nvalid = rows - g * 16;
         const int64_t row0 = t0 + g * 16;
-        int64_t b = 0;
-        for (; b + 6 <= p.B; b += 6) pk2_i8<6>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk);
-        switch (p.B - b) {
-          case 5: pk2_i8<5>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
-          case 4: pk2_i8<4>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
-          case 3: pk2_i8<3>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
-          case 2: pk2_i8<2>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
-          case 1: pk2_i8<1>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk); break;
-          default: break;
-        }
+        for_query_blocks(p.B, [&](auto qb, int64_t b) {
+          pk2_i8<decltype(qb)::value>(p, panel, k0, k1, pp, last, b, row0, nvalid, tk);
+        });
       }
     }
   }
@@ -1274,16 +1277,9 @@ void scan_packed2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* P) 
         float* pp = part + g * 16;
         const int nvalid = rows - g * 16;
         const int64_t row0 = t0 + g * 16;
-        int64_t b = 0;
-        for (; b + 6 <= p.B; b += 6) pk2<6>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk);
-        switch (p.B - b) {
-          case 5: pk2<5>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk); break;
-          case 4: pk2<4>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk); break;
-          case 3: pk2<3>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk); break;
-          case 2: pk2<2>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk); break;
-          case 1: pk2<1>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk); break;
-          default: break;
-        }
+        for_query_blocks(p.B, [&](auto qb, int64_t b) {
+          pk2<decltype(qb)::value>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk);
+        });
       }
     }
   }
