@@ -98,6 +98,37 @@ struct Prepared {
   std::vector<uint32_t> qt;
 };
 
+// bf16 queries as int16 codes for the AVX2 packed pass (pk2_i8 over a tile quantised per row):
+// codes in [-R, R] with 2 * ceil(d / 2) * R * R <= 2^30, so int32 sums of products cannot
+// overflow. At d = 768, R = 1182: a code step is 1/1182 of the query's largest |value|, finer
+// than bf16 rounding of a typical element (1/256 of its own value), and the driver re-scores
+// the over-fetched candidates exactly. A query that is not finite leaves wrange 0 (the kernel
+// then scans bf16 widened to fp32, exactly).
+void prepare_bf16_codes(Problem& p, Prepared& w) {
+  const int64_t B = p.B, d = p.d;
+  const double pairs = double((d + 1) / 2);
+  p.wrange = int32_t(std::min(32767.0, std::floor(std::sqrt(double(1 << 30) / (2.0 * pairs)))));
+  p.qsw = (d + 31) / 32 * 32;
+  w.qw.assign(size_t(B * p.qsw), 0);
+  w.qdeq.assign(size_t(B), 0.f);
+  for (int64_t b = 0; b < B; ++b) {
+    float amax = 0.f;
+    bool finite = true;
+    for (int64_t j = 0; j < d; ++j) {
+      finite = finite && std::isfinite(p.q[b * d + j]);
+      amax = std::max(amax, std::fabs(p.q[b * d + j]));
+    }
+    if (!finite) {
+      p.wrange = 0;
+      return;
+    }
+    if (amax == 0.f) continue;  // codes and factor 0: every score 0, as exactly
+    const float to_code = float(p.wrange) / amax;
+    w.qdeq[b] = amax / float(p.wrange);
+    for (int64_t j = 0; j < d; ++j) w.qw[b * p.qsw + j] = int16_t(std::lrint(p.q[b * d + j] * to_code));
+  }
+}
+
 void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
   const int64_t B = p.B, d = p.d;
   p.qs = (d + 15) / 16 * 16;
@@ -108,6 +139,7 @@ void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
     w.qh.assign(size_t(B * p.qs16), 0);
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < d; ++j) w.qh[b * p.qs16 + j] = float_to_bf16(p.q[b * d + j]);
+    prepare_bf16_codes(p, w);
   } else if (p.kind == kI8) {
     p.qs8 = (d + 63) / 64 * 64;
     p.qsw = (d + 31) / 32 * 32;
@@ -184,6 +216,7 @@ void run(Args& a) {
   p.qmajor = path == kQmajor;
   Prepared prep;
   prepare_queries(p, prep, K.qmajor_per(p.kind));
+  if (a.approximate) a.fetch = std::min(N, a.fetch * K.fetch_mult(p.kind, path));
 
   // Exclusion lists: sorted and unique per query, ids outside [0, N) dropped.
   std::vector<int64_t> exbuf;

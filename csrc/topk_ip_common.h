@@ -48,8 +48,9 @@ struct Problem {
   int64_t qs8;           // stride of qb in bytes, padded to 64
   const uint8_t* qb;     // int8 queries + 128 (VNNI: unsigned x signed)
   int64_t qsw;           // stride of qw in int16, padded to 32
-  const int16_t* qw;     // int8 query codes widened to int16 (AVX2 vpmaddwd)
-  const float* qdeq;     // int8 query dequantisation factor per query (padded to Bp)
+  const int16_t* qw;     // int16 query codes (AVX2 vpmaddwd): int8 codes widened, or bf16 queries quantised
+  const float* qdeq;     // query dequantisation factor per query (int8: padded to Bp)
+  int32_t wrange;        // bf16: code range R of the AVX2 int16 packed pass (codes in [-R, R]); 0: not usable
   bool qmajor;
   int64_t Bp;            // B rounded up to 16
   const uint32_t* qt;    // query-major [depth][Bp]: fp32 bits, a bf16 pair or four int8 codes
@@ -67,6 +68,7 @@ struct Kernels {
   Paths defaults;
   int (*choose_path)(int kind, int64_t B, const Paths& paths);
   int (*qmajor_per)(int kind);  // depth elements per 32-bit word of the query-major layout
+  int (*fetch_mult)(int kind, int path);  // over-fetch multiplier of the path's approximate pass
   int64_t (*scratch_floats)(const Problem& p, int path);
   void (*scan)(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch);
   float (*dot_exact)(const float* q, const void* row, int kind, int d, float scale);

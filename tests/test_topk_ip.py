@@ -203,6 +203,22 @@ def test_int8_first_pass_same_in_every_kernel(isa, force_path):
                 assert torch.equal(got[path][0], got["stream"][0]), (path, B, N, d, rescore)
 
 
+@needs_cpp
+def test_bf16_approximate_pass_keeps_the_exact_top_k(isa, force_path):
+    # At the default over-fetch, every kernel's approximate bf16 pass (AVX-512 BF16: queries
+    # rounded to bf16; the AVX2 packed pass: rows and queries quantised to int16 codes) must keep
+    # the stored vectors' exact top k among its candidates. A wrong code layout or row factor in
+    # the quantised tile shows here; the full over-fetch of test_cpp_every_kernel_path would hide it.
+    for B, N, d in [(7, 1000, 384), (20, 300, 600), (6, 64, 1), (19, 129, 513), (33, 2000, 768), (9, 500, 33)]:
+        q, c = rand(B, d), unit(N, d)
+        store = quantize(c, "bf16")
+        dense = store.data.float()
+        for path in ("stream", "qmajor", "packed"):
+            force_path(path)
+            s, i = call("cpp", q, store, 5)
+            assert_topk(q, dense, 5, s, i, atol=1e-4 * math.sqrt(d))
+
+
 TRITON_GRID = [(1, 19, 7, 5), (3, 123, 32, 10), (19, 989, 32, 10), (3, 4097, 7, 1), (5, 70, 384, 5), (17, 1, 7, 1)]
 
 
