@@ -95,6 +95,7 @@ struct Prepared {
   std::vector<uint8_t> qb;
   std::vector<int16_t> qw;
   std::vector<float> qdeq;
+  std::vector<float> qdeq8;
   std::vector<uint32_t> qt;
 };
 
@@ -129,6 +130,32 @@ void prepare_bf16_codes(Problem& p, Prepared& w) {
   }
 }
 
+// int8 query codes in [-127, 127] against each query's largest |value|: qb (+128, VNNI's
+// unsigned x signed operands), with `widen` also qw (the codes as int16, AVX2 vpmaddwd), and the
+// dequantisation factor per query in `deq`.
+void quantize_queries_i8(Problem& p, Prepared& w, std::vector<float>& deq, bool widen) {
+  const int64_t B = p.B, d = p.d;
+  p.qs8 = (d + 63) / 64 * 64;
+  w.qb.assign(size_t(B * p.qs8), 128);
+  if (widen) {
+    p.qsw = (d + 31) / 32 * 32;
+    w.qw.assign(size_t(B * p.qsw), 0);
+  }
+  deq.assign(size_t(B), 0.f);
+  for (int64_t b = 0; b < B; ++b) {
+    float amax = 0.f;
+    for (int64_t j = 0; j < d; ++j) amax = std::max(amax, std::fabs(p.q[b * d + j]));
+    float qscale = amax > 0 ? 127.f / amax : 1.f;
+    deq[b] = 1.f / qscale;
+    for (int64_t j = 0; j < d; ++j) {
+      int v = int(std::lrint(p.q[b * d + j] * qscale));
+      v = std::min(127, std::max(-127, v));
+      w.qb[b * p.qs8 + j] = uint8_t(v + 128);
+      if (widen) w.qw[b * p.qsw + j] = int16_t(v);
+    }
+  }
+}
+
 void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
   const int64_t B = p.B, d = p.d;
   p.qs = (d + 15) / 16 * 16;
@@ -140,24 +167,9 @@ void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
     for (int64_t b = 0; b < B; ++b)
       for (int64_t j = 0; j < d; ++j) w.qh[b * p.qs16 + j] = float_to_bf16(p.q[b * d + j]);
     prepare_bf16_codes(p, w);
+    quantize_queries_i8(p, w, w.qdeq8, false);  // the AVX-512 VNNI packed pass
   } else if (p.kind == kI8) {
-    p.qs8 = (d + 63) / 64 * 64;
-    p.qsw = (d + 31) / 32 * 32;
-    w.qb.assign(size_t(B * p.qs8), 128);
-    w.qw.assign(size_t(B * p.qsw), 0);
-    w.qdeq.assign(size_t(B), 0.f);
-    for (int64_t b = 0; b < B; ++b) {
-      float amax = 0.f;
-      for (int64_t j = 0; j < d; ++j) amax = std::max(amax, std::fabs(p.q[b * d + j]));
-      float qscale = amax > 0 ? 127.f / amax : 1.f;
-      w.qdeq[b] = 1.f / qscale;
-      for (int64_t j = 0; j < d; ++j) {
-        int v = int(std::lrint(p.q[b * d + j] * qscale));
-        v = std::min(127, std::max(-127, v));
-        w.qb[b * p.qs8 + j] = uint8_t(v + 128);
-        w.qw[b * p.qsw + j] = int16_t(v);
-      }
-    }
+    quantize_queries_i8(p, w, w.qdeq, true);
   }
   if (p.qmajor) {
     p.Bp = (B + 15) / 16 * 16;
@@ -185,6 +197,7 @@ void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
   p.qb = w.qb.data();
   p.qw = w.qw.data();
   p.qdeq = w.qdeq.data();
+  p.qdeq8 = (p.kind == kI8 ? w.qdeq : w.qdeq8).data();
   p.qt = w.qt.data();
 }
 

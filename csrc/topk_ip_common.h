@@ -50,6 +50,7 @@ struct Problem {
   int64_t qsw;           // stride of qw in int16, padded to 32
   const int16_t* qw;     // int16 query codes (AVX2 vpmaddwd): int8 codes widened, or bf16 queries quantised
   const float* qdeq;     // query dequantisation factor per query (int8: padded to Bp)
+  const float* qdeq8;    // int8 query codes' (qb) factor per query: int8 storage (= qdeq), or bf16 queries
   int32_t wrange;        // bf16: code range R of the AVX2 int16 packed pass (codes in [-R, R]); 0: not usable
   bool qmajor;
   int64_t Bp;            // B rounded up to 16

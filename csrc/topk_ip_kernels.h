@@ -751,8 +751,11 @@ void pk_bf16(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0,
 #endif
 
 #ifdef TK_VNNI
+// rsum / rsc: the tile's rows' code sums and dequantisation factors (int8 storage: its own
+// arrays at the tile; bf16: the quantised tile's, pack_tile_bf16q)
 template <int QB>
-void pk_i8(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0, int rows, TopK* tk) {
+void pk_i8(const Problem& p, const uint32_t* P, int D, const int32_t* rsum_t, const float* rsc_t, int64_t b0, int64_t t0,
+           int rows, TopK* tk) {
   __m512i acc[QB][4];
   for (int b = 0; b < QB; ++b)
     for (int g = 0; g < 4; ++g) acc[b][g] = _mm512_setzero_si512();
@@ -778,12 +781,12 @@ void pk_i8(const Problem& p, const uint32_t* P, int D, int64_t b0, int64_t t0, i
   for (int g = 0; g < 4 && g * 16 < rows; ++g) {
     __mmask16 valid = m16(rows - g * 16);
     const int64_t r0 = t0 + g * 16;
-    __m512i rsum = _mm512_maskz_loadu_epi32(valid, p.rowsum + r0);
-    __m512 rscale = _mm512_maskz_loadu_ps(valid, p.scale + r0);
+    __m512i rsum = _mm512_maskz_loadu_epi32(valid, rsum_t + g * 16);
+    __m512 rscale = _mm512_maskz_loadu_ps(valid, rsc_t + g * 16);
     __m512i off = _mm512_slli_epi32(rsum, 7);  // 128 * rowsum
     for (int b = 0; b < QB; ++b) {
       __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_load_si512(buf[b][g]), off)),
-                                _mm512_mul_ps(rscale, _mm512_set1_ps(p.qdeq[b0 + b])));
+                                _mm512_mul_ps(rscale, _mm512_set1_ps(p.qdeq8[b0 + b])));
       push16(tk[b0 + b], sc, r0, valid);
     }
   }
@@ -796,16 +799,77 @@ void packed_block(const Problem& p, const void* P, int D, int64_t b0, int64_t t0
   if (p.kind == kBF16) return pk_bf16<QB>(p, static_cast<const uint32_t*>(P), D, b0, t0, rows, tk);
 #endif
 #ifdef TK_VNNI
-  if (p.kind == kI8) return pk_i8<QB>(p, static_cast<const uint32_t*>(P), D, b0, t0, rows, tk);
+  if (p.kind == kI8) return pk_i8<QB>(p, static_cast<const uint32_t*>(P), D, p.rowsum + t0, p.scale + t0, b0, t0, rows, tk);
 #endif
   pk_float<QB>(p, static_cast<const float*>(P), b0, t0, rows, tk);
 }
+
+#ifdef TK_VNNI
+// bf16 through VNNI: a tile quantised per row to int8 codes (against the row's largest
+// |value|), four codes per lane as the int8 storage's tile, scored by pk_i8 against the
+// queries' int8 codes: vpdpbusd makes 64 multiply-adds per instruction, vdpbf16ps 32. An
+// approximate first pass, as vdpbf16ps's already is; the driver re-scores twice the
+// candidates (fetch_mult) exactly. Returns false, packing nothing, when a row holds an inf or
+// a NaN (the caller packs that tile as bf16 pairs).
+bool pack_tile_bf16q(const Problem& p, int64_t t0, int rows, uint32_t* P, int32_t* rsum, float* rsc) {
+  const int64_t d = p.d, D = (d + 3) / 4;
+  for (int r = 0; r < kTile; ++r) {
+    rsum[r] = 0;
+    rsc[r] = 0.f;
+    if (r >= rows) {
+      for (int64_t j = 0; j < D; ++j) P[j * kTile + r] = 0;
+      continue;
+    }
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(row_of(p, t0 + r));
+    // the largest |value| as the largest bf16 bit pattern without its sign (inf and NaN above all)
+    __m512i m = _mm512_setzero_si512();
+    for (int64_t j = 0; j < d; j += 32)
+      m = _mm512_max_epu16(m, _mm512_and_si512(_mm512_set1_epi16(0x7fff),
+                                               _mm512_maskz_loadu_epi16(m32(d - j), x + j)));
+    alignas(64) uint16_t lanes[32];
+    _mm512_store_si512(lanes, m);
+    uint16_t top = 0;
+    for (int L = 0; L < 32; ++L) top = lanes[L] > top ? lanes[L] : top;
+    if (top >= 0x7f80) return false;
+    const float amax = bf16_to_float(top);
+    const __m512 s = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
+    rsc[r] = amax / 127.f;
+    __m512i sum = _mm512_setzero_si512();
+    for (int64_t j = 0; j < d; j += 16) {
+      const __mmask16 mk = m16(d - j);
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, x + j)), 16));
+      const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v, s));  // |c| <= 127: no clamp needed
+      sum = _mm512_add_epi32(sum, c);
+      alignas(16) uint32_t quad[4];
+      _mm_store_si128(reinterpret_cast<__m128i*>(quad), _mm512_cvtepi32_epi8(c));
+      for (int64_t u = 0; u < (imin(16, d - j) + 3) / 4; ++u) P[(j / 4 + u) * kTile + r] = quad[u];
+    }
+    rsum[r] = _mm512_reduce_add_epi32(sum);
+  }
+  return true;
+}
+#endif
 
 void scan_packed(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch) {
   const int D = packed_depth(p);
   void* P = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
   for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
     const int rows = int(imin(kTile, r1 - t0));
+#ifdef TK_VNNI
+    if (p.kind == kBF16 && p.wrange > 0) {
+      // the quantised tile's row sums and factors follow its (d + 3) / 4 lanes x 64 rows (scratch_floats)
+      uint32_t* W = static_cast<uint32_t*>(P);
+      const int D4 = int((p.d + 3) / 4);
+      int32_t* rsum = reinterpret_cast<int32_t*>(W + int64_t(D4) * kTile);
+      float* rsc = reinterpret_cast<float*>(rsum + kTile);
+      if (pack_tile_bf16q(p, t0, rows, W, rsum, rsc)) {
+        for_query_blocks(p.B, [&](auto qb, int64_t b) {
+          pk_i8<decltype(qb)::value>(p, W, D4, rsum, rsc, b, t0, rows, tk);
+        });
+        continue;
+      }
+    }
+#endif
     pack_tile(p, t0, rows, P);
     for_query_blocks(p.B, [&](auto qb, int64_t b) { packed_block<decltype(qb)::value>(p, P, D, b, t0, rows, tk); });
   }
@@ -1394,6 +1458,9 @@ int fetch_mult(int kind, int path) {
   // recall@10 at that of bf16 storage itself (200k x 768 Gaussian vectors, batch 64: 0.989 with
   // the caller's over-fetch, ... with twice it); re-scoring 2k more rows per query is < 0.1% of the scan.
   if (kind == kBF16 && path == kPacked) return 2;
+#endif
+#if defined(TK_VNNI)
+  if (kind == kBF16 && path == kPacked) return 2;  // int8 codes in place of vdpbf16ps (pack_tile_bf16q)
 #endif
   (void)kind;
   (void)path;
