@@ -637,31 +637,60 @@ int packed_depth(const Problem& p) {
   return int(p.d);
 }
 
-void pack_tile(const Problem& p, int64_t t0, int rows, void* P) {
-  const int64_t d = p.d;
-  const int D = packed_depth(p);
-  if (packed_lanes(p)) {
-    uint32_t* out = static_cast<uint32_t*>(P);
-    const int per = p.kind == kBF16 ? 2 : 4;  // elements per 32-bit lane
-    const int es = p.esize;
-    for (int r = 0; r < kTile; ++r) {
-      if (r >= rows) {
-        for (int j = 0; j < D; ++j) out[j * kTile + r] = 0;
-        continue;
-      }
-      const char* row = row_of(p, t0 + r);
-      const int full = int(d / per);
-      for (int j = 0; j < full; ++j) {
-        uint32_t v;
-        std::memcpy(&v, row + int64_t(j) * 4, 4);
-        out[j * kTile + r] = v;
-      }
-      if (full < D) {
-        uint32_t v = 0;
-        std::memcpy(&v, row + int64_t(full) * 4, size_t((d - int64_t(full) * per) * es));
-        out[full * kTile + r] = v;
-      }
+// 16 x 16 transpose of 32-bit elements: v[i] holds row i on entry, column i on exit.
+inline void transpose16(__m512i (&v)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  // u[4i + c], 128-bit lane k: rows 4i .. 4i+3 at column 4k + c
+  for (int i = 0; i < 4; ++i) {
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i s0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), s1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i s2 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), s3 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    v[c] = _mm512_shuffle_i32x4(s0, s2, 0x88);
+    v[4 + c] = _mm512_shuffle_i32x4(s0, s2, 0xDD);
+    v[8 + c] = _mm512_shuffle_i32x4(s1, s3, 0x88);
+    v[12 + c] = _mm512_shuffle_i32x4(s1, s3, 0xDD);
+  }
+}
+
+// A tile of 32-bit lanes holding `per` codes each (bf16 pairs, int8 quads), depth-major
+// ([lane][64 rows]; P 64-byte aligned), 16 rows x 16 lanes at a time through transpose16, so
+// every store is a whole cache line. lanes16(r, row, j, n) gives row r's 16 lanes from element
+// j, of which n elements are real (the rest 0). Rows past `rows` are zero. One 4-byte store per
+// lane and row, 256 bytes apart, packed a 64 x 768 int8 tile at a third of the speed once the
+// tile (48 KB) outgrew L1.
+template <class Lanes16>
+inline void pack_lanes16(const Problem& p, int64_t t0, int rows, uint32_t* P, int per, Lanes16 lanes16) {
+  const int64_t d = p.d, D = (d + per - 1) / per, step = 16 * per;
+  for (int r0 = 0; r0 < kTile; r0 += 16) {
+    const char* row[16];
+    for (int i = 0; i < 16; ++i) row[i] = r0 + i < rows ? row_of(p, t0 + r0 + i) : nullptr;
+    for (int64_t j = 0; j < d; j += step) {
+      __m512i v[16];
+      for (int i = 0; i < 16; ++i)
+        v[i] = row[i] ? lanes16(r0 + i, row[i], j, imin(step, d - j)) : _mm512_setzero_si512();
+      transpose16(v);
+      const int64_t nl = imin(16, D - j / per);
+      for (int64_t l = 0; l < nl; ++l) _mm512_store_si512(P + (j / per + l) * kTile + r0, v[l]);
     }
+  }
+}
+
+void pack_tile(const Problem& p, int64_t t0, int rows, void* P) {
+  if (packed_lanes(p)) {
+    // bf16 pairs or int8 quads: 64 bytes of a row are its 16 lanes
+    const int per = p.kind == kBF16 ? 2 : 4;
+    pack_lanes16(p, t0, rows, static_cast<uint32_t*>(P), per, [&](int, const char* row, int64_t j, int64_t n) {
+      return _mm512_maskz_loadu_epi8(m64(n * p.esize), row + j * p.esize);
+    });
     return;
   }
   float* out = static_cast<float*>(P);
@@ -812,14 +841,12 @@ void packed_block(const Problem& p, const void* P, int D, int64_t b0, int64_t t0
 // candidates (fetch_mult) exactly. Returns false, packing nothing, when a row holds an inf or
 // a NaN (the caller packs that tile as bf16 pairs).
 bool pack_tile_bf16q(const Problem& p, int64_t t0, int rows, uint32_t* P, int32_t* rsum, float* rsc) {
-  const int64_t d = p.d, D = (d + 3) / 4;
+  const int64_t d = p.d;
+  alignas(64) float inv[kTile];
   for (int r = 0; r < kTile; ++r) {
     rsum[r] = 0;
-    rsc[r] = 0.f;
-    if (r >= rows) {
-      for (int64_t j = 0; j < D; ++j) P[j * kTile + r] = 0;
-      continue;
-    }
+    rsc[r] = inv[r] = 0.f;
+    if (r >= rows) continue;
     const uint16_t* x = reinterpret_cast<const uint16_t*>(row_of(p, t0 + r));
     // the largest |value| as the largest bf16 bit pattern without its sign (inf and NaN above all)
     __m512i m = _mm512_setzero_si512();
@@ -832,20 +859,25 @@ bool pack_tile_bf16q(const Problem& p, int64_t t0, int rows, uint32_t* P, int32_
     for (int L = 0; L < 32; ++L) top = lanes[L] > top ? lanes[L] : top;
     if (top >= 0x7f80) return false;
     const float amax = bf16_to_float(top);
-    const __m512 s = _mm512_set1_ps(amax > 0.f ? 127.f / amax : 0.f);
-    rsc[r] = amax / 127.f;
-    __m512i sum = _mm512_setzero_si512();
-    for (int64_t j = 0; j < d; j += 16) {
-      const __mmask16 mk = m16(d - j);
-      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, x + j)), 16));
+    if (amax > 0.f) {
+      rsc[r] = amax / 127.f;
+      inv[r] = 127.f / amax;
+    }
+  }
+  pack_lanes16(p, t0, rows, P, 4, [&](int r, const char* row, int64_t j, int64_t n) {
+    const uint16_t* x = reinterpret_cast<const uint16_t*>(row) + j;
+    const __m512 s = _mm512_set1_ps(inv[r]);
+    __m512i out = _mm512_setzero_si512(), sum = _mm512_setzero_si512();
+    for (int u = 0; u < 4 && 16 * u < n; ++u) {
+      const __m256i h = _mm256_maskz_loadu_epi16(m16(n - 16 * u), x + 16 * u);
+      const __m512 v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v, s));  // |c| <= 127: no clamp needed
       sum = _mm512_add_epi32(sum, c);
-      alignas(16) uint32_t quad[4];
-      _mm_store_si128(reinterpret_cast<__m128i*>(quad), _mm512_cvtepi32_epi8(c));
-      for (int64_t u = 0; u < (imin(16, d - j) + 3) / 4; ++u) P[(j / 4 + u) * kTile + r] = quad[u];
+      out = _mm512_mask_broadcast_i32x4(out, __mmask16(0xFu << (4 * u)), _mm512_cvtepi32_epi8(c));
     }
-    rsum[r] = _mm512_reduce_add_epi32(sum);
-  }
+    rsum[r] += _mm512_reduce_add_epi32(sum);
+    return out;
+  });
   return true;
 }
 #endif
