@@ -426,7 +426,7 @@ inline void sk_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
   for (int i = 0; i < RB; ++i) rows[i] = row_of(p, r0 + i);
   const float* q = p.qf + b0 * p.qs;
   const int64_t d = p.d;
-  auto chunk = [&](int t, int64_t j, __mmask16 m, bool full) {
+  auto chunk = [&](int t, int64_t j, __mmask16 m, bool full) __attribute__((always_inline)) {
     __m512 rv[RB];
     for (int i = 0; i < RB; ++i) rv[i] = load_f<KIND>(rows[i], j, m, full);
     for (int b = 0; b < QB; ++b) {
@@ -457,7 +457,7 @@ inline void sk_bf16(const Problem& p, int64_t b0, int64_t r0, float* out) {
   for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const uint16_t*>(row_of(p, r0 + i));
   const uint16_t* q = p.qh + b0 * p.qs16;
   const int64_t d = p.d;
-  auto chunk = [&](int t, int64_t j, bool full) {
+  auto chunk = [&](int t, int64_t j, bool full) __attribute__((always_inline)) {
     __m512i rv[RB];
     if (full) {
       for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
@@ -494,7 +494,7 @@ inline void sk_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
   for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const int8_t*>(row_of(p, r0 + i));
   const uint8_t* q = p.qb + b0 * p.qs8;
   const int64_t d = p.d;
-  auto chunk = [&](int t, int64_t j, bool full) {
+  auto chunk = [&](int t, int64_t j, bool full) __attribute__((always_inline)) {
     __m512i rv[RB];
     if (full) {
       for (int i = 0; i < RB; ++i) rv[i] = _mm512_loadu_si512(rows[i] + j);
@@ -555,8 +555,10 @@ inline void stream_block(const Problem& p, int64_t b0, int64_t r0, float* out) {
 
 template <int QB, int RB>
 void stream_rows(const Problem& p, int64_t b0, int64_t r0, int64_t r1, TopK* tk) {
-  // QB x RB x S = 6 to 16 accumulators (independent FMA chains)
-  constexpr int S = RB == 1 ? (QB == 1 ? 8 : QB == 2 ? 4 : 2) : (QB == 1 ? 4 : QB == 2 ? 2 : 1);
+  // QB x RB x S = 2 to 16 accumulators (independent FMA chains). One query over single rows
+  // keeps 2 (32 floats a step, as the AVX2 level's 4 x 8): with 8, fp32 at B = 1 ran ~1.1x slower
+  // than the AVX2 level on Zen 4, with 2 at par.
+  constexpr int S = RB == 1 ? (QB == 1 ? 2 : QB == 2 ? 4 : 2) : (QB == 1 ? 4 : QB == 2 ? 2 : 1);
   alignas(64) float out[QB * RB];
   int64_t r = r0;
   for (; r + RB <= r1; r += RB) {
@@ -594,10 +596,12 @@ void scan_stream(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
     // side ran at ~0.5x the bandwidth of a row-at-a-time scan on Zen 4. Later blocks find the
     // tile in L1, where 4-row blocks reuse each query load 4 times. One thread, 200k x 384
     // fp32, ms before -> after: B=1 25 -> 12, B=2 26 -> 15, B=4 28 -> 17, B=8 36 -> 34.
+    // The first block is a pair, as on AVX2: a block of 4 queries over single rows ran 1.3x
+    // slower than the AVX2 level's pair at B = 4 (one thread, 200k x 384, same run).
     int64_t b = 0;
     if (p.B >= 4) {
-      stream_rows<4, 1>(p, 0, t0, t1, tk);
-      b = 4;
+      stream_rows<2, 1>(p, 0, t0, t1, tk);
+      b = 2;
     }
     for (; b + 4 <= p.B; b += 4) stream_rows<4, 4>(p, b, t0, t1, tk);
     const bool first = b == 0;
@@ -1056,7 +1060,7 @@ inline void sk2_float(const Problem& p, int64_t b0, int64_t r0, float* out) {
   for (int i = 0; i < RB; ++i) rows[i] = row_of(p, r0 + i);
   const float* q = p.qf + b0 * p.qs;
   const int64_t d = p.d;
-  auto chunk = [&](int t, int64_t j, int64_t n) {
+  auto chunk = [&](int t, int64_t j, int64_t n) __attribute__((always_inline)) {
     __m256 rv[RB];
     for (int i = 0; i < RB; ++i) rv[i] = load8<KIND>(rows[i], j, n);
     for (int b = 0; b < QB; ++b) {
@@ -1091,7 +1095,7 @@ inline void sk2_i8(const Problem& p, int64_t b0, int64_t r0, float* out) {
   for (int i = 0; i < RB; ++i) rows[i] = reinterpret_cast<const int8_t*>(row_of(p, r0 + i));
   const int16_t* q = p.qw + b0 * p.qsw;
   const int64_t d = p.d;
-  auto chunk = [&](int t, int64_t j, int64_t n) {
+  auto chunk = [&](int t, int64_t j, int64_t n) __attribute__((always_inline)) {
     __m256i rv[RB];
     for (int i = 0; i < RB; ++i) {
       __m128i c;

@@ -139,9 +139,11 @@ def quantize(corpus: Any, dtype: str = "bf16", *, rescore: str | None = "fp16",
         ``[N, d]`` floating-point vectors.
     dtype : {"fp16", "bf16", "int8"}
         Storage. fp16 is scanned exactly (converted to fp32 in registers). bf16 is scanned with
-        the AVX-512 BF16 dot product where the CPU has it (the query rounded to bf16 too; other
-        ISA levels widen bf16 to fp32), over-fetching candidates that are then re-scored with
-        the fp32 query, so final scores are exact for the stored vectors. int8 uses a symmetric
+        the AVX-512 BF16 dot product where the CPU has it (the query rounded to bf16 too); from
+        a few queries up, the packed kernels quantise each 64-row tile on the fly (AVX-512 VNNI:
+        int8 codes; AVX2: int16 codes) and the kernel doubles the over-fetch; otherwise bf16 is
+        widened to fp32. The candidates are then re-scored with the fp32 query, so final scores
+        are exact for the stored vectors. int8 uses a symmetric
         per-vector scale ``max|x| / 127`` and the VNNI dot product (AVX2: ``vpmaddwd`` on
         int16-widened codes).
     rescore : {"fp16", "bf16", "fp32", None}
