@@ -57,7 +57,9 @@ STORAGES = ("fp32", "fp16", "bf16", "int8")
 # what a forced level restricts the anchors to (set before torch / faiss import: a subprocess)
 ANCHOR_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_OPT_LEVEL": "avx2"},
               "generic": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-                          "FAISS_OPT_LEVEL": "generic"}}
+                          "FAISS_OPT_LEVEL": "generic"},
+              # an AVX-512 CPU without BF16 (Cascade Lake, Ice Lake) still runs the anchors' AVX-512 fp32 code
+              "avx512vnni": {"FAISS_OPT_LEVEL": "avx512"}}
 
 
 def timed(fn, reps: int, budget_s: float) -> np.ndarray:

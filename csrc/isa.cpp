@@ -11,7 +11,7 @@ namespace ragfast {
 namespace isa {
 namespace {
 
-const char* const kNames[kNumLevels] = {"generic", "avx2", "avx512", "avx512bf16"};
+const char* const kNames[kNumLevels] = {"generic", "avx2", "avx512", "avx512vnni", "avx512bf16"};
 
 #if defined(RAGFAST_X86_LEVELS) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define RAGFAST_CPU_X86 1
@@ -22,6 +22,8 @@ std::vector<std::string> needs(int level) {
   switch (level) {
     case kAvx2: return {"avx2", "fma", "f16c"};
     case kAvx512: return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"};
+    case kAvx512Vnni:
+      return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512vnni"};
     case kAvx512Bf16:
       return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512bf16",
               "avx512vnni"};
@@ -77,7 +79,7 @@ int resolve(const std::string& want, std::string& err) {
   for (int l = 0; l < kNumLevels; ++l)
     if (want == kNames[l]) level = l;
   if (level < 0) {
-    err = "unknown ISA level '" + want + "' (expected auto, generic, avx2, avx512 or avx512bf16)";
+    err = "unknown ISA level '" + want + "' (expected auto, generic, avx2, avx512, avx512vnni or avx512bf16)";
     return -1;
   }
   if (!compiled(level)) {
@@ -128,6 +130,9 @@ bool compiled(int level) {
 #ifdef RAGFAST_X86_LEVELS
     case kAvx2: return true;
     case kAvx512: return true;
+#ifdef RAGFAST_HAVE_AVX512VNNI
+    case kAvx512Vnni: return true;
+#endif
 #ifdef RAGFAST_HAVE_AVX512BF16
     case kAvx512Bf16: return true;
 #endif

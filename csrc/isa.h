@@ -11,9 +11,11 @@
 namespace ragfast {
 namespace isa {
 
-enum Level : int { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3, kNumLevels = 4 };
+// Ordered: a higher level runs everything a lower one does. avx512vnni is AVX-512 with VNNI and
+// without BF16 (Cascade Lake, Ice Lake); avx512bf16 has both (Sapphire Rapids, Zen 4).
+enum Level : int { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4, kNumLevels = 5 };
 
-// "generic", "avx2", "avx512", "avx512bf16".
+// "generic", "avx2", "avx512", "avx512vnni", "avx512bf16".
 const char* name(int level);
 // Whether this build carries the level's kernels.
 bool compiled(int level);
@@ -29,7 +31,8 @@ int current();
 std::string reason();
 // Switch level at runtime (tests, benchmarks). `want` is a level name or "auto". Throws
 // std::invalid_argument when it cannot run here. Names are exact: "avx512" is AVX-512
-// F/BW/VL/DQ/CD without BF16/VNNI (bf16 and int8 widened to fp32); "avx512bf16" adds both.
+// F/BW/VL/DQ/CD without BF16/VNNI (bf16 and int8 widened to fp32); "avx512vnni" adds VNNI;
+// "avx512bf16" adds BF16 and VNNI.
 int set_current(const std::string& want);
 
 }  // namespace isa

@@ -150,6 +150,7 @@ TileFn pick_tile_kernel() {
 #ifdef RAGFAST_X86_LEVELS
     case isa::kAvx2: return &policy_common::tile_kernel_avx2;
     case isa::kAvx512:
+    case isa::kAvx512Vnni:
     case isa::kAvx512Bf16: return &policy_common::tile_kernel_avx512;
 #endif
     default: return &tile_kernel;

@@ -64,6 +64,9 @@ const Kernels* level_kernels(int level) {
 #ifdef RAGFAST_X86_LEVELS
     case ragfast::isa::kAvx2: return &kernels_avx2;
     case ragfast::isa::kAvx512: return &kernels_avx512;
+#ifdef RAGFAST_HAVE_AVX512VNNI
+    case ragfast::isa::kAvx512Vnni: return &kernels_avx512vnni;
+#endif
 #ifdef RAGFAST_HAVE_AVX512BF16
     case ragfast::isa::kAvx512Bf16: return &kernels_avx512bf16;
 #endif

@@ -79,6 +79,9 @@ extern const Kernels kernels_generic;
 #ifdef RAGFAST_X86_LEVELS
 extern const Kernels kernels_avx2;
 extern const Kernels kernels_avx512;
+#ifdef RAGFAST_HAVE_AVX512VNNI
+extern const Kernels kernels_avx512vnni;
+#endif
 #ifdef RAGFAST_HAVE_AVX512BF16
 extern const Kernels kernels_avx512bf16;
 #endif

@@ -590,7 +590,7 @@ def test_committed_table_is_measured_and_well_formed():
     table = topk_ip_choice.load_table()
     assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
     for lvl, per in table["cells"].items():
-        assert lvl in ("generic", "avx2", "avx512", "avx512bf16")
+        assert lvl in ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16")
         for storage, cells in per.items():
             assert storage in ("fp32", "fp16", "bf16", "int8")
             assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
@@ -660,6 +660,9 @@ def test_level_objects_use_only_their_instructions():
     if "topk_ip_avx512" in objs:
         text = disasm("topk_ip_avx512")
         assert "%zmm" in text and "vpdpbusd" not in text and "vdpbf16ps" not in text  # no VNNI/BF16 here
+    if "topk_ip_avx512vnni" in objs:
+        text = disasm("topk_ip_avx512vnni")
+        assert "vpdpbusd" in text and "vdpbf16ps" not in text  # VNNI, and no BF16 (Cascade Lake, Ice Lake)
     if "topk_ip_avx512bf16" in objs:
         text = disasm("topk_ip_avx512bf16")
         assert "vpdpbusd" in text and "vdpbf16ps" in text

@@ -10,8 +10,8 @@ Corpus storage: a float32/float16/bfloat16 tensor, or a :class:`QuantizedCorpus`
 :func:`quantize` (fp16, bf16, or int8 with a per-vector scale).
 
 Backends (``ragfast.ops.registry``): ``ref`` (torch, the oracle and fallback), ``cpp``
-(``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512
-with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
+(``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512 /
+AVX-512 with VNNI / with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
 ``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16
 storage). By default on CPU a measured table picks, per level, storage and batch size, between
 the compiled kernels and torch mm + topk (:mod:`ragfast.ops.topk_ip_choice`).
