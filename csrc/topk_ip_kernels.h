@@ -32,6 +32,12 @@
 #if defined(TK_SIMD) && defined(__AVX512VNNI__)
 #define TK_VNNI 1
 #endif
+// The AVX2 packed kernels (256-bit, int16 depth pairs through vpmaddwd for int8 and quantised
+// bf16) also serve bf16 at the plain AVX-512 level, which has neither BF16 nor VNNI and
+// otherwise widens it to fp32 (forced avx512, 200k x 768, B = 256: 0.99x of the anchors).
+#if defined(TK_AVX2) || (defined(TK_SIMD) && !defined(TK_VNNI))
+#define TK_PAIRS2 1
+#endif
 #if defined(TK_SIMD) || defined(TK_AVX2)
 #include <immintrin.h>
 #endif
@@ -1177,6 +1183,9 @@ void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
   }
 }
 
+#endif  // TK_AVX2 (stream)
+
+#if defined(TK_PAIRS2)
 // ---------------------------------------------------------------------------- AVX2 packed
 // A 64-row tile converted to fp32 and stored as four 16-row panels, each depth-major
 // ([panel][j][16]); a depth chunk of a panel stays in L1 while every block of 6 queries passes
@@ -1385,42 +1394,34 @@ __attribute__((noinline)) void pk2_i8(const Problem& p, const uint32_t* panel, c
   }
 }
 
+// The loops of the AVX2 packed kernels over one tile: depth chunks of `chunk` units (floats or
+// int16 pairs) out of `depth`, each 16-row panel, each query block; run(qb, panel, k0, k1,
+// last chunk, first query) calls the micro-kernel.
+template <class Run>
+inline void tile_blocks(const Problem& p, int rows, int64_t depth, int64_t chunk, Run run) {
+  for (int64_t k0 = 0; k0 < depth; k0 += chunk) {
+    const int64_t k1 = imin(depth, k0 + chunk);
+    for (int g = 0; g * 16 < rows; ++g)
+      for_query_blocks(p.B, [&](auto qb, int64_t b) { run(qb, g, k0, k1, k1 == depth, b); });
+  }
+}
+
 // One tile of int16 depth pairs (int8, or quantised bf16) against every query; rsc: its rows'
 // dequantisation factors.
 void pairs_tile(const Problem& p, const uint32_t* P, const float* rsc, int64_t t0, int rows, int32_t* part, TopK* tk) {
   const int64_t D2 = (p.d + 1) / 2;
-  for (int64_t k0 = 0; k0 < D2; k0 += kPairs2) {
-    const int64_t k1 = imin(D2, k0 + kPairs2);
-    const bool last = k1 == D2;
-    for (int g = 0; g * 16 < rows; ++g) {
-      const uint32_t* panel = P + g * D2 * 16;
-      int32_t* pp = part + g * 16;
-      const int nvalid = rows - g * 16;
-      const int64_t row0 = t0 + g * 16;
-      for_query_blocks(p.B, [&](auto qb, int64_t b) {
-        pk2_i8<decltype(qb)::value>(p, panel, rsc + g * 16, k0, k1, pp, last, b, row0, nvalid, tk);
-      });
-    }
-  }
+  tile_blocks(p, rows, D2, kPairs2, [&](auto qb, int g, int64_t k0, int64_t k1, bool last, int64_t b) {
+    pk2_i8<decltype(qb)::value>(p, P + g * D2 * 16, rsc + g * 16, k0, k1, part + g * 16, last, b, t0 + g * 16,
+                                rows - g * 16, tk);
+  });
 }
 
 // One tile widened to fp32 against every query.
 void float_tile(const Problem& p, float* P, int64_t t0, int rows, float* part, TopK* tk) {
-  const int64_t d = p.d;
   pack_tile2(p, t0, rows, P);
-  for (int64_t j0 = 0; j0 < d; j0 += kDepth2) {
-    const int64_t j1 = imin(d, j0 + kDepth2);
-    const bool last = j1 == d;
-    for (int g = 0; g * 16 < rows; ++g) {
-      const float* panel = P + g * d * 16;
-      float* pp = part + g * 16;
-      const int nvalid = rows - g * 16;
-      const int64_t row0 = t0 + g * 16;
-      for_query_blocks(p.B, [&](auto qb, int64_t b) {
-        pk2<decltype(qb)::value>(p, panel, j0, j1, pp, last, b, row0, nvalid, tk);
-      });
-    }
-  }
+  tile_blocks(p, rows, p.d, kDepth2, [&](auto qb, int g, int64_t j0, int64_t j1, bool last, int64_t b) {
+    pk2<decltype(qb)::value>(p, P + g * p.d * 16, j0, j1, part + g * 16, last, b, t0 + g * 16, rows - g * 16, tk);
+  });
 }
 
 void scan_packed2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* P) {
@@ -1442,7 +1443,7 @@ void scan_packed2(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* P) 
     }
   }
 }
-#endif  // TK_AVX2
+#endif  // TK_PAIRS2
 
 // ---------------------------------------------------------------------------- level interface
 
@@ -1488,15 +1489,13 @@ int qmajor_per(int kind) {
 }
 
 int fetch_mult(int kind, int path) {
-#if defined(TK_AVX2)
-  // The bf16 packed pass quantises rows and queries to int16 codes (pack_tile2_bf16): coarser
-  // than AVX-512's vdpbf16ps, which rounds only the queries. Twice the candidates keep its
-  // recall@10 at that of bf16 storage itself (200k x 768 Gaussian vectors, batch 64: 0.989 with
-  // the caller's over-fetch, ... with twice it); re-scoring 2k more rows per query is < 0.1% of the scan.
+#if defined(TK_PAIRS2) || defined(TK_VNNI)
+  // The bf16 packed passes quantise rows and queries (pack_tile2_bf16: int16 codes;
+  // pack_tile_bf16q: int8 codes), coarser than vdpbf16ps, which rounds only the queries. With
+  // twice the candidates the AVX2 pass returned exactly the bf16 rows' top 10 for 64 queries
+  // over 200k x 768 unit vectors (recall@10 against fp32 0.989 -> 0.992 in the benchmark);
+  // re-scoring 2k more rows per query is < 0.1% of the scan.
   if (kind == kBF16 && path == kPacked) return 2;
-#endif
-#if defined(TK_VNNI)
-  if (kind == kBF16 && path == kPacked) return 2;  // int8 codes in place of vdpbf16ps (pack_tile_bf16q)
 #endif
   (void)kind;
   (void)path;
@@ -1513,7 +1512,13 @@ int64_t scratch_floats(const Problem& p, int path) {
 void scan_range(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch) {
 #if defined(TK_SIMD)
   switch (path) {
-    case kPacked: return scan_packed(p, r0, r1, tk, scratch);
+    case kPacked:
+#if defined(TK_PAIRS2)
+      // bf16 only: this level's int8 stream kernel multiplies the codes by the fp32 query, and
+      // int8 first passes must not depend on the kernel (scan_packed2 quantises the query)
+      if (p.kind == kBF16) return scan_packed2(p, r0, r1, tk, scratch);
+#endif
+      return scan_packed(p, r0, r1, tk, scratch);
     case kQmajor: return scan_qmajor(p, r0, r1, tk);
     case kStream: return scan_stream(p, r0, r1, tk);
     default: break;
