@@ -32,9 +32,11 @@
 #if defined(TK_SIMD) && defined(__AVX512VNNI__)
 #define TK_VNNI 1
 #endif
-// The AVX2 packed kernels (256-bit, int16 depth pairs through vpmaddwd for int8 and quantised
-// bf16) also serve bf16 at the plain AVX-512 level, which has neither BF16 nor VNNI and
-// otherwise widens it to fp32 (forced avx512, 200k x 768, B = 256: 0.99x of the anchors).
+// The AVX2 kernels (256-bit; int8 and quantised bf16 as int16 depth pairs through vpmaddwd)
+// also serve the plain AVX-512 level, which has neither BF16 nor VNNI, for int8 (stream and
+// packed, so its first pass stays one quantised-query pass) and for packed bf16; that level
+// otherwise widens both to fp32 (forced avx512, 200k x 768, B = 256: int8 1.07x, bf16 0.99x of
+// the anchors).
 #if defined(TK_AVX2) || (defined(TK_SIMD) && !defined(TK_VNNI))
 #define TK_PAIRS2 1
 #endif
@@ -1051,7 +1053,7 @@ void scan_qmajor(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
 }
 #endif  // TK_SIMD
 
-#if defined(TK_AVX2)
+#if defined(TK_PAIRS2)
 // ---------------------------------------------------------------------------- AVX2 stream
 // QB x RB accumulators of 8 lanes, S splits along d for one query: 8 FMA chains in flight
 // (16 ymm registers: 8 accumulators, 4 row vectors, a query vector).
@@ -1183,9 +1185,6 @@ void scan_stream2(const Problem& p, int64_t r0, int64_t r1, TopK* tk) {
   }
 }
 
-#endif  // TK_AVX2 (stream)
-
-#if defined(TK_PAIRS2)
 // ---------------------------------------------------------------------------- AVX2 packed
 // A 64-row tile converted to fp32 and stored as four 16-row panels, each depth-major
 // ([panel][j][16]); a depth chunk of a panel stays in L1 while every block of 6 queries passes
@@ -1514,13 +1513,15 @@ void scan_range(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, fl
   switch (path) {
     case kPacked:
 #if defined(TK_PAIRS2)
-      // bf16 only: this level's int8 stream kernel multiplies the codes by the fp32 query, and
-      // int8 first passes must not depend on the kernel (scan_packed2 quantises the query)
-      if (p.kind == kBF16) return scan_packed2(p, r0, r1, tk, scratch);
+      if (p.kind == kBF16 || p.kind == kI8) return scan_packed2(p, r0, r1, tk, scratch);
 #endif
       return scan_packed(p, r0, r1, tk, scratch);
     case kQmajor: return scan_qmajor(p, r0, r1, tk);
-    case kStream: return scan_stream(p, r0, r1, tk);
+    case kStream:
+#if defined(TK_PAIRS2)
+      if (p.kind == kI8) return scan_stream2(p, r0, r1, tk);
+#endif
+      return scan_stream(p, r0, r1, tk);
     default: break;
   }
 #elif defined(TK_AVX2)
