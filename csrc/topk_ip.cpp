@@ -102,7 +102,8 @@ struct Prepared {
   std::vector<uint32_t> qt;
 };
 
-// bf16 queries as int16 codes for the AVX2 packed pass (pk2_i8 over a tile quantised per row):
+// bf16 queries as int16 codes for the AVX2 packed pass, which the plain AVX-512 level runs too
+// (pk2_i8 over a tile quantised per row):
 // codes in [-R, R] with 2 * ceil(d / 2) * R * R <= 2^30, so int32 sums of products cannot
 // overflow. At d = 768, R = 1182: a code step is 1/1182 of the query's largest |value|, finer
 // than bf16 rounding of a typical element (1/256 of its own value), and the driver re-scores
