@@ -900,7 +900,7 @@ void scan_packed(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scra
   for (int64_t t0 = r0; t0 < r1; t0 += kTile) {
     const int rows = int(imin(kTile, r1 - t0));
 #ifdef TK_VNNI
-    if (p.kind == kBF16 && p.wrange > 0) {
+    if (p.kind == kBF16 && p.wrange > 0) {  // wrange 0: a query is not finite (prepare_bf16_codes)
       // the quantised tile's row sums and factors follow its (d + 3) / 4 lanes x 64 rows (scratch_floats)
       uint32_t* W = static_cast<uint32_t*>(P);
       const int D4 = int((p.d + 3) / 4);
