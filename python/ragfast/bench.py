@@ -706,6 +706,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             todo = [q for q in slots.questions if q.id not in rec.done]
             task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
             t_m = time.perf_counter()
+            ok = False
             try:
                 if todo:
                     gen_slots = dataclasses.replace(slots, make_generator=turn_reporting(slots.make_generator, task,
@@ -715,11 +716,17 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
                         RUNNERS[m](*args, threshold=th)
                     else:
                         RUNNERS[m](*args)
+                ok = True
             finally:
                 rec.close()
                 task.set_status("")
-                task.done()
+                task.done(failed=not ok)  # an error is never printed as "done"
             log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
+        if cfg.reasoner != "scripted":
+            # the shared reasoner's entry after its calls (a URL one counts its calls and token sources)
+            from ragfast.results import slot_entry
+
+            slot_info["reasoner"].update(slot_entry(slots.make_generator()))
         judge_verdict(slot_info, out)
         records = {m: in_question_order(read_results(out / "trajectories" / f"{m}.jsonl"), slots.questions)
                    for m in cfg.methods}

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 
 COMPONENTS = ("reasoner", "encoder", "search", "judge", "nli", "other")
 NUMERIC_FIELDS = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds",
-            "device_seconds", "bytes_scanned", "unknown", "reused")
+            "device_seconds", "bytes_scanned", "unknown", "reused", "flops_uncached")
 
 
 @dataclass
@@ -44,10 +44,17 @@ class CostRecord:
     # Of ``calls``, those served from a result cache: charged tokens and FLOPs as if computed
     # (so costs are deterministic), but they took no compute time.
     reused: int = 0
+    # FLOPs had every cached prompt token been computed too: the cache-independent figure.
+    # A server's prefix cache makes ``flops`` depend on what ran before (136.9 vs 76.4 GFLOPs
+    # for identical work on vLLM); this one depends only on the call's token counts. Never below
+    # ``flops``: a record that does not set it (no KV cache) gets ``flops``.
+    flops_uncached: float = 0.0
 
     def __post_init__(self) -> None:
         if self.component not in COMPONENTS:
             raise ValueError(f"unknown cost component {self.component!r}; expected one of {COMPONENTS}")
+        if self.flops_uncached < self.flops:
+            self.flops_uncached = self.flops
 
 
 def _empty() -> dict[str, float]:
@@ -115,6 +122,7 @@ class CostLedger:
         calls: Sequence[int] | None = None,
         unknown: Sequence[int] | None = None,
         reused: Sequence[int] | None = None,
+        flops_uncached: Sequence[float] | None = None,
     ) -> None:
         """Record one batched call covering several questions.
 
@@ -129,6 +137,8 @@ class CostLedger:
             One of :data:`COMPONENTS`.
         question_ids : sequence of str
             One entry per item of the batch (repeats allowed: their costs add up).
+        flops_uncached : sequence of float, optional
+            FLOPs with every cached token computed (default: ``flops``); see :class:`CostRecord`.
         """
         n = len(question_ids)
         if n == 0:
@@ -144,6 +154,7 @@ class CostLedger:
         inp, cac, out = col(input_tokens, "input_tokens"), col(cached_tokens, "cached_tokens"), col(output_tokens, "output_tokens")
         fl, by, un = col(flops, "flops"), col(bytes_scanned, "bytes_scanned"), col(unknown, "unknown")
         ru = col(reused, "reused")
+        fu = col(flops_uncached, "flops_uncached")
         ca = col(calls, "calls") if calls is not None else [1] * n
         # Reused calls took no compute time: the seconds go to the computed share of each entry.
         live = [max(0.0, c - r) / c if c > 0 else 1.0 for c, r in zip(ca, ru)]
@@ -156,7 +167,8 @@ class CostLedger:
         recs = [
             CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
                        output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
-                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]), reused=int(ru[i]))
+                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]), reused=int(ru[i]),
+                       flops_uncached=float(fu[i]))
             for i, qid in enumerate(question_ids)
         ]
         with self._lock:

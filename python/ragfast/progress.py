@@ -54,8 +54,9 @@ class Task:
             self.completed = completed
         self.owner.refresh(self)
 
-    def done(self) -> None:
-        self.owner.finish(self)
+    def done(self, *, failed: bool = False) -> None:
+        """End the task; ``failed``: it was cut short by an error (never reported as done)."""
+        self.owner.finish(self, failed=failed)
 
 
 class RunProgress:
@@ -127,11 +128,13 @@ class RunProgress:
         elif self.enabled and self.plain:
             self._line(t)
 
-    def finish(self, t: Task) -> None:
+    def finish(self, t: Task, *, failed: bool = False) -> None:
+        if failed:
+            t.status = (t.status + " " if t.status else "") + "stopped by an error"
         if self._rich is not None:
             self._rich.update(t.rich_id, completed=t.completed, total=t.total, status=t.status)
         elif self.enabled and self.plain:
-            self._line(t, force=True, end=True)
+            self._line(t, force=True, end=not failed)
 
     def _line(self, t: Task, force: bool = False, end: bool = False) -> None:
         now = time.perf_counter()
@@ -186,7 +189,8 @@ class progress_task:  # noqa: N801 - used like a function in a with statement
         return self.task
 
     def __exit__(self, *exc: Any) -> None:
-        self.task.done()
+        # "reloop: 0/10 ... done" just before a traceback misleads: an error is not done
+        self.task.done(failed=bool(exc) and exc[0] is not None)
         if self._own is not None:
             self._own.__exit__(*exc)
 

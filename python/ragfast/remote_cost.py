@@ -25,7 +25,7 @@ __all__ = ["FIELDS", "cost_items", "book"]
 
 #: Per-item fields a server reports (seconds are the server's share of its batched calls).
 FIELDS = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops", "seconds", "device_seconds",
-          "bytes_scanned", "reused")
+          "bytes_scanned", "reused", "flops_uncached")
 
 
 def cost_items(ledger: CostLedger, keys: Sequence[str]) -> list[dict[str, dict[str, float]]]:
@@ -81,6 +81,6 @@ def book(ledger: CostLedger | None, component: str, question_ids: Sequence[str |
                          cached_tokens=[int(x) for x in col["cached_tokens"]],
                          output_tokens=[int(x) for x in col["output_tokens"]], flops=col["flops"],
                          bytes_scanned=[int(x) for x in col["bytes_scanned"]],
-                         reused=[int(x) for x in col["reused"]])
+                         reused=[int(x) for x in col["reused"]], flops_uncached=col["flops_uncached"])
     # The rest of the wait (queue, network, JSON) is the client's own component's time.
     ledger.add_batch(component, qids, seconds=max(0.0, client_seconds - server_seconds), calls=[0] * len(qids))

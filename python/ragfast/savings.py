@@ -6,13 +6,24 @@ searches; StepGap's repairs add some). This module compares, question by questio
 checker spent with what the other components saved against the native run, in FLOPs, tokens
 and seconds, each with a paired-bootstrap interval over questions.
 
-Two rules keep the verdict honest:
+The verdict's currency is FLOPs and tokens, counted cache-independently: every prompt token as
+if it were computed (``flops_uncached`` and input + cached + output tokens). A server's prefix
+cache makes the FLOPs it actually computed depend on what ran before (136.9 vs 76.4 GFLOPs for
+identical work on vLLM), so a comparison on them would depend on the order of the methods;
+the cache-independent figures depend only on each call's token counts, so identical
+trajectories differ by exactly zero. What was actually computed (``flops_computed``,
+``tokens_computed``) and wall-clock ``seconds`` are reported beside the verdict, never as a
+saving by themselves: identical trajectories once showed "saved 190 ms/q" from timing drift.
+
+Three rules keep the verdict honest:
 
 - a saving whose interval includes 0 is "no measurable saving", never a negative number;
   an interval wholly below 0 is reported as an *extra* spend, never as a negative saving;
 - a component whose cost was not measured (a remote server that reports nothing) is
   "unknown", and a component that costs nothing real (the scripted oracle) is "free": both are
-  named next to the verdict, and a metric that rests on an unknown component has no verdict.
+  named next to the verdict, and a metric that rests on an unknown component has no verdict;
+- only :data:`VERDICT_METRICS` get a verdict; :data:`BESIDE_METRICS` are differences shown
+  beside it.
 """
 from __future__ import annotations
 
@@ -23,11 +34,21 @@ import numpy as np
 
 from ragfast.stats import paired_bootstrap
 
-__all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "balance", "cost_value"]
+__all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "VERDICT_METRICS", "BESIDE_METRICS", "balance",
+           "cost_value"]
 
-#: What each metric reads from a trajectory's ``cost[component]`` record. Tokens are the ones a
-#: component computed (fresh input + output): tokens served from a KV cache cost no compute.
-METRICS = {"flops": ("flops",), "tokens": ("input_tokens", "output_tokens"), "seconds": ("seconds",)}
+#: What each metric reads from a trajectory's ``cost[component]`` record. ``flops`` and
+#: ``tokens`` are cache-independent (every prompt token as if computed; records written before
+#: ``flops_uncached`` existed fall back to ``flops``); ``flops_computed`` and
+#: ``tokens_computed`` are what was computed (fresh input + output: tokens served from a KV or
+#: prefix cache cost no compute); ``seconds`` is wall-clock.
+METRICS = {"flops": ("flops_uncached",), "tokens": ("input_tokens", "cached_tokens", "output_tokens"),
+           "flops_computed": ("flops",), "tokens_computed": ("input_tokens", "output_tokens"),
+           "seconds": ("seconds",)}
+#: The metrics a verdict ("pays for itself") is given in.
+VERDICT_METRICS = ("flops", "tokens")
+#: Reported beside the verdict as a difference, never as a saving by itself.
+BESIDE_METRICS = ("flops_computed", "tokens_computed", "seconds")
 
 STATUSES = ("measured", "unknown", "free")
 
@@ -35,6 +56,8 @@ STATUSES = ("measured", "unknown", "free")
 def cost_value(traj: Mapping[str, Any], component: str, metric: str) -> float:
     """One question's cost of ``component`` in ``metric`` (0 when the component did not run)."""
     rec = (traj.get("cost") or {}).get(component) or {}
+    if metric == "flops" and "flops_uncached" not in rec:
+        return float(rec.get("flops", 0.0) or 0.0)
     return float(sum(float(rec.get(f, 0.0) or 0.0) for f in METRICS[metric]))
 
 
@@ -61,7 +84,14 @@ def _g(x: float) -> str:
 
 
 # Display units: FLOPs in GFLOPs, seconds in ms (values are stored unscaled).
-_UNITS = {"flops": ("GFLOPs", 1e-9), "tokens": ("tokens", 1.0), "seconds": ("ms", 1e3)}
+_UNITS = {"flops": ("GFLOPs", 1e-9), "tokens": ("tokens", 1.0), "flops_computed": ("GFLOPs", 1e-9),
+          "tokens_computed": ("tokens", 1.0), "seconds": ("ms", 1e3)}
+# What each metric is, as the verdict lines name it.
+_LABELS = {"flops": "FLOPs, cache-independent (every prompt token counted as computed)",
+           "tokens": "tokens, cache-independent (input + cached + output)",
+           "flops_computed": "FLOPs the backends computed (with their KV / prefix caches)",
+           "tokens_computed": "tokens computed (fresh input + output)",
+           "seconds": "wall-clock"}
 
 
 def _scaled(x: "Interval", metric: str) -> "Interval":
@@ -81,6 +111,7 @@ class MetricBalance:
     unknown: list[str] = field(default_factory=list)
     verdict: str = ""
     saving_text: str = ""
+    role: str = "verdict"  # "verdict" or "beside" (a difference, never a saving by itself)
 
 
 @dataclass
@@ -101,10 +132,14 @@ class Balance:
         """Human-readable verdict lines, one per metric, plus what was measured."""
         out = []
         for m, b in self.metrics.items():
+            label = f"{m}: {_LABELS[m]}" if m in _LABELS else m
             if b.spent is None or b.saved is None:
-                out.append(f"{m}: {b.verdict}")
+                out.append(f"{label}: {b.verdict or 'unknown'}")
                 continue
-            out.append(f"{m} ({_UNITS[m][0]} per question): {self.spender} spent {_scaled(b.spent, m).describe()}; "
+            if b.role == "beside":
+                out.append(f"beside the verdict, {label} ({_UNITS[m][0]} per question): {b.saving_text}")
+                continue
+            out.append(f"{label} ({_UNITS[m][0]} per question): {self.spender} spent {_scaled(b.spent, m).describe()}; "
                        f"{b.saving_text}; {b.verdict}")
         kinds = {s: sorted(c for c, v in self.components.items() if v == s) for s in STATUSES}
         out.append("measured: " + (", ".join(kinds["measured"]) or "none")
@@ -169,6 +204,10 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
         spent = _interval(spent_q, n_resamples, seed, confidence)
         saved = _interval(saved_q, n_resamples, seed, confidence)
         net = _interval(saved_q - spent_q, n_resamples, seed, confidence)
+        if m in BESIDE_METRICS:
+            metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], role="beside",
+                                       saving_text=_difference_text(_scaled(saved, m), _scaled(spent, m), spender))
+            continue
         metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], verdict=_verdict(spender, _scaled(net, m)),
                                    saving_text=_saving_text(_scaled(saved, m)))
     return Balance(spender, len(pairs), states, status, metrics, confidence)
@@ -184,13 +223,27 @@ def _by_sign(iv: Interval, above: Callable[[Interval], str], below: Callable[[In
     return across(iv)
 
 
+def _is_zero(iv: Interval) -> bool:
+    return iv.mean == iv.low == iv.high == 0.0
+
+
 def _saving_text(saved: Interval) -> str:
+    if _is_zero(saved):
+        return "no saving: exactly 0 on every question (the same cost)"
     return _by_sign(saved, lambda s: f"the method saved {s.describe()}",
                     lambda extra: f"no saving: the other components spent {extra.describe()} extra",
                     lambda s: f"no measurable saving (interval {s.describe()} includes 0)")
 
 
+def _difference_text(diff: Interval, spent: Interval, spender: str) -> str:
+    # A plain signed difference with its interval: never worded as a saving or a verdict.
+    return (f"native minus method on the other components {diff.describe()} (interval, not a saving by itself); "
+            f"{spender} {spent.describe()}")
+
+
 def _verdict(spender: str, net: Interval) -> str:
+    if _is_zero(net):
+        return f"nothing to pay for: {spender} spent nothing and the other components cost the same (net exactly 0)"
     return _by_sign(net, lambda n: f"{spender} pays for itself (net {n.describe()})",
                     lambda over: f"{spender} does not pay for itself: it costs {over.describe()} more than it saves",
                     lambda n: f"undetermined: saving minus spend is {n.describe()}, an interval that includes 0")

@@ -231,6 +231,10 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
             loop.run(todo, on_finish=on_finish)
         done_now = writer.written
     wall = time.perf_counter() - t0
+    # The entry written before the first call cannot say what the calls used (token source,
+    # call count, latencies for a URL reasoner): write it again now that they ran.
+    slots["reasoner"] = slot_entry(gen)
+    write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed, extra=extra)
     s = summarise(_ordered(read_results(results_path), questions))
     return _finish(out_dir=out_dir, model=model, s=s, done_now=done_now, wall=wall, ledger=ledger, slots=slots)
 

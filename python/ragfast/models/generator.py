@@ -412,13 +412,12 @@ class HFGenerator(Generator):
         self.eos_ids = sorted(eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
-        info = p / "ragfast_tiny.json"
-        self.random_weights = False
-        if info.is_file():
-            import json
+        from ragfast.models.tiny import tiny_marker
 
-            self.random_weights = bool(json.loads(info.read_text()).get("random_weights", False))
-        self.meaningful = not self.random_weights
+        marker = tiny_marker(p) or {}
+        self.random_weights = bool(marker.get("random_weights", False))
+        self.tiny_note = str(marker.get("note", "")) if marker else ""
+        self.meaningful = bool(marker.get("meaningful", not self.random_weights)) if marker else True
         self.name = str(p)
         self._sessions: dict[str, _HFSession] = {}
         self._pending: dict[str, list[int]] = {}  # truncated observation text -> its exact token ids
@@ -436,6 +435,8 @@ class HFGenerator(Generator):
             d["kv_reuse_note"] = self.kv_reuse_note
         if self.random_weights:
             d["note"] = "random-weight tiny model: exercises the compute path only; answers are meaningless"
+        elif not self.meaningful:
+            d["note"] = self.tiny_note or "a tiny test model: answers are meaningless"
         return d
 
     # -- text <-> tokens ---------------------------------------------------------------------
@@ -530,7 +531,7 @@ class HFGenerator(Generator):
         from transformers import DynamicCache
 
         from ragfast.cost import Timer
-        from ragfast.flops import forward_flops_per_sequence
+        from ragfast.flops import completion_flops, forward_flops_per_sequence
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
@@ -630,7 +631,7 @@ class HFGenerator(Generator):
                                  use_cache=True, logits_to_keep=1)
 
         texts: dict[str, str] = {}
-        flops, cached_tok, fresh_tok, out_tok = [], [], [], []
+        flops, cached_tok, fresh_tok, out_tok, uncached = [], [], [], [], []
         for b, (sid, s) in enumerate(zip(sids, sessions)):
             g = gen[b]
             self.last_generated[sid] = list(g)
@@ -661,13 +662,16 @@ class HFGenerator(Generator):
             flops.append(sum(forward_flops_per_sequence(
                 self.config, [n_new[b]] + [1] * n_dec,
                 [n_past[b]] + [n_past[b] + n_new[b] + j for j in range(n_dec)], logits="last")))
+            # The same call with nothing cached: what the URL backend books as the cache-independent figure.
+            uncached.append(completion_flops(self.config, n_past[b] + n_new[b], 0, len(g)))
             cached_tok.append(n_past[b])
             fresh_tok.append(n_new[b])
             out_tok.append(len(g))
         timer.__exit__(None, None, None)
         if ledger is not None:
             ledger.add_batch("reasoner", sids, seconds=timer.seconds, device_seconds=timer.device_seconds,
-                             input_tokens=fresh_tok, cached_tokens=cached_tok, output_tokens=out_tok, flops=flops)
+                             input_tokens=fresh_tok, cached_tokens=cached_tok, output_tokens=out_tok, flops=flops,
+                             flops_uncached=uncached)
         return texts
 
     def _may_end_stop(self, tok: int, last_chars: set[str] | None) -> bool:

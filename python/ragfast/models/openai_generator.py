@@ -5,9 +5,11 @@ One of the backends behind :class:`ragfast.models.base.Generator` (the in-proces
 """
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
@@ -16,12 +18,34 @@ from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
 from ragfast.text import whitespace_tokens
 
-__all__ = ["OpenAIGenerator"]
+__all__ = ["OpenAIGenerator", "canonical_url"]
+
+log = logging.getLogger(__name__)
+
+#: Host names that all mean this machine's loopback interface.
+_LOOPBACK = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+
+
+def canonical_url(url: str) -> str:
+    """``url`` with a loopback host spelled ``127.0.0.1`` and no trailing slash.
+
+    ``http://localhost:8000`` and ``http://127.0.0.1:8000/`` are the same server, so a run
+    started with one may be resumed with the other.
+    """
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if host.lower() in _LOOPBACK or f"[{host}]" in _LOOPBACK:
+        netloc = "127.0.0.1" + (f":{parts.port}" if parts.port else "")
+        if parts.username:
+            netloc = parts.username + (f":{parts.password}" if parts.password else "") + "@" + netloc
+        parts = parts._replace(netloc=netloc)
+    return urlunsplit(parts).rstrip("/")
 
 
 def _closing_tag_to_restore(text: str, stop: Sequence[str]) -> str | None:
-    # Without the server saying which stop string matched, restore the one whose opening tag is
-    # left open: "<search> q" -> "</search>". A plain end-of-sequence leaves every tag closed.
+    # Only for a server that does not say why it stopped (no stop_reason / matched_stop field):
+    # restore the closing tag whose opening tag is left open, "<search> q" -> "</search>". Such
+    # a server cannot tell this from "<search> q" + end-of-sequence, which describe() owns up to.
     best, best_pos = None, -1
     for s in stop:
         if s.startswith("</") and s.endswith(">"):
@@ -38,8 +62,12 @@ class OpenAIGenerator(Generator):
     Each session is its text (the server's prefix cache does the KV reuse); every turn sends one
     completion request per active session, ``concurrency`` at a time, greedy
     (``temperature=0``) with the stop strings. Servers leave the matched stop string out of the
-    returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM), else
-    the closing tag that is left open.
+    returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM) or
+    ``matched_stop`` (SGLang). When the server names an end-of-sequence token (an int) or
+    nothing (``null``), nothing is put back: ``"<answer> London"`` then end-of-sequence stays
+    an unclosed tag, an invalid action, as on the local backend. Only a server that sends
+    neither field gets the closing tag left open restored (a guess, counted in
+    ``describe()["stop_source"]``).
 
     Parameters
     ----------
@@ -59,14 +87,23 @@ class OpenAIGenerator(Generator):
     model_config : str, Path or dict, optional
         The served model's config (a ``config.json``, a model directory or a dict), to record
         analytic FLOPs in the ledger from each call's token counts and past length.
+    max_context : int, optional
+        The prompt budget in tokens (``--prompt-budget``): a longer session is sent as its last
+        ``max_context`` tokens, as the local backend keeps them (token ids with a tokenizer,
+        else whitespace tokens). Where the server lists its ``max_model_len`` (vLLM), the
+        prompt is also cut to leave ``max_new_tokens`` of room, so the server never refuses it.
 
     Notes
     -----
     Token counts come from the server's ``usage`` (prompt, completion, and
     ``prompt_tokens_details.cached_tokens`` where the server reports prefix-cache hits, as
-    vLLM does). A server that sends no ``usage`` is counted with the local tokenizer, else by
-    whitespace; ``describe()["token_source"]`` says which sources were used. Every request's
-    latency is kept in ``call_seconds``.
+    vLLM does with ``--enable-prompt-tokens-details``). A server that sends no ``usage`` is
+    counted with the local tokenizer, else by whitespace; ``describe()["token_source"]`` says
+    which sources were used. A server that sends ``usage`` without cached tokens has every
+    prompt token booked as computed: a warning is logged once and ``describe()["cached_tokens"]``
+    says so. Every request's latency is kept in ``call_seconds``. A ``ragfast_tiny.json`` in
+    the tokenizer or config directory (a tiny test model) marks the answers meaningless, as the
+    local backend does.
     timeout : float
         Seconds per request.
     retries : int
@@ -77,25 +114,46 @@ class OpenAIGenerator(Generator):
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 16, *,
                  tokenizer: Any = None, model_config: Any = None, timeout: float = 600.0, retries: int = 2,
-                 meaningful: bool = True, seed: int | None = None):
+                 meaningful: bool | None = None, seed: int | None = None, max_context: int | None = None):
         import httpx
 
         check_url(base_url, "base_url")
         if concurrency < 1:
             raise ConfigError(f"concurrency must be >= 1, got {concurrency}")
-        url = base_url.rstrip("/")
+        if max_context is not None and max_context < 2:
+            raise ConfigError(f"max_context must be >= 2 tokens, got {max_context}")
+        url = canonical_url(base_url)
         self.base_url = url if url.endswith("/v1") else url + "/v1"
         self.concurrency = int(concurrency)
         self.retries = int(retries)
         self.seed = seed
-        self.meaningful = bool(meaningful)
+        self.max_context = max_context
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=self.concurrency))
-        self.model = model or self._served_model()
+        #: the server's context length, where its model list gives one (vLLM: ``max_model_len``)
+        self.server_max_len: int | None = None
+        self.model = self._served_model(model)
         self.name = f"{self.model} @ {self.base_url}"
         self.call_seconds: list[float] = []
         self.token_sources: dict[str, int] = {}
+        self.stop_sources: dict[str, int] = {}  # "server" (stop_reason / matched_stop) or "guessed"
+        self.cached_unreported = 0  # calls whose usage had no prompt_tokens_details.cached_tokens
+        self.truncations = 0  # prompts cut to the budget
+        self.note = ""
+        marker = None
+        for src in (tokenizer, model_config):
+            if isinstance(src, (str, Path)) and marker is None:
+                from ragfast.models.tiny import tiny_marker
+
+                marker = tiny_marker(src)
+        if meaningful is None:
+            meaningful = True
+            if marker is not None:
+                # the same rule as the local backend: a tiny model's answers mean nothing
+                meaningful = bool(marker.get("meaningful", not marker.get("random_weights", False)))
+                self.note = str(marker.get("note") or "random-weight tiny model: answers are meaningless")
+        self.meaningful = bool(meaningful)
         self.tokenizer = None
         if tokenizer is not None:
             from transformers import AutoTokenizer
@@ -111,33 +169,52 @@ class OpenAIGenerator(Generator):
         self.model_config = model_config
         self._sessions: dict[str, str] = {}
 
-    def _served_model(self) -> str:
+    def _served_model(self, model: str | None) -> str:
+        """``model``, or the server's single model; reads the model's ``max_model_len`` too."""
         url = self.base_url + "/models"
         try:
             body = get_json(self._client, url, retries=0, error=ModelError)
+            cards = [m for m in body["data"] if isinstance(m, dict) and "id" in m]
         except ModelError as exc:
+            if model:  # a named model needs no list; its context length stays unknown
+                return model
             raise ModelError(f"{exc} (to find the served model; or name it with --served-model)") from None
-        try:
-            names = [m["id"] for m in body["data"]]
         except (KeyError, TypeError):
+            if model:
+                return model
             raise ModelError(f"{url} answered without a model list; name the model with --served-model") from None
-        if len(names) != 1:
+        names = [str(m["id"]) for m in cards]
+        if model is None and len(names) != 1:
             raise ConfigError(f"{url} serves {len(names)} models ({', '.join(names) or 'none'}); "
                               "choose one with --served-model")
-        return str(names[0])
+        name = model or names[0]
+        for m in cards:
+            if str(m["id"]) == name and isinstance(m.get("max_model_len"), int) and m["max_model_len"] > 1:
+                self.server_max_len = int(m["max_model_len"])
+        return name
 
     def describe(self) -> dict[str, Any]:
+        """The slot entry; before any call it says so, after calls it counts what was used."""
         lat = sorted(self.call_seconds)
+        fallback = "tokenizer" if self.tokenizer is not None else "whitespace"
         d: dict[str, Any] = {
             "name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
             "chat_template": bool(self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None)),
-            "token_source": dict(self.token_sources) or
-            ("usage, else tokenizer" if self.tokenizer is not None else "usage, else whitespace"),
+            "token_source": dict(self.token_sources) or f"no calls yet (usage, else {fallback})",
             "flops": "analytic from the model config" if self.model_config is not None else
             "unknown (give the served model's config for analytic FLOPs)",
+            "calls": len(lat),
+            "prompt_budget": self.max_context, "server_max_model_len": self.server_max_len,
+            "prompt_truncations": self.truncations,
         }
+        if self.note:
+            d["note"] = self.note
+        if self.stop_sources:
+            d["stop_source"] = dict(self.stop_sources)
         if lat:
-            d["calls"] = len(lat)
+            d["cached_tokens"] = ("reported by the server" if not self.cached_unreported else
+                                  f"NOT reported on {self.cached_unreported} of {len(lat)} calls: their prompt tokens "
+                                  "are booked as computed (start vLLM with --enable-prompt-tokens-details)")
             d["call_seconds_p50"] = lat[len(lat) // 2]
             d["call_seconds_p99"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
         return d
@@ -185,7 +262,35 @@ class OpenAIGenerator(Generator):
         for i in ids:
             self._sessions.pop(i, None)
 
-    def _post(self, prompt: str, stop: list[str], max_new: int) -> dict[str, Any]:
+    def _fit(self, prompt: str, max_new: int) -> tuple[str | list[int], int | None]:
+        """The prompt to send, within the budget, and its token count where known here.
+
+        Over the budget, the last ``cap`` tokens go as token ids (what the local backend keeps,
+        with no re-tokenisation at the cut); without a tokenizer, the last ``cap`` whitespace
+        tokens go as text.
+        """
+        cap = self.max_context
+        if self.server_max_len is not None:
+            room = self.server_max_len - max_new
+            if room < 1:
+                raise ConfigError(f"--max-new-tokens {max_new} leaves no room for a prompt in the server's "
+                                  f"max_model_len {self.server_max_len}")
+            cap = room if cap is None else min(cap, room)
+        if cap is None:
+            return prompt, None
+        if self.tokenizer is None:
+            words = prompt.split()
+            if len(words) <= cap:
+                return prompt, None
+            self.truncations += 1
+            return " ".join(words[-cap:]), None
+        ids = list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if len(ids) <= cap:
+            return prompt, len(ids)
+        self.truncations += 1
+        return ids[-cap:], cap
+
+    def _post(self, prompt: str | list[int], stop: list[str], max_new: int) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.model, "prompt": prompt, "max_tokens": max_new, "temperature": 0.0,
                                 "stop": stop, "n": 1}
         if self.seed is not None:
@@ -207,40 +312,63 @@ class OpenAIGenerator(Generator):
         check_sessions(self._sessions, ids, "OpenAIGenerator.generate")
         stop = list(stop)
         t0 = time.perf_counter()
-        prompts = [self._sessions[i] for i in ids]
+        sent = [self._fit(self._sessions[i], max_new_tokens) for i in ids]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(ids)))) as pool:
-            answers = list(pool.map(lambda p: self._post(p, stop, max_new_tokens), prompts))
-        texts, fresh, cached, produced, flops = [], [], [], [], []
-        for i, p, data in zip(ids, prompts, answers):
+            answers = list(pool.map(lambda p: self._post(p[0], stop, max_new_tokens), sent))
+        texts, fresh, cached, produced, flops, uncached = [], [], [], [], [], []
+        for i, (p, n_local), data in zip(ids, sent, answers):
             choice = data["choices"][0]
             text = choice["text"]
             if choice.get("finish_reason") == "stop":
-                matched = choice.get("stop_reason")
-                if not (isinstance(matched, str) and matched in stop):
-                    matched = _closing_tag_to_restore(text, stop)
-                if matched and not text.endswith(matched):
-                    text += matched
+                text = self._restore_stop(choice, text, stop)
             text, _ = cut_at_stop(text, stop)
             self._sessions[i] += text
             texts.append(text)
             usage = data.get("usage") or {}
             n_prompt = int(usage.get("prompt_tokens") or 0)
-            n_cached = int(((usage.get("prompt_tokens_details") or {}).get("cached_tokens")) or 0)
+            details = usage.get("prompt_tokens_details")
+            n_cached = int((details or {}).get("cached_tokens") or 0) if isinstance(details, dict) else 0
             n_out = int(usage.get("completion_tokens") or 0)
             source = "usage"
             if not usage:
                 # no usage: count locally; the server's own tokens are what it computed
                 source = "tokenizer" if self.tokenizer is not None else "whitespace"
-                n_prompt, n_out = self._count(p), self._count(text)
+                n_prompt = n_local if n_local is not None else len(p) if isinstance(p, list) else self._count(p)
+                n_out = self._count(text)
+            elif not (isinstance(details, dict) and "cached_tokens" in details):
+                if not self.cached_unreported:
+                    log.warning("%s sends no prompt_tokens_details.cached_tokens: every prompt token is booked as "
+                                "computed (start vLLM with --enable-prompt-tokens-details)", self.base_url)
+                self.cached_unreported += 1
             self.token_sources[source] = self.token_sources.get(source, 0) + 1
-            fresh.append(max(0, n_prompt - n_cached))
+            n_cached = min(n_cached, n_prompt)
+            fresh.append(n_prompt - n_cached)
             cached.append(n_cached)
             produced.append(n_out)
             if self.model_config is not None:
                 from ragfast.flops import completion_flops
 
-                flops.append(completion_flops(self.model_config, n_prompt, min(n_cached, n_prompt), n_out))
+                flops.append(completion_flops(self.model_config, n_prompt, n_cached, n_out))
+                # cache-independent: the same call with nothing served from the prefix cache
+                uncached.append(completion_flops(self.model_config, n_prompt, 0, n_out))
         if ledger is not None:
             ledger.add_batch("reasoner", list(ids), seconds=time.perf_counter() - t0, input_tokens=fresh,
-                             cached_tokens=cached, output_tokens=produced, flops=flops or None)
+                             cached_tokens=cached, output_tokens=produced, flops=flops or None,
+                             flops_uncached=uncached or None)
         return texts
+
+    def _restore_stop(self, choice: dict[str, Any], text: str, stop: list[str]) -> str:
+        """Put back the stop string the server matched (and left out of ``text``), if any."""
+        for key in ("stop_reason", "matched_stop"):
+            if key in choice:
+                # The server says why it stopped: a stop string, or an end-of-sequence token id /
+                # null (nothing to restore: an unclosed tag stays unclosed, an invalid action).
+                matched = choice[key]
+                self.stop_sources["server"] = self.stop_sources.get("server", 0) + 1
+                break
+        else:
+            matched = _closing_tag_to_restore(text, stop)
+            self.stop_sources["guessed"] = self.stop_sources.get("guessed", 0) + 1
+        if isinstance(matched, str) and matched in stop and not text.endswith(matched):
+            text += matched
+        return text

@@ -5,7 +5,9 @@ safetensors weights, fast tokenizer) for one of the architectures ragfast runs:
 
 - ``qwen2`` / ``qwen3``: decoder-only causal LMs with grouped-query attention (4 query heads,
   2 key/value heads; qwen3 with an explicit ``head_dim`` that differs from hidden/heads and
-  q/k RMS norms). Tokenizer: a byte-level BPE (about 3k tokens) trained here on the bundled
+  q/k RMS norms). ``qwen2-served``: qwen2 with 2 query heads and 1 key/value head, so that
+  head_dim is 32: vLLM's CPU attention refuses head_dim 16 ("Unsupported CPU attention
+  configuration") and serves 32. Tokenizer: a byte-level BPE (about 3k tokens) trained here on the bundled
   HotpotQA contexts, with ``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` and a Qwen-style
   chat template.
 - ``bert`` / ``deberta-v2``: cross-encoders (sequence classification with 3 NLI labels, an
@@ -14,6 +16,11 @@ safetensors weights, fast tokenizer) for one of the architectures ragfast runs:
 
 The weights are random: these models exercise the compute path and the interfaces, their
 outputs mean nothing. The same kind and seed always give byte-identical files.
+
+``make_replier(out_dir, reply)`` writes a ``qwen2-served`` model whose weights are set so that
+greedy decoding writes ``reply`` whatever the prompt (a protocol test checkpoint: always
+search, always answer, an unclosed tag then end-of-sequence), on any backend that runs Qwen2.
+Every model written here carries ``ragfast_tiny.json``; :func:`tiny_marker` reads it.
 """
 from __future__ import annotations
 
@@ -28,9 +35,11 @@ from typing import Any, Mapping
 
 from ragfast.errors import ModelError
 
-__all__ = ["KINDS", "TINY_VERSION", "DEFAULT_ID2LABEL", "make_tiny", "tiny_path", "train_bpe_tokenizer"]
+__all__ = ["KINDS", "TINY_VERSION", "DEFAULT_ID2LABEL", "make_tiny", "tiny_path", "train_bpe_tokenizer",
+           "make_replier", "tiny_marker"]
 
-KINDS = ("qwen2", "qwen3", "deberta-v2", "bert")
+KINDS = ("qwen2", "qwen3", "deberta-v2", "bert", "qwen2-served")
+_DECODERS = ("qwen2", "qwen3", "qwen2-served")
 #: Bumped whenever the recipe changes, so cached directories of an older recipe are not reused.
 TINY_VERSION = "1"
 #: The label order of cross-encoder/nli-deberta-v3-* checkpoints.
@@ -118,7 +127,7 @@ def _minilm_tokenizer(kind: str):
 def _config(kind: str, vocab_size: int, tok: Any, id2label: Mapping[int, str]):
     from transformers import BertConfig, DebertaV2Config, Qwen2Config, Qwen3Config
 
-    if kind in ("qwen2", "qwen3"):
+    if kind in _DECODERS:
         eos = tok.convert_tokens_to_ids("<|endoftext|>")
         common = dict(vocab_size=vocab_size, hidden_size=_HIDDEN, intermediate_size=_FFN,
                       num_hidden_layers=_LAYERS, num_attention_heads=_HEADS, num_key_value_heads=_KV_HEADS,
@@ -126,6 +135,8 @@ def _config(kind: str, vocab_size: int, tok: Any, id2label: Mapping[int, str]):
                       bos_token_id=eos, eos_token_id=eos, pad_token_id=eos, use_cache=True)
         if kind == "qwen2":
             return Qwen2Config(**common)
+        if kind == "qwen2-served":
+            return Qwen2Config(**{**common, "num_attention_heads": 2, "num_key_value_heads": 1})
         # Qwen3 sets head_dim explicitly; 32 != 64/4 so code that assumes hidden/heads breaks here.
         return Qwen3Config(head_dim=32, **common)
     labels = {int(k): str(v) for k, v in id2label.items()}
@@ -148,8 +159,8 @@ def make_tiny(kind: str, out_dir: str | Path, seed: int = 0, *, id2label: Mappin
 
     Parameters
     ----------
-    kind : {"qwen2", "qwen3", "deberta-v2", "bert"}
-        Architecture. qwen2/qwen3 load with ``AutoModelForCausalLM``; bert/deberta-v2 with
+    kind : {"qwen2", "qwen3", "deberta-v2", "bert", "qwen2-served"}
+        Architecture. qwen2/qwen3/qwen2-served load with ``AutoModelForCausalLM``; bert/deberta-v2 with
         ``AutoModelForSequenceClassification`` (3 NLI labels).
     out_dir : str or Path
         Target directory (created; existing model files are overwritten).
@@ -179,16 +190,16 @@ def make_tiny(kind: str, out_dir: str | Path, seed: int = 0, *, id2label: Mappin
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tok = train_bpe_tokenizer() if kind in ("qwen2", "qwen3") else _minilm_tokenizer(kind)
+    tok = train_bpe_tokenizer() if kind in _DECODERS else _minilm_tokenizer(kind)
     config = _config(kind, len(tok), tok, id2label or DEFAULT_ID2LABEL)
     config._attn_implementation = "eager"  # noqa: SLF001 - the stored default; callers may override
     # Initialise under a private generator state so the caller's RNG is untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        auto = AutoModelForCausalLM if kind in ("qwen2", "qwen3") else AutoModelForSequenceClassification
+        auto = AutoModelForCausalLM if kind in _DECODERS else AutoModelForSequenceClassification
         model = auto.from_config(config, dtype=torch.float32)
     model.eval()
-    if kind in ("qwen2", "qwen3"):
+    if kind in _DECODERS:
         # Stop at either end marker, as Qwen2.5-Instruct does (<|im_end|> and <|endoftext|>).
         model.generation_config = GenerationConfig(
             eos_token_id=[tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")],
@@ -249,3 +260,87 @@ def tiny_path(kind: str, seed: int = 0, *, id2label: Mapping[int, str] | None = 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def tiny_marker(path: str | Path) -> dict[str, Any] | None:
+    """The ``ragfast_tiny.json`` of a model (or tokenizer/config) directory, None without one.
+
+    ``random_weights`` says the weights are random; ``meaningful`` (when present) overrides
+    whether answers mean anything (False for :func:`make_replier` checkpoints).
+    """
+    p = Path(path)
+    info = (p if p.is_dir() else p.parent) / "ragfast_tiny.json"
+    if not info.is_file():
+        return None
+    try:
+        d = json.loads(info.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {"random_weights": True, "note": f"unreadable {info.name}: treated as a random-weight tiny model"}
+    return d if isinstance(d, dict) else {"random_weights": True}
+
+
+def make_replier(out_dir: str | Path, reply: str, *, seed: int = 0) -> Path:
+    """Write a ``qwen2-served`` model whose greedy decoding writes ``reply`` after any prompt.
+
+    The layers add nothing to the residual stream (zero output projections), so the next
+    token depends on the current token alone: each token of ``reply`` points at its successor,
+    and every other token points at the first one. Special tokens in ``reply`` (``<|im_end|>``)
+    are the model's own, so ``"<answer> London<|im_end|>"`` is an unclosed tag then
+    end-of-sequence. Generation stops where the caller's stop strings or the end-of-sequence
+    token stop it; a reply that runs out continues from its first token again.
+
+    Parameters
+    ----------
+    out_dir : str or Path
+    reply : str
+        At least one token; a token may recur only if it is followed by the same token each time
+        (a bigram chain).
+    seed : int
+        Seed of the (then overwritten) initialisation; the files are deterministic.
+
+    Raises
+    ------
+    ModelError
+        When ``reply`` is empty or not a bigram chain in this tokenizer.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = make_tiny("qwen2-served", out_dir, seed)
+    tok = AutoTokenizer.from_pretrained(str(out), local_files_only=True)
+    ids = list(tok(reply, add_special_tokens=False)["input_ids"])
+    if not ids:
+        raise ModelError("make_replier: the reply is empty")
+    nxt: dict[int, int] = {}
+    for a, b in zip(ids, ids[1:]):
+        if nxt.setdefault(a, b) != b:
+            raise ModelError(f"make_replier: token {tok.convert_ids_to_tokens(a)!r} of {reply!r} is followed by "
+                             "two different tokens; a reply must be a bigram chain")
+    model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32)
+    hidden = model.config.hidden_size
+    if len(nxt) + 1 > hidden:
+        raise ModelError(f"make_replier: {len(nxt)} distinct tokens need more than {hidden} hidden dimensions")
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        emb = model.model.embed_tokens.weight
+        head = model.lm_head.weight
+        emb.zero_()
+        head.zero_()
+        model.model.norm.weight.fill_(1.0)
+        # Dimension 0 is shared by every token and votes for the first token of the reply; token
+        # k of the chain also has its own dimension, 10x stronger after the RMS norm, voting for
+        # its successor. Logit margins are about 70 (float32 argmax cannot tie).
+        emb[:, 0] = 1.0
+        head[ids[0], 0] = 10.0
+        for j, (a, b) in enumerate(nxt.items(), start=1):
+            emb[a, j] = 10.0
+            head[b, j] += 10.0
+    model.save_pretrained(out)
+    (out / "ragfast_tiny.json").write_text(json.dumps(
+        {"kind": "qwen2-served", "seed": seed, "version": TINY_VERSION, "random_weights": False,
+         "meaningful": False, "reply": reply,
+         "note": f"crafted weights that always reply {reply!r}: a protocol test model, answers are meaningless"},
+        indent=2) + "\n")
+    return out

@@ -85,12 +85,16 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     config : mapping
         The method's settings.
     """
+    from ragfast.http import is_url
+    from ragfast.models.openai_generator import canonical_url
+
     ids = [str(q.id) for q in questions]
     fp: dict[str, Any] = {
         "method": method,
         "data": dict(data),
         "questions": {"count": len(ids), "sha256": hashlib.sha256("\n".join(ids).encode()).hexdigest(), "ids": ids},
-        "slots": dict(slots),
+        # localhost and 127.0.0.1 are one server: a resume may spell it either way
+        "slots": {k: canonical_url(v) if is_url(v) else v for k, v in slots.items()},
         "config": dict(config),
     }
     if identities is not None:

@@ -9,7 +9,9 @@ Specs
 reasoner
     ``scripted`` (the evidence oracle), ``tiny`` (random-weight Qwen2), a local model directory,
     or an OpenAI-compatible URL (``URL#served-name``, or ``served_model=``; default: the one
-    model the server lists).
+    model the server lists). A URL reasoner keeps the prompt budget (``max_context``) as the
+    local backend does, and its slot entry (written again after the run) says which token
+    source and how many calls it used.
 corpus
     A list of parts: ``contexts`` (the questions' own paragraphs), a sample name or a jsonl path.
 retriever
@@ -98,7 +100,9 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         The scripted oracle's search budget.
     served_model, tokenizer, model_config : str, optional
         For a URL: the served model's name, a local tokenizer (chat template, token-exact
-        truncation) and a local config (analytic FLOPs).
+        truncation and prompt budget) and a local config (analytic FLOPs).
+    max_context : int, optional
+        The prompt budget in tokens, for a local model and a URL alike.
     check : bool
         Check a URL is reachable first (one clear error instead of a failure mid-run).
 
@@ -130,7 +134,7 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
             check_reachable(base, "reasoner server")
         return OpenAIGenerator(base, kw["served_model"] or served or None, api_key=kw["api_key"],
                                concurrency=kw["concurrency"], tokenizer=kw["tokenizer"],
-                               model_config=kw["model_config"], seed=kw["seed"])
+                               model_config=kw["model_config"], seed=kw["seed"], max_context=kw["max_context"])
     if Path(name).is_dir():
         return HFGenerator(name, **hf)
     raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', an http(s) URL or a local model directory")

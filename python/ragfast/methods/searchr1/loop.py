@@ -506,7 +506,8 @@ class SearchR1Loop:
         tr = it.traj
         # The answer is the last <answer> of the response (generated text and observations),
         # never the prompt's "<answer> Beijing </answer>" example.
-        tr.answer = extract_answer("".join(it.response))
+        # The invalid-action notice quotes "<answer> and </answer>": it is not the model's answer.
+        tr.answer = extract_answer("".join(p for p in it.response if p != INVALID_OBSERVATION))
         tr.em = exact_match(tr.answer, tr.golden_answers)
         tr.f1 = f1(tr.answer, tr.golden_answers)
         tr.extra["sub_em"] = sub_exact_match(tr.answer, tr.golden_answers)
