@@ -266,3 +266,25 @@ def test_a_task_stopped_by_an_error_is_not_printed_done(capsys):
     assert reloop and not reloop[-1].endswith("done") and "stopped by an error" in reloop[-1]
     assert [x for x in err if "searchr1" in x][-1].endswith("done")
     del run
+
+
+# -- 9: a tiny Qwen2 that vLLM's CPU backend serves, and crafted protocol checkpoints ------------
+def test_qwen2_served_has_head_dim_32_and_a_replier_replies_on_the_local_backend(tmp_path):
+    from transformers import AutoConfig
+
+    from ragfast.errors import ModelError
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.tiny import make_replier, tiny_path
+
+    cfg = AutoConfig.from_pretrained(str(tiny_path("qwen2-served")), local_files_only=True)
+    assert cfg.hidden_size // cfg.num_attention_heads == 32  # vLLM's CPU attention refuses 16
+    for i, (reply, want) in enumerate([("<search> paris </search>", "<search> paris </search>"),
+                                       ("<answer> London<|im_end|>", "<answer> London")]):
+        g = HFGenerator(make_replier(tmp_path / str(i), reply))
+        assert g.meaningful is False and "crafted" in g.describe()["note"]
+        g.start(["a"], [g.format_prompt("Question: who?")])
+        assert g.generate(["a"], stop=list(STOP), max_new_tokens=12) == [want]
+        g.append(["a"], ["\n\n<information>Doc 1(Title: X) y</information>\n\n"])
+        assert g.generate(["a"], stop=list(STOP), max_new_tokens=12) == [want]  # whatever came before
+    with pytest.raises(ModelError, match="bigram chain"):
+        make_replier(tmp_path / "bad", "<search> paris</search>")  # '<' followed by 'search' and '/'

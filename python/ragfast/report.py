@@ -431,6 +431,10 @@ MEANING = [
     "Costs come from one ledger: every component records calls, tokens, analytic FLOPs and wall seconds per "
     "question, and every total is the sum of the per-question records. Wall seconds depend on the machine and "
     "its load (see Run); FLOPs do not.",
+    "The method and component tables show the FLOPs actually computed (KV and prefix-cache hits cost none). "
+    "The checker verdicts are given in cache-independent FLOPs and tokens (every prompt token counted as "
+    "computed), so a server's cache warmth cannot make identical work look cheaper; what was computed and the "
+    "wall-clock difference stand beside them, never as a saving.",
     "A slot marked NO does not answer like a real model. The scripted oracle knows the gold answers, so its EM "
     "measures whether retrieval reached the evidence, not reasoning. A random-weight model exercises the "
     "compute path only. A judge is only called meaningful when it ranks validation states better than "

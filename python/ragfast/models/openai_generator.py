@@ -108,8 +108,11 @@ class OpenAIGenerator(Generator):
         Seconds per request.
     retries : int
         Extra attempts on connection errors and 5xx answers.
-    meaningful : bool
-        Whether the served model's answers mean anything (False for a random-weight model).
+    meaningful : bool, optional
+        Whether the served model's answers mean anything. Default: False when the tokenizer or
+        config directory holds a ``ragfast_tiny.json`` (a tiny test model), else True.
+    seed : int, optional
+        Sent with each request.
     """
 
     def __init__(self, base_url: str, model: str | None = None, api_key: str | None = None, concurrency: int = 16, *,

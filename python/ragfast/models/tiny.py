@@ -316,7 +316,29 @@ def make_replier(out_dir: str | Path, reply: str, *, seed: int = 0) -> Path:
         if nxt.setdefault(a, b) != b:
             raise ModelError(f"make_replier: token {tok.convert_ids_to_tokens(a)!r} of {reply!r} is followed by "
                              "two different tokens; a reply must be a bigram chain")
-    model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()  # as in make_tiny: no progress bar per file
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(out), local_files_only=True, dtype=torch.float32)
+        _set_reply(model, ids, nxt)
+        model.save_pretrained(out)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
+    (out / "ragfast_tiny.json").write_text(json.dumps(
+        {"kind": "qwen2-served", "seed": seed, "version": TINY_VERSION, "random_weights": False,
+         "meaningful": False, "reply": reply,
+         "note": f"crafted weights that always reply {reply!r}: a protocol test model, answers are meaningless"},
+        indent=2) + "\n")
+    return out
+
+
+def _set_reply(model: Any, ids: list[int], nxt: dict[int, int]) -> None:
+    """Weights of a next-token-from-this-token model that walks ``ids`` (see :func:`make_replier`)."""
+    import torch
+
     hidden = model.config.hidden_size
     if len(nxt) + 1 > hidden:
         raise ModelError(f"make_replier: {len(nxt)} distinct tokens need more than {hidden} hidden dimensions")
@@ -337,10 +359,3 @@ def make_replier(out_dir: str | Path, reply: str, *, seed: int = 0) -> Path:
         for j, (a, b) in enumerate(nxt.items(), start=1):
             emb[a, j] = 10.0
             head[b, j] += 10.0
-    model.save_pretrained(out)
-    (out / "ragfast_tiny.json").write_text(json.dumps(
-        {"kind": "qwen2-served", "seed": seed, "version": TINY_VERSION, "random_weights": False,
-         "meaningful": False, "reply": reply,
-         "note": f"crafted weights that always reply {reply!r}: a protocol test model, answers are meaningless"},
-        indent=2) + "\n")
-    return out
