@@ -205,10 +205,12 @@ def fake_server():
         stop = [s for s in body.get("stop", []) if s in full]
         first = min(stop, key=full.index) if stop else None
         text = full[:full.index(first)] if first else full
-        choice = {"index": 0, "text": text, "finish_reason": "stop" if first else "length",
-                  # vLLM names the matched stop string; leave it out on the answer turn to
-                  # exercise the client's fallback.
-                  "stop_reason": first if (first and named) else None}
+        choice = {"index": 0, "text": text, "finish_reason": "stop" if first else "length"}
+        if named:
+            # vLLM names the matched stop string; the answer turn sends no stop_reason key at all
+            # (a server that never says why it stopped) to exercise the client's fallback. A
+            # null stop_reason is vLLM's end-of-sequence: nothing to restore (issue 24 #1).
+            choice["stop_reason"] = first
         return {"id": "x", "object": "text_completion", "model": body["model"], "choices": [choice],
                 "usage": {"prompt_tokens": len(prompt.split()), "completion_tokens": len(text.split()),
                           "total_tokens": 0}}
