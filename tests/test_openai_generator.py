@@ -157,7 +157,7 @@ def test_the_servers_context_length_leaves_room_for_the_answer(serve, tiny_dir):
         gen.generate(["b"], stop=list(STOP), max_new_tokens=64)
 
 
-def test_the_cli_passes_the_prompt_budget_to_a_url_reasoner(serve, monkeypatch):
+def test_the_cli_passes_the_prompt_budget_to_a_url_reasoner(serve):
     from ragfast.runner import slots as build
 
     serve(FakeServer(lambda b: {"text": ""}))  # patches the client for the factory's generator too
@@ -255,7 +255,7 @@ def test_resume_accepts_localhost_in_the_model_identity(serve):
 def test_a_task_stopped_by_an_error_is_not_printed_done(capsys):
     from ragfast.progress import RunProgress, progress_task
 
-    with RunProgress(plain=True) as run:
+    with RunProgress(plain=True):
         with pytest.raises(RuntimeError):
             with progress_task("reloop", 10):
                 raise RuntimeError("server died")
@@ -265,7 +265,6 @@ def test_a_task_stopped_by_an_error_is_not_printed_done(capsys):
     reloop = [x for x in err if "reloop" in x]
     assert reloop and not reloop[-1].endswith("done") and "stopped by an error" in reloop[-1]
     assert [x for x in err if "searchr1" in x][-1].endswith("done")
-    del run
 
 
 # -- 9: a tiny Qwen2 that vLLM's CPU backend serves, and crafted protocol checkpoints ------------
