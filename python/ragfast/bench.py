@@ -376,8 +376,10 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
             info["min_precision"] = cfg.min_precision
             log.warning("S2G threshold: %s", info["reason"])
         a = state_arrays(lines)
-        keep = ~np.isnan(a["state"]) & ~np.isnan(a["scores"].get(judge_name, np.full(a["lines"], np.nan)))
-        sc, lab, grp = a["scores"].get(judge_name, np.zeros(0))[keep], a["labels"].get("probe", np.zeros(0))[keep], a["q"][keep]
+        none = np.full(a["lines"], np.nan)
+        sc, lab = a["scores"].get(judge_name, none), a["labels"].get("probe", none)
+        keep = ~np.isnan(a["state"]) & ~np.isnan(sc) & ~np.isnan(lab)
+        sc, lab, grp = sc[keep], lab[keep], a["q"][keep]
         if sc.size:
             r = ranking_metrics(lab, sc)
             info.update(val_ap=r["ap"], val_brier=r["brier"], val_ece10=r["ece10"])
