@@ -326,11 +326,9 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
     definition ``run s2g`` and ``report s2g`` use too): run native Search-R1 on the validation
     questions, score their states 0..S-1 with the judge, label a state right-to-stop when the
     answer-only probe from it is correct, and take the threshold with the highest STOP recall at
-    per-state precision ``>= min_precision`` with >= 10 STOP states (none: never stop). The
-    states go to ``s2g_states.jsonl``. Where no threshold can be chosen (no validation question
-    searched, one label class) the bench goes on with S2G never stopping, and the file says why.
-    Validation questions never overlap the test questions when both come from the same file
-    (checked).
+    per-state precision ``>= min_precision`` with >= 10 STOP states (none: never stop), states
+    in ``s2g_states.jsonl``. Without a choice (no validation search, one label class) S2G never
+    stops and the file says why. Validation and test questions never overlap (checked).
     """
     path = out / "s2g_threshold.json"
     if path.exists():
@@ -343,8 +341,8 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
     else:
         from ragfast.data import load_qa
         from ragfast.methods.s2g.loop import record_states
-        from ragfast.methods.s2g.study import (STATES_FILE, ThresholdError, choose_threshold, ranking_metrics,
-                                               state_arrays, state_lines, write_state_lines)
+        from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
+        from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
 
         val = _select(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
@@ -365,32 +363,11 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
             task.set_status("")
         lines = state_lines(rec, judge_name, trajectories=trajs)
         write_state_lines(out / STATES_FILE, lines)
-        source = f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]"
-        try:
-            ft = choose_threshold(lines, judge_name, "probe", min_precision=cfg.min_precision)
-            info = threshold_record(ft, judge=judge_name, source=source, val_questions=len(val))
-        except ThresholdError as e:
-            # The bench's other methods still run; S2G never stops, and the reason is on record.
-            info = threshold_record(None, judge=judge_name, source=source, val_questions=len(val), given=float("inf"),
-                                    reason=f"{e}; S2G runs without stopping early")
-            info["min_precision"] = cfg.min_precision
+        info = validation_threshold(lines, judge_name, min_precision=cfg.min_precision, val_questions=len(val),
+                                    source=f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]",
+                                    n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
+        if info.get("reason"):
             log.warning("S2G threshold: %s", info["reason"])
-        a = state_arrays(lines)
-        none = np.full(a["lines"], np.nan)
-        sc, lab = a["scores"].get(judge_name, none), a["labels"].get("probe", none)
-        keep = ~np.isnan(a["state"]) & ~np.isnan(sc) & ~np.isnan(lab)
-        sc, lab, grp = sc[keep], lab[keep], a["q"][keep]
-        if sc.size:
-            r = ranking_metrics(lab, sc)
-            info.update(val_ap=r["ap"], val_brier=r["brier"], val_ece10=r["ece10"])
-        else:
-            info["val_ranking_missing"] = "no scored validation state: no AP, Brier or calibration figure"
-        # The judge's slot label comes from this measurement, not from what the judge says of itself.
-        from ragfast.verdicts import judge_vs_doc_count
-
-        verdict = (judge_vs_doc_count(sc, lab.astype(np.int64), grp, n_resamples=min(cfg.n_resamples, 2000),
-                                      seed=cfg.seed) if sc.size else None)
-        info["judge_vs_doc_count"] = verdict.to_dict() if verdict is not None else None
     path.write_text(json.dumps(json_clean(info), indent=2), encoding="utf-8")
     return json.loads(path.read_text(encoding="utf-8"))
 
@@ -523,23 +500,13 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
     """
     from ragfast.methods.s2g.analysis import threshold_sweep
     from ragfast.methods.s2g.loop import record_states
-    from ragfast.methods.s2g.study import STATES_FILE, read_state_lines, state_lines, write_state_lines
-    from ragfast.methods.s2g.study_files import write_judges
+    from ragfast.methods.s2g.study_files import add_test_states
 
     trajs = [Trajectory.from_dict(dict(r)) for r in native]
     rec = record_states(trajs, slots.judge, slots.make_generator(), split=["test"] * len(trajs))
     an = threshold_sweep(rec, threshold)
-    p = out / STATES_FILE
-    lines = [x for x in read_state_lines(p) if x["split"] == "val"] if p.exists() else []
-    write_state_lines(p, lines + state_lines(rec, str(cfg.judge), trajectories=trajs))
-    study = write_judges(out, min_precision=cfg.min_precision, n_resamples=cfg.n_resamples, seed=cfg.seed)
-    test = ((study["judges"].get(str(cfg.judge)) or {}).get("probe") or {}).get("test")
-    if test and test["states"]:
-        an.update(calibration=test["calibration"], ece=test["ece10"], brier=test["brier"], ap=test["ap"],
-                  calibration_states="test states 0..S-1 (s2g_states.jsonl)")
-    else:
-        an["calibration_missing"] = ("no judge-scored test state (no test question searched): no calibration "
-                                     "figure")
+    an.update(add_test_states(out, rec, trajs, str(cfg.judge), min_precision=cfg.min_precision,
+                              n_resamples=cfg.n_resamples, seed=cfg.seed))
     return an
 
 

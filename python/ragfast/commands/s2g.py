@@ -115,13 +115,16 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     jl.save(out_dir / "ledger-judge-states.jsonl")
     pl.save(out_dir / "ledger-probe.jsonl")
     # 3. the per-state export (the study's states 0..S-1) and the frozen threshold chosen on it
-    from ragfast.methods.s2g.study import (STATES_FILE, choose_threshold, json_clean, read_state_lines,
-                                           threshold_record, write_state_lines)
+    from ragfast.methods.s2g.study import (STATES_FILE, ThresholdError, choose_threshold, json_clean,
+                                           read_state_lines, threshold_record, write_state_lines)
 
     write_state_lines(out_dir / STATES_FILE, state_lines(rec, judge, trajectories=native))
     if threshold is None:
-        # ThresholdError (one label class, no state) stops here with exit 2; the recorded files stay.
-        ft = choose_threshold(read_state_lines(out_dir / STATES_FILE), judge, "probe", min_precision=min_precision)
+        try:
+            ft = choose_threshold(read_state_lines(out_dir / STATES_FILE), judge, "probe", min_precision=min_precision)
+        except ThresholdError as e:  # exit 2; the recorded files stay
+            raise ThresholdError(f"{e}; the recorded states are in {out_dir / STATES_FILE}: give --threshold, or "
+                                 "other validation questions") from None
         thr = ft.threshold
         info = threshold_record(ft, judge=judge, source="selected", val_questions=len(val))
     else:

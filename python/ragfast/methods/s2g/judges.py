@@ -73,7 +73,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     """
     from ragfast.models.judge import load_judge
     from ragfast.methods.s2g.labelling import native_trajectories
-    from ragfast.methods.s2g.loop import score_states
+    from ragfast.methods.s2g.loop import RecordedStates, score_states
     from ragfast.methods.s2g.study import STATES_FILE, state_arrays, write_state_lines
     from ragfast.methods.s2g.study_files import ensure_state_lines, write_judges
 
@@ -82,7 +82,8 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     if not judges:
         raise ConfigError("give at least one judge")
     d = Path(results_dir)
-    lines = ensure_state_lines(d)
+    lines = ensure_state_lines(d, RecordedStates.load(d / "states.jsonl")) if not (d / STATES_FILE).exists() \
+        else ensure_state_lines(d, None)
     recorded = sorted({k for x in lines for k in x["scores"]})
     trs = {t.id: t for t in native_trajectories(d)[0]}
     qids = list(dict.fromkeys(x["question_id"] for x in lines))
@@ -128,23 +129,9 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     return out
 
 
-def _f(x: Any, nd: int = 3) -> str:
-    if x is None:
-        return "n/a"
-    try:
-        xf = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(xf):
-        return "n/a"
-    if math.isinf(xf):
-        return "never" if xf > 0 else "-inf"
-    return f"{xf:.{nd}f}"
-
-
 def render_judges(cmp: Mapping[str, Any]) -> str:
     """The comparison as markdown: the study's tables (the chosen label source) and the ΔAP CIs."""
-    from ragfast.methods.s2g.study_files import render_study
+    from ragfast.methods.s2g.study_files import fmt_figure as _f, render_study
 
     lab = cmp["labels"]
     view = {**cmp, "judges": {j: {lab: cmp["judges"][j][lab]} for j in cmp.get("order", cmp["judges"])

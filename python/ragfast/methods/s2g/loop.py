@@ -680,7 +680,7 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
     from ragfast.methods.s2g.study_files import ensure_state_lines, write_judges
 
     judge = str(thr.get("judge") or "recorded")
-    ensure_state_lines(d, judge)
+    ensure_state_lines(d, rec, judge)
     out["study"] = write_judges(d, min_precision=float(thr.get("min_precision") or 0.90),
                                 min_stops=int(thr.get("min_stops") or 10), n_resamples=n_resamples, seed=seed)
     out["ranking"] = {sp: r for sp, r in (out["study"]["judges"].get(judge, {}).get("probe") or {}).items()

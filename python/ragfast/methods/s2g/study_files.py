@@ -8,28 +8,80 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
+
+import numpy as np
 
 from ragfast.errors import DataError
-from ragfast.methods.s2g.study import (JUDGES_FILE, STATES_FILE, evaluate_lines, json_clean, read_state_lines,
-                                       state_lines, write_state_lines)
+from ragfast.methods.s2g.study import (JUDGES_FILE, STATES_FILE, ThresholdError, choose_threshold, evaluate_lines,
+                                       json_clean, ranking_metrics, read_state_lines, state_arrays, state_lines,
+                                       threshold_record, write_state_lines)
 
-__all__ = ["ensure_state_lines", "write_judges", "given_threshold", "render_study"]
+__all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "write_judges", "given_threshold", "render_study",
+           "fmt_figure"]
 
 
-def ensure_state_lines(results_dir: str | Path, judge: str = "recorded") -> list[dict[str, Any]]:
-    """The directory's ``s2g_states.jsonl``; built from ``states.jsonl`` and the native
-    trajectories (scores under ``judge``) and written when a run predates it."""
-    from ragfast.methods.s2g.loop import RecordedStates
-
+def ensure_state_lines(results_dir: str | Path, recorded: Any, judge: str = "recorded") -> list[dict[str, Any]]:
+    """The directory's ``s2g_states.jsonl``; built from ``recorded`` (the directory's
+    :class:`~ragfast.methods.s2g.loop.RecordedStates`, scores under ``judge``) and the native
+    trajectories, and written, when a run predates it."""
     d = Path(results_dir)
     p = d / STATES_FILE
     if p.exists():
         return read_state_lines(p)
-    rec = RecordedStates.load(d / "states.jsonl")
-    trs = _native(d)
-    write_state_lines(p, state_lines(rec, judge, trajectories=trs))
+    write_state_lines(p, state_lines(recorded, judge, trajectories=_native(d)))
     return read_state_lines(p)
+
+
+def validation_threshold(lines: Sequence[Mapping[str, Any]], judge: str, *, min_precision: float = 0.90,
+                         val_questions: int, source: str, n_resamples: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """``s2g_threshold.json`` of a bench: the frozen threshold on the validation lines, their
+    ranking figures, and the judge's ranking against counting documents (the slot's verdict).
+
+    Where no threshold can be chosen (no validation question searched, one label class) the
+    threshold is ``inf`` (S2G never stops) and ``reason`` says why: the bench's other methods
+    still run.
+    """
+    from ragfast.verdicts import judge_vs_doc_count
+
+    try:
+        info = threshold_record(choose_threshold(lines, judge, "probe", min_precision=min_precision), judge=judge,
+                                source=source, val_questions=val_questions)
+    except ThresholdError as e:
+        info = threshold_record(None, judge=judge, source=source, val_questions=val_questions, given=float("inf"),
+                                reason=f"{e}; S2G runs without stopping early")
+        info["min_precision"] = min_precision
+    a = state_arrays([x for x in lines if x["split"] == "val"])
+    none = np.full(a["lines"], np.nan)
+    sc, lab = a["scores"].get(judge, none), a["labels"].get("probe", none)
+    keep = ~np.isnan(a["state"]) & ~np.isnan(sc) & ~np.isnan(lab)
+    sc, lab, grp = sc[keep], lab[keep], a["q"][keep]
+    if sc.size:
+        r = ranking_metrics(lab, sc)
+        info.update(val_ap=r["ap"], val_brier=r["brier"], val_ece10=r["ece10"])
+    else:
+        info["val_ranking_missing"] = "no scored validation state: no AP, Brier or calibration figure"
+    # The judge's slot label comes from this measurement, not from what the judge says of itself.
+    verdict = (judge_vs_doc_count(sc, lab.astype(np.int64), grp, n_resamples=n_resamples, seed=seed)
+               if sc.size else None)
+    info["judge_vs_doc_count"] = verdict.to_dict() if verdict is not None else None
+    return info
+
+
+def add_test_states(out: str | Path, rec: Any, trajectories: Sequence[Any], judge: str, *,
+                    min_precision: float = 0.90, n_resamples: int = 10000, seed: int = 0) -> dict[str, Any]:
+    """A bench's test states join its validation states in ``s2g_states.jsonl``; ``s2g_judges.json``
+    is computed from that file. Returns the calibration figure's fields (the test ECE-10 bins)
+    or ``calibration_missing`` with the reason."""
+    p = Path(out) / STATES_FILE
+    lines = [x for x in read_state_lines(p) if x["split"] == "val"] if p.exists() else []
+    write_state_lines(p, lines + state_lines(rec, judge, trajectories=trajectories))
+    study = write_judges(out, min_precision=min_precision, n_resamples=n_resamples, seed=seed)
+    test = ((study["judges"].get(judge) or {}).get("probe") or {}).get("test")
+    if test and test["states"]:
+        return {"calibration": test["calibration"], "ece": test["ece10"], "brier": test["brier"], "ap": test["ap"],
+                "calibration_states": f"test states 0..S-1 ({STATES_FILE})"}
+    return {"calibration_missing": "no judge-scored test state (no test question searched): no calibration figure"}
 
 
 def _native(d: Path) -> list[Any]:
@@ -64,7 +116,8 @@ def write_judges(results_dir: str | Path, *, min_precision: float = 0.90, min_st
     return out
 
 
-def _f(x: Any, nd: int = 4) -> str:
+def fmt_figure(x: Any, nd: int = 4) -> str:
+    """A figure for a table: ``n/a`` for None/NaN, ``never`` for +inf, else ``nd`` significant digits."""
     if x is None:
         return "n/a"
     try:
@@ -76,6 +129,9 @@ def _f(x: Any, nd: int = 4) -> str:
     if math.isinf(xf):
         return "never" if xf > 0 else "-inf"
     return f"{xf:.{nd}g}"
+
+
+_f = fmt_figure
 
 
 def render_study(study: Mapping[str, Any], title: str = "## State ranking and system level, as the study defines them") -> str:
