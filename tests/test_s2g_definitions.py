@@ -343,6 +343,29 @@ def test_report_s2g_gives_the_run_s_threshold(recorded_run, tmp_path):
     assert "as the study defines them" in (d / "s2g_report.md").read_text()
 
 
+def test_bench_freezes_the_run_s_threshold_on_the_same_validation_states(recorded_run, tmp_path):
+    import ragfast.runner.slots as slots_mod
+    from ragfast.bench import make_config, select_s2g_threshold
+    from ragfast.data import load_qa, sample
+
+    qs = load_qa(sample("hotpotqa-dev"))
+    ret = slots_mod.retriever_over("bm25", qs, progress=False)  # what run s2g built over the same file
+    cfg = make_config(data=str(sample("hotpotqa-dev")), val_data=str(sample("hotpotqa-dev")), corpus=["contexts"],
+                      val_offset=0, val_limit=16, offset=16, limit=24, out=str(tmp_path), n_resamples=100,
+                      batch_size=16)
+    slots = SimpleNamespace(questions=qs[16:40], make_generator=ScriptedGenerator, retriever=ret, judge=_Judge())
+    info = select_s2g_threshold(cfg, slots, tmp_path)
+    run = json.loads((recorded_run / "s2g_threshold.json").read_text())
+    bench_val = [(x["question_id"], x["state"], list(x["scores"].values()), x["labels"]["probe"])
+                 for x in study.read_state_lines(tmp_path / "s2g_states.jsonl") if x["state"] is not None]
+    run_val = [(x["question_id"], x["state"], [x["scores"]["encoder"]], x["labels"]["probe"])
+               for x in study.read_state_lines(recorded_run / "s2g_states.jsonl")
+               if x["split"] == "val" and x["state"] is not None]
+    assert bench_val == run_val
+    for k in ("threshold", "feasible", "val_states", "val_positives", "val_stops", "min_stops"):
+        assert info[k] == run[k], k
+
+
 # -- ties at the threshold: score == threshold stops (issue 30) ------------------------------
 @pytest.fixture(scope="module")
 def small_native():
