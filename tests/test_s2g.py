@@ -95,7 +95,7 @@ def test_state_prefixes_follow_the_session(recorded):
 def test_record_states_shapes_and_probe_at_native_stop(recorded):
     native, rec, _ = recorded
     assert rec.lengths.tolist() == [t.searches + 1 for t in native]
-    assert np.isnan(rec.scores[:, 0]).all()  # state 0 is never scored
+    assert np.isnan(rec.scores[:, 0]).all()  # state 0 is scored; this judge gives NaN without evidence
     for b, t in enumerate(native):
         assert np.isfinite(rec.scores[b, 1:t.searches + 1]).all()
         # Probing the last state reproduces the native answer: the scripted reasoner is

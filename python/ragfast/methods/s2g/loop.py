@@ -15,7 +15,8 @@ and searched at once (an injected search, counted against the budget).
 Replay mode
 -----------
 :func:`record_states` takes native trajectories and records, per state ``t = 0..S``: the
-judge's score (state 0 too, which the live hook never sees) and the answer of the answer-only probe. The probe continues
+judge's score (state 0 too, for the study's states 0..S-1; the live hook never sees it, so
+:func:`replay` leaves it out) and the answer of the answer-only probe. The probe continues
 the native session as it stood at state ``t`` (prompt, generated turns and observations up to
 the t-th retrieval) with one forced final generation: exactly what the live loop does when the
 judge stops at ``t``. So :func:`replay` evaluates any threshold counterfactually without

@@ -17,8 +17,8 @@ from ragfast.methods.s2g.study import (JUDGES_FILE, STATES_FILE, ThresholdError,
                                        json_clean, ranking_metrics, read_state_lines, state_arrays, state_lines,
                                        threshold_record, write_state_lines)
 
-__all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "write_judges", "given_threshold", "render_study",
-           "fmt_figure"]
+__all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "write_judges", "given_threshold",
+           "render_study", "fmt_figure"]
 
 
 def ensure_state_lines(results_dir: str | Path, recorded: Any, judge: str = "recorded") -> list[dict[str, Any]]:
