@@ -825,7 +825,7 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
-    for path in (out / "s2g_threshold.json", out / "s2g_analysis.json"):
+    for path in (out / "s2g_threshold.json", out / "s2g_analysis.json", out / "s2g_judges.json"):
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
     if "searchr1" in records:

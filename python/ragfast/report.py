@@ -476,9 +476,11 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
             blocks.append(("p", f"{what}, chosen per state on {s2g.get('val_questions')} validation questions "
                                 f"({s2g.get('source')}, {s2g.get('val_states')} states 0..S-1, {s2g.get('val_positives')} "
                                 f"right to stop) for STOP precision ≥ {s2g.get('min_precision')} with ≥ "
-                                f"{s2g.get('min_stops')} STOP states: validation precision "
-                                f"{_fmt(s2g.get('val_precision'))} over {s2g.get('val_stops')} STOP states, recall "
-                                f"{_fmt(s2g.get('val_recall'))}; stop AP {_fmt(s2g.get('val_ap'))}, Brier "
+                                f"{s2g.get('min_stops')} STOP states"
+                                + (f": validation precision {_fmt(s2g.get('val_precision'))} over "
+                                   f"{s2g.get('val_stops')} STOP states, recall {_fmt(s2g.get('val_recall'))}"
+                                   if s2g.get("feasible") else "")
+                                + f"; stop AP {_fmt(s2g.get('val_ap'))}, Brier "
                                 f"{_fmt(s2g.get('val_brier'))}, ECE-10 {_fmt(s2g.get('val_ece10'))}. "
                                 f"Labels: {s2g.get('labels', '-')} (answer-only probe EM)."))
         elif s2g.get("reason"):
