@@ -430,3 +430,26 @@ def test_bench_threshold_and_analysis_without_any_search(tmp_path):
     assert "no calibration figure" in an["calibration_missing"]
     js = json.loads((tmp_path / "s2g_judges.json").read_text())
     assert js["states"] == {"val": 0, "test": 0}
+
+
+def test_teacher_labels_join_the_states_file(recorded_run, tmp_path):
+    import shutil
+
+    from ragfast.methods.s2g.labelling import LabelledState
+    from ragfast.methods.s2g.study_files import write_judges
+
+    d = tmp_path / "copy"
+    shutil.copytree(recorded_run, d)
+    lines = study.read_state_lines(d / "s2g_states.jsonl")
+    real = [x for x in lines if x["state"] is not None]
+    # the teacher calls every odd-numbered state right; states 1..S as label-states writes them
+    lab = [LabelledState(x["question_id"], x["state"], "q", [], [], x["split"], labels={"teacher": x["state"] % 2})
+           for x in real if x["state"] >= 1]
+    (d / "labelled_states.jsonl").write_text("".join(json.dumps(s.to_dict()) + "\n" for s in lab))
+    js = write_judges(d, n_resamples=50)
+    back = study.read_state_lines(d / "s2g_states.jsonl")
+    assert [x["labels"].get("teacher") for x in back if x["state"] is not None] == \
+        [x["state"] % 2 if x["state"] >= 1 else None for x in real]
+    r = js["judges"]["encoder"]["teacher"]["test"]
+    pairs = _pairs(back, "encoder", "teacher", "test")
+    assert r["states"] == len(pairs) and _close(r["ap"], o_ap(pairs))

@@ -18,7 +18,7 @@ from ragfast.methods.s2g.study import (JUDGES_FILE, STATES_FILE, ThresholdError,
                                        threshold_record, write_state_lines)
 
 __all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "write_judges", "given_threshold",
-           "render_study", "fmt_figure"]
+           "merge_teacher_labels", "render_study", "fmt_figure"]
 
 
 def ensure_state_lines(results_dir: str | Path, recorded: Any, judge: str = "recorded") -> list[dict[str, Any]]:
@@ -109,11 +109,35 @@ def write_judges(results_dir: str | Path, *, min_precision: float = 0.90, min_st
     """Compute ``s2g_judges.json`` from the directory's ``s2g_states.jsonl`` and write it."""
     d = Path(results_dir)
     lines = read_state_lines(d / STATES_FILE)
+    if merge_teacher_labels(d, lines):
+        write_state_lines(d / STATES_FILE, lines)
     out = evaluate_lines(lines, min_precision=min_precision, min_stops=min_stops,
                          given_threshold=given_threshold(d), n_resamples=n_resamples, seed=seed)
     out["states_file"] = STATES_FILE
     (d / JUDGES_FILE).write_text(json.dumps(json_clean(out), indent=1) + "\n", encoding="utf-8")
     return out
+
+
+def merge_teacher_labels(results_dir: str | Path, lines: list[dict[str, Any]]) -> int:
+    """Copy ``teacher`` labels from the directory's ``labelled_states.jsonl`` (``ragfast
+    label-states``) into the lines with the same question and state; returns how many changed.
+
+    A labelled state ``s`` holds the evidence after ``s`` searches, as a study state does.
+    """
+    from ragfast.methods.s2g.labelling import load_labelled_states
+
+    p = Path(results_dir) / "labelled_states.jsonl"
+    if not p.exists():
+        return 0
+    teacher = {(x.id, x.state): x.labels["teacher"] for x in load_labelled_states(p)
+               if x.labels.get("teacher") is not None}
+    n = 0
+    for x in lines:
+        v = teacher.get((x["question_id"], x["state"]))
+        if v is not None and x["labels"].get("teacher") != int(v):
+            x["labels"]["teacher"] = int(v)
+            n += 1
+    return n
 
 
 def fmt_figure(x: Any, nd: int = 4) -> str:
