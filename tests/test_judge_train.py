@@ -139,22 +139,25 @@ def test_compare_judges_gold_labels(tmp_path):
     from ragfast.methods.s2g.judges import compare_judges, render_judges
 
     _native_run(tmp_path / "run", n=12, early=(0, 3, 6, 9, 1, 4))
-    # first two questions are validation states
+    # first two questions are validation states; the study's states are 0 and 1 (S = 2)
     cmp = compare_judges(tmp_path / "run", [("count", _CountJudge()), ("leak", _LeakJudge())], labels="gold",
-                         n_resamples=200)
-    leak, count = cmp["judges"]["leak"]["test"], cmp["judges"]["count"]["test"]
-    assert leak["ap"] == pytest.approx(1.0) and count["ap"] < 1.0
-    assert count["ap_ndocs_baseline"] == pytest.approx(count["ap"])  # the count judge IS the baseline
-    # test questions 2..11: early (both titles in search 1) are 3, 4, 6, 9 -> 4 of 10 eligible states are safe
-    assert leak["eligible_states"] == 10 and leak["safe_early_stop_prevalence"] == pytest.approx(0.4)
-    assert leak["early_stops"] == 4 and leak["unsafe_early_stops"] == 0 and leak["accepted_risk"] == 0
-    assert leak["searches_saved"] == pytest.approx(0.4) and leak["first_safe_stop_delay"] == 0
-    assert leak["recall_at_p90"] == pytest.approx(1.0) and leak["threshold_at_p90"] == pytest.approx(3.0)
-    assert count["early_stops"] == 0 and count["first_safe_stop_delay"] == 1
+                         min_stops=1, n_resamples=200)
+    leak, count = cmp["judges"]["leak"]["gold"], cmp["judges"]["count"]["gold"]
+    assert leak["test"]["ap"] == pytest.approx(1.0)
+    # count: every state 1 scores 1 (one evidence block, tied), in question order q2..q11 with q3, q4, q6, q9 right:
+    # ranks 2, 3, 5, 8 -> (1/2 + 2/3 + 3/5 + 4/8) / 4; sklearn merges the tie -> 4/10
+    assert count["test"]["ap"] == pytest.approx((1 / 2 + 2 / 3 + 3 / 5 + 4 / 8) / 4)
+    assert count["test"]["extra_ap_merged_ties_sklearn"] == pytest.approx(0.4)
+    assert leak["threshold"]["threshold"] == 3.0 and count["threshold"]["threshold"] == 1.0
+    ls, cs = leak["test"]["system"], count["test"]["system"]
+    assert ls["early_stops"] == 4 and ls["unsafe_early_stops"] == 0 and ls["accepted_risk"] == 0
+    assert ls["searches_saved"] == pytest.approx(0.4) and ls["first_safe_stop_delay"] == 0
+    assert cs["early_stops"] == 10 and cs["safe_early_stops"] == 4 and cs["searches_saved"] == pytest.approx(1.0)
+    assert leak["test"]["recall_at_p90"] == pytest.approx(1.0) and leak["test"]["threshold_at_p90"] == pytest.approx(3.0)
     dap = cmp["delta_ap"]["leak - count"]
     assert dap["delta"] > 0 and dap["low"] <= dap["delta"] <= dap["high"]
     md = render_judges(cmp)
-    assert "| leak |" in md and "ΔAP" in md and "safe-early-stop prevalence 0.400" in md
+    assert "| leak | gold |" in md and "ΔAP" in md
     with pytest.raises(ConfigError, match="labels"):
         compare_judges(tmp_path / "run", [("c", _CountJudge())], labels="bogus")
 

@@ -95,7 +95,7 @@ def test_state_prefixes_follow_the_session(recorded):
 def test_record_states_shapes_and_probe_at_native_stop(recorded):
     native, rec, _ = recorded
     assert rec.lengths.tolist() == [t.searches + 1 for t in native]
-    assert np.isnan(rec.scores[:, 0]).all()  # state 0 is never scored
+    assert np.isnan(rec.scores[:, 0]).all()  # state 0 is scored; this judge gives NaN without evidence
     for b, t in enumerate(native):
         assert np.isfinite(rec.scores[b, 1:t.searches + 1]).all()
         # Probing the last state reproduces the native answer: the scripted reasoner is
@@ -262,20 +262,42 @@ def test_evaluate_and_report_cli(tmp_path, hotpot, recorded):
     assert ev2["policy"] == ev["policy"] and "Paired quality" in render_markdown(ev2)
 
 
+class ScoresStateZeroJudge(OverlapJudge):
+    """OverlapJudge that also scores state 0 (no evidence: 0.0), as the study's states need."""
+
+    def stop_scores(self, states, **kw):
+        s = super().stop_scores(states, **kw)
+        return np.where(np.isnan(s), 0.0, s)
+
+
 def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
     import ragfast.runner.slots as slots_mod
     from ragfast.commands.s2g import run_s2g_command
+    from ragfast.methods.s2g.study import ThresholdError
 
-    monkeypatch.setattr(slots_mod, "judge", lambda spec, **kw: OverlapJudge())
+    monkeypatch.setattr(slots_mod, "judge", lambda spec, **kw: ScoresStateZeroJudge())
     out = tmp_path / "s2g"
+    # validation questions 0..11 of the bundled dev split: the scripted reasoner's probe is right
+    # before its native stop only at question 3's state 0, so both label classes exist
     ev = run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), retriever="bm25",
                          val_data="hotpotqa-dev", val_offset=0, val_limit=12, offset=12, limit=12, batch_size=12,
                          min_precision=0.5, n_resamples=300, progress=False)
     thr = json.loads((out / "s2g_threshold.json").read_text())
-    assert thr["source"] == "selected" and thr["val_questions"] == 12
+    assert thr["source"] == "selected" and thr["val_questions"] == 12 and thr["judge"] == "encoder"
+    assert thr["val_positives"] == 1 and thr["feasible"] is False  # 1 right state: never 10 STOP states
+    # the one definition: report s2g recomputes the same threshold from s2g_states.jsonl
+    js = json.loads((out / "s2g_judges.json").read_text())
+    assert js["judges"]["encoder"]["probe"]["threshold"]["threshold"] == thr["threshold"]
     assert ev["replay_equals_live"]["agree"] == ev["replay_equals_live"]["questions"] == 12
-    for name in ("native.jsonl", "states.jsonl", "s2g.jsonl", "manifest.json", "s2g_report.md", "ledger-s2g.jsonl"):
+    for name in ("native.jsonl", "states.jsonl", "s2g.jsonl", "manifest.json", "s2g_report.md", "ledger-s2g.jsonl",
+                 "s2g_states.jsonl", "s2g_judges.json"):
         assert (out / name).exists(), name
+    # one label class on validation (questions 12..17: no right state before a native stop) is an error
+    with pytest.raises(ThresholdError, match="one label class"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "one"), retriever="bm25",
+                        val_data="hotpotqa-dev", val_offset=12, val_limit=6, offset=24, limit=3, batch_size=12,
+                        n_resamples=100, progress=False)
+    assert (tmp_path / "one" / "s2g_states.jsonl").exists()  # the recorded work stays
     with pytest.raises(ConfigError, match="already holds"):
         run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), threshold=0.5)
     with pytest.raises(ConfigError, match="both the validation and the test"):

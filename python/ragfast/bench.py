@@ -6,6 +6,8 @@ One run = one output directory::
     ledgers/<method>.jsonl        every cost record of that method (question-attributed ones are
                                   appended when their question finishes, so a crash loses none)
     s2g_threshold.json            the frozen STOP threshold and how it was chosen
+    s2g_states.jsonl              the study's states 0..S-1 (validation and test), one line each
+    s2g_judges.json               the study's S2G figures, computed from s2g_states.jsonl
     summary.json, summary.csv, report.md, report.html, *.png
 
 ``--resume`` re-reads what is on disk and runs only the questions each method has not finished;
@@ -320,23 +322,28 @@ def run_searchr1(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions:
 def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any = None) -> dict[str, Any]:
     """The frozen STOP threshold: given, or chosen on validation questions and written to disk.
 
-    Selection follows the S2G study: run native Search-R1 on the validation questions, score
-    every state with the judge, label a state right-to-stop when the answer-only probe from it
-    is correct, and take the threshold that maximises STOP recall subject to STOP precision
-    ``>= min_precision``, with the first-crossing rule per question. Validation questions never
-    overlap the test questions when both come from the same file (checked).
+    Selection follows the S2G study (:func:`ragfast.methods.s2g.study.choose_threshold`, the one
+    definition ``run s2g`` and ``report s2g`` use too): run native Search-R1 on the validation
+    questions, score their states 0..S-1 with the judge, label a state right-to-stop when the
+    answer-only probe from it is correct, and take the threshold with the highest STOP recall at
+    per-state precision ``>= min_precision`` with >= 10 STOP states (none: never stop), states
+    in ``s2g_states.jsonl``. Without a choice (no validation search, one label class) S2G never
+    stops and the file says why. Validation and test questions never overlap (checked).
     """
     path = out / "s2g_threshold.json"
     if path.exists():
         return json.loads(path.read_text(encoding="utf-8"))
+    from ragfast.methods.s2g.study import json_clean, threshold_record
+
+    judge_name = str(cfg.judge)
     if cfg.threshold is not None:
-        info = {"threshold": float(cfg.threshold), "source": "given (--threshold)"}
+        info = threshold_record(None, judge=judge_name, source="given (--threshold)", given=float(cfg.threshold))
     else:
         from ragfast.data import load_qa
         from ragfast.methods.s2g.loop import record_states
+        from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
+        from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
-        from ragfast.methods.s2g.policy import select_threshold, stop_precision_recall
-        from ragfast.stats import average_precision, brier, sigmoid
 
         val = _select(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
         overlap = {q.id for q in val} & {q.id for q in slots.questions}
@@ -352,26 +359,17 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
             gen = TurnReporter(slots.make_generator(), task, cfg.budget + 1)
             trajs = SearchR1Loop(gen, slots.retriever, _searchr1_config(cfg)).run(val, on_finish=lambda t: task.advance(1))
             task.set_status("judge + answer-only probe on every state")
-            rec = record_states(trajs, slots.judge, slots.make_generator())
+            rec = record_states(trajs, slots.judge, slots.make_generator(), split=["val"] * len(trajs))
             task.set_status("")
-        sc, lab, grp = rec.state_table()
-        th = select_threshold(sc, lab, cfg.min_precision, groups=grp)
-        prec, recall = (float("nan"), float("nan"))
-        if np.isfinite(th):
-            pr = stop_precision_recall(sc, lab, [th], groups=grp)
-            prec, recall = float(np.asarray(pr[0])[0]), float(np.asarray(pr[1])[0])
-        info = {"threshold": th, "source": f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]",
-                "n_val_questions": len(val), "n_val_states": int(len(sc)), "min_precision": cfg.min_precision,
-                "val_precision": prec, "val_recall": recall,
-                "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
-                "val_brier": float(brier(lab, sigmoid(sc))), "labels": "answer-only probe EM from the state"}
-        # The judge's slot label comes from this measurement, not from what the judge says of itself.
-        from ragfast.verdicts import judge_vs_doc_count
-
-        verdict = judge_vs_doc_count(sc, lab, grp, n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
-        info["judge_vs_doc_count"] = verdict.to_dict() if verdict is not None else None
-    path.write_text(json.dumps(info, indent=2), encoding="utf-8")
-    return info
+        lines = state_lines(rec, judge_name, trajectories=trajs)
+        write_state_lines(out / STATES_FILE, lines)
+        info = validation_threshold(lines, judge_name, min_precision=cfg.min_precision, val_questions=len(val),
+                                    source=f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]",
+                                    n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
+        if info.get("reason"):
+            log.warning("S2G threshold: %s", info["reason"])
+    path.write_text(json.dumps(json_clean(info), indent=2), encoding="utf-8")
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def run_s2g(cfg: BenchConfig, slots: Slots, rec: MethodRecorder, questions: Sequence[Question],
@@ -489,17 +487,27 @@ RUNNERS: dict[str, Callable[..., None]] = {"searchr1": run_searchr1, "s2g": run_
                                            "reloop": run_reloop}
 
 
-def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, Any]], threshold: float) -> dict[str, Any]:
-    """Counterfactual threshold sweep and judge calibration on the native test trajectories.
+def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, Any]], threshold: float,
+                 out: Path) -> dict[str, Any]:
+    """Counterfactual threshold sweep, the study's figures and the judge's calibration on the
+    native test trajectories.
 
     Every state of every native trajectory is scored by the judge and probed (answer-only
     generation from that state); :func:`ragfast.methods.s2g.analysis.threshold_sweep` replays the
-    first-crossing rule over thresholds without rerunning the reasoner.
+    live first-crossing rule over thresholds without rerunning the reasoner. The test states
+    join the validation states in ``s2g_states.jsonl``; ``s2g_judges.json`` is computed from
+    that file, and the calibration figure is its test ECE-10 bins.
     """
     from ragfast.methods.s2g.analysis import threshold_sweep
     from ragfast.methods.s2g.loop import record_states
+    from ragfast.methods.s2g.study_files import add_test_states
 
-    return threshold_sweep(record_states(list(native), slots.judge, slots.make_generator()), threshold)
+    trajs = [Trajectory.from_dict(dict(r)) for r in native]
+    rec = record_states(trajs, slots.judge, slots.make_generator(), split=["test"] * len(trajs))
+    an = threshold_sweep(rec, threshold)
+    an.update(add_test_states(out, rec, trajs, str(cfg.judge), min_precision=cfg.min_precision,
+                              n_resamples=cfg.n_resamples, seed=cfg.seed))
+    return an
 
 
 # -- summary ---------------------------------------------------------------------------------
@@ -692,7 +700,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
         for m in cfg.methods:
             if cfg.ray and m != "reloop":
                 done = finished_ids(out / "trajectories" / f"{m}.jsonl") if resume else set()
-                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"] if m == "s2g" else None
+                th = float(select_s2g_threshold(cfg, slots, out, prog)["threshold"]) if m == "s2g" else None
                 task = prog.task(m, len(slots.questions), completed=len(done & {q.id for q in slots.questions}),
                                  unit="questions")
                 run_method_on_ray(cfg, m, slots, out, resume, task.advance, th)
@@ -701,7 +709,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             th = None
             if m == "s2g":
                 # Chosen before the method's recorder opens, so a failed selection leaves no empty files.
-                th = select_s2g_threshold(cfg, slots, out, prog)["threshold"]
+                th = float(select_s2g_threshold(cfg, slots, out, prog)["threshold"])
             rec = MethodRecorder(out / "trajectories" / f"{m}.jsonl", out / "ledgers" / f"{m}.jsonl", resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
             task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
@@ -736,8 +744,8 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
             if old.get("n_questions") != len(records["searchr1"]):
                 an_task = prog.task("S2G analysis", None)
                 an_task.set_status("scoring and probing every native state for the threshold sweep")
-                th = json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"]
-                an = s2g_analysis(cfg, slots, records["searchr1"], th)
+                th = float(json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"])
+                an = s2g_analysis(cfg, slots, records["searchr1"], th, out)
                 an["n_questions"] = len(records["searchr1"])
                 analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
                 an_task.update(total=1, completed=1)
@@ -824,7 +832,7 @@ def summarise(cfg: BenchConfig, records: Mapping[str, Sequence[Mapping[str, Any]
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
-    for path in (out / "s2g_threshold.json", out / "s2g_analysis.json"):
+    for path in (out / "s2g_threshold.json", out / "s2g_analysis.json", out / "s2g_judges.json"):
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
     if "searchr1" in records:

@@ -288,7 +288,7 @@ def write_plots(summary: Mapping[str, Any], out_dir: Path) -> tuple[list[str], d
         plots.append(plot_reliability(an["calibration"], out_dir / "reliability.png", ece=an.get("ece"),
                                       brier_score=an.get("brier")).name)
     elif "s2g" in summary.get("methods", {}):
-        missing["reliability.png"] = "no judge-scored test states to calibrate"
+        missing["reliability.png"] = an.get("calibration_missing") or "no judge-scored test states to calibrate"
     return plots, missing
 
 
@@ -472,26 +472,36 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
     s2g = summary.get("s2g_threshold")
     if s2g:
         blocks: list[tuple[Any, ...]] = []
-        finite = np.isfinite(float(s2g.get("threshold", np.nan)))
-        if s2g.get("n_val_questions") is not None:
-            what = (f"Frozen STOP threshold {fmt_num(s2g.get('threshold'))}" if finite
-                    else "No finite STOP threshold (+inf: S2G never stops early)")
-            blocks.append(("p", f"{what}, selected on "
-                                f"{s2g.get('n_val_questions')} validation questions ({s2g.get('source')}, "
-                                f"{s2g.get('n_val_states')} states) for STOP precision ≥ {s2g.get('min_precision')}: "
-                                f"validation precision {_fmt(s2g.get('val_precision'))}, recall "
-                                f"{_fmt(s2g.get('val_recall'))}; judge AP {_fmt(s2g.get('val_ap'))}, Brier "
-                                f"{_fmt(s2g.get('val_brier'))}. Labels: {s2g.get('labels', '-')}."))
+        finite = np.isfinite(float(s2g.get("threshold") if s2g.get("threshold") is not None else np.nan))
+        if s2g.get("val_states") is not None:
+            what = (f"Frozen STOP threshold {fmt_num(s2g.get('threshold'))}" if s2g.get("feasible")
+                    else f"No threshold reached the rule (never stop: highest score + 1 = "
+                         f"{fmt_num(s2g.get('threshold'))})")
+            blocks.append(("p", f"{what}, chosen per state on {s2g.get('val_questions')} validation questions "
+                                f"({s2g.get('source')}, {s2g.get('val_states')} states 0..S-1, {s2g.get('val_positives')} "
+                                f"right to stop) for STOP precision ≥ {s2g.get('min_precision')} with ≥ "
+                                f"{s2g.get('min_stops')} STOP states"
+                                + (f": validation precision {_fmt(s2g.get('val_precision'))} over "
+                                   f"{s2g.get('val_stops')} STOP states, recall {_fmt(s2g.get('val_recall'))}"
+                                   if s2g.get("feasible") else "")
+                                + f"; stop AP {_fmt(s2g.get('val_ap'))}, Brier "
+                                f"{_fmt(s2g.get('val_brier'))}, ECE-10 {_fmt(s2g.get('val_ece10'))}. "
+                                f"Labels: {s2g.get('labels', '-')} (answer-only probe EM)."))
+        elif s2g.get("reason"):
+            blocks.append(("note", f"No S2G threshold: {s2g['reason']} ({s2g.get('source')})."))
         else:
             blocks.append(("p", f"STOP threshold {fmt_num(s2g.get('threshold'))} ({s2g.get('source')})."))
+        if s2g.get("val_ranking_missing"):
+            blocks.append(("note", s2g["val_ranking_missing"] + "."))
         v = s2g.get("judge_vs_doc_count")
         if v:
             blocks.append(("p", f"Judge against counting documents on the same validation states: AP "
                                 f"{v['judge_ap']:.3f} vs {v['doc_count_ap']:.3f}, difference {v['delta']:+.3f} "
                                 f"(95% CI over questions [{v['low']:+.3f}, {v['high']:+.3f}]). Verdict: {v['label']}."))
-        if not finite:
-            blocks.append(("note", "No threshold reached the required STOP precision on validation: S2G never "
-                                   "stops early and equals native Search-R1."))
+        if not finite or s2g.get("feasible") is False:
+            blocks.append(("note", "S2G never stops early on this threshold's rule and equals native Search-R1 "
+                                   "(the live hook can still stop at a state scoring above every validation score)."
+                                   if finite else "S2G never stops early and equals native Search-R1."))
         secs.append(Section("S2G threshold", blocks))
     for key, title in (("break_even", "Does the judge pay for itself?"),
                        ("stepgap_balance", "Does StepGap's checker pay for itself?")):

@@ -6,7 +6,6 @@ add theirs to :data:`report_app` (``report cost`` in :mod:`ragfast.commands.cost
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,12 +20,16 @@ def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int =
                margin: float = 0.02) -> dict[str, Any]:
     """Evaluate a ``run s2g`` directory; write ``s2g_report.md`` and ``s2g_report.json`` there.
 
+    The study's figures go to ``s2g_judges.json``, computed from ``s2g_states.jsonl`` (built from
+    ``states.jsonl`` for a run that predates it).
+
     Returns
     -------
     dict
         The evaluation (see :func:`ragfast.methods.s2g.loop.evaluate`).
     """
     from ragfast.methods.s2g.loop import evaluate, render_markdown
+    from ragfast.methods.s2g.study import json_clean
 
     d = Path(results_dir)
     ev = evaluate(d, n_resamples=n_resamples, seed=seed, margin=margin)
@@ -34,18 +37,7 @@ def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int =
     md = render_markdown(ev, man)
     (d / "s2g_report.md").write_text(md, encoding="utf-8")
 
-    def clean(o: Any) -> Any:
-        if isinstance(o, dict):
-            return {k: clean(v) for k, v in o.items()}
-        if isinstance(o, (list, tuple)):
-            return [clean(v) for v in o]
-        if isinstance(o, float) and (math.isnan(o) or math.isinf(o)):
-            return None if math.isnan(o) else ("inf" if o > 0 else "-inf")
-        if hasattr(o, "item"):
-            return clean(o.item())
-        return o
-
-    (d / "s2g_report.json").write_text(json.dumps(clean(ev), indent=1) + "\n", encoding="utf-8")
+    (d / "s2g_report.json").write_text(json.dumps(json_clean(ev), indent=1) + "\n", encoding="utf-8")
     return ev
 
 
@@ -58,8 +50,10 @@ def s2g_report_cmd(
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),
     judge: Optional[list[str]] = typer.Option(None, "--judge", help="Also compare judges side by side on the recorded "
                                                                     "states (repeatable): recorded | encoder | head | "
-                                                                    "a judge path. Writes s2g_judges.md/.json."),
-    labels: str = typer.Option("probe", "--labels", help="With --judge: what a right stop is, probe or gold."),
+                                                                    "a judge path. Adds their scores to "
+                                                                    "s2g_states.jsonl; writes s2g_judges.md/.json."),
+    labels: str = typer.Option("probe", "--labels", help="With --judge: the label source shown (probe or gold); "
+                                                          "s2g_judges.json holds every source."),
     min_precision: float = typer.Option(0.90, "--min-precision", help="With --judge: validation precision the "
                                                                       "frozen threshold must reach."),
 ) -> None:
@@ -74,16 +68,10 @@ def s2g_report_cmd(
         md = render_judges(cmp)
         d = Path(results_dir)
         (d / "s2g_judges.md").write_text(md, encoding="utf-8")
-        (d / "s2g_judges.json").write_text(json.dumps(cmp, indent=1, default=_jsonable) + "\n", encoding="utf-8")
+        from ragfast.methods.s2g.study import json_clean
+
+        (d / "s2g_judges.json").write_text(json.dumps(json_clean(cmp), indent=1) + "\n", encoding="utf-8")
         print(md)
-
-
-def _jsonable(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return str(o)
 
 
 def register(app: typer.Typer) -> None:

@@ -3,7 +3,10 @@
 ``run s2g`` writes, into ``--out``:
 
 - ``native.jsonl``: native Search-R1 trajectories (validation and test questions);
-- ``states.jsonl``: per state, the judge's score and the answer-only probe's answer and EM;
+- ``states.jsonl``: per state 0..S, the judge's score and the answer-only probe's answer and EM
+  (the replay table);
+- ``s2g_states.jsonl``: the study's states 0..S-1, one line each (README, S2G evaluation);
+- ``s2g_judges.json``: the study's figures, computed from ``s2g_states.jsonl``;
 - ``s2g_threshold.json``: the frozen threshold (given, or selected on the validation states);
 - ``s2g.jsonl``: the live run with the judge in the loop (test questions);
 - ``ledger-*.jsonl``, ``manifest.json``, and the report (``s2g_report.md``/``.json``).
@@ -49,7 +52,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.data import load_qa
     from ragfast.methods.s2g.loop import record_states, run_s2g
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
-    from ragfast.methods.s2g.policy import select_threshold, stop_precision_recall
+    from ragfast.methods.s2g.study import state_lines
     from ragfast.results import ResultsWriter, slot_entry, write_manifest
     from ragfast.runner import slots as build
 
@@ -64,7 +67,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     if (out_dir / "states.jsonl").exists() and not overwrite:
         raise ConfigError(f"{out_dir} already holds an S2G run: pass --overwrite, or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl"):
+    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl", "s2g_states.jsonl", "s2g_judges.json"):
         (out_dir / name).unlink(missing_ok=True)
 
     all_test = load_qa(data)
@@ -111,20 +114,23 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     rec.save(out_dir / "states.jsonl")
     jl.save(out_dir / "ledger-judge-states.jsonl")
     pl.save(out_dir / "ledger-probe.jsonl")
-    # 3. the frozen threshold
+    # 3. the per-state export (the study's states 0..S-1) and the frozen threshold chosen on it
+    from ragfast.methods.s2g.study import (STATES_FILE, ThresholdError, choose_threshold, json_clean,
+                                           read_state_lines, threshold_record, write_state_lines)
+
+    write_state_lines(out_dir / STATES_FILE, state_lines(rec, judge, trajectories=native))
     if threshold is None:
-        vs = rec.subset([s == "val" for s in rec.split])
-        s, y, g = vs.state_table()
-        thr = select_threshold(s, y, min_precision)
-        p, r, n = stop_precision_recall(s, y, [thr])
-        info = {"threshold": thr, "source": "selected", "min_precision": min_precision,
-                "val_questions": len(val), "val_states": int(s.size), "val_precision": float(p[0]),
-                "val_recall": float(r[0]), "val_states_stopped": int(n[0]), "labels": "answer-only probe EM"}
+        try:
+            ft = choose_threshold(read_state_lines(out_dir / STATES_FILE), judge, "probe", min_precision=min_precision)
+        except ThresholdError as e:  # exit 2; the recorded files stay
+            raise ThresholdError(f"{e}; the recorded states are in {out_dir / STATES_FILE}: give --threshold, or "
+                                 "other validation questions") from None
+        thr = ft.threshold
+        info = threshold_record(ft, judge=judge, source="selected", val_questions=len(val))
     else:
         thr = float(threshold)
-        info = {"threshold": thr, "source": "given"}
-    (out_dir / "s2g_threshold.json").write_text(json.dumps({k: (str(v) if isinstance(v, float) and math.isinf(v) else v)
-                                                            for k, v in info.items()}, indent=1) + "\n")
+        info = threshold_record(None, judge=judge, source="given", given=thr)
+    (out_dir / "s2g_threshold.json").write_text(json.dumps(json_clean(info), indent=1) + "\n")
     con.print(f"threshold: {thr} ({info['source']})")
     # 4. the live run with the judge in the loop
     if live:

@@ -1,4 +1,7 @@
-"""S2G's counterfactual evaluation on recorded states: a threshold sweep and the judge's calibration."""
+"""S2G's counterfactual evaluation on recorded states: a threshold sweep of the live rule.
+
+The judge's calibration and the study's other figures live in :mod:`ragfast.methods.s2g.study`.
+"""
 from __future__ import annotations
 
 from typing import Any
@@ -6,13 +9,13 @@ from typing import Any
 import numpy as np
 
 from ragfast.methods.s2g.policy import sweep
-from ragfast.stats import brier, calibration_table, sigmoid, unsafe_stop_fraction
+from ragfast.stats import unsafe_stop_fraction
 
 __all__ = ["threshold_sweep"]
 
 
 def threshold_sweep(rec: Any, threshold: float, n_thresholds: int = 60) -> dict[str, Any]:
-    """EM, searches and unsafe early stops per threshold, replayed on recorded states, plus calibration.
+    """EM, searches and unsafe early stops per threshold, replayed on recorded states (live rule).
 
     Parameters
     ----------
@@ -27,17 +30,17 @@ def threshold_sweep(rec: Any, threshold: float, n_thresholds: int = 60) -> dict[
     Returns
     -------
     dict
-        ``sweep`` (thresholds, em, searches, unsafe), ``calibration`` bins, ``ece``, ``brier``,
-        ``n_states``; empty when no state has a finite score.
+        ``sweep`` (thresholds, em, searches, unsafe), ``n_states``; empty when no state has a
+        finite score.
     """
-    sc, lab, _ = rec.state_table()
+    sc, _, _ = rec.state_table()
     fin = sc[np.isfinite(sc)]
     if fin.size == 0:
         return {}
     ths = np.unique(np.quantile(fin, np.linspace(0, 1, n_thresholds)))
     if np.isfinite(threshold):
         ths = np.unique(np.r_[ths, threshold])
-    idx = sweep(rec.scores, ths, rec.lengths)
+    idx = sweep(rec.live_scores(), ths, rec.lengths)
     B = len(rec.ids)
     rows = np.arange(B)
     em, searches, unsafe = [], [], []
@@ -49,8 +52,6 @@ def threshold_sweep(rec: Any, threshold: float, n_thresholds: int = 60) -> dict[
         searches.append(float(np.where(stopped, np.minimum(i, rec.native_searches), rec.native_searches).mean()))
         u = unsafe_stop_fraction(i, rec.probe_em, rec.native_searches.astype(np.int64))
         unsafe.append(float(u["unsafe_early_stops"]) / B)
-    cal = calibration_table(lab, sigmoid(sc), n_bins=10)
     return {"sweep": {"thresholds": ths.tolist(), "em": em, "searches": searches, "unsafe": unsafe},
-            "calibration": [r for r in cal["bins"]], "ece": cal["ece"], "n_states": int(len(sc)),
-            "brier": float(brier(lab, sigmoid(sc))),
+            "n_states": int(len(sc)),
             "note": "unsafe = early stops whose answer-only probe is wrong, as a fraction of questions"}

@@ -15,7 +15,8 @@ and searched at once (an injected search, counted against the budget).
 Replay mode
 -----------
 :func:`record_states` takes native trajectories and records, per state ``t = 0..S``: the
-judge's score (NaN for state 0) and the answer of the answer-only probe. The probe continues
+judge's score (state 0 too, for the study's states 0..S-1; the live hook never sees it, so
+:func:`replay` leaves it out) and the answer of the answer-only probe. The probe continues
 the native session as it stood at state ``t`` (prompt, generated turns and observations up to
 the t-th retrieval) with one forced final generation: exactly what the live loop does when the
 judge stops at ``t``. So :func:`replay` evaluates any threshold counterfactually without
@@ -357,6 +358,13 @@ class RecordedStates:
         rows = np.broadcast_to(np.arange(B)[:, None], (B, T))
         return self.scores[valid], self.probe_em[valid].astype(np.int64), rows[valid]
 
+    def live_scores(self) -> np.ndarray:
+        """Scores as the live hook sees them: state 0 never scored (NaN), states 1..S as recorded."""
+        sc = self.scores.copy()
+        if sc.shape[1]:
+            sc[:, 0] = np.nan
+        return sc
+
     def to_records(self) -> list[dict[str, Any]]:
         out = []
         for b, qid in enumerate(self.ids):
@@ -418,7 +426,9 @@ def record_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], judge:
     trs = [_as_traj(t) for t in trajectories]
     if not trs:
         raise DataError("record_states: no trajectories")
-    scores, jcost = _score_states(trs, judge, ledger=judge_ledger)
+    # State 0 is scored too: the study's states are 0..S-1 (the live hook never sees state 0;
+    # replay() masks it, see RecordedStates.live_scores).
+    scores, jcost = _score_states(trs, judge, ledger=judge_ledger, score_initial=True)
     probes = probe_states(trs, generator, max_new_tokens=max_new_tokens, batch_size=batch_size, ledger=probe_ledger)
     recs = []
     for b, tr in enumerate(trs):
@@ -465,7 +475,7 @@ def replay(rec: RecordedStates, threshold: float, *, backend: str | None = None)
     """What the live S2G run would have done at ``threshold``, from recorded states."""
     from ragfast.methods.s2g.policy import evaluate_policy, first_crossing
 
-    idx = first_crossing(rec.scores, threshold, rec.lengths, backend=backend)
+    idx = first_crossing(rec.live_scores(), threshold, rec.lengths, backend=backend)
     out = evaluate_policy(idx, rec.probe_em, rec.native_em, rec.native_searches)
     answers = [rec.probe_answers[b][i] if i >= 0 else rec.native_answers[b] for b, i in enumerate(idx.tolist())]
     return ReplayResult(float(threshold), idx, out.em, out.searches, answers, out.early)
@@ -559,21 +569,6 @@ def reachability(rec: RecordedStates) -> dict[str, Any]:
     }
 
 
-def _ranking(rec: RecordedStates) -> dict[str, Any]:
-    from ragfast.stats import average_precision, brier, calibration_table, sigmoid
-
-    s, y, _ = rec.state_table()
-    scored = ~np.isnan(s)
-    out: dict[str, Any] = {"states": int(s.size), "scored": int(scored.sum()), "positives": int(y.sum())}
-    if scored.sum() and 0 < y[scored].sum() < scored.sum():
-        p = sigmoid(s[scored])
-        out.update(ap=average_precision(y, s), base_rate=float(y.mean()), brier=brier(y[scored], p),
-                   calibration=calibration_table(y[scored], p, n_bins=10))
-    else:
-        out.update(ap=float("nan"), base_rate=float(y.mean()) if y.size else float("nan"), brier=float("nan"))
-    return out
-
-
 def _policy(rec: RecordedStates, threshold: float) -> dict[str, Any]:
     from ragfast.methods.s2g.policy import stop_precision_recall
 
@@ -621,7 +616,7 @@ def _sweep(rec: RecordedStates, threshold: float, *, n_resamples: int, seed: int
     grid = np.quantile(fin, np.linspace(0.0, 1.0, n_thresholds)) if fin.size else np.zeros(0)
     grid = np.unique(np.concatenate([grid, [threshold, np.inf]]))
     grid = grid[~np.isnan(grid)]
-    cur = threshold_curve(rec.scores, rec.probe_em, rec.native_em, rec.native_searches, grid, rec.lengths,
+    cur = threshold_curve(rec.live_scores(), rec.probe_em, rec.native_em, rec.native_searches, grid, rec.lengths,
                           n_resamples=n_resamples, seed=seed, margin=margin)
     rows = cur.rows()
     for r in rows:
@@ -682,12 +677,19 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
     test = rec.subset(split == "test")
     val = rec.subset(split == "val") if (split == "val").any() else None
     out: dict[str, Any] = {"threshold": thr, "margin": margin}
+    # The study's figures: from s2g_states.jsonl (built from states.jsonl for an older run).
+    from ragfast.methods.s2g.study_files import ensure_state_lines, write_judges
+
+    judge = str(thr.get("judge") or "recorded")
+    ensure_state_lines(d, rec, judge)
+    out["study"] = write_judges(d, min_precision=float(thr.get("min_precision") or 0.90),
+                                min_stops=int(thr.get("min_stops") or 10), n_resamples=n_resamples, seed=seed)
+    out["ranking"] = {sp: r for sp, r in (out["study"]["judges"].get(judge, {}).get("probe") or {}).items()
+                      if sp in ("val", "test")}
     out["reachability"] = {"test": reachability(test)}
-    out["ranking"] = {"test": _ranking(test)}
     out["policy"] = {"test": _policy(test, threshold)}
     if val is not None:
         out["reachability"]["val"] = reachability(val)
-        out["ranking"]["val"] = _ranking(val)
         out["policy"]["val"] = _policy(val, threshold)
     out["sweep"] = _sweep(test, threshold, n_resamples=n_resamples, seed=seed, margin=margin)
     rc = replay_cost(test, threshold)
@@ -748,12 +750,10 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
                  f"{r['searches']} | {r['removable_same_answer']} ({_f(r['removable_same_answer_fraction'])}) | "
                  f"{r['removable_no_em_loss']} ({_f(r['removable_no_em_loss_fraction'])}) | "
                  f"{_f(r['safe_state_fraction'])} | {_f(r['oracle_em'])} | {_f(r['oracle_searches'])} |")
-    L += ["", "## 2. State ranking (label = probe EM)", "",
-          "| split | scored states | positives | base rate | AP | Brier (sigmoid of score) | ECE |", "|---|---|---|---|---|---|---|"]
-    for sp, r in ev["ranking"].items():
-        ece = r.get("calibration", {}).get("ece")
-        L.append(f"| {sp} | {r['scored']} | {r['positives']} | {_f(r['base_rate'])} | {_f(r['ap'])} | {_f(r['brier'])} | {_f(ece)} |")
-    L += ["", "## 3. First-crossing behaviour", "",
+    from ragfast.methods.s2g.study_files import render_study
+
+    L += ["", render_study(ev["study"], "## 2. State ranking and system level, as the study defines them")]
+    L += ["", "## 3. First-crossing replay of the live rule (the live hook judges states 1..S after each retrieval)", "",
           "| split | stops | early stops | unsafe early stops | unsafe fraction | harmful | searches saved | "
           "state precision | first-crossing precision | first-crossing recall |", "|---|---|---|---|---|---|---|---|---|---|"]
     for sp, r in ev["policy"].items():

@@ -161,8 +161,12 @@ def select_threshold(scores, labels, min_precision: float = 0.90, groups=None, *
 
     Candidates are the distinct finite scores (a state stops when ``score >= threshold``; NaN
     never stops). Among feasible candidates with the highest recall the HIGHEST threshold wins
-    (the most conservative one). Choose it on a validation split grouped by question, then
-    freeze it for test.
+    (the most conservative one).
+
+    This is a general selection rule (per state, or per question with ``groups``). The S2G
+    study's frozen threshold, which ``ragfast bench``, ``run s2g`` and ``report s2g`` use, is
+    :func:`ragfast.methods.s2g.study.frozen_threshold` (per state, states 0..S-1, at least 10
+    STOP states, "never stop" = highest score + 1).
 
     Parameters
     ----------
