@@ -158,8 +158,8 @@ def _approx_round(mode, qa, qb, rows, row_scale, k, ksel, fetch, exclude, rescor
         pad = k - s.shape[1]
         s = torch.cat([s, torch.full((B, pad), -math.inf, device=s.device)], dim=1)
         i = torch.cat([i, torch.full((B, pad), -1, dtype=torch.int64, device=i.device)], dim=1)
-    cmax = float(res.norms.max()) if res.norms.numel() else 0.0
-    E = bound(cmax).to(s.device)
+    cmax = res.norms.max().double()  # a device tensor: no host sync until the caller's one
+    E = bound(cmax)
     floor = -math.inf if min_score is None else float(min_score)
     T = torch.where(s[:, k - 1] > -math.inf, s[:, k - 1].double(), torch.full_like(E, floor))
     ok = (u == -math.inf) | (u.double() + E < T)
@@ -274,8 +274,13 @@ def topk_ip_triton(queries: torch.Tensor, corpus: torch.Tensor, k: int, *, min_s
         def sub_bound(cmax, b_sel=b_sel):
             return bound(cmax)[b_sel]
 
-        s, i, ok = _approx_round(mode, qa[todo], qb[todo], corpus, row_scale, k, ks, m, ex, rows_of, q[todo],
-                                 sub_bound, min_score)
+        first = len(todo) == B  # every query still to do: no gathers
+        s, i, ok = _approx_round(mode, qa if first else qa[todo], qb if first else qb[todo], corpus, row_scale, k,
+                                 ks, m, ex, rows_of, q if first else q[todo], bound if first else sub_bound, min_score)
+        if first and bool(ok.all()):  # the common case: one host sync, no scatter
+            if stats is not None:
+                stats.update(mode="bf16-tc" if mode == BF16_TC else "int8-tc", rounds=done_per_round + [B], exact=0)
+            return s, i
         good = todo[ok]
         scores[good], ids[good] = s[ok], i[ok]
         done_per_round.append(int(ok.sum()))
