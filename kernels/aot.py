@@ -203,9 +203,9 @@ def check_all(targets: list[int] | None = None, progress: Callable[[CompileRepor
 
 def format_table(reports: list[CompileReport]) -> str:
     """A fixed-width table: one line per configuration and target."""
-    lines = [f"{'kernel':28s} {'config':44s} {'sm':>4s} {'regs':>5s} {'spill':>6s} {'smem B':>7s} {'s':>5s}  status"]
+    lines = [f"{'kernel':33s} {'config':30s} {'sm':>4s} {'regs':>5s} {'spill':>6s} {'smem B':>7s} {'s':>5s}  status"]
     for r in reports:
         spill = "-" if r.spill_stores < 0 else str(r.spill_stores + r.spill_loads)
-        lines.append(f"{r.kernel:28s} {r.config:44s} {r.target:>4d} {r.registers:>5d} {spill:>6s} {r.shared:>7d} "
+        lines.append(f"{r.kernel:33s} {r.config:30s} {r.target:>4d} {r.registers:>5d} {spill:>6s} {r.shared:>7d} "
                      f"{r.seconds:>5.1f}  {'ok' if r.ok else 'FAIL: ' + '; '.join(r.problems)}")
     return "\n".join(lines)

@@ -279,7 +279,7 @@ def topk_exact(q: torch.Tensor, rows: torch.Tensor, k: int, *, row_scale: torch.
     return merge_exact(res, k)
 
 
-_TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "i8"}
+TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "i8"}
 
 
 def aot_specs() -> list:
@@ -293,7 +293,7 @@ def aot_specs() -> list:
     for mode, dtypes in MODE_DTYPES.items():
         for dt in dtypes:
             for cfg in CONFIGS[mode]:
-                sig = {"q_ptr": q_type[mode], "q2_ptr": q2_type[mode], "c_ptr": "*" + _TRITON_TYPE[dt],
+                sig = {"q_ptr": q_type[mode], "q2_ptr": q2_type[mode], "c_ptr": "*" + TRITON_TYPE[dt],
                        "cs_ptr": "*fp32", "ex_ptr": "*i64", "out_s_ptr": "*fp32", "out_i_ptr": "*i32",
                        "norm_ptr": "*fp32", "B": "i32", "N": "i32", "D": "i32", "E": "i32", "stride_cn": "i32",
                        "min_score": "fp32", "NBLK": "i32", "KSEL": "i32", "MODE": "constexpr",
@@ -303,7 +303,7 @@ def aot_specs() -> list:
                           "BLOCK_D": cfg.block_d}
                 specs.append(KernelSpec(
                     "topk_scan._topk_ip_block_kernel",
-                    f"{MODE_NAMES[mode]} {_TRITON_TYPE[dt]} {cfg.block_q}x{cfg.block_n}x{cfg.block_d} w{cfg.num_warps}",
+                    f"{MODE_NAMES[mode]} {TRITON_TYPE[dt]} {cfg.block_q}x{cfg.block_n}x{cfg.block_d} w{cfg.num_warps}",
                     _topk_ip_block_kernel, sig, consts, cfg.num_warps, cfg.num_stages,
                     aligned=("q_ptr", "q2_ptr", "c_ptr", "cs_ptr", "ex_ptr", "out_s_ptr", "out_i_ptr", "norm_ptr",
                              "D", "stride_cn")))

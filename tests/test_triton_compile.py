@@ -66,7 +66,7 @@ def test_specs_cover_every_choice_of_the_wrappers():
         for B in (1, 16, 17, 64, 1000):
             cfg = ts.choose_config(mode, B)
             for dt in dtypes:
-                want = (f"{ts.MODE_NAMES[mode]} {ts._TRITON_TYPE[dt]} {cfg.block_q}x{cfg.block_n}x{cfg.block_d} "
+                want = (f"{ts.MODE_NAMES[mode]} {ts.TRITON_TYPE[dt]} {cfg.block_q}x{cfg.block_n}x{cfg.block_d} "
                         f"w{cfg.num_warps}")
                 assert want in configs
     blocks = {s.constexprs["BLOCK_D"] for s in pa.aot_specs()}

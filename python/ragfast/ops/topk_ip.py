@@ -13,8 +13,9 @@ Backends (``ragfast.ops.registry``): ``ref`` (torch, the oracle and fallback), `
 (``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512 /
 AVX-512 with VNNI / with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
 ``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16 exact,
-bf16/int8 through tensor cores with certified exact re-scoring). By default on CPU a measured table picks, per level, storage and batch size, between
-the compiled kernels and torch mm + topk (:mod:`ragfast.ops.topk_ip_choice`).
+bf16/int8 through tensor cores with certified exact re-scoring). By default on CPU a measured
+table picks, per level, storage and batch size, between the compiled kernels and torch mm + topk
+(:mod:`ragfast.ops.topk_ip_choice`).
 """
 from __future__ import annotations
 
