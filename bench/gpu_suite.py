@@ -272,7 +272,9 @@ def time_topk(rec: Recorder, device: str, N: int, d: int, batches, reps: int, bu
             topk_ip_triton(q, data, k, stats=st, **extra)
             cert[name] = f"{st['rounds']} +{st['exact']} exact"
         params = f"N={N},d={d},k={k},B={B}"
-        faiss_ms = float(np.median(times[faiss_kind])) * 1e3 if faiss_kind in times else None
+        # on a GPU only faiss-gpu is the anchor (a CPU faiss there would flatter every ratio)
+        anchor = faiss_kind in times and (not cuda or faiss_kind.startswith("faiss-gpu"))
+        faiss_ms = float(np.median(times[faiss_kind])) * 1e3 if anchor else None
         for name, ts in times.items():
             rec.add(row("topk_ip", name, params, "latency", "s", ts))
             ms = float(np.median(ts)) * 1e3
@@ -307,8 +309,11 @@ def evaluate_goals(rec: Recorder) -> None:
     rec.summary["goals"]["bf16 within 1.5x of the HBM read floor at B <= 16"] = (
         f"{'met' if all(r <= 1.5 for r in ratios.values()) else 'NOT met'}: measured / floor {ratios}")
     vs = {e["B"]: e.get("vs_faiss") for e in bf}
-    rec.summary["goals"][">= 1.0x faiss-gpu fp32 flat at every batch"] = (
-        f"{'met' if all(v is not None and v >= 1.0 for v in vs.values()) else 'NOT met'}: {vs}")
+    key = ">= 1.0x faiss-gpu fp32 flat at every batch"
+    if any(v is None for v in vs.values()):
+        rec.summary["goals"][key] = "not evaluated (no faiss-gpu in this environment)"
+    else:
+        rec.summary["goals"][key] = f"{'met' if all(v >= 1.0 for v in vs.values()) else 'NOT met'}: {vs}"
 
 
 # -- 4. prefix attention timings ---------------------------------------------------------------
@@ -334,7 +339,13 @@ def time_prefix(rec: Recorder, device: str, Lq: int, Lk: int, reps: int) -> None
     cases = {"dense-mask SDPA (ref)": lambda: prefix_attention_ref(q, k, v, prefix_hi, seg_lo),
              "ragfast triton": lambda: prefix_attention(q, k, v, prefix_hi, seg_lo, backend="triton", check=False)}
     if cuda:
-        cases["FlexAttention"] = lambda: prefix_attention(q, k, v, prefix_hi, seg_lo, backend="flex", check=False)
+        from ragfast.ops.prefix_attention import flex_block_mask, prefix_attention_flex
+
+        try:  # the mask is built once, as the judge does per batch
+            bm = flex_block_mask(prefix_hi, seg_lo, Lk)
+            cases["FlexAttention"] = lambda: prefix_attention_flex(q, k, v, prefix_hi, seg_lo, block_mask=bm)
+        except Exception as exc:
+            print(f"  FlexAttention: skipped ({type(exc).__name__}: {str(exc)[:120]})", flush=True)
     for name in list(cases):
         try:
             cases[name]()
