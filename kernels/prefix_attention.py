@@ -130,6 +130,8 @@ def _prefix_attn_fwd(
 BLOCK_M = 32
 BLOCK_N = 32
 MAX_HEAD_DIM = 128
+NUM_WARPS = 4
+NUM_STAGES = 3  # Triton's CUDA defaults, named so that the AOT specs launch what the wrapper does
 HEAD_BLOCKS = (16, 32, 64, 128)
 
 
@@ -165,6 +167,7 @@ def prefix_attention(q, k, v, prefix_hi, seg_lo, scale: float, out=None):
         H, Lq, Lk, D, float(scale),
         H // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
 
@@ -192,6 +195,6 @@ def aot_specs() -> list:
             bm, bn = tile_for(dt == "fp32", bd)
             consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd, "IEEE": dt == "fp32"}
             specs.append(KernelSpec("prefix_attention._prefix_attn_fwd", f"{dt} {bm}x{bn} D<={bd} w4",
-                                    _prefix_attn_fwd, sig, consts, 4, 3,
+                                    _prefix_attn_fwd, sig, consts, NUM_WARPS, NUM_STAGES,
                                     aligned=("Q", "K", "V", "O", "HI", "LO")))
     return specs
