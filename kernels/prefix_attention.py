@@ -22,8 +22,10 @@ import triton
 import triton.language as tl
 
 # A finite "minus infinity" for the running max: starting at -inf would make the first
-# rescale exp(-inf - -inf) = NaN for rows that have seen no visible key yet.
-_NEG_BIG = -1.0e30
+# rescale exp(-inf - -inf) = NaN for rows that have seen no visible key yet. A tl.constexpr:
+# Triton 3.9 refuses a plain float global when compiling for a GPU (the interpreter accepts it,
+# so only the AOT check, ragfast.kernels.aot, caught this).
+_NEG_BIG = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -67,7 +69,7 @@ def _prefix_attn_fwd(
     sob, soh, som, sod,
     shb, shm, slb, slm,
     H, Lq, Lk, D, scale,
-    GROUP: tl.constexpr,
+    GROUP,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -119,26 +121,80 @@ def _prefix_attn_fwd(
              out.to(O.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
 
 
-def prefix_attention(q, k, v, prefix_hi, seg_lo, scale: float, out=None, block_m: int = 32, block_n: int = 32):
+# The wrapper's choices, all compiled by the AOT check (ragfast.kernels.aot): a 32 x 32 tile, the
+# head dim padded to a power of two from 16 to MAX_HEAD_DIM, fp32 / fp16 / bf16, 4 warps. Where
+# the check measured spills with 32 x 32 the key block is 16: fp32 from head dim 64 (80 B on
+# sm_80 at 64; 668 B on sm_90 at 128, with 4 or 8 warps) and fp16 / bf16 at head dim 32 (12 B on
+# sm_90, where ptxas capped the kernel at 128 registers); 32 x 16 spills nothing there. Head
+# dim 256 spilled in every dtype (fp32: 75 KB) and no model here uses it: the path stops at 128.
+BLOCK_M = 32
+BLOCK_N = 32
+MAX_HEAD_DIM = 128
+NUM_WARPS = 4
+NUM_STAGES = 3  # Triton's CUDA defaults, named so that the AOT specs launch what the wrapper does
+HEAD_BLOCKS = (16, 32, 64, 128)
+
+
+def tile_for(fp32: bool, block_d: int) -> tuple[int, int]:
+    """``(block_m, block_n)`` the wrapper launches for this dtype class and padded head dim."""
+    if (fp32 and block_d >= 64) or (not fp32 and block_d == 32):
+        return BLOCK_M, 16
+    return BLOCK_M, BLOCK_N
+
+
+def prefix_attention(q, k, v, prefix_hi, seg_lo, scale: float, out=None):
     """Launch the kernel; shapes and dtypes are checked by ``ragfast.ops.prefix_attention``.
 
     q: [B, H, Lq, D]; k, v: [B, Hkv, Lk, D]; prefix_hi, seg_lo: int32 [B, Lq]; returns
-    [B, H, Lq, D] in q's dtype (written into ``out`` when given).
+    [B, H, Lq, D] in q's dtype (written into ``out`` when given). Head dims up to 128 (the tile
+    holds a whole head; larger ones would need a split over D that no model here uses).
     """
     import torch
 
     B, H, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
+    if D > MAX_HEAD_DIM:
+        raise ValueError(f"prefix_attention (triton): head dim {D} > {MAX_HEAD_DIM}; use backend='ref' or 'flex'")
     if out is None:
         out = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     block_d = max(16, triton.next_power_of_2(D))
+    block_m, block_n = tile_for(q.dtype == torch.float32, block_d)
     grid = (triton.cdiv(Lq, block_m), B * H)
     _prefix_attn_fwd[grid](
         q, k, v, out, prefix_hi, seg_lo,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(),
         *prefix_hi.stride(), *seg_lo.stride(),
         H, Lq, Lk, D, float(scale),
-        GROUP=H // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        H // Hkv, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         IEEE=q.dtype == torch.float32,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
     )
     return out
+
+
+def aot_specs() -> list:
+    """Every configuration :func:`prefix_attention` can launch (for :mod:`ragfast.kernels.aot`)."""
+    from ragfast.kernels.aot import KernelSpec
+
+    specs = []
+    names = _prefix_attn_fwd.arg_names
+    for dt in ("fp32", "fp16", "bf16"):
+        for bd in HEAD_BLOCKS:
+            sig = {}
+            for n in names:
+                if n in ("Q", "K", "V", "O"):
+                    sig[n] = "*" + dt
+                elif n in ("HI", "LO"):
+                    sig[n] = "*i32"
+                elif n == "scale":
+                    sig[n] = "fp32"
+                elif n in ("BLOCK_M", "BLOCK_N", "BLOCK_D", "IEEE"):
+                    sig[n] = "constexpr"
+                else:
+                    sig[n] = "i32"
+            bm, bn = tile_for(dt == "fp32", bd)
+            consts = {"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_D": bd, "IEEE": dt == "fp32"}
+            specs.append(KernelSpec("prefix_attention._prefix_attn_fwd", f"{dt} {bm}x{bn} D<={bd} w4",
+                                    _prefix_attn_fwd, sig, consts, NUM_WARPS, NUM_STAGES,
+                                    aligned=("Q", "K", "V", "O", "HI", "LO")))
+    return specs

@@ -12,9 +12,10 @@ Corpus storage: a float32/float16/bfloat16 tensor, or a :class:`QuantizedCorpus`
 Backends (``ragfast.ops.registry``): ``ref`` (torch, the oracle and fallback), ``cpp``
 (``ragfast._C.topk_ip``: OpenMP kernels compiled per ISA level, generic / AVX2+FMA / AVX-512 /
 AVX-512 with VNNI / with BF16 and VNNI, the level chosen at import from the running CPU or ``RAGFAST_ISA``),
-``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16
-storage). By default on CPU a measured table picks, per level, storage and batch size, between
-the compiled kernels and torch mm + topk (:mod:`ragfast.ops.topk_ip_choice`).
+``triton`` (``ragfast.kernels.topk_ip``: per-block candidates, then a merge; fp32/fp16 exact,
+bf16/int8 through tensor cores with certified exact re-scoring). By default on CPU a measured
+table picks, per level, storage and batch size, between the compiled kernels and torch mm + topk
+(:mod:`ragfast.ops.topk_ip_choice`).
 """
 from __future__ import annotations
 
@@ -463,12 +464,15 @@ def _triton_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclu
     from ragfast.kernels.topk_ip import topk_ip_triton
 
     if isinstance(corpus, QuantizedCorpus):
-        if corpus.dtype != "fp16":
-            raise TypeError(f"the triton backend scans fp32/fp16 storage only, not {corpus.dtype}; "
-                            "use backend='cpp' or 'ref'")
-        corpus = corpus.data
-    if corpus.dtype == torch.bfloat16:
-        raise TypeError("the triton backend scans fp32/fp16 storage only, not bf16; use backend='cpp' or 'ref'")
+        # fp16 is scanned exactly; bf16 and int8 take a tensor-core pass whose over-fetched
+        # candidates are re-scored and certified exact (ragfast.kernels.topk_ip)
+        extra = {}
+        if corpus.dtype == "int8":
+            extra = {"scale": corpus.scale,
+                     "rescore": _rows_unit_stride(corpus.rescore) if corpus.rescore is not None else None}
+        fetch = k * corpus.oversample if corpus.dtype != "fp16" else None
+        return topk_ip_triton(q, _rows_unit_stride(corpus.data), k, min_score=min_score, exclude=exclude,
+                              fetch=fetch, **extra)
     return topk_ip_triton(q, _rows_unit_stride(corpus), k, min_score=min_score, exclude=exclude)
 
 
