@@ -1568,21 +1568,37 @@ inline const char* amx_a(const AmxSrc& s, int64_t c, int64_t& stride) {
 }
 
 // NG row groups x NQ query blocks from query b0; C results into out[g * 2 + q][16][16].
+// Depth chunks [c0, c1) of NG row groups x NQ query blocks from query b0, accumulated onto
+// `out` ([g * 2 + q][16][16]) unless `fresh`. pf: the next 32 rows to prefetch (the first
+// query block of a group only), else nullptr.
 template <int NG, int NQ, bool I8>
-inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t nchunks, void* out) {
-  _tile_zero(0);
-  if constexpr (NQ > 1) _tile_zero(1);
-  if constexpr (NG > 1) {
-    _tile_zero(2);
-    if constexpr (NQ > 1) _tile_zero(3);
+inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t c0, int64_t c1, bool fresh, void* out,
+                      const char* pf, int pf_rows) {
+  char* o = static_cast<char*>(out);
+  if (fresh) {
+    _tile_zero(0);
+    if constexpr (NQ > 1) _tile_zero(1);
+    if constexpr (NG > 1) {
+      _tile_zero(2);
+      if constexpr (NQ > 1) _tile_zero(3);
+    }
+  } else {
+    _tile_loadd(0, o, 64);
+    if constexpr (NQ > 1) _tile_loadd(1, o + 1024, 64);
+    if constexpr (NG > 1) {
+      _tile_loadd(2, o + 2048, 64);
+      if constexpr (NQ > 1) _tile_loadd(3, o + 3072, 64);
+    }
   }
   const int64_t qstride = p.Bp * 4;
   const char* qb = reinterpret_cast<const char*>(p.qt + b0);
-  for (int64_t c = 0; c < nchunks; ++c) {
+  for (int64_t c = c0; c < c1; ++c) {
     int64_t s0, s1 = 0;
     const char* a0 = amx_a(src[0], c, s0);
     const char* a1 = NG > 1 ? amx_a(src[1], c, s1) : nullptr;
     const char* bq = qb + c * 16 * qstride;
+    if (pf)  // the next group's chunk c, one line per row
+      for (int r = 0; r < pf_rows; ++r) _mm_prefetch(pf + r * p.rs * p.esize + c * 64, _MM_HINT_T0);
     _tile_loadd(4, a0, s0);
     _tile_loadd(6, bq, qstride);
     if constexpr (NQ > 1) _tile_loadd(7, bq + 64, qstride);
@@ -1603,7 +1619,6 @@ inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t n
       }
     }
   }
-  char* o = static_cast<char*>(out);
   _tile_stored(0, o, 64);
   if constexpr (NQ > 1) _tile_stored(1, o + 1024, 64);
   if constexpr (NG > 1) {
@@ -1643,8 +1658,17 @@ inline void amx_push(const Problem& p, const void* C, int64_t g0, int rows, int6
   }
 }
 
-// Scratch layout (64-byte aligned): two groups' padded rows, two tails, four C tiles.
-int64_t amx_scratch_bytes(const Problem& p) { return 2 * 16 * amx_rowbytes(p) + 2 * 1024 + 4 * 1024 + 64; }
+// Scratch layout (64-byte aligned): two groups' padded rows, two tails, four C tiles per pair of
+// query blocks.
+int64_t amx_scratch_bytes(const Problem& p) {
+  return 2 * 16 * amx_rowbytes(p) + 2 * 1024 + (p.B + 31) / 32 * 4 * 1024 + 64;
+}
+
+// Depth chunks per pass over the query blocks: 8 (256 bf16 or 512 int8 elements) keep a row
+// pair's slice (32 rows x 512 bytes, 16 KB) in L1 while every query block passes over it, the
+// accumulators going through memory between slices; over the whole depth (d = 768 bf16: 48 KB
+// a row pair) both operands streamed from L2 at B = 256.
+constexpr int64_t kAmxDepthBlock = 8;
 
 void scan_amx(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch, float* sumsq) {
   char* S = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(scratch) + 63) & ~uintptr_t(63));
@@ -1661,14 +1685,26 @@ void scan_amx(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch
     src[0] = amx_group(p, t0, rows0, buf[0], tail[0], sumsq);
     const int ng = rows1 > 0 ? 2 : 1;
     if (ng == 2) src[1] = amx_group(p, t0 + 16, rows1, buf[1], tail[1], sumsq);
-    for (int64_t b0 = 0; b0 < p.B; b0 += 32) {
-      const int nq = p.B - b0 > 16 ? 2 : 1;
-      if (ng == 2 && nq == 2) i8 ? amx_block<2, 2, true>(p, src, b0, nchunks, C) : amx_block<2, 2, false>(p, src, b0, nchunks, C);
-      else if (ng == 2) i8 ? amx_block<2, 1, true>(p, src, b0, nchunks, C) : amx_block<2, 1, false>(p, src, b0, nchunks, C);
-      else if (nq == 2) i8 ? amx_block<1, 2, true>(p, src, b0, nchunks, C) : amx_block<1, 2, false>(p, src, b0, nchunks, C);
-      else i8 ? amx_block<1, 1, true>(p, src, b0, nchunks, C) : amx_block<1, 1, false>(p, src, b0, nchunks, C);
-      for (int g = 0; g < ng; ++g)
-        for (int q = 0; q < nq; ++q) amx_push(p, C + (g * 2 + q) * 1024, t0 + 16 * g, src[g].rows, b0 + 16 * q, tk);
+    // Prefetch the next 32 rows while the first query block works on these: the tile loads read
+    // 16 rows side by side, which the hardware prefetchers follow poorly. fp32 groups are
+    // converted row by row (sequential reads), so they need none.
+    const int pf_rows = int(imin(32, imax(0, r1 - t0 - 32)));
+    const char* pf = pf_rows > 0 && p.kind != kF32 ? row_of(p, t0 + 32) : nullptr;
+    for (int64_t c0 = 0; c0 < nchunks; c0 += kAmxDepthBlock) {
+      const int64_t c1 = imin(nchunks, c0 + kAmxDepthBlock);
+      const bool fresh = c0 == 0, last = c1 == nchunks;
+      for (int64_t b0 = 0; b0 < p.B; b0 += 32) {
+        const int nq = p.B - b0 > 16 ? 2 : 1;
+        const char* f = b0 == 0 ? pf : nullptr;
+        char* Cb = C + (b0 / 32) * 4096;
+        if (ng == 2 && nq == 2) i8 ? amx_block<2, 2, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<2, 2, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
+        else if (ng == 2) i8 ? amx_block<2, 1, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<2, 1, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
+        else if (nq == 2) i8 ? amx_block<1, 2, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<1, 2, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
+        else i8 ? amx_block<1, 1, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<1, 1, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
+        if (!last) continue;
+        for (int g = 0; g < ng; ++g)
+          for (int q = 0; q < nq; ++q) amx_push(p, Cb + (g * 2 + q) * 1024, t0 + 16 * g, src[g].rows, b0 + 16 * q, tk);
+      }
     }
   }
   _tile_release();
