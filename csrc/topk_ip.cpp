@@ -274,12 +274,16 @@ struct Served {
 // - e). A list that dropped rows (full) dropped only rows scoring <= its worst kept W, so when
 // W < A_k - 2e the candidates hold the exact top k, and the exact fp32 re-score selects it;
 // otherwise (near ties wider than the list, inf or NaN norms) the query is rescanned exactly.
+// The argument needs every finite-scoring row's approximate score finite (an inf or NaN one is
+// never kept); that holds while ||q|| M stays far from fp32's range, so beyond 1e30 the margin
+// is +inf and the query is rescanned.
 double amx_f32_margin(const float* q, int64_t d, double max_sumsq) {
   const double u = std::ldexp(1.0, -8), u32 = std::ldexp(1.0, -24);
   const double gamma = double(d) * u32 / (1.0 - double(d) * u32);
   double qq = 0;
   for (int64_t j = 0; j < d; ++j) qq += double(q[j]) * double(q[j]);
   const double qn = std::sqrt(qq), M = std::sqrt(max_sumsq) * (1.0 + gamma);
+  if (!(qn * M < 1e30)) return std::numeric_limits<double>::infinity();  // also NaN
   const double e = (2 * u + u * u + gamma * (1 + u) * (1 + u)) * qn * M +
                    double(d) * std::ldexp(1.0, -126) * ((1 + u) * (qn + M) + 2);
   return 2 * e;
@@ -390,12 +394,15 @@ Served run(Args& a) {
       c.insert(c.end(), tk.h, tk.h + tk.n);
       if (tk.n == tk.cap && tk.n > 0) worst = std::max(worst, tk.h[tk.n - 1].s);
     }
-    if (f32_amx && worst != kNegInf) {  // see amx_f32_margin
-      bool complete = false;
-      if (int64_t(c.size()) >= a.k) {
-        std::nth_element(c.begin(), c.begin() + (a.k - 1), c.end(), hit_better);
-        const double ak = double(c[size_t(a.k - 1)].s);
-        complete = double(worst) < ak - amx_f32_margin(p.q + b * p.d, p.d, max_sumsq);  // NaN: false
+    if (f32_amx) {  // see amx_f32_margin
+      const double margin = amx_f32_margin(p.q + b * p.d, p.d, max_sumsq);
+      bool complete = margin < std::numeric_limits<double>::infinity();
+      if (complete && worst != kNegInf) {  // a list dropped rows: were they all outside the band?
+        complete = false;
+        if (int64_t(c.size()) >= a.k) {
+          std::nth_element(c.begin(), c.begin() + (a.k - 1), c.end(), hit_better);
+          complete = double(worst) < double(c[size_t(a.k - 1)].s) - margin;
+        }
       }
       if (!complete) redo[size_t(b)] = 1;
     }

@@ -307,6 +307,15 @@ def test_amx_fp32_exact_through_near_ties(force_path):
         rs, ri = topk_ip_ref(qq, cc, 10)
         assert_topk(qq, cc, 10, s, i, atol=1e-4 * math.sqrt(200), ref=(rs, ri))
         assert_topk_agree(s, i, rs, ri, atol=1e-4)
+
+        # magnitudes near fp32's range (||q|| max||x|| > 1e30): no bound is claimed, every query
+        # is rescanned exactly
+        big_q, big_c = qq[:3] * 1e18, cc * 1e13
+        s, i = call("cpp", big_q, big_c, 10)
+        assert _C.topk_ip_last()["rescanned"] == 3
+        rs, ri = topk_ip_ref(big_q, big_c, 10)
+        assert_topk_agree(s, i, rs, ri, atol=1e27)
+        torch.testing.assert_close(s, rs, rtol=1e-5, atol=0)
     finally:
         _C.set_isa(before)
 
@@ -703,14 +712,51 @@ def test_batch_classes_and_table_validation(tmp_path):
     assert topk_ip_choice.choose("generic", "fp32", 300, table).path == "torch"
 
 
-def test_committed_table_is_measured_and_well_formed():
-    table = topk_ip_choice.load_table()
-    assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
-    for lvl, per in table["cells"].items():
-        assert lvl in ALL_LEVELS
-        for storage, cells in per.items():
-            assert storage in ("fp32", "fp16", "bf16", "int8")
-            assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
+def test_committed_tables_are_measured_and_well_formed():
+    tables = topk_ip_choice.shipped_tables()
+    assert len({(t["cpu"], tuple(t["features"])) for t in tables}) == len(tables) >= 2  # one per machine
+    for table in tables:
+        assert table["cpu"] and table["features"] == sorted(table["features"])
+        assert table["machine"].startswith(table["cpu"]) and table["command"].startswith("python bench/bench_topk_ip.py")
+        for lvl, per in table["cells"].items():
+            assert lvl in ALL_LEVELS and lvl in table["runs"]
+            for storage, cells in per.items():
+                assert storage in ("fp32", "fp16", "bf16", "int8")
+                assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
+
+
+def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplog):
+    # a table applies only on its machine (CPU model and features); an unknown machine
+    # calibrates once, logs one line and caches the table; the cache serves the next process
+    key = {"cpu": "Test CPU 9000", "features": ["avx2", "fma"]}
+    monkeypatch.setattr(topk_ip_choice, "machine_key", lambda features=None: dict(key))
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    monkeypatch.delenv("RAGFAST_CALIBRATE", raising=False)
+    assert topk_ip_choice.machine_table()["cells"] == {}  # nothing shipped for it, no calibration asked
+    assert topk_ip_choice.machine_table()["source"].startswith("none")
+    calls = []
+
+    def fake(storage, B):  # torch "faster" at B >= 64 (a sleep), cpp below
+        slow = lambda: __import__("time").sleep(0.002)  # noqa: E731
+        return {"cpp": slow if B >= 64 else (lambda: None), "torch": (lambda: None) if B >= 64 else slow}
+
+    def run():
+        calls.append(1)
+        return topk_ip_choice.calibrate(fake, "avx2", reps=1)
+
+    with caplog.at_level("INFO", logger="ragfast.ops.topk_ip_choice"):
+        t = topk_ip_choice.machine_table(calibrate_with=run)
+    assert len(calls) == 1 and "calibrated" in t["source"]
+    assert [r for r in caplog.records if "calibrated" in r.getMessage()]  # the one log line
+    assert t["cells"]["avx2"]["int8"] == {"1": "cpp", "4": "cpp", "16": "cpp", "64": "torch", "256": "torch"}
+    assert topk_ip_choice.choose("avx2", "fp32", 300, t).path == "torch"
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})  # a new process: the cache, no new calibration
+    again = topk_ip_choice.machine_table(calibrate_with=run)
+    assert len(calls) == 1 and again["cells"] == t["cells"] and str(tmp_path) in again["source"]
+    # another machine's shipped table is not applied here
+    for shipped in topk_ip_choice.shipped_tables():
+        assert (shipped["cpu"], shipped["features"]) != (key["cpu"], key["features"])
 
 
 @needs_cpp
@@ -719,7 +765,9 @@ def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeyp
     # whatever the table says, the default call gives the reference's results
     table = {"cells": {isa: {sto: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
                              for sto in ("fp32", "fp16", "bf16", "int8")}}}
-    monkeypatch.setattr(topk_ip_choice, "load_table", lambda path=None: table)
+    import sys
+
+    monkeypatch.setattr(sys.modules["ragfast.ops.topk_ip"], "machine_table", lambda calibrate_with=None: table)
     monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
     assert default_path(5, "int8").path == forced
     for dtype in ("fp32", "bf16", "int8"):
