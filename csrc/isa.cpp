@@ -27,6 +27,7 @@ const char* const kAmxOs = "amx-os-permission";
 
 #if defined(RAGFAST_X86_LEVELS) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define RAGFAST_CPU_X86 1
+#include <cpuid.h>
 #endif
 
 // Features each level's translation unit is compiled for (see CMakeLists.txt).
@@ -79,13 +80,18 @@ bool has(const std::string& f) {
   if (f == "avx512cd") return __builtin_cpu_supports("avx512cd");
   if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
   if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
-  if (f == "amx-tile") return __builtin_cpu_supports("amx-tile");
-  if (f == "amx-bf16") return __builtin_cpu_supports("amx-bf16");
-  if (f == "amx-int8") return __builtin_cpu_supports("amx-int8");
-  // asked only once the CPU has the tiles (the request is pointless, and logged by some kernels, elsewhere)
-  if (f == kAmxOs)
-    return __builtin_cpu_supports("amx-tile") && __builtin_cpu_supports("amx-bf16") &&
-           __builtin_cpu_supports("amx-int8") && amx_permission().empty();
+  // AMX from cpuid leaf 7 (EDX bits 22, 24, 25): __builtin_cpu_supports names for AMX are
+  // newer than the compilers this file must build with (GCC 12, Clang 16)
+  if (f == "amx-tile" || f == "amx-bf16" || f == "amx-int8" || f == kAmxOs) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool bf16 = d & (1u << 22), tile = d & (1u << 24), int8 = d & (1u << 25);
+    if (f == "amx-tile") return tile;
+    if (f == "amx-bf16") return bf16;
+    if (f == "amx-int8") return int8;
+    // asked only once the CPU has the tiles (elsewhere the request is pointless)
+    return tile && bf16 && int8 && amx_permission().empty();
+  }
 #else
   (void)f;
 #endif
