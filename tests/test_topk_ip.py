@@ -321,6 +321,33 @@ def test_amx_fp32_exact_through_near_ties(force_path):
 
 
 @needs_cpp
+def test_amx_tiles_read_strided_rows_and_nothing_past_them(force_path):
+    # The AMX kernels load corpus rows in place with the row stride; a row's last 64-byte chunk
+    # comes from a zero-padded copy. NaN right after every row (in the stride's gap) must not
+    # reach a score (0 x NaN = NaN in a tile product), for raw bf16 rows and for fp32 rows.
+    why = level_skip_reason("amx")
+    if why:
+        pytest.skip(why)
+    before = _C.isa_info()["chosen"]
+    _C.set_isa("amx")
+    try:
+        force_path("amx")
+        for dtype in (torch.bfloat16, torch.float32):
+            for N, d, stride in [(601, 33, 3), (77, 768, 5), (100, 64, 1), (50, 1, 2)]:
+                big = rand(N * stride, d + 20).to(dtype)
+                big[:, 7 + d:] = float("nan")
+                c = big[::stride, 7:7 + d]
+                for B in (17, 40):
+                    q = rand(B, d)
+                    s, i = call("cpp", q, c, 10)
+                    assert_served("amx", "amx", "bf16" if dtype == torch.bfloat16 else "fp32")
+                    dense = c.float().contiguous()
+                    assert_topk(q, dense, 10, s, i, atol=1e-4 * math.sqrt(d), ref=topk_ip_ref(q, dense, 10))
+    finally:
+        _C.set_isa(before)
+
+
+@needs_cpp
 def test_amx_refused_by_the_os_falls_back(tmp_path):
     # A refused arch_prctl (simulated: RAGFAST_AMX_DENY) leaves the best level without AMX,
     # says why, and refuses RAGFAST_ISA=amx with one clear line.
