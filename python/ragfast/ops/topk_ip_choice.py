@@ -94,6 +94,7 @@ def load_table(path: str | None = None) -> dict[str, Any]:
     return table
 
 
+@functools.lru_cache(maxsize=1)
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
     try:
@@ -109,14 +110,18 @@ def machine_key(features: list[str] | None = None) -> dict[str, Any]:
     """What a table is keyed by: ``{"cpu": model name, "features": sorted CPU features}``; the
     features default to ``ragfast._C.isa_info()["cpu"]`` (the ones the ISA levels need, the OS's
     AMX permission included), empty without the compiled module."""
-    if features is None:
-        try:
-            from ragfast import _C
+    return {"cpu": cpu_model(), "features": sorted(_cpu_features() if features is None else features)}
 
-            features = list(_C.isa_info()["cpu"])
-        except ImportError:
-            features = []
-    return {"cpu": cpu_model(), "features": sorted(features)}
+
+@functools.lru_cache(maxsize=1)
+def _cpu_features() -> tuple[str, ...]:
+    # fixed for the process (the AMX permission included): looked up once, not per topk_ip call
+    try:
+        from ragfast import _C
+
+        return tuple(_C.isa_info()["cpu"])
+    except ImportError:
+        return ()
 
 
 def shipped_tables(path: str | None = None) -> list[dict[str, Any]]:
@@ -186,8 +191,10 @@ def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) ->
     calibrated now and cached, else an empty table. ``source`` says which."""
     key = machine_key()
     tag = json.dumps(key, sort_keys=True)
-    if tag in _MACHINE and (_MACHINE[tag]["cells"] or calibrate_with is None):
-        return _MACHINE[tag]
+    allowed = calibrate_with is not None and os.environ.get("RAGFAST_CALIBRATE", "1") != "0"
+    cached = _MACHINE.get(tag)
+    if cached is not None and (cached["cells"] or not allowed or cached.get("calibration_tried")):
+        return cached
     table = _match(shipped_tables(), key)
     if table is not None:
         table = dict(table, source=f"shipped ({TABLE_PATH.name}: {table.get('machine')})")
@@ -199,9 +206,14 @@ def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) ->
             table = dict(t, source=f"calibrated on this machine ({cache})")
         except (OSError, ValueError) as exc:
             log.warning("ignoring the unreadable topk_ip calibration %s: %s", cache, exc)
-    if table is None and calibrate_with is not None and os.environ.get("RAGFAST_CALIBRATE", "1") != "0":
+    if table is None and allowed:
         t0 = time.perf_counter()
-        cells = calibrate_with()
+        try:
+            cells = calibrate_with()
+        except Exception as exc:  # never fail a search over its speed table: use the defaults
+            log.warning("topk_ip: calibration failed (%s); compiled kernels by default", exc)
+            _MACHINE[tag] = dict(key, cells={}, calibration_tried=True, source=f"none: calibration failed ({exc})")
+            return _MACHINE[tag]
         table = dict(key, machine=f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}",
                      command="ragfast.ops.topk_ip_choice.calibrate (first use on this machine)",
                      measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cells=cells)
