@@ -6,13 +6,18 @@ process on the same data:
 
 * ``faiss-flat`` (anchor): ``faiss.IndexFlatIP`` with ``omp_set_num_threads(cores)``;
 * ``torch-mm`` (anchor): ``torch.topk(q @ corpus.T, k)``;
+* ``torch-bf16`` (anchor for compressed storage): ``torch.topk(q.bfloat16() @ corpus_bf16.T, k)``,
+  which oneDNN runs on AMX tiles where the CPU has them;
 * ``ragfast-fp32`` (exact), ``ragfast-fp16``, ``ragfast-bf16``, ``ragfast-int8`` (with its
   re-scoring), from :func:`ragfast.ops.topk_ip` with ``backend="cpp"``.
 
 Providers are timed round-robin (one call each in turn, repeated), so load spikes on a shared
-machine hit all of them alike. Reported per (size, batch, provider): median latency, the speed ratio against the faster
-anchor (>1 = faster), recall@10 against exact search, and at batch 1 the ratio of the latency
-to the memory-bandwidth floor (bytes scanned / read bandwidth, both measured in this run).
+machine hit all of them alike. Reported per (size, batch, provider): median latency, the speed
+ratio against the faster anchor (>1 = faster) and against torch-bf16, recall@10 against exact
+search, and the ratio of the latency to the read floor of the bytes the provider scans (bytes /
+read bandwidth, one pass over a buffer larger than the last-level cache, measured in this run).
+Sizes larger than L3 (e.g. ``--sizes 1000000x768``) measure the memory-bound regime;
+``--no-faiss-above`` keeps faiss's own fp32 copy out of such sizes.
 
 ISA levels: the run measures ragfast at the level chosen for this CPU, and on an AVX-512 machine
 also at the AVX2 level forced (``--levels``), with the anchors restricted the same way: the
@@ -36,7 +41,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -50,7 +54,7 @@ from bench.harness import Row, row, write_csv  # noqa: E402
 
 from ragfast.ops import quantize, topk_ip  # noqa: E402
 from ragfast.ops.topk_ip import default_path, topk_ip_torch  # noqa: E402
-from ragfast.ops.topk_ip_choice import TABLE_PATH  # noqa: E402
+from ragfast.ops.topk_ip_choice import TABLE_PATH, cpu_model, machine_key  # noqa: E402
 
 OP = "topk_ip"
 STORAGES = ("fp32", "fp16", "bf16", "int8")
@@ -94,16 +98,31 @@ def timed_round_robin(fns: dict, reps: int, budget_s: float) -> dict:
     return {name: np.asarray(v) for name, v in out.items()}
 
 
-def read_bandwidth(nbytes: int, reps: int) -> float:
+def read_bandwidth(reps: int) -> float:
     """Bytes/s of a full read: the best of a multi-threaded torch sum and a numpy sum over a
-    buffer larger than the last-level cache (medians of ``reps``)."""
-    n = max(nbytes // 4, 64 << 20)
+    buffer larger than the last-level cache (medians of ``reps``): 1 GiB, over 3x the 300 MB L3 of
+    an Emerald Rapids Xeon, whatever the corpus size (a larger buffer only costs memory)."""
+    n = 256 << 20
     a = torch.ones(n, dtype=torch.float32)
     best = 0.0
     for fn in (lambda: float(a.sum()), lambda: float(a.numpy().sum())):
         t = np.median(timed(fn, reps, 5.0))
         best = max(best, a.numel() * 4 / t)
     return best
+
+
+def exact_topk(q: torch.Tensor, corpus: torch.Tensor, k: int, chunk: int = 1 << 16) -> np.ndarray:
+    """Ids of the exact (float64) top k, over row chunks: a float64 copy of a 1M x 768 corpus
+    would take 6 GB."""
+    qd = q.double()
+    best_s = torch.full((q.shape[0], 0), -np.inf, dtype=torch.float64)
+    best_i = torch.zeros((q.shape[0], 0), dtype=torch.int64)
+    for r0 in range(0, corpus.shape[0], chunk):
+        s = qd @ corpus[r0:r0 + chunk].double().T
+        v, i = torch.topk(s, min(k, s.shape[1]), dim=1)
+        best_s, o = torch.topk(torch.cat([best_s, v], 1), min(k, best_s.shape[1] + v.shape[1]), dim=1)
+        best_i = torch.cat([best_i, i + r0], 1).gather(1, o)
+    return best_i.numpy()
 
 
 def recall(ids: np.ndarray, truth: np.ndarray) -> float:
@@ -117,13 +136,7 @@ def isa_level() -> str:
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpu_model()
 
 
 def cpu_features() -> str:
@@ -133,9 +146,16 @@ def cpu_features() -> str:
 
 
 def write_choice(cells: dict, argv: list[str], path: Path) -> None:
-    """Merge measured cells {isa: {storage: {B: path}}} into the chooser table."""
-    table = json.loads(path.read_text()) if path.exists() else {}
-    merged, runs = table.get("cells", {}), table.get("runs", {})
+    """Merge measured cells {isa: {storage: {B: path}}} into this machine's table in the chooser
+    file (one table per machine: CPU model and features), leaving other machines' tables alone."""
+    raw = json.loads(path.read_text()) if path.exists() else {}
+    machines = raw.get("machines", [raw] if "cells" in raw else [])
+    key = machine_key()
+    mine = next((t for t in machines if t.get("cpu") == key["cpu"] and sorted(t.get("features", [])) == key["features"]),
+                None)
+    if mine is None:
+        mine = dict(key, cells={}, runs={})
+        machines.append(mine)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     run = {  # provenance per level: each level's cells may come from a different run
         "machine": f"{cpu_name()}, {os.cpu_count()} logical CPUs, features: {cpu_features()}",
@@ -144,18 +164,17 @@ def write_choice(cells: dict, argv: list[str], path: Path) -> None:
         "command": "python bench/bench_topk_ip.py " + " ".join(argv),
     }
     for lvl, per in cells.items():
-        merged[lvl] = per
-        runs[lvl] = run
+        mine["cells"][lvl] = per
+        mine.setdefault("runs", {})[lvl] = run
+    mine.update(machine=run["machine"], command=run["command"])
     table = {
-        "about": "topk_ip default path per ISA level / storage / batch class: 'cpp' (compiled kernels) or "
-                 "'torch' (mm + topk), whichever was faster; written by bench/bench_topk_ip.py --calibrate",
-        "machine": run["machine"],
-        "command": run["command"],
-        "runs": runs,
-        "cells": merged,
+        "about": "topk_ip default path per machine (CPU model and features) / ISA level / storage / batch class: "
+                 "'cpp' (compiled kernels) or 'torch' (mm + topk), whichever was faster; written by "
+                 "bench/bench_topk_ip.py --calibrate",
+        "machines": machines,
     }
     path.write_text(json.dumps(table, indent=1, sort_keys=False) + "\n")
-    print(f"chooser table -> {path}")
+    print(f"chooser table ({key['cpu']}) -> {path}")
 
 
 def run_forced_level(level: str, argv: list[str]) -> int:
@@ -175,7 +194,10 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--budget", type=float, default=6.0, help="max seconds of timed calls per provider and point")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--providers", default="faiss-flat,torch-mm,ragfast-fp32,ragfast-fp16,ragfast-bf16,ragfast-int8")
+    ap.add_argument("--providers",
+                    default="faiss-flat,torch-mm,torch-bf16,ragfast-fp32,ragfast-fp16,ragfast-bf16,ragfast-int8")
+    ap.add_argument("--no-faiss-above", type=float, default=2e9,
+                    help="skip faiss-flat on corpora whose fp32 bytes exceed this (faiss keeps its own copy)")
     ap.add_argument("--quick", action="store_true", help="50000x384, batches 1,16,256, 3 reps")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "bench_topk_ip.csv"))
     ap.add_argument("--levels", default=None,
@@ -189,7 +211,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.child:
         auto = isa_level()
-        levels = [x for x in (args.levels or ("auto,avx2" if auto.startswith("avx512") else "auto")).split(",") if x]
+        default = "auto,avx512bf16" if auto == "amx" else "auto,avx2" if auto.startswith("avx512") else "auto"
+        levels = [x for x in (args.levels or default).split(",") if x]
         base_argv = []
         skip = False
         for a in argv:  # drop --levels X from what the children get
@@ -238,7 +261,7 @@ def run_level(args, argv) -> int:
         print("faiss not installed: faiss-flat skipped")
 
     rows: list[Row] = []
-    bw = read_bandwidth(max(n * d * 4 for n, d in sizes), args.reps)
+    bw = read_bandwidth(args.reps)
     print(f"read bandwidth (measured): {bw / 1e9:.1f} GB/s; threads={args.threads}")
     rows.append(row(OP, "memory", "read", "bandwidth", "GB/s", [bw / 1e9]))
     gen = torch.Generator().manual_seed(0)
@@ -249,32 +272,37 @@ def run_level(args, argv) -> int:
             if name in providers:
                 stores[name] = quantize(corpus, dt)
         index = None
-        if "faiss-flat" in providers:
+        corpus_bf16 = None
+        if "torch-bf16" in providers:  # the bf16 storage's own tensor when there is one: 1.5 GB less at 1M x 768
+            corpus_bf16 = stores["ragfast-bf16"].data if "ragfast-bf16" in stores else corpus.bfloat16()
+        size_providers = [p for p in providers if not (p == "faiss-flat" and N * d * 4 > args.no_faiss_above)]
+        if "faiss-flat" in size_providers:
             index = faiss.IndexFlatIP(d)
             index.add(corpus.numpy())
-        scan = {"ragfast-fp32": N * d * 4, "faiss-flat": N * d * 4, "torch-mm": N * d * 4}
+        scan = {"ragfast-fp32": N * d * 4, "faiss-flat": N * d * 4, "torch-mm": N * d * 4, "torch-bf16": N * d * 2}
         for name, st in stores.items():
             b = st.scan_bytes if name != "ragfast-fp32" else N * d * 4
             scan[name] = scan["kernel-" + name[8:]] = scan["torchpath-" + name[8:]] = b
         print(f"\n== N={N} d={d} k={args.k}  (fp32 corpus {N * d * 4 / 1e6:.0f} MB) ==")
-        print(f"{'batch':>5} {'provider [path]':<22} {'p50 ms':>9} {'vs best anchor':>15} {'recall@10':>10} "
-              f"{'GB/s':>7} {'x bw floor':>10}")
+        print(f"{'batch':>5} {'provider [path]':<22} {'p50 ms':>9} {'vs best anchor':>15} {'vs bf16':>10} "
+              f"{'recall@10':>10} {'GB/s':>7} {'x bw floor':>10}")
         for B in batches:
             q = torch.nn.functional.normalize(torch.randn(B, d, generator=gen), dim=1).contiguous()
             calls = {
                 "faiss-flat": lambda: index.search(q.numpy(), args.k),
                 "torch-mm": lambda: torch.topk(q @ corpus.T, args.k, dim=1),
+                "torch-bf16": lambda: torch.topk((q.bfloat16() @ corpus_bf16.T).float(), args.k, dim=1),
             }
             for name, st in stores.items():
                 calls[name] = (lambda st=st: topk_ip(q, st, args.k))  # the default path
                 calls["kernel-" + name[8:]] = (lambda st=st: topk_ip(q, st, args.k, backend="cpp"))
                 calls["torchpath-" + name[8:]] = (lambda st=st: topk_ip_torch(q, st, args.k))
-            truth = torch.topk(q.double() @ corpus.double().T, args.k, dim=1).indices.numpy()
+            truth = exact_topk(q, corpus, args.k)
             params = f"N={N},d={d},k={args.k},B={B},isa={level},aten={aten}"
             paths = {f"ragfast-{st}": default_path(B, st).path for st in STORAGES}
             med, rec = {}, {}
-            all_samples = timed_round_robin({name: calls[name] for name in providers}, args.reps, args.budget)
-            for name in providers:
+            all_samples = timed_round_robin({name: calls[name] for name in size_providers}, args.reps, args.budget)
+            for name in size_providers:
                 samples = all_samples[name]
                 med[name] = float(np.median(samples))
                 pp = params + (f",path={paths[name]}" if name in paths else "")
@@ -289,19 +317,21 @@ def run_level(args, argv) -> int:
                 if f"kernel-{st}" in med:
                     faster = "cpp" if med[f"kernel-{st}"] <= med[f"torchpath-{st}"] else "torch"
                     cells.setdefault(level, {}).setdefault(st, {})[str(B)] = faster
-            for name in providers:
+            for name in size_providers:
                 pp = params + (f",path={paths[name]}" if name in paths else "")
                 ratio = base / med[name] if base else float("nan")
+                vs_bf16 = med["torch-bf16"] / med[name] if "torch-bf16" in med else float("nan")
                 gbs = scan[name] / med[name] / 1e9
                 floor = med[name] / (scan[name] / bw)
                 if base:
                     rows.append(row(OP, name, pp, "speedup_vs_best_anchor", "x", [ratio]))
+                if "torch-bf16" in med:
+                    rows.append(row(OP, name, pp, "speedup_vs_torch_bf16", "x", [vs_bf16]))
                 rows.append(row(OP, name, pp, "scan_bandwidth", "GB/s", [gbs]))
-                if B == 1:
-                    rows.append(row(OP, name, pp, "latency_over_bw_floor", "x", [floor]))
+                rows.append(row(OP, name, pp, "latency_over_bw_floor", "x", [floor]))
                 tag = f" [{paths[name]}]" if name in paths else ""
-                print(f"{B:>5} {name + tag:<22} {med[name] * 1e3:>9.2f} {ratio:>14.2f}x {rec[name]:>10.4f} "
-                      f"{gbs:>7.1f} {floor if B == 1 else float('nan'):>10.2f}", flush=True)
+                print(f"{B:>5} {name + tag:<22} {med[name] * 1e3:>9.2f} {ratio:>14.2f}x {vs_bf16:>9.2f}x "
+                      f"{rec[name]:>10.4f} {gbs:>7.1f} {floor:>10.2f}", flush=True)
     path = write_csv(rows, args.out)
     print(f"\n{len(rows)} rows -> {path}")
     if args.calibrate and cells:

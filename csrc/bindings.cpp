@@ -77,7 +77,7 @@ PYBIND11_MODULE(_C, m) {
         "The ISA level ops run at (cheap). Raises RuntimeError when RAGFAST_ISA is refused.");
   m.def("set_isa", [](const std::string& level) { return std::string(ragfast::isa::name(ragfast::isa::set_current(level))); },
         py::arg("level"),
-        "Switch the ISA level at runtime ('generic', 'avx2', 'avx512', 'avx512vnni', 'avx512bf16' or 'auto'); returns the\n"
+        "Switch the ISA level at runtime ('generic', 'avx2', 'avx512', 'avx512vnni', 'avx512bf16', 'amx' or 'auto'); returns the\n"
         "level now in use. Raises ValueError for a level not compiled in or that this CPU cannot run.");
   for (auto& kv : ragfast::binders()) kv.second(m);
 }

@@ -1,20 +1,33 @@
 // Runtime ISA level: CPU feature detection (cpuid through __builtin_cpu_supports, which also
-// checks that the OS saves the AVX / AVX-512 register state) and RAGFAST_ISA.
+// checks that the OS saves the AVX / AVX-512 register state), the OS's permission to use the
+// AMX tile data (Linux arch_prctl), and RAGFAST_ISA.
 #include "isa.h"
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <stdexcept>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 namespace ragfast {
 namespace isa {
 namespace {
 
-const char* const kNames[kNumLevels] = {"generic", "avx2", "avx512", "avx512vnni", "avx512bf16"};
+#define RAGFAST_ISA_NAME_(e, n) n,
+const char* const kNames[kNumLevels] = {RAGFAST_ISA_LEVELS(RAGFAST_ISA_NAME_)};
+#undef RAGFAST_ISA_NAME_
+
+// The feature that stands for the OS's permission to use the AMX tile data (see amx_permission).
+const char* const kAmxOs = "amx-os-permission";
 
 #if defined(RAGFAST_X86_LEVELS) && (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define RAGFAST_CPU_X86 1
+#include <cpuid.h>
 #endif
 
 // Features each level's translation unit is compiled for (see CMakeLists.txt).
@@ -27,8 +40,30 @@ std::vector<std::string> needs(int level) {
     case kAvx512Bf16:
       return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512bf16",
               "avx512vnni"};
+    case kAmx:
+      return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512bf16",
+              "avx512vnni", "amx-tile", "amx-bf16", "amx-int8", kAmxOs};
     default: return {};
   }
+}
+
+// Linux hands a process the 8 KB AMX tile state only on request (arch_prctl
+// ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA, kernel 5.16+); a tile instruction without it
+// faults. Asked once per process (the permission then covers every thread); "" when granted,
+// else why not. RAGFAST_AMX_DENY=1 makes it a refusal, to see (and test) the fallback.
+const std::string& amx_permission() {
+  static const std::string why = []() -> std::string {
+    const char* deny = std::getenv("RAGFAST_AMX_DENY");
+    if (deny && *deny && std::string(deny) != "0") return "refused by RAGFAST_AMX_DENY";
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    constexpr int kReqXcompPerm = 0x1023, kXtiledata = 18;
+    if (syscall(SYS_arch_prctl, kReqXcompPerm, kXtiledata) == 0) return "";
+    return std::string("arch_prctl(ARCH_REQ_XCOMP_PERM, XTILEDATA) refused: ") + std::strerror(errno);
+#else
+    return "no way to ask this OS for the AMX tile state";
+#endif
+  }();
+  return why;
 }
 
 bool has(const std::string& f) {
@@ -45,6 +80,18 @@ bool has(const std::string& f) {
   if (f == "avx512cd") return __builtin_cpu_supports("avx512cd");
   if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
   if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+  // AMX from cpuid leaf 7 (EDX bits 22, 24, 25): __builtin_cpu_supports names for AMX are
+  // newer than the compilers this file must build with (GCC 12, Clang 16)
+  if (f == "amx-tile" || f == "amx-bf16" || f == "amx-int8" || f == kAmxOs) {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    const bool bf16 = d & (1u << 22), tile = d & (1u << 24), int8 = d & (1u << 25);
+    if (f == "amx-tile") return tile;
+    if (f == "amx-bf16") return bf16;
+    if (f == "amx-int8") return int8;
+    // asked only once the CPU has the tiles (elsewhere the request is pointless)
+    return tile && bf16 && int8 && amx_permission().empty();
+  }
 #else
   (void)f;
 #endif
@@ -79,7 +126,9 @@ int resolve(const std::string& want, std::string& err) {
   for (int l = 0; l < kNumLevels; ++l)
     if (want == kNames[l]) level = l;
   if (level < 0) {
-    err = "unknown ISA level '" + want + "' (expected auto, generic, avx2, avx512, avx512vnni or avx512bf16)";
+    std::string all;
+    for (int l = 0; l < kNumLevels; ++l) all += std::string(", ") + kNames[l];
+    err = "unknown ISA level '" + want + "' (expected auto" + all + ")";
     return -1;
   }
   if (!compiled(level)) {
@@ -136,6 +185,9 @@ bool compiled(int level) {
 #ifdef RAGFAST_HAVE_AVX512BF16
     case kAvx512Bf16: return true;
 #endif
+#ifdef RAGFAST_HAVE_AMX
+    case kAmx: return true;
+#endif
 #endif
     default: return false;
   }
@@ -144,13 +196,16 @@ bool compiled(int level) {
 std::vector<std::string> missing(int level) {
   std::vector<std::string> m;
   for (const auto& f : needs(level))
-    if (!has(f)) m.push_back(f);
+    if (has(f)) continue;
+    else if (f != kAmxOs) m.push_back(f);
+    else if (has("amx-tile") && has("amx-bf16") && has("amx-int8"))  // tiles present, the OS said no
+      m.push_back("OS permission for AMX (" + amx_permission() + ")");
   return m;
 }
 
 std::vector<std::string> cpu_features() {
   std::vector<std::string> v;
-  for (const auto& f : needs(kAvx512Bf16))
+  for (const auto& f : needs(kAmx))
     if (has(f)) v.push_back(f);
   return v;
 }

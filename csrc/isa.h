@@ -11,11 +11,23 @@
 namespace ragfast {
 namespace isa {
 
-// Ordered: a higher level runs everything a lower one does. avx512vnni is AVX-512 with VNNI and
-// without BF16 (Cascade Lake, Ice Lake); avx512bf16 has both (Sapphire Rapids, Zen 4).
-enum Level : int { kGeneric = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Vnni = 3, kAvx512Bf16 = 4, kNumLevels = 5 };
+// The levels, spelled once: X(enumerator, name). Ordered: a higher level runs everything a lower
+// one does. avx512vnni is AVX-512 with VNNI and without BF16 (Cascade Lake, Ice Lake);
+// avx512bf16 has both (Sapphire Rapids, Zen 4); amx adds AMX-TILE, AMX-BF16 and AMX-INT8 with
+// the OS's permission to use the tile data (Sapphire, Emerald and Granite Rapids).
+#define RAGFAST_ISA_LEVELS(X) \
+  X(kGeneric, "generic")      \
+  X(kAvx2, "avx2")            \
+  X(kAvx512, "avx512")        \
+  X(kAvx512Vnni, "avx512vnni") \
+  X(kAvx512Bf16, "avx512bf16") \
+  X(kAmx, "amx")
 
-// "generic", "avx2", "avx512", "avx512vnni", "avx512bf16".
+#define RAGFAST_ISA_ENUM_(e, n) e,
+enum Level : int { RAGFAST_ISA_LEVELS(RAGFAST_ISA_ENUM_) kNumLevels };
+#undef RAGFAST_ISA_ENUM_
+
+// "generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx".
 const char* name(int level);
 // Whether this build carries the level's kernels.
 bool compiled(int level);
@@ -32,7 +44,7 @@ std::string reason();
 // Switch level at runtime (tests, benchmarks). `want` is a level name or "auto". Throws
 // std::invalid_argument when it cannot run here. Names are exact: "avx512" is AVX-512
 // F/BW/VL/DQ/CD without BF16/VNNI (bf16 and int8 widened to fp32); "avx512vnni" adds VNNI;
-// "avx512bf16" adds BF16 and VNNI.
+// "avx512bf16" adds BF16 and VNNI; "amx" adds the AMX tiles.
 int set_current(const std::string& want);
 
 }  // namespace isa

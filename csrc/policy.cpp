@@ -151,7 +151,8 @@ TileFn pick_tile_kernel() {
     case isa::kAvx2: return &policy_common::tile_kernel_avx2;
     case isa::kAvx512:
     case isa::kAvx512Vnni:
-    case isa::kAvx512Bf16: return &policy_common::tile_kernel_avx512;
+    case isa::kAvx512Bf16:
+    case isa::kAmx: return &policy_common::tile_kernel_avx512;  // no tile kernel for doubles
 #endif
     default: return &tile_kernel;
   }

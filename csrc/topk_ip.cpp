@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -69,6 +70,9 @@ const Kernels* level_kernels(int level) {
 #endif
 #ifdef RAGFAST_HAVE_AVX512BF16
     case ragfast::isa::kAvx512Bf16: return &kernels_avx512bf16;
+#ifdef RAGFAST_HAVE_AMX
+    case ragfast::isa::kAmx: return &kernels_amx;
+#endif
 #endif
 #endif
     default: return nullptr;
@@ -160,7 +164,24 @@ void quantize_queries_i8(Problem& p, Prepared& w, std::vector<float>& deq, bool 
   }
 }
 
-void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
+// The AMX B operand (scan_amx): [depth pair or quad][Bp] 32-bit words, bf16 pairs (fp32 and
+// bf16 storage; round to nearest even) or four signed int8 codes (int8 storage), the depth
+// padded to whole tiles (16 words per 64-byte chunk of a corpus row) and the queries to 16.
+void prepare_amx(Problem& p, Prepared& w) {
+  const int64_t B = p.B, d = p.d;
+  const int per = p.kind == kI8 ? 4 : 2;
+  const int64_t nchunks = (d * (p.kind == kI8 ? 1 : 2) + 63) / 64;
+  p.Bp = (B + 15) / 16 * 16;
+  w.qt.assign(size_t(nchunks * 16 * p.Bp), 0u);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < d; ++j) {
+      const uint32_t v = per == 2 ? uint32_t(float_to_bf16(p.q[b * d + j])) << (16 * (j % 2))
+                                  : uint32_t(uint8_t(int8_t(int(w.qb[b * p.qs8 + j]) - 128))) << (8 * (j % 4));
+      w.qt[(j / per) * p.Bp + b] |= v;
+    }
+}
+
+void prepare_queries(Problem& p, Prepared& w, int qmajor_per, int path) {
   const int64_t B = p.B, d = p.d;
   p.qs = (d + 15) / 16 * 16;
   w.qf.assign(size_t(B * p.qs), 0.f);
@@ -175,7 +196,9 @@ void prepare_queries(Problem& p, Prepared& w, int qmajor_per) {
   } else if (p.kind == kI8) {
     quantize_queries_i8(p, w, w.qdeq, true);
   }
-  if (p.qmajor) {
+  if (path == kAmx) {
+    prepare_amx(p, w);
+  } else if (p.qmajor) {
     p.Bp = (B + 15) / 16 * 16;
     const int per = qmajor_per;
     const int64_t D = (d + per - 1) / per;
@@ -225,15 +248,73 @@ struct Args {
   Paths paths{};
 };
 
-void run(Args& a) {
+// What served one call (_C.topk_ip_last): tests assert the kernel their name promises.
+struct Served {
+  int level = -1, path = -1, kind = -1;
+  uint32_t ran = 0;         // 1 << KernelBit per kernel that scanned rows
+  int64_t B = 0;
+  int64_t rescanned = 0;    // fp32 through AMX: queries whose bf16 band check failed (exact rescan)
+};
+
+// The bf16 first pass of fp32 storage on AMX keeps every row that could be in the exact top k.
+// Per query q and row x, with u = 2^-8 (bf16's unit roundoff, round to nearest even) and
+// u32 = 2^-24 (fp32's):
+//  * rounding: bf16(q_i) = q_i (1 + a_i), bf16(x_i) = x_i (1 + b_i), |a_i|, |b_i| <= u, so each
+//    product (exact in fp32: 8 x 8 significand bits) is off by at most (2u + u^2) |q_i x_i|;
+//  * accumulation: tdpbf16ps adds the products into an fp32 sum, at most d roundings, each of
+//    relative size <= u32: at most gamma_d * sum |bf16(q_i) bf16(x_i)|, gamma_d = d u32 / (1 -
+//    d u32), and that sum is <= (1 + u)^2 sum |q_i x_i|;
+//  * sum |q_i x_i| <= ||q|| ||x|| (Cauchy-Schwarz);
+//  * AMX treats bf16 denormals as 0 and flushes fp32 denormals: each of the d steps loses at
+//    most 2^-126 (|other operand| + 1), a term tau = d 2^-126 ((1 + u)(||q|| + M) + 2).
+// So |approx - exact| <= e = (2u + u^2 + gamma_d (1 + u)^2) ||q|| M + tau, M = max ||x|| (the
+// largest row norm of the scan, computed in fp32 from the same rows and inflated by (1 +
+// gamma_d) for its own rounding). If A_k is the k-th best approximate score, every row of the
+// exact top k has approx >= exact_k - e >= A_k - 2e (k rows have approx >= A_k, so exact >= A_k
+// - e). A list that dropped rows (full) dropped only rows scoring <= its worst kept W, so when
+// W < A_k - 2e the candidates hold the exact top k, and the exact fp32 re-score selects it;
+// otherwise (near ties wider than the list, inf or NaN norms) the query is rescanned exactly.
+// The argument needs every finite-scoring row's approximate score finite (an inf or NaN one is
+// never kept); that holds while ||q|| M stays far from fp32's range, so beyond 1e30 the margin
+// is +inf and the query is rescanned.
+double amx_f32_margin(const float* q, int64_t d, double max_sumsq) {
+  const double u = std::ldexp(1.0, -8), u32 = std::ldexp(1.0, -24);
+  const double gamma = double(d) * u32 / (1.0 - double(d) * u32);
+  double qq = 0;
+  for (int64_t j = 0; j < d; ++j) qq += double(q[j]) * double(q[j]);
+  const double qn = std::sqrt(qq), M = std::sqrt(max_sumsq) * (1.0 + gamma);
+  if (!(qn * M < 1e30)) return std::numeric_limits<double>::infinity();  // also NaN
+  const double e = (2 * u + u * u + gamma * (1 + u) * (1 + u)) * qn * M +
+                   double(d) * std::ldexp(1.0, -126) * ((1 + u) * (qn + M) + 2);
+  return 2 * e;
+}
+
+Served run(Args& a) {
   Problem& p = a.p;
   const int64_t B = p.B, N = p.N;
   const Kernels& K = *level_kernels(a.level);
   const int path = K.choose_path(p.kind, B, a.paths);
   p.qmajor = path == kQmajor;
   Prepared prep;
-  prepare_queries(p, prep, K.qmajor_per(p.kind));
+  prepare_queries(p, prep, K.qmajor_per(p.kind), path);
+  // fp32 on AMX: an approximate bf16 pass (re-scored exactly against the fp32 rows, checked by
+  // amx_f32_margin). The list holds the band of near ties of typical data: random unit vectors,
+  // 200k x 768, k = 10, have ~60 rows within 2e of the 10th (2e ~ 0.016, scores' sd 0.036).
+  const bool f32_amx = path == kAmx && p.kind == kF32;
+  if (f32_amx) {
+    a.approximate = true;
+    a.fetch = std::min(N, std::max<int64_t>(4 * a.k, a.k + 128));
+    a.rbase = p.base;
+    a.rkind = kF32;
+    a.resize = 4;
+    a.rrs = p.rs;
+  }
   if (a.approximate) a.fetch = std::min(N, a.fetch * K.fetch_mult(p.kind, path));
+  Served served;
+  served.level = a.level;
+  served.path = path;
+  served.kind = p.kind;
+  served.B = B;
 
   // Exclusion lists: sorted and unique per query, ids outside [0, N) dropped.
   std::vector<int64_t> exbuf;
@@ -264,6 +345,9 @@ void run(Args& a) {
   T = int(std::max<int64_t>(1, std::min<int64_t>(T, nblk)));
 
   const int64_t cap = a.fetch;
+  std::vector<uint32_t> ran(size_t(T), 0u);
+  std::vector<float> sumsq(size_t(T), 0.f);
+  std::vector<char> redo(size_t(B), 0);
   std::vector<Hit> store(size_t(T) * B * cap);
   std::vector<TopK> tks(size_t(T) * B);
   for (int t = 0; t < T; ++t)
@@ -290,8 +374,12 @@ void run(Args& a) {
 #ifdef RAGFAST_OPENMP
 #pragma omp for schedule(dynamic, 1)
 #endif
-    for (int64_t i = 0; i < nblk; ++i) K.scan(p, path, i * blk, std::min(N, (i + 1) * blk), tk, scratch.data());
+    for (int64_t i = 0; i < nblk; ++i)
+      K.scan(p, path, i * blk, std::min(N, (i + 1) * blk), tk, scratch.data(), &ran[size_t(t)], &sumsq[size_t(t)]);
   }
+  for (uint32_t r : ran) served.ran |= r;
+  double max_sumsq = 0;
+  for (float s : sumsq) max_sumsq = std::max(max_sumsq, double(s));
 
   // Merge the per-thread lists, re-score approximate candidates, write k results per query.
 #ifdef RAGFAST_OPENMP
@@ -300,9 +388,23 @@ void run(Args& a) {
   for (int64_t b = 0; b < B; ++b) {
     std::vector<Hit> c;
     c.reserve(size_t(T * cap));
+    float worst = kNegInf;  // the best score a full list may have dropped
     for (int t = 0; t < T; ++t) {
       const TopK& tk = tks[size_t(t) * B + b];
       c.insert(c.end(), tk.h, tk.h + tk.n);
+      if (tk.n == tk.cap && tk.n > 0) worst = std::max(worst, tk.h[tk.n - 1].s);
+    }
+    if (f32_amx) {  // see amx_f32_margin
+      const double margin = amx_f32_margin(p.q + b * p.d, p.d, max_sumsq);
+      bool complete = margin < std::numeric_limits<double>::infinity();
+      if (complete && worst != kNegInf) {  // a list dropped rows: were they all outside the band?
+        complete = false;
+        if (int64_t(c.size()) >= a.k) {
+          std::nth_element(c.begin(), c.begin() + (a.k - 1), c.end(), hit_better);
+          complete = double(worst) < double(c[size_t(a.k - 1)].s) - margin;
+        }
+      }
+      if (!complete) redo[size_t(b)] = 1;
     }
     if (a.approximate) {
       const float* q = p.q + b * p.d;
@@ -328,7 +430,42 @@ void run(Args& a) {
       oi[i] = -1;
     }
   }
+  if (!f32_amx) return served;
+
+  // Queries whose candidates may miss a row of the exact top k: an exact fp32 scan at the same
+  // level without AMX (the level's own fp32 kernels), results written over theirs.
+  std::vector<int64_t> rows;
+  for (int64_t b = 0; b < B; ++b)
+    if (redo[size_t(b)]) rows.push_back(b);
+  served.rescanned = int64_t(rows.size());
+  if (rows.empty()) return served;
+  const int64_t R = int64_t(rows.size());
+  std::vector<float> q2(size_t(R * p.d)), s2(size_t(R * a.k));
+  std::vector<int64_t> i2(size_t(R * a.k)), ex2(size_t(R * std::max<int64_t>(a.E, 1)), -1);
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(&q2[size_t(r * p.d)], p.q + rows[size_t(r)] * p.d, size_t(p.d) * 4);
+    for (int64_t e = 0; e < a.E; ++e) ex2[size_t(r * a.E + e)] = a.ex[rows[size_t(r)] * a.E + e];
+  }
+  Args sub = a;
+  sub.p.B = R;
+  sub.p.q = q2.data();
+  sub.approximate = false;
+  sub.fetch = a.k;
+  sub.ex = ex2.data();
+  sub.out_s = s2.data();
+  sub.out_i = i2.data();
+  sub.paths.amx_min[kF32] = int64_t(1) << 62;
+  const Served inner = run(sub);
+  served.ran |= inner.ran;
+  for (int64_t r = 0; r < R; ++r) {
+    std::memcpy(a.out_s + rows[size_t(r)] * a.k, &s2[size_t(r * a.k)], size_t(a.k) * 4);
+    std::memcpy(a.out_i + rows[size_t(r)] * a.k, &i2[size_t(r * a.k)], size_t(a.k) * 8);
+  }
+  return served;
 }
+
+std::mutex g_served_mu;
+Served g_served;
 
 // ---------------------------------------------------------------------------- binding
 
@@ -418,8 +555,39 @@ void topk_ip_binding(py::array queries, py::array corpus, int kind, py::object s
   a.threads = threads;
   a.level = ragfast::isa::current();  // a refused RAGFAST_ISA raises here, with the GIL held
   a.paths = level_paths(a.level);
-  py::gil_scoped_release release;
-  run(a);
+  Served served;
+  {
+    py::gil_scoped_release release;
+    served = run(a);
+  }
+  std::lock_guard<std::mutex> lock(g_served_mu);
+  g_served = served;
+}
+
+const char* const kPathNames[kNumPaths] = {"stream", "qmajor", "packed", "scalar", "amx"};
+const char* const kKernelNames[kNumKernelBits] = {"scalar", "stream", "stream2", "qmajor", "packed",
+                                                  "packed_bf16q", "packed2", "packed2_pairs", "amx"};
+const char* const kKindNames[4] = {"fp32", "fp16", "bf16", "int8"};
+
+// The (level, path, kernels) that served the last topk_ip call of the process.
+py::dict topk_ip_last() {
+  Served s;
+  {
+    std::lock_guard<std::mutex> lock(g_served_mu);
+    s = g_served;
+  }
+  py::dict out;
+  if (s.level < 0) return out;
+  out["isa"] = ragfast::isa::name(s.level);
+  out["path"] = kPathNames[s.path];
+  out["storage"] = kKindNames[s.kind];
+  out["batch"] = s.B;
+  py::list k;
+  for (int i = 0; i < kNumKernelBits; ++i)
+    if (s.ran & (1u << i)) k.append(kKernelNames[i]);
+  out["kernels"] = k;
+  out["rescanned"] = s.rescanned;
+  return out;
 }
 
 }  // namespace
@@ -442,8 +610,11 @@ py::dict topk_ip_paths(py::dict set, const std::string& isa) {
     const std::string key = py::str(item.first);
     auto v = item.second.cast<std::vector<int64_t>>();
     if (v.size() != 4) throw std::invalid_argument("topk_ip_paths: each value is 4 batch sizes (fp32, fp16, bf16, int8)");
-    int64_t* dst = key == "qmajor_min" ? paths.qmajor_min : key == "packed_min" ? paths.packed_min : nullptr;
-    if (!dst) throw std::invalid_argument("topk_ip_paths: keys are 'qmajor_min' and 'packed_min'");
+    int64_t* dst = key == "qmajor_min"   ? paths.qmajor_min
+                   : key == "packed_min" ? paths.packed_min
+                   : key == "amx_min"    ? paths.amx_min
+                                         : nullptr;
+    if (!dst) throw std::invalid_argument("topk_ip_paths: keys are 'qmajor_min', 'packed_min' and 'amx_min'");
     for (int i = 0; i < 4; ++i) dst[i] = std::max<int64_t>(1, v[size_t(i)]);
   }
   const Kernels& K = *level_kernels(level);
@@ -451,17 +622,29 @@ py::dict topk_ip_paths(py::dict set, const std::string& isa) {
   out["isa"] = ragfast::isa::name(level);
   out["qmajor_min"] = std::vector<int64_t>(paths.qmajor_min, paths.qmajor_min + 4);
   out["packed_min"] = std::vector<int64_t>(paths.packed_min, paths.packed_min + 4);
+  out["amx_min"] = std::vector<int64_t>(paths.amx_min, paths.amx_min + 4);
   py::dict chosen;
   for (int kind = 0; kind < 4; ++kind) {
     py::list l;
     for (int64_t B : {1, 4, 16, 64, 256}) l.append(K.choose_path(kind, B, paths));
     chosen[py::int_(kind)] = l;
   }
-  out["path_at_1_4_16_64_256"] = chosen;  // 0 stream, 1 query-major, 2 packed, 3 scalar
+  out["path_at_1_4_16_64_256"] = chosen;  // 0 stream, 1 query-major, 2 packed, 3 scalar, 4 amx
+  py::dict named;
+  for (int kind = 0; kind < 4; ++kind) {
+    py::list l;
+    for (int64_t B : {1, 4, 16, 64, 256}) l.append(kPathNames[K.choose_path(kind, B, paths)]);
+    named[kKindNames[kind]] = l;
+  }
+  out["paths"] = named;  // the same, by name
   return out;
 }
 
 RAGFAST_REGISTER(topk_ip, [](py::module_& m) {
+  m.def("topk_ip_last", &topk_ip_last,
+        "What served the process's last topk_ip call: {isa, path (stream/qmajor/packed/scalar/amx), storage, batch,\n"
+        "kernels (those that scanned rows: scalar, stream, stream2, qmajor, packed, packed_bf16q, packed2,\n"
+        "packed2_pairs, amx), rescanned (fp32 via AMX: queries rescanned exactly)}; {} before any call.");
   m.def("topk_ip_paths", &topk_ip_paths, py::arg("set") = py::dict(), py::arg("isa") = "",
         "Get (and with `set`, change) the batch sizes at which topk_ip switches kernels, per storage kind "
         "(fp32, fp16, bf16, int8), for ISA level `isa` (default: the level in use). For tests and tuning.");

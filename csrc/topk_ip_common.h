@@ -13,8 +13,23 @@ namespace ragfast {
 namespace topk_ip_common {
 
 enum Kind : int { kF32 = 0, kF16 = 1, kBF16 = 2, kI8 = 3 };
-enum Path : int { kStream = 0, kQmajor = 1, kPacked = 2, kScalar = 3 };
+enum Path : int { kStream = 0, kQmajor = 1, kPacked = 2, kScalar = 3, kAmx = 4, kNumPaths = 5 };
 constexpr int kTile = 64;  // rows per packed tile
+
+// The kernels that can serve a scan, one bit each in the flags a scan sets (what ran, not what
+// was asked for: tests assert it through _C.topk_ip_last). The names are in csrc/topk_ip.cpp.
+enum KernelBit : int {
+  kkScalar = 0,      // generic: one row at a time, compiler-vectorised
+  kkStream = 1,      // AVX-512 stream (fp32 FMA, vdpbf16ps, vpdpbusd by storage)
+  kkStream2 = 2,     // 256-bit stream (AVX2 level; int8 at the plain AVX-512 level)
+  kkQmajor = 3,      // AVX-512 query-major
+  kkPacked = 4,      // AVX-512 packed tile (fp32 FMA, bf16 pairs, int8 quads)
+  kkPackedBf16q = 5, // AVX-512 VNNI packed over a bf16 tile quantised to int8 codes
+  kkPacked2 = 6,     // 256-bit packed, tile widened to fp32
+  kkPacked2Pairs = 7,  // 256-bit packed, int16 depth pairs (int8, quantised bf16)
+  kkAmx = 8,         // AMX tiles (tdpbf16ps / tdpbssd)
+  kNumKernelBits = 9
+};
 
 struct Hit {
   float s;
@@ -55,12 +70,14 @@ struct Problem {
   bool qmajor;
   int64_t Bp;            // B rounded up to 16
   const uint32_t* qt;    // query-major [depth][Bp]: fp32 bits, a bf16 pair or four int8 codes
+                         // (AMX: the VNNI B operand, bf16 pairs or four signed int8 codes)
 };
 
 // Batch sizes from which a level switches kernel, per storage kind (fp32, fp16, bf16, int8).
 struct Paths {
   int64_t qmajor_min[4];
   int64_t packed_min[4];
+  int64_t amx_min[4];  // AMX tile kernels (amx level only)
 };
 
 // What one ISA level provides. Constant-initialised (no static constructor runs any code).
@@ -71,7 +88,10 @@ struct Kernels {
   int (*qmajor_per)(int kind);  // depth elements per 32-bit word of the query-major layout
   int (*fetch_mult)(int kind, int path);  // over-fetch multiplier of the path's approximate pass
   int64_t (*scratch_floats)(const Problem& p, int path);
-  void (*scan)(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch);
+  // ran: the calling thread's flags, one bit (1 << KernelBit) per kernel that served the range;
+  // sumsq (AMX fp32 pass only, else unused): the largest squared row norm the thread has met
+  void (*scan)(const Problem& p, int path, int64_t r0, int64_t r1, TopK* tk, float* scratch, uint32_t* ran,
+               float* sumsq);
   float (*dot_exact)(const float* q, const void* row, int kind, int d, float scale);
 };
 
@@ -84,6 +104,9 @@ extern const Kernels kernels_avx512vnni;
 #endif
 #ifdef RAGFAST_HAVE_AVX512BF16
 extern const Kernels kernels_avx512bf16;
+#ifdef RAGFAST_HAVE_AMX
+extern const Kernels kernels_amx;
+#endif
 #endif
 #endif
 

@@ -24,6 +24,9 @@ HAS_TRITON = available()["triton"]
 needs_cpp = pytest.mark.skipif(not HAS_CPP, reason="ragfast._C not built")
 needs_triton = pytest.mark.skipif(not HAS_TRITON, reason="triton not usable here (no GPU, TRITON_INTERPRET unset)")
 
+# every ISA level the C++ kernels know, in order (csrc/isa.h)
+ALL_LEVELS = ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx")
+
 if HAS_CPP:
     from ragfast import _C
 
@@ -31,6 +34,18 @@ if HAS_CPP:
     LEVELS = list(_C.isa_info()["supported"])
 else:
     LEVELS = []
+
+
+def level_skip_reason(level):
+    """Why ``level`` cannot run here (None when it can): the skip is visible, with its reason."""
+    if not HAS_CPP:
+        return "ragfast._C not built"
+    info = _C.isa_info()
+    if level not in info["compiled"]:
+        return f"ISA level {level} is not compiled into this build"
+    if level not in info["supported"]:
+        return f"ISA level {level} cannot run on this CPU: it lacks {', '.join(info['missing'].get(level, []))}"
+    return None
 
 POISON_S = float("nan")
 POISON_I = -7777
@@ -137,44 +152,61 @@ def test_cpp_packed_path_large_batches(B, N, d):
         assert_topk(q, c, k, s, i, atol=1e-4 * math.sqrt(d))
 
 
-@pytest.fixture(params=LEVELS or ["none"])
+@pytest.fixture(params=ALL_LEVELS)
 def isa(request):
-    """Run the test at each ISA level this build carries and this CPU supports."""
-    if not HAS_CPP:
-        pytest.skip("ragfast._C not built")
+    """Run the test at each ISA level this build carries and this CPU supports; the others are
+    skipped, visibly, with the reason."""
+    why = level_skip_reason(request.param)
+    if why:
+        pytest.skip(why)
     before = _C.isa_info()["chosen"] or "auto"
     assert _C.set_isa(request.param) == request.param
     yield request.param
     _C.set_isa(before)
 
 
+# The kernels (``_C.topk_ip_last()["kernels"]``) each path family may run.
+PATH_KERNELS = {"scalar": {"scalar"}, "stream": {"stream", "stream2"}, "qmajor": {"qmajor"},
+                "packed": {"packed", "packed_bf16q", "packed2", "packed2_pairs"}, "amx": {"amx"}}
+
+
 @pytest.fixture
 def force_path():
-    """Force the C++ kernel choice (stream / query-major / packed) for every storage kind, at
-    the ISA level in use when ``force`` is called."""
+    """Force the C++ kernel choice (stream / query-major / packed / amx) for every storage kind,
+    at the ISA level in use when ``force`` is called; returns the path per storage at B = 1, 4,
+    16, 64 and 256 (``_C.topk_ip_paths()["paths"]``)."""
     saved = {lvl: _C.topk_ip_paths(isa=lvl) for lvl in _C.isa_info()["compiled"]}
     big = 1 << 30
+    keys = ("qmajor_min", "packed_min", "amx_min")
 
     def force(path):
-        if path == "stream":
-            _C.topk_ip_paths({"qmajor_min": [big] * 4, "packed_min": [big] * 4})
-        elif path == "qmajor":
-            _C.topk_ip_paths({"qmajor_min": [1] * 4, "packed_min": [big] * 4})
-        else:
-            _C.topk_ip_paths({"qmajor_min": [big] * 4, "packed_min": [1] * 4})
-        return _C.topk_ip_paths()["path_at_1_4_16_64_256"]
+        on = {"qmajor": "qmajor_min", "packed": "packed_min", "amx": "amx_min"}.get(path)
+        _C.topk_ip_paths({key: [1 if key == on else big] * 4 for key in keys})
+        return _C.topk_ip_paths()["paths"]
 
     yield force
     for lvl, p in saved.items():
-        _C.topk_ip_paths({"qmajor_min": p["qmajor_min"], "packed_min": p["packed_min"]}, isa=lvl)
+        _C.topk_ip_paths({key: p[key] for key in keys}, isa=lvl)
+
+
+def assert_served(isa, path, dtype):
+    """The last call ran at ``isa``, through ``path``, with only that path's kernels (plus the
+    exact rescan of an fp32 AMX pass whose band check failed)."""
+    last = _C.topk_ip_last()
+    assert (last["isa"], last["path"], last["storage"]) == (isa, path, dtype), last
+    ran = set(last["kernels"])
+    assert ran & PATH_KERNELS[path], last
+    if not last["rescanned"]:
+        assert ran <= PATH_KERNELS[path], last
 
 
 @needs_cpp
-@pytest.mark.parametrize("path", ["stream", "qmajor", "packed"])
+@pytest.mark.parametrize("path", ["scalar", "stream", "qmajor", "packed", "amx"])
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16", "int8"])
 def test_cpp_every_kernel_path(isa, force_path, path, dtype):
-    chosen = force_path(path)
-    assert len(set(chosen[0])) == 1  # the same path at every batch size
+    chosen = force_path(path)[dtype]
+    if set(chosen) != {path}:  # visible: this level has no such kernel for this storage
+        pytest.skip(f"{isa} has no {path} kernel for {dtype} (forcing it runs {chosen[0]})")
     for B, N, d, k in [(1, 19, 7, 5), (5, 123, 33, 10), (19, 989, 384, 10), (40, 301, 66, 7), (17, 100, 1, 3),
                        (33, 250, 2, 4), (3, 61, 3, 61), (13, 130, 600, 5), (8, 70, 257, 3)]:
         q, c = rand(B, d), rand(N, d)
@@ -182,6 +214,7 @@ def test_cpp_every_kernel_path(isa, force_path, path, dtype):
         dense = c if dtype == "fp32" else (store.rescore.float() if dtype == "int8" else store.data.float())
         ex = [[0, 5, -1]] * B
         s, i = call("cpp", q, store, k, exclude=ex)
+        assert_served(isa, path, dtype)
         assert_topk(q, dense, k, s, i, atol=1e-4 * math.sqrt(d), exclude=ex)
 
 
@@ -195,10 +228,10 @@ def test_int8_first_pass_same_in_every_kernel(isa, force_path):
         for rescore in (None, "fp16"):
             store = quantize(c, "int8", rescore=rescore, oversample=1)
             got = {}
-            for path in ("stream", "qmajor", "packed"):
+            for path in ("stream", "qmajor", "packed", "amx"):
                 force_path(path)
                 got[path] = call("cpp", q, store, 5)
-            for path in ("qmajor", "packed"):
+            for path in ("qmajor", "packed", "amx"):
                 assert torch.equal(got[path][1], got["stream"][1]), (path, B, N, d, rescore)
                 assert torch.equal(got[path][0], got["stream"][0]), (path, B, N, d, rescore)
 
@@ -213,10 +246,130 @@ def test_bf16_approximate_pass_keeps_the_exact_top_k(isa, force_path):
         q, c = rand(B, d), unit(N, d)
         store = quantize(c, "bf16")
         dense = store.data.float()
-        for path in ("stream", "qmajor", "packed"):
+        for path in ("stream", "qmajor", "packed", "amx"):
             force_path(path)
             s, i = call("cpp", q, store, 5)
             assert_topk(q, dense, 5, s, i, atol=1e-4 * math.sqrt(d))
+
+
+def _bf16(x):
+    """Round float32 to bf16 (nearest even), as float64: the AMX pass's operands."""
+    return x.to(torch.bfloat16).double()
+
+
+@needs_cpp
+def test_amx_fp32_exact_through_near_ties(force_path):
+    # fp32 storage through the AMX bf16 pass must give the exact fp32 top k. 300 rows score
+    # 0.9 + r * 4e-6 against the query (exactly, by construction), well inside bf16's rounding
+    # noise (~2e-4), so the bf16 ranking scrambles them: a fixed over-fetch misses rows of the
+    # exact top k (checked below with a float64 emulation of the bf16 pass), while the provable
+    # band (amx_f32_margin in csrc/topk_ip.cpp) sends these queries to the exact rescan.
+    why = level_skip_reason("amx")
+    if why:
+        pytest.skip(why)
+    before = _C.isa_info()["chosen"]
+    _C.set_isa("amx")
+    try:
+        force_path("amx")
+        g = torch.Generator().manual_seed(7)
+        d, B, k, ties, others = 256, 3, 5, 300, 4000
+        q = torch.nn.functional.normalize(torch.randn(B, d, generator=g, dtype=torch.float64), dim=1)
+        rows, want = [], []
+        for b in range(B):
+            a = 0.9 + 4e-6 * torch.randperm(ties, generator=g, dtype=torch.float64)
+            n = torch.randn(ties, d, generator=g, dtype=torch.float64)
+            n -= (n @ q[b])[:, None] * q[b][None, :]  # orthogonal to the query
+            n = torch.nn.functional.normalize(n, dim=1)
+            rows.append(a[:, None] * q[b][None, :] + torch.sqrt(1 - a * a)[:, None] * n)
+        rand_rows = torch.nn.functional.normalize(torch.randn(others, d, generator=g, dtype=torch.float64), dim=1)
+        c = torch.cat(rows + [rand_rows * 0.5]).float()
+        qf = q.float()
+        exact = qf.double() @ c.double().T
+        approx = _bf16(qf) @ _bf16(c).T
+        missed = 0
+        for b in range(B):
+            truth = set(exact[b].topk(k).indices.tolist())
+            fixed = set(approx[b].topk(4 * k).indices.tolist())  # a 4x over-fetch
+            missed += len(truth - fixed)
+        assert missed > 0, "the construction must defeat a fixed over-fetch"
+        s, i = call("cpp", qf, c, k)
+        last = _C.topk_ip_last()
+        assert last["path"] == "amx" and "amx" in last["kernels"] and last["rescanned"] == B, last
+        rs, ri = topk_ip_ref(qf, c, k)
+        assert torch.equal(i, ri)  # the exact rows, in order (scores 4e-6 apart: no ties)
+        assert_topk(qf, c, k, s, i, atol=5e-7)
+
+        # ordinary data: the band holds, no rescan, still the exact result
+        qq, cc = rand(20, 200, seed=3), rand(5000, 200, seed=4)
+        s, i = call("cpp", qq, cc, 10)
+        last = _C.topk_ip_last()
+        assert last["path"] == "amx" and last["kernels"] == ["amx"] and last["rescanned"] == 0, last
+        rs, ri = topk_ip_ref(qq, cc, 10)
+        assert_topk(qq, cc, 10, s, i, atol=1e-4 * math.sqrt(200), ref=(rs, ri))
+        assert_topk_agree(s, i, rs, ri, atol=1e-4)
+
+        # magnitudes near fp32's range (||q|| max||x|| > 1e30): no bound is claimed, every query
+        # is rescanned exactly
+        big_q, big_c = qq[:3] * 1e18, cc * 1e13
+        s, i = call("cpp", big_q, big_c, 10)
+        assert _C.topk_ip_last()["rescanned"] == 3
+        rs, ri = topk_ip_ref(big_q, big_c, 10)
+        assert_topk_agree(s, i, rs, ri, atol=1e27)
+        torch.testing.assert_close(s, rs, rtol=1e-5, atol=0)
+    finally:
+        _C.set_isa(before)
+
+
+@needs_cpp
+def test_amx_tiles_read_strided_rows_and_nothing_past_them(force_path):
+    # The AMX kernels load corpus rows in place with the row stride; a row's last 64-byte chunk
+    # comes from a zero-padded copy. NaN right after every row (in the stride's gap) must not
+    # reach a score (0 x NaN = NaN in a tile product), for raw bf16 rows and for fp32 rows.
+    why = level_skip_reason("amx")
+    if why:
+        pytest.skip(why)
+    before = _C.isa_info()["chosen"]
+    _C.set_isa("amx")
+    try:
+        force_path("amx")
+        for dtype in (torch.bfloat16, torch.float32):
+            for N, d, stride in [(601, 33, 3), (77, 768, 5), (100, 64, 1), (50, 1, 2)]:
+                big = rand(N * stride, d + 20).to(dtype)
+                big[:, 7 + d:] = float("nan")
+                c = big[::stride, 7:7 + d]
+                for B in (17, 40):
+                    q = rand(B, d)
+                    s, i = call("cpp", q, c, 10)
+                    assert_served("amx", "amx", "bf16" if dtype == torch.bfloat16 else "fp32")
+                    dense = c.float().contiguous()
+                    assert_topk(q, dense, 10, s, i, atol=1e-4 * math.sqrt(d), ref=topk_ip_ref(q, dense, 10))
+    finally:
+        _C.set_isa(before)
+
+
+@needs_cpp
+def test_amx_refused_by_the_os_falls_back(tmp_path):
+    # A refused arch_prctl (simulated: RAGFAST_AMX_DENY) leaves the best level without AMX,
+    # says why, and refuses RAGFAST_ISA=amx with one clear line.
+    import os
+    import subprocess
+    import sys
+
+    if "amx" not in _C.isa_info()["compiled"]:
+        pytest.skip("ISA level amx is not compiled into this build")
+    code = ("from ragfast import _C; i = _C.isa_info(); "
+            "print(i['chosen']); print(i['missing'].get('amx')); print(i['error'])")
+    env = dict(os.environ, RAGFAST_AMX_DENY="1")
+    env.pop("RAGFAST_ISA", None)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    chosen, missing, _ = out.splitlines()
+    assert chosen != "amx" and chosen in ALL_LEVELS
+    if {"amx-tile", "amx-bf16", "amx-int8"} <= set(_C.isa_info()["cpu"]):
+        assert "OS permission for AMX (refused by RAGFAST_AMX_DENY)" in missing
+    env["RAGFAST_ISA"] = "amx"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    chosen, _, error = out.splitlines()
+    assert chosen == "None" and "RAGFAST_ISA=amx refused" in error and "cannot run on this CPU" in error
 
 
 TRITON_GRID = [(1, 19, 7, 5), (3, 123, 32, 10), (19, 989, 32, 10), (3, 4097, 7, 1), (5, 70, 384, 5), (17, 1, 7, 1)]
@@ -586,14 +739,51 @@ def test_batch_classes_and_table_validation(tmp_path):
     assert topk_ip_choice.choose("generic", "fp32", 300, table).path == "torch"
 
 
-def test_committed_table_is_measured_and_well_formed():
-    table = topk_ip_choice.load_table()
-    assert table["machine"] and table["command"].startswith("python bench/bench_topk_ip.py")
-    for lvl, per in table["cells"].items():
-        assert lvl in ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16")
-        for storage, cells in per.items():
-            assert storage in ("fp32", "fp16", "bf16", "int8")
-            assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
+def test_committed_tables_are_measured_and_well_formed():
+    tables = topk_ip_choice.shipped_tables()
+    assert len({(t["cpu"], tuple(t["features"])) for t in tables}) == len(tables) >= 2  # one per machine
+    for table in tables:
+        assert table["cpu"] and table["features"] == sorted(table["features"])
+        assert table["machine"].startswith(table["cpu"]) and table["command"].startswith("python bench/bench_topk_ip.py")
+        for lvl, per in table["cells"].items():
+            assert lvl in ALL_LEVELS and lvl in table["runs"]
+            for storage, cells in per.items():
+                assert storage in ("fp32", "fp16", "bf16", "int8")
+                assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
+
+
+def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplog):
+    # a table applies only on its machine (CPU model and features); an unknown machine
+    # calibrates once, logs one line and caches the table; the cache serves the next process
+    key = {"cpu": "Test CPU 9000", "features": ["avx2", "fma"]}
+    monkeypatch.setattr(topk_ip_choice, "machine_key", lambda features=None: dict(key))
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    monkeypatch.delenv("RAGFAST_CALIBRATE", raising=False)
+    assert topk_ip_choice.machine_table()["cells"] == {}  # nothing shipped for it, no calibration asked
+    assert topk_ip_choice.machine_table()["source"].startswith("none")
+    calls = []
+
+    def fake(storage, B):  # torch "faster" at B >= 64 (a sleep), cpp below
+        slow = lambda: __import__("time").sleep(0.002)  # noqa: E731
+        return {"cpp": slow if B >= 64 else (lambda: None), "torch": (lambda: None) if B >= 64 else slow}
+
+    def run():
+        calls.append(1)
+        return topk_ip_choice.calibrate(fake, "avx2", reps=1)
+
+    with caplog.at_level("INFO", logger="ragfast.ops.topk_ip_choice"):
+        t = topk_ip_choice.machine_table(calibrate_with=run)
+    assert len(calls) == 1 and "calibrated" in t["source"]
+    assert [r for r in caplog.records if "calibrated" in r.getMessage()]  # the one log line
+    assert t["cells"]["avx2"]["int8"] == {"1": "cpp", "4": "cpp", "16": "cpp", "64": "torch", "256": "torch"}
+    assert topk_ip_choice.choose("avx2", "fp32", 300, t).path == "torch"
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})  # a new process: the cache, no new calibration
+    again = topk_ip_choice.machine_table(calibrate_with=run)
+    assert len(calls) == 1 and again["cells"] == t["cells"] and str(tmp_path) in again["source"]
+    # another machine's shipped table is not applied here
+    for shipped in topk_ip_choice.shipped_tables():
+        assert (shipped["cpu"], shipped["features"]) != (key["cpu"], key["features"])
 
 
 @needs_cpp
@@ -602,7 +792,9 @@ def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeyp
     # whatever the table says, the default call gives the reference's results
     table = {"cells": {isa: {sto: {str(b): forced for b in topk_ip_choice.BATCH_CLASSES}
                              for sto in ("fp32", "fp16", "bf16", "int8")}}}
-    monkeypatch.setattr(topk_ip_choice, "load_table", lambda path=None: table)
+    import sys
+
+    monkeypatch.setattr(sys.modules["ragfast.ops.topk_ip"], "machine_table", lambda calibrate_with=None: table)
     monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
     assert default_path(5, "int8").path == forced
     for dtype in ("fp32", "bf16", "int8"):
@@ -624,45 +816,86 @@ def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeyp
 
 # ----------------------------------------------------------------------------- build: what each level may execute
 
-def _level_objects():
-    root = Path(__file__).resolve().parent.parent / "build"
-    return {p.name.split(".")[0]: p for p in root.glob("*/CMakeFiles/_C.dir/csrc/**/*.o")}
+REPO = Path(__file__).resolve().parent.parent
 
 
-@needs_cpp
-def test_level_objects_use_only_their_instructions():
-    # The portable code and the AVX2 level must not contain a single AVX-512 instruction (zmm
-    # or mask registers), or a forced lower level could still fault on an AVX2-only CPU; the
-    # portable code not even AVX (ymm). Checked on the objects of the local build, if any.
-    import shutil
+def _objects_under(root):
+    return {p.name.split(".")[0]: p for p in Path(root).glob("*/CMakeFiles/_C.dir/csrc/**/*.o")}
+
+
+def _check_level_objects(objs):
+    """The portable code and the AVX2 level hold no AVX-512 instruction (zmm or mask registers),
+    or a forced lower level could still fault on an AVX2-only CPU, and the portable code not
+    even AVX (ymm); no object but the amx level's holds an AMX instruction (tile registers,
+    tile config), and each AVX-512 level holds the instructions its name promises."""
+    import re
     import subprocess
-
-    objs = _level_objects()
-    if not objs or shutil.which("objdump") is None or _C.build_info()["native"]:
-        pytest.skip("no local build objects / objdump, or a RAGFAST_NATIVE build")
 
     def disasm(name):
         return subprocess.run(["objdump", "-d", "--no-show-raw-insn", str(objs[name])], capture_output=True,
                               text=True, check=True).stdout
 
-    import re
-
     avx512 = re.compile(r"%zmm|%k[0-7]|%[xy]mm(1[6-9]|2[0-9]|3[01])\b|\{1to")
+    amx = re.compile(r"%tmm|ldtilecfg|sttilecfg|tilerelease|tileloadd|tilestored|tilezero|\btdpb")
+    texts = {name: disasm(name) for name in objs}
     for name in ("topk_ip", "policy", "isa", "bindings", "topk_ip_generic"):
-        if name in objs:
-            text = disasm(name)
+        if name in texts:
+            text = texts[name]
             assert not avx512.search(text) and "%ymm" not in text, f"{name}: AVX instructions in portable code"
     for name in ("topk_ip_avx2", "policy_avx2"):
-        if name in objs:
-            text = disasm(name)
+        if name in texts:
+            text = texts[name]
             assert not avx512.search(text), f"{name}: AVX-512 instruction in the AVX2 level"
             assert "%ymm" in text  # and it is vectorised
-    if "topk_ip_avx512" in objs:
-        text = disasm("topk_ip_avx512")
+    if "topk_ip_avx512" in texts:
+        text = texts["topk_ip_avx512"]
         assert "%zmm" in text and "vpdpbusd" not in text and "vdpbf16ps" not in text  # no VNNI/BF16 here
-    if "topk_ip_avx512vnni" in objs:
-        text = disasm("topk_ip_avx512vnni")
+    if "topk_ip_avx512vnni" in texts:
+        text = texts["topk_ip_avx512vnni"]
         assert "vpdpbusd" in text and "vdpbf16ps" not in text  # VNNI, and no BF16 (Cascade Lake, Ice Lake)
-    if "topk_ip_avx512bf16" in objs:
-        text = disasm("topk_ip_avx512bf16")
+    if "topk_ip_avx512bf16" in texts:
+        text = texts["topk_ip_avx512bf16"]
         assert "vpdpbusd" in text and "vdpbf16ps" in text
+    for name, text in texts.items():
+        if name != "topk_ip_amx":
+            assert not amx.search(text), f"{name}: AMX instruction outside the amx level"
+    if "topk_ip_amx" in texts:
+        text = texts["topk_ip_amx"]
+        assert all(x in text for x in ("ldtilecfg", "tdpbf16ps", "tdpbssd", "tilerelease")), "amx level without its tiles"
+
+
+@needs_cpp
+def test_level_objects_use_only_their_instructions():
+    # Checked on the objects of the local build (build/*), if any; the slow test below builds them.
+    import shutil
+
+    objs = _objects_under(REPO / "build")
+    if not objs or shutil.which("objdump") is None or _C.build_info()["native"]:
+        pytest.skip("no local build objects under build/ (see the slow test_level_objects_fresh_build), "
+                    "no objdump, or a RAGFAST_NATIVE build")
+    _check_level_objects(objs)
+
+
+@pytest.mark.slow
+def test_level_objects_fresh_build(tmp_path):
+    # The same check on objects built now in a temporary directory, as a pip install builds them
+    # (default options), so it runs wherever CI has a compiler: pip leaves no objects behind.
+    # Costs one build of _C: ~3 min on 2 loaded cores.
+    import shutil
+    import subprocess
+    import sys
+
+    pybind11 = pytest.importorskip("pybind11")
+    if not (shutil.which("cmake") and shutil.which("objdump") and (shutil.which("c++") or shutil.which("g++"))):
+        pytest.skip("cmake, objdump or a C++ compiler missing")
+    build = tmp_path / "fresh"
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    subprocess.run(["cmake", "-S", str(REPO), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                    f"-Dpybind11_DIR={pybind11.get_cmake_dir()}", f"-DPython_EXECUTABLE={sys.executable}"],
+                   check=True, capture_output=True)
+    subprocess.run(["cmake", "--build", str(build), "-j2"], check=True, capture_output=True)
+    objs = {p.name.split(".")[0]: p for p in build.glob("CMakeFiles/_C.dir/csrc/**/*.o")}
+    assert {"topk_ip", "topk_ip_generic", "isa"} <= set(objs), sorted(objs)
+    if sys.platform == "linux" and "x86_64" in __import__("platform").machine():
+        assert {"topk_ip_avx2", "topk_ip_avx512"} <= set(objs), sorted(objs)
+    _check_level_objects(objs)

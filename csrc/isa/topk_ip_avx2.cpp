@@ -5,7 +5,7 @@
 #define TK_TABLE kernels_avx2
 #define TK_NAME "avx2"
 // Batch sizes from which the level switches kernel, per storage (fp32, fp16, bf16, int8):
-// {query-major from, packed from}. Measured as described in csrc/topk_ip.cpp (Paths).
+// {query-major from, packed from, AMX from (amx level only)}. Measured as described in csrc/topk_ip.cpp (Paths).
 // Stream (one row at a time for the first query pair of a tile, then 4 rows x 2 queries)
 // below the packed kernels: the 6 x 16 GEMM-style one for fp32/fp16 from 16 queries, its int8
 // form (vpmaddwd on int16 depth pairs) from 24, and for bf16 the same int16 kernel over tiles
@@ -15,5 +15,5 @@
 // B=16 0.97, 64 0.77, 256 0.75. bf16 d=384: B=4 1.08, 6 0.91, 8 0.83, 16 0.65; d=768: B=4
 // 1.10, 6 0.99, 8 0.92, 16 0.72. torch takes over where it is faster
 // (python/ragfast/ops/topk_ip_choice.py).
-#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {16, 16, 6, 24}}
+#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {16, 16, 6, 24}, {1 << 30, 1 << 30, 1 << 30, 1 << 30}}
 #include "../topk_ip_kernels.h"

@@ -9,5 +9,5 @@
 // Batch sizes from which the level switches kernel, per storage (fp32, fp16, bf16, int8):
 // {query-major from, packed from}: those of avx512bf16, whose fp32 / fp16 / int8 code this level
 // shares, and bf16 packed from 8 as there (no bf16 query-major form without BF16).
-#define TK_DEFAULT_PATHS {{24, 1 << 30, 1 << 30, 1 << 30}, {1 << 30, 128, 8, 24}}
+#define TK_DEFAULT_PATHS {{24, 1 << 30, 1 << 30, 1 << 30}, {1 << 30, 128, 8, 24}, {1 << 30, 1 << 30, 1 << 30, 1 << 30}}
 #include "../topk_ip_kernels.h"

@@ -5,6 +5,6 @@
 #define TK_TABLE kernels_generic
 #define TK_NAME "generic"
 // Batch sizes from which the level switches kernel, per storage (fp32, fp16, bf16, int8):
-// {query-major from, packed from}. Measured as described in csrc/topk_ip.cpp (Paths).
-#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {1 << 30, 1 << 30, 1 << 30, 1 << 30}}
+// {query-major from, packed from, AMX from (amx level only)}. Measured as described in csrc/topk_ip.cpp (Paths).
+#define TK_DEFAULT_PATHS {{1 << 30, 1 << 30, 1 << 30, 1 << 30}, {1 << 30, 1 << 30, 1 << 30, 1 << 30}, {1 << 30, 1 << 30, 1 << 30, 1 << 30}}
 #include "../topk_ip_kernels.h"

@@ -105,7 +105,7 @@ def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON 
     if tp:
         cells = "; ".join(f"{st} " + " ".join(f"B{b}:{p}" for b, p in per.items()) for st, per in tp["paths"].items())
         out.print(f"topk_ip default path at {tp['isa']}: {cells}")
-        out.print(f"  (table measured on: {tp['table_machine'] or 'no table'})")
+        out.print(f"  (table: {tp.get('table_source') or tp['table_machine'] or 'no table'})")
     t = Table(title="ops")
     t.add_column("op")
     t.add_column("implementations")

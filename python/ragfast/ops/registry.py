@@ -122,16 +122,17 @@ def _topk_ip_paths(c) -> dict[str, Any] | None:
     """What topk_ip runs by default at the ISA level in use: storage -> {batch class: path}."""
     if c is None:
         return None
-    from ragfast.ops.topk_ip_choice import BATCH_CLASSES, choose, load_table
+    from ragfast.ops.topk_ip_choice import BATCH_CLASSES, choose, machine_table
 
     try:
         level = c.isa_current()
     except RuntimeError:  # RAGFAST_ISA refused: reported under "isa"
         return None
-    table = load_table()
+    table = machine_table()  # this machine's: shipped, or cached by a calibration (none made here)
     return {
         "isa": level,
         "table_machine": table.get("machine"),
+        "table_source": table.get("source"),
         "paths": {st: {b: choose(level, st, b, table).path for b in BATCH_CLASSES}
                   for st in ("fp32", "fp16", "bf16", "int8")},
     }

@@ -29,6 +29,7 @@ import torch
 
 from ragfast.ops.registry import register, resolve
 from ragfast.checks import check_k, check_min_score
+from ragfast.ops.topk_ip_choice import calibrate, machine_table
 from ragfast.ops.topk_ip_choice import choose as choose_path
 
 __all__ = [
@@ -454,7 +455,30 @@ def default_path(batch: int, storage: str = "fp32"):
 
     if not available()["cpp"]:
         return None
-    return choose_path(isa_level(), storage, batch)
+    return choose_path(isa_level(), storage, batch, choice_table())
+
+
+def choice_table() -> dict[str, Any]:
+    """This machine's default-path table (:func:`ragfast.ops.topk_ip_choice.machine_table`): the
+    shipped one measured on this CPU, else a cached calibration, else one calibrated now (a few
+    seconds, once per machine; ``RAGFAST_CALIBRATE=0``: none)."""
+    return machine_table(calibrate_with=_calibrate_now)
+
+
+def _calibrate_now() -> dict[str, Any]:
+    # 20,000 x 384 unit vectors: each cell's calls take milliseconds, the whole grid a few
+    # seconds, and the paths' order matches the benchmark's 200k-row corpora on the two
+    # machines measured (it is the kernels' per-row cost against mm's that decides).
+    g = torch.Generator().manual_seed(0)
+    corpus = torch.nn.functional.normalize(torch.randn(20_000, 384, generator=g), dim=1)
+    stores = {"fp32": corpus, **{dt: quantize(corpus, dt) for dt in ("fp16", "bf16", "int8")}}
+
+    def calls(storage: str, B: int):
+        q = torch.nn.functional.normalize(torch.randn(B, 384, generator=g), dim=1)
+        return {"cpp": lambda: topk_ip(q, stores[storage], 10, backend="cpp"),
+                "torch": lambda: topk_ip_torch(q, stores[storage], 10)}
+
+    return calibrate(calls, isa_level())
 
 
 # ----------------------------------------------------------------------------- Triton backend
@@ -545,7 +569,7 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
         if backend is None and not os.environ.get("RAGFAST_BACKEND") and B > 0 and q.device.type == "cpu":
             # default path: the compiled kernels or torch mm + topk, whichever the measured
             # table says is faster here (topk_ip_choice); naming backend="cpp" forces the kernels
-            if choose_path(level, _corpus_info(corpus)[2], B).path == "torch":
+            if choose_path(level, _corpus_info(corpus)[2], B, choice_table()).path == "torch":
                 name, fn = "torch", _torch_impl
     if B == 0:
         s, i = torch.empty((0, k), dtype=torch.float32, device=q.device), torch.empty((0, k), dtype=torch.int64, device=q.device)

@@ -3,10 +3,20 @@
 The compiled kernels are not faster than ``torch.mm`` + ``topk`` everywhere (the portable
 ``generic`` level never is; large batches on AVX2 may not be), and the default must never be
 slower than that baseline. So per (ISA level, storage, batch class) a table says which path to
-take. The table (``topk_ip_choice.json`` next to this module) is measured by
-``python bench/bench_topk_ip.py --calibrate`` (compiled kernels forced vs the torch path on the
-same storage, timed round-robin) and records the machine it was measured on. Cells the table
-does not have fall back to: torch for ``generic``, the compiled kernels otherwise.
+take, and a table is true only on the machine it was measured on (the AMD EPYC's picks the
+compiled kernels at B <= 16 where an Intel Xeon's torch bf16 runs on AMX tiles). So tables are
+keyed by machine: CPU model name and the CPU features ragfast detects (``_C.isa_info()["cpu"]``).
+
+* ``topk_ip_choice.json`` next to this module ships the tables measured by ``python
+  bench/bench_topk_ip.py --calibrate`` (compiled kernels forced vs the torch path on the same
+  storage, timed round-robin), one per machine, each naming its machine and command;
+* on a machine with no shipped table, the first default ``topk_ip`` call runs a calibration of
+  a few seconds (:func:`calibrate`: 20,000 x 384 random unit vectors, every storage and batch
+  class, round-robin medians), logs one line, and caches the table under
+  ``$RAGFAST_CACHE/topk_ip_choice/`` (default ``~/.cache/ragfast``); ``RAGFAST_CALIBRATE=0``
+  turns that off. ``ragfast backends`` shows which table is in use.
+
+Cells the table does not have fall back to: torch for ``generic``, the compiled kernels otherwise.
 
 Both paths give the reference's results (the torch path is :func:`topk_ip_ref`'s arithmetic
 with a cheaper selection), so the choice changes speed only.
@@ -14,13 +24,21 @@ with a cheaper selection), so the choice changes speed only.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import logging
 import math
+import os
+import platform
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-__all__ = ["BATCH_CLASSES", "Choice", "batch_class", "choose", "load_table", "TABLE_PATH"]
+__all__ = ["BATCH_CLASSES", "Choice", "batch_class", "calibrate", "choose", "cpu_model", "load_table",
+           "machine_key", "machine_table", "shipped_tables", "TABLE_PATH"]
+
+log = logging.getLogger(__name__)
 
 BATCH_CLASSES = (1, 4, 16, 64, 256)
 TABLE_PATH = Path(__file__).with_name("topk_ip_choice.json")
@@ -61,26 +79,164 @@ def batch_class(B: int) -> int:
 
 @functools.lru_cache(maxsize=4)
 def load_table(path: str | None = None) -> dict[str, Any]:
-    """The measured table: ``{"machine": ..., "command": ..., "runs": {isa: provenance},
-    "cells": {isa: {storage: {B: path}}}}`` (``runs`` says which run measured each level).
-
-    A missing file gives an empty table (every cell falls back to the default)."""
+    """A table file: ``{"machine": ..., "command": ..., "runs": {isa: provenance}, "cells": {isa:
+    {storage: {B: path}}}}`` (``runs`` says which run measured each level). A file of several
+    machines' tables (``{"machines": [...]}``) gives this machine's (:func:`machine_table`
+    without calibrating). A missing file gives an empty table (every cell falls back to the
+    default)."""
     p = Path(path) if path else TABLE_PATH
     if not p.exists():
         return {"cells": {}}
     table = json.loads(p.read_text())
+    if "machines" in table:
+        return _match(shipped_tables(str(p)), machine_key()) or {"cells": {}}
+    _validate(table, p)
+    return table
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_key(features: list[str] | None = None) -> dict[str, Any]:
+    """What a table is keyed by: ``{"cpu": model name, "features": sorted CPU features}``; the
+    features default to ``ragfast._C.isa_info()["cpu"]`` (the ones the ISA levels need, the OS's
+    AMX permission included), empty without the compiled module."""
+    return {"cpu": cpu_model(), "features": sorted(_cpu_features() if features is None else features)}
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_features() -> tuple[str, ...]:
+    # fixed for the process (the AMX permission included): looked up once, not per topk_ip call
+    try:
+        from ragfast import _C
+
+        return tuple(_C.isa_info()["cpu"])
+    except ImportError:
+        return ()
+
+
+def shipped_tables(path: str | None = None) -> list[dict[str, Any]]:
+    """Every machine's table in the shipped file (validated), each ``{"cpu", "features",
+    "machine", "command", "runs", "cells"}``."""
+    p = Path(path) if path else TABLE_PATH
+    if not p.exists():
+        return []
+    raw = json.loads(p.read_text())
+    tables = raw.get("machines", [raw] if "cells" in raw else [])
+    for t in tables:
+        _validate(t, p)
+    return tables
+
+
+def _validate(table: dict[str, Any], where: Any) -> None:
     for isa, per_storage in table.get("cells", {}).items():
         for storage, per_batch in per_storage.items():
             for b, choice in per_batch.items():
                 if choice not in PATHS:
-                    raise ValueError(f"{p}: cell {isa}/{storage}/{b} is {choice!r}, not one of {PATHS}")
+                    raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, not one of {PATHS}")
+
+
+def _match(tables: list[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any] | None:
+    for t in tables:
+        if t.get("cpu") == key["cpu"] and sorted(t.get("features", [])) == key["features"]:
+            return t
+    return None
+
+
+def _cache_file(key: dict[str, Any]) -> Path:
+    root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser()
+    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return root / "topk_ip_choice" / f"{digest}.json"
+
+
+# Timings of one calibration cell: path -> a callable that runs one search.
+Calls = Callable[[str, int], dict[str, Callable[[], Any]]]
+
+_MACHINE: dict[str, dict[str, Any]] = {}
+
+
+def calibrate(calls: Calls, level: str, reps: int = 3) -> dict[str, Any]:
+    """Measure this machine's cells at ``level``: for every storage and batch class, the path
+    (``cpp`` or ``torch``) with the lower median of ``reps`` round-robin calls.
+    ``calls(storage, B)`` gives ``{"cpp": fn, "torch": fn}`` over the calibration corpus."""
+    cells: dict[str, dict[str, str]] = {}
+    for storage in ("fp32", "fp16", "bf16", "int8"):
+        for B in BATCH_CLASSES:
+            fns = calls(storage, B)
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            for name, fn in fns.items():
+                fn()  # warm-up
+            for _ in range(reps):
+                for name, fn in fns.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+            med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
+            cells.setdefault(storage, {})[str(B)] = min(med, key=med.get)
+    return {level: cells}
+
+
+def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The table for this machine: the shipped one measured on it, else one cached by an earlier
+    calibration, else (when ``calibrate_with`` is given and ``RAGFAST_CALIBRATE`` is not 0) one
+    calibrated now and cached, else an empty table. ``source`` says which."""
+    key = machine_key()
+    tag = json.dumps(key, sort_keys=True)
+    allowed = calibrate_with is not None and os.environ.get("RAGFAST_CALIBRATE", "1") != "0"
+    cached = _MACHINE.get(tag)
+    if cached is not None and (cached["cells"] or not allowed or cached.get("calibration_tried")):
+        return cached
+    table = _match(shipped_tables(), key)
+    if table is not None:
+        table = dict(table, source=f"shipped ({TABLE_PATH.name}: {table.get('machine')})")
+    cache = _cache_file(key)
+    if table is None and cache.exists():
+        try:
+            t = json.loads(cache.read_text())
+            _validate(t, cache)
+            table = dict(t, source=f"calibrated on this machine ({cache})")
+        except (OSError, ValueError) as exc:
+            log.warning("ignoring the unreadable topk_ip calibration %s: %s", cache, exc)
+    if table is None and allowed:
+        t0 = time.perf_counter()
+        try:
+            cells = calibrate_with()
+        except Exception as exc:  # never fail a search over its speed table: use the defaults
+            log.warning("topk_ip: calibration failed (%s); compiled kernels by default", exc)
+            _MACHINE[tag] = dict(key, cells={}, calibration_tried=True, source=f"none: calibration failed ({exc})")
+            return _MACHINE[tag]
+        table = dict(key, machine=f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}",
+                     command="ragfast.ops.topk_ip_choice.calibrate (first use on this machine)",
+                     measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cells=cells)
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            cache.write_text(json.dumps(table, indent=1) + "\n")
+            where = str(cache)
+        except OSError as exc:
+            where = f"not cached: {exc}"
+        log.info("topk_ip: no measured table for this CPU (%s); calibrated the default path in %.1f s -> %s",
+                 key["cpu"], time.perf_counter() - t0, where)
+        table = dict(table, source=f"calibrated on this machine ({where})")
+    if table is None:
+        table = dict(key, cells={}, source="none: no table for this CPU (calibrates at the first default topk_ip call)")
+    _MACHINE[tag] = table
     return table
 
 
 def choose(isa: str, storage: str, B: int, table: dict[str, Any] | None = None) -> Choice:
-    """The path for one call: ``isa`` level in use, corpus ``storage``, batch size ``B``."""
+    """The path for one call: ``isa`` level in use, corpus ``storage``, batch size ``B``; the
+    table defaults to :func:`machine_table` (this machine's, without calibrating)."""
     c = batch_class(B)
-    cells = (table if table is not None else load_table()).get("cells", {})
+    cells = (table if table is not None else machine_table()).get("cells", {})
     path = cells.get(isa, {}).get(storage, {}).get(str(c))
     if path is not None:
         return Choice(path, isa, storage, c, "table")

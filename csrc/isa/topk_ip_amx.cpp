@@ -1,0 +1,17 @@
+// topk_ip kernels, ISA level "amx": the avx512bf16 level plus AMX-TILE, AMX-BF16 and AMX-INT8
+// (Sapphire, Emerald and Granite Rapids): tdpbf16ps tile scans for bf16 storage and for the
+// bf16 first pass of fp32 storage, tdpbssd for int8 (scan_amx in csrc/topk_ip_kernels.h).
+// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// it after checking the running CPU and the OS's permission to use the tiles (csrc/isa.cpp).
+
+#define TK_TABLE kernels_amx
+#define TK_NAME "amx"
+// Batch sizes from which the level switches kernel, per storage (fp32, fp16, bf16, int8):
+// {query-major from, packed from, AMX from}: below the AMX switch those of avx512bf16. One
+// thread, CPU time (the machine shared, load ~18), N=100k, ms stream / AMX: bf16 d=384 B=1
+// 10.8/9.1, B=4 14.3/9.5; d=768 B=1 23.4/20.8, B=4 24.7/17.2; int8 d=384 B=1 5.5/4.5, B=4
+// 7.4/4.5; d=768 B=1 11.1/9.7, B=8 15.6/8.9; fp32 (rows converted to bf16 on the fly) d=768
+// B=1 32.1/46.4, B=4 41.9/38.9, B=8 46.3/43.8, B=12 54.5/42.3. fp16: no AMX-FP16 (Granite
+// Rapids has it; not this level).
+#define TK_DEFAULT_PATHS {{24, 1 << 30, 32, 1 << 30}, {1 << 30, 128, 8, 24}, {8, 1 << 30, 1, 1}}
+#include "../topk_ip_kernels.h"
