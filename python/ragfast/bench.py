@@ -30,6 +30,7 @@ from ragfast.http import is_url
 from ragfast.runner import slots as build
 from ragfast.progress import TurnReporter, turn_reporting
 from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
+from ragfast.results import dumps as json_dumps
 from ragfast.types import Question, Trajectory
 
 log = logging.getLogger(__name__)
@@ -732,7 +733,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
                 th = json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"]
                 an = s2g_analysis(cfg, slots, records["searchr1"], th)
                 an["n_questions"] = len(records["searchr1"])
-                analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                analysis_path.write_text(json_dumps(an, indent=2), encoding="utf-8")
                 an_task.update(total=1, completed=1)
                 an_task.set_status("")
                 an_task.done()
@@ -867,7 +868,8 @@ def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequ
     summary["plots"] = plots
     summary["plots_missing"] = missing
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=_json_safe), encoding="utf-8")
+    # NaN (an undefined statistic) as null: bare NaN is not JSON (JSON.parse refuses the file).
+    tmp.write_text(json_dumps(summary, indent=2, default=_json_safe), encoding="utf-8")
     os.replace(tmp, out / "summary.json")
     report.write_csv(summary, out / "summary.csv")
     report.write_markdown(summary, out, plots, missing)

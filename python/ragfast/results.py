@@ -28,6 +28,8 @@ __all__ = [
     "slot_entry",
     "TIMING_FIELDS",
     "strip_timing",
+    "json_safe",
+    "dumps",
 ]
 
 #: Record fields that hold wall or device time; they differ between two otherwise identical
@@ -208,6 +210,42 @@ def json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` with every NaN or infinite float replaced by None.
+
+    Python's ``json`` writes them as bare ``NaN``/``Infinity``, which is not JSON: JavaScript's
+    ``JSON.parse`` and most other parsers refuse the whole file. An undefined statistic (an
+    interval over one question, a precision with no positives) is written as ``null``.
+    """
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return json_safe(obj.tolist())
+        if isinstance(obj, np.generic):
+            return json_safe(obj.item())
+    except ImportError:
+        pass
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` for ragfast's JSON outputs: NaN and infinities as null, numpy as plain JSON.
+
+    Raises ``ValueError`` rather than write a non-standard token (``allow_nan=False``).
+    """
+    kwargs.setdefault("default", json_default)
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
 
 
 def slot_entry(component: Any) -> dict[str, Any]:

@@ -130,6 +130,17 @@ def _read_meaningful(model_dir: Path) -> bool:
     return True
 
 
+
+def pair_flops(config: Any, length: int) -> float:
+    """FLOPs of one sequence of ``length`` tokens inside a batch, without the once-per-call work.
+
+    The difference between a batch of two such sequences and one: what every extra sequence
+    adds, whatever it is batched with. This is what the ledger charges an NLI pair.
+    """
+    from ragfast.cost import forward_flops
+
+    return float(forward_flops(config, [length, length]) - forward_flops(config, [length]))
+
 class NLIScorer:
     """Batched NLI cross-encoder: (premise, hypothesis) pairs to canonical probabilities.
 
@@ -370,8 +381,12 @@ class NLIScorer:
             stats["seconds"] += sec
             stats["flops"] += flops
             if ledger is not None:
+                # Each pair is charged the useful work of its own unpadded sequence, so its cost
+                # depends neither on the pairs it was batched with nor on a resume (which batches
+                # leftovers anew): padding and the once-per-call work that a batch shares (DeBERTa's
+                # relative-position projection) are left out here and kept in ``last_stats``.
                 ledger.add_batch("nli", [qids[i] for i in idx], seconds=sec, input_tokens=[int(x) for x in real],
-                                 flops=[flops / len(idx)] * len(idx))
+                                 flops=[pair_flops(self.config, int(x)) for x in real])
         stats["padding_share"] = 1.0 - stats["real_tokens"] / max(1, stats["padded_tokens"])
         self.last_stats = stats
         for k in self.stats:

@@ -197,7 +197,7 @@ class DenseIndex:
         return self.ntotal
 
     def bytes_per_search(self) -> int:
-        """Bytes one batched search reads from the stored vectors (the whole corpus, once)."""
+        """Bytes one query's search reads from the stored vectors (flat: the whole corpus; IVF: its lists)."""
         if self.backend == "flat":
             if self.storage == "fp32":
                 return self.ntotal * self.dim * 4
@@ -262,10 +262,7 @@ class DenseIndex:
         else:
             scores, ids = self._faiss_search(q.numpy(), k, ex, min_score)
         seconds = time.perf_counter() - t0
-        per_batch = self.bytes_per_search()
-        if self.backend == "faiss" and isinstance(self._downcast(), _ivf_class()):
-            per_batch *= b  # IVF reads its lists per query, not once per batch
-        record_search(ledger, question_ids, b, seconds, per_batch, self.flops_per_query())
+        record_search(ledger, question_ids, b, seconds, self.bytes_per_search(), self.flops_per_query())
         return scores, ids
 
     def flops_per_query(self) -> float:
@@ -364,12 +361,6 @@ class DenseIndex:
             vec = np.load(p, mmap_mode="r" if mmap else None)
             return cls("flat", vectors=as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
         return cls("faiss", faiss_index=_read_faiss(p, mmap), search_params=search_params, gpus=gpus)
-
-
-def _ivf_class():
-    faiss = load_faiss()
-
-    return faiss.IndexIVF
 
 
 def _read_faiss(path: Path, mmap: bool):
