@@ -195,3 +195,74 @@ def test_resume_without_manifest_but_with_results_is_refused(clean_run, tmp_path
     err = one_error_line(cli(*run_args(out, "--resume", "--topk", "5", limit=40)))
     assert "manifest.json is missing" in err and "results.jsonl" in err
     assert files_under(out) == before
+
+
+# -- index build resume keyed by content --------------------------------------------------------
+def _corpus(path: Path, word: str, n: int) -> Path:
+    rows = [{"id": str(i), "contents": f'"{word} {i}"\n{word} passage number {i} about {word}s and more {word}.'}
+            for i in range(n)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _wait_for(pred, proc: subprocess.Popen, timeout: float = 180) -> bool:
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if pred():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+@pytest.mark.slow
+def test_index_build_resume_refuses_another_corpus(tmp_path):
+    import numpy as np
+
+    a, b = _corpus(tmp_path / "A.jsonl", "apple", 160), _corpus(tmp_path / "B.jsonl", "brick", 160)
+    out = tmp_path / "X"
+    args = ["index", "build", "--encoder", "minilm", "--out", str(out), "--chunk-size", "20", "--batch-size", "4"]
+    proc = subprocess.Popen([sys.executable, "-m", "ragfast.cli", *args, "--corpus", str(a)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    try:
+        first = out / "chunks" / "emb-00000.npy"
+        assert _wait_for(first.exists, proc), "the build finished (or failed) before a chunk was on disk"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+    assert not (out / "vectors.npy").exists()
+    before = files_under(out)
+    err = one_error_line(cli(*args, "--corpus", str(b)))  # same size, chunking and encoder: other content
+    assert "holds an index built from other inputs (corpus.sha256:" in err
+    assert files_under(out) == before
+    # the same corpus resumes, and every row is A's
+    r = cli(*args, "--corpus", str(a), "--keep-chunks")
+    assert r.returncode == 0, r.stderr[-2000:]
+    from ragfast.data import load_corpus
+    from ragfast.retrieval.encoder import Encoder
+
+    want = Encoder("minilm").encode_passages(load_corpus(str(a)).contents(range(160))).numpy()
+    got = np.load(out / "vectors.npy")
+    np.testing.assert_allclose(got, want, atol=2e-5)
+    # a finished build with its chunks kept refuses the other corpus too
+    err = one_error_line(cli(*args, "--corpus", str(b), "--keep-chunks"))
+    assert "corpus.sha256" in err
+    # chunks whose build.json is gone: refused, never reinterpreted
+    (out / "build.json").unlink()
+    err = one_error_line(cli(*args, "--corpus", str(a)))
+    assert "but no build.json" in err
+
+
+def test_embedding_chunks_refuse_another_corpus_of_the_same_size(minilm_encoder, tmp_path):
+    from ragfast.retrieval.encoder import encode_corpus
+
+    a = [f"apple passage {i}" for i in range(12)]
+    b = [f"brick passage {i}" for i in range(12)]
+    out = tmp_path / "emb"
+    encode_corpus(minilm_encoder, a, out, chunk_size=4, progress=False, max_chunks=1)
+    with pytest.raises(DataError, match="the corpus content changed"):
+        encode_corpus(minilm_encoder, b, out, chunk_size=4, progress=False)
+    (out / "meta.json").unlink()
+    with pytest.raises(DataError, match="chunk.* but no meta.json"):
+        encode_corpus(minilm_encoder, a, out, chunk_size=4, progress=False)

@@ -30,6 +30,7 @@ from ragfast.http import is_url
 from ragfast.runner import slots as build
 from ragfast.progress import TurnReporter, turn_reporting
 from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
+from ragfast.outdir import LOCK_FILE
 from ragfast.results import dumps as json_dumps
 from ragfast.types import Question, Trajectory
 
@@ -629,7 +630,7 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     check_paths(cfg)
     out = Path(cfg.out)
     # The log of a run that failed before doing any work does not make the directory a run.
-    if out.exists() and any(p.name != "ragfast.log" for p in out.iterdir()) and not resume:
+    if out.exists() and any(p.name not in ("ragfast.log", LOCK_FILE) for p in out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     with run_log(out):

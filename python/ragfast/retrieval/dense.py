@@ -723,12 +723,13 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
             index = DenseIndex("flat", vectors=shipped, storage=storage, kernel_backend=kernel_backend)
             return DenseRetriever(enc, index, corpus)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "emb"
-    out = root / f"{corpus_fingerprint(corpus)}-{enc.fingerprint()}"
+    key = corpus_fingerprint(corpus)
+    out = root / f"{key}-{enc.fingerprint()}"
     meta = out / "meta.json"
     if meta.exists():
         # The cache is keyed by corpus and encoder only: resume with the chunking it was started with.
         chunk_size = int(json.loads(meta.read_text()).get("chunk_size", chunk_size))
-    emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress)
+    emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress, corpus_key=key)
     whole = out / "vectors.npy"
     if emb.chunks_total > 1 and not whole.exists():
         # Several chunks would be concatenated (copied) by every process that loads them; one

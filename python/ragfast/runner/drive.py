@@ -24,7 +24,7 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.types import Trajectory
 
 __all__ = ["prepare_out", "fingerprint", "check_resume", "data_identity", "slot_lines", "progress_bar",
-           "MethodRecorder", "load_ledger", "results_without_manifest"]
+           "MethodRecorder", "load_ledger", "results_without_manifest", "first_difference"]
 
 
 def prepare_out(out_dir: str | Path, results: str | Path, resume: bool) -> Path:
@@ -99,10 +99,14 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     return json.loads(json.dumps(fp, default=str, sort_keys=True))
 
 
-def _first_difference(old: Any, new: Any, path: str) -> str | None:
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """The first field where two JSON-like mappings differ, as ``"a.b: <old> in the run on disk, <new> now"``.
+
+    None when they are equal. Keys are visited in sorted order, so the message is stable.
+    """
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         for k in sorted(set(old) | set(new), key=str):
-            d = _first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+            d = first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
             if d:
                 return d
         return None
@@ -143,7 +147,7 @@ def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
         return
     new = json.loads(json.dumps(fp, default=str))
     # Data, slots and settings first: they name the cause; the question ids follow from them.
-    diff = _first_difference({k: old.get(k) for k in new if k != "questions"},
+    diff = first_difference({k: old.get(k) for k in new if k != "questions"},
                              {k: v for k, v in new.items() if k != "questions"}, "")
     if diff:
         raise ConfigError(f"--resume: {diff}; resume with the same settings, or use another --out")
