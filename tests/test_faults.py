@@ -266,3 +266,75 @@ def test_embedding_chunks_refuse_another_corpus_of_the_same_size(minilm_encoder,
     (out / "meta.json").unlink()
     with pytest.raises(DataError, match="chunk.* but no meta.json"):
         encode_corpus(minilm_encoder, a, out, chunk_size=4, progress=False)
+
+
+# -- bounded waits ------------------------------------------------------------------------------
+@pytest.fixture
+def hung_server():
+    """A loopback server that accepts connections and reads requests but never answers."""
+    import socket
+    import threading
+
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(64)
+    held, stop = [], threading.Event()
+
+    def accept():
+        srv.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                continue
+            held.append(c)
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    t.join(timeout=5)
+    for c in held:
+        c.close()
+    srv.close()
+
+
+def test_hung_server_times_out_with_a_progress_line_and_one_error(hung_server, monkeypatch, caplog):
+    import httpx
+
+    from ragfast import http
+
+    monkeypatch.setattr(http, "WAIT_NOTICE_S", 0.2)
+    monkeypatch.setenv("RAGFAST_CALL_TIMEOUT", "1.0")
+    monkeypatch.setenv("RAGFAST_TOTAL_TIMEOUT", "30")
+    url = hung_server + "/retrieve"
+    with httpx.Client(timeout=600) as client, caplog.at_level("WARNING", logger="ragfast.http"):
+        with pytest.raises(DataError, match=rf"^{url} did not answer within 1 s \(--call-timeout\)"):
+            http.post_json(client, url, {"queries": ["q"]}, retries=2, error=DataError)
+    assert any(f"still waiting for {url}" in r.getMessage() for r in caplog.records)
+    # the total bound wins over the per-call one
+    monkeypatch.setenv("RAGFAST_CALL_TIMEOUT", "60")
+    monkeypatch.setenv("RAGFAST_TOTAL_TIMEOUT", "0.5")
+    with httpx.Client() as client:
+        with pytest.raises(DataError, match=r"within 0 s \(--total-timeout\)|gave up on .* \(--total-timeout\)"):
+            http.get_json(client, url, error=DataError)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "abc"])
+def test_bad_timeout_flag_is_one_line(value, tmp_path):
+    r = cli("--call-timeout", value, "run", "searchr1", "--model", "scripted", "--out", str(tmp_path / "o"))
+    if value == "abc":  # typer refuses a non-number itself (its usage error, exit 2)
+        assert r.returncode == 2 and "Traceback" not in r.stderr
+    else:
+        assert "--call-timeout must be a number of seconds > 0" in one_error_line(r)
+    assert not (tmp_path / "o").exists()
+
+
+def test_hung_retriever_ends_the_run_with_one_line_naming_the_url(hung_server, tmp_path):
+    out = tmp_path / "run"
+    r = cli("--call-timeout", "2", "--total-timeout", "6", "run", "searchr1", "--model", "scripted", "--retriever",
+            hung_server, "--data", "hotpotqa-dev", "--limit", "3", "--no-progress", "--out", str(out), timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(err) == 1 and hung_server in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not out.exists() or not files_under(out).get("results.jsonl")

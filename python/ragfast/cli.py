@@ -63,15 +63,24 @@ def _root(
                                 help="More detail on the console (debug messages); put it before the command."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console (results "
                                "tables still print); put it before the command."),
+    call_timeout: Optional[float] = typer.Option(
+        None, "--call-timeout", metavar="S", help="Longest wait for one answer of a remote reasoner, retriever, "
+        "judge or teacher (default 300, or $RAGFAST_CALL_TIMEOUT); put it before the command."),
+    total_timeout: Optional[float] = typer.Option(
+        None, "--total-timeout", metavar="S", help="Longest wait for one request with its retries (default 900, "
+        "or $RAGFAST_TOTAL_TIMEOUT); put it before the command."),
 ) -> None:
     """ragfast: run and cost-measure multi-round RAG methods on the same questions.
 
     Runs write a log file (ragfast.log, every message including third-party warnings) into
     their results directory.
     """
+    from ragfast.http import set_timeouts, timeouts
     from ragfast.logs import setup
 
     setup(verbose=verbose, quiet=quiet)
+    set_timeouts(call_timeout, total_timeout)
+    timeouts()  # a bad environment value is one line now, not at the first request
 
 
 @app.command("backends")
