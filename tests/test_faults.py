@@ -338,3 +338,78 @@ def test_hung_retriever_ends_the_run_with_one_line_naming_the_url(hung_server, t
     err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and hung_server in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not out.exists() or not files_under(out).get("results.jsonl")
+
+
+# -- validation at the edge: one line, exit 2, no new files -------------------------------------
+def _hotpot_rows(n: int = 3) -> list[dict]:
+    from ragfast.data import sample
+
+    return [json.loads(x) for x in sample("hotpotqa-dev").read_text(encoding="utf-8").splitlines()[:n]]
+
+
+def _write_rows(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
+    """name -> (CLI arguments after the output options, a phrase the one error line holds)."""
+    rows = _hotpot_rows()
+    ff = tmp / "ff.jsonl"
+    ff.write_bytes(json.dumps(rows[0]).encode() + b"\n" + json.dumps(rows[1]).encode()[:-2] + b"\xff\"}\n")
+    corpus_ff = tmp / "corpus_ff.jsonl"
+    corpus_ff.write_bytes(b'{"id": "0", "contents": "\\"T\\"\\nok"}\n{"id": "1", "contents": "bad \xff"}\n')
+    answer_int = _write_rows(tmp / "answer_int.jsonl", [{**rows[0], "answer": 123}] + rows[1:])
+    ctx_str = _write_rows(tmp / "ctx_str.jsonl", [{**rows[0], "context": "str"}] + rows[1:])
+    long_q = _write_rows(tmp / "long_q.jsonl", [{**rows[0], "question": "why " * 5000}] + rows[1:])
+    cfg = {}
+    for name, text in (("budget_str", 'budget: "4"\n'), ("syntax", "topk: [3\nseed: 1\n"),
+                       ("dup", "topk: 3\nseed: 1\ntopk: 5\n"), ("nan", "threshold: .nan\n")):
+        cfg[name] = tmp / f"{name}.yaml"
+        cfg[name].write_text(text, encoding="utf-8")
+    run = ["run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--no-progress", "--limit", "2"]
+    bench = ["bench", "--limit", "2", "--val-limit", "2"]
+    return {
+        "xff in --data": (run + ["--data", str(ff)], "ff.jsonl:2: not UTF-8 text (byte 0xff"),
+        "xff in --corpus": (["index", "build", "--encoder", "bm25", "--corpus", str(corpus_ff)],
+                            "corpus_ff.jsonl:2: not UTF-8 text"),
+        "answer: 123": (run + ["--data", str(answer_int)], "gold answers must be strings, got int 123"),
+        "context: str": (run + ["--data", str(ctx_str)], "'context' must be an object"),
+        "question too long": (run + ["--data", str(long_q)], "over the limit of 4096"),
+        "YAML budget: '4'": (bench + ["--config", str(cfg["budget_str"])], "--budget must be an integer, got str '4'"),
+        "YAML budget: '4' (run)": (run + ["--config", str(cfg["budget_str"])], "max_turns must be an integer"),
+        "YAML syntax": (run + ["--config", str(cfg["syntax"])], "syntax.yaml:2:5: not valid YAML"),
+        "YAML duplicate key": (run + ["--config", str(cfg["dup"])], "duplicate key 'topk' (first on line 1)"),
+        "YAML threshold NaN": (bench + ["--config", str(cfg["nan"])], "--threshold must be a number (not NaN)"),
+        "--threshold nan": (bench + ["--method", "s2g", "--threshold", "nan"], "--threshold must be a number (not NaN)"),
+        "--val-limit 0": (["bench", "--limit", "2", "--val-limit", "0"], "--val-limit must be >= 1"),
+    }
+
+
+CASES = ["xff in --data", "xff in --corpus", "answer: 123", "context: str", "question too long", "YAML budget: '4'",
+         "YAML budget: '4' (run)", "YAML syntax", "YAML duplicate key", "YAML threshold NaN", "--threshold nan",
+         "--val-limit 0"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_exit_2_and_no_new_files(case, tmp_path):
+    args, phrase = _bad_inputs(tmp_path)[case]
+    out = tmp_path / "out"
+    before = files_under(tmp_path)
+    err = one_error_line(cli(*args, "--out", str(out)))
+    assert phrase in err, err
+    assert not out.exists(), files_under(out)
+    assert files_under(tmp_path) == before
+
+
+def test_yaml_method_is_an_alias_of_methods(tmp_path):
+    from ragfast.bench import make_config
+    from ragfast.settings import load_yaml
+
+    p = tmp_path / "m.yaml"
+    p.write_text("method: [searchr1, s2g]\n", encoding="utf-8")
+    assert load_yaml(str(p)) == {"methods": ["searchr1", "s2g"]}
+    assert make_config(yaml_path=str(p)).methods == ["searchr1", "s2g"]
+    p.write_text("method: [searchr1]\nmethods: [s2g]\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="set the same setting"):
+        load_yaml(str(p))

@@ -123,6 +123,9 @@ class BenchConfig:
     reasoner_config: str | None = None
 
     def __post_init__(self) -> None:
+        from ragfast.settings import check_types
+
+        check_types(self)  # a YAML string for a number is one line here, not a TypeError deep inside
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ConfigError(f"unknown method(s) {bad}; choose from {list(METHODS)}")
@@ -130,6 +133,16 @@ class BenchConfig:
             raise ConfigError(f"budget must be >= 0 and topk >= 1 (got budget={self.budget}, topk={self.topk})")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        for name in ("offset", "val_offset"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
+        # Checked before --out exists: a bad value must not leave a started run behind.
+        if self.val_limit < 1:
+            raise ConfigError(f"--val-limit must be >= 1 (validation questions for the S2G threshold), got "
+                              f"{self.val_limit}")
+        if self.batch_size < 1 or self.n_resamples < 1:
+            raise ConfigError(f"--batch-size and n_resamples must be >= 1, got {self.batch_size} and "
+                              f"{self.n_resamples}")
         if not 0 < self.min_precision <= 1:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:

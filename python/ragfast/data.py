@@ -84,8 +84,13 @@ def _resolve(path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 def _text_lines(p: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its newline) for every non-blank line of ``p``."""
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise DataError(f"{p}:{n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") \
+                    from None
             if line.strip():
                 yield n, line.rstrip("\n\r")
 
@@ -127,6 +132,8 @@ def _load_json_file(p: Path) -> Any:
     try:
         with open(p, encoding="utf-8") as f:
             return json.load(f)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}:{exc.lineno}: JSON does not parse (column {exc.colno}: {exc.msg})") from None
 
@@ -159,8 +166,7 @@ def detect_layout(path: str | Path) -> str:
                         "(prompt, reward_model, ...), FlashRAG (id, question, golden_answers) "
                         "or a corpus (id, contents)")
     if suffix == ".txt" or suffix == ".tsv":
-        with open(p, encoding="utf-8") as f:
-            first = next((ln for ln in f if ln.strip()), None)
+        first = next((ln for _, ln in _text_lines(p)), None)
         if first is None:
             raise DataError(f"{p}: the file is empty")
         if "\t" in first:
@@ -193,11 +199,40 @@ def detect_layout(path: str | Path) -> str:
 # QA loaders
 # ---------------------------------------------------------------------------------------------
 def _check(q: Question, where: str) -> Question:
-    if not isinstance(q.question, str) or not q.question.strip():
+    if not isinstance(q.question, str):
+        raise DataError(f"{where}: 'question' must be a string, got {type(q.question).__name__} (id {q.id!r})")
+    if not q.question.strip():
         raise DataError(f"{where}: empty question (id {q.id!r})")
     if not q.golden_answers:
         raise DataError(f"{where}: empty gold answer list (id {q.id!r})")
+    bad = [a for a in q.golden_answers if not isinstance(a, str)]
+    if bad:
+        raise DataError(f"{where}: gold answers must be strings, got {type(bad[0]).__name__} {_short(bad[0], 40)} "
+                        f"(id {q.id!r})")
+    if max_question_chars is not None and len(q.question) > max_question_chars:
+        raise DataError(f"{where}: question of {len(q.question)} characters, over the limit of "
+                        f"{max_question_chars} (id {q.id!r}; raise it with --max-question-chars)")
     return q
+
+
+#: Longest question accepted by :func:`load_qa` (characters; None: no limit). A 50 MB question
+#: took 192 s and 4.5 GB before it was capped; the longest in HotpotQA/MuSiQue is under 1,000.
+max_question_chars: int | None = 4096
+
+
+def _convert(conv: Any, rec: Any, where: str) -> Question:
+    """One record through its layout's converter; a record of the wrong shape is one line, not a traceback."""
+    if not isinstance(rec, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+    try:
+        return conv(rec, where)
+    except DataError:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        shape = {k: type(v).__name__ for k, v in rec.items() if k in ("question", "answer", "golden_answers",
+                                                                        "context", "supporting_facts", "paragraphs")}
+        raise DataError(f"{where}: a field has the wrong type ({type(exc).__name__}: {_short(str(exc), 80)}; "
+                        f"field types: {shape})") from None
 
 
 def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -214,6 +249,8 @@ def _req(rec: dict[str, Any], key: str, where: str) -> Any:
 def _hotpot_hf(rec: dict[str, Any], where: str) -> Question:
     sf = _req(rec, "supporting_facts", where)
     ctx = _req(rec, "context", where)
+    if not isinstance(ctx, dict):
+        raise DataError(f"{where}: 'context' must be an object {{title, sentences}}, got {type(ctx).__name__}")
     titles = list(dict.fromkeys(sf.get("title", []))) if isinstance(sf, dict) else []
     ans = _req(rec, "answer", where)
     meta = {"context": {"title": list(ctx.get("title", [])), "sentences": [list(s) for s in ctx.get("sentences", [])]},
@@ -227,6 +264,9 @@ def _hotpot_orig(rec: dict[str, Any], where: str) -> Question:
     # The original HotpotQA json: supporting_facts = [[title, sent_id]], context = [[title, [sentences]]].
     sf = _req(rec, "supporting_facts", where)
     ctx = _req(rec, "context", where)
+    if not isinstance(ctx, list) or not all(isinstance(c, list) and len(c) == 2 for c in ctx):
+        raise DataError(f"{where}: 'context' must be an object {{title, sentences}} or a list of [title, sentences] "
+                        f"pairs, got {type(ctx).__name__}")
     ans = _req(rec, "answer", where)
     meta = {"context": {"title": [c[0] for c in ctx], "sentences": [list(c[1]) for c in ctx]},
             "type": rec.get("type"), "level": rec.get("level"),
@@ -372,15 +412,15 @@ def load_qa(path: str | Path, limit: int | None = None) -> list[Question]:
         if p.suffix.lower() == ".json":
             data = _load_json_file(p)
             recs = data if isinstance(data, list) else data["data"]
-            qs = [conv(r, f"{p}: record {i}") for i, r in enumerate(recs)]
+            qs = [_convert(conv, r, f"{p}: record {i}") for i, r in enumerate(recs)]
         elif p.suffix.lower() == ".parquet":
             import pyarrow.parquet as pq
 
-            qs = [conv(r, f"{p}: row {i}") for i, r in enumerate(pq.read_table(p).to_pylist())]
+            qs = [_convert(conv, r, f"{p}: row {i}") for i, r in enumerate(pq.read_table(p).to_pylist())]
         else:
             qs = []
             for n, rec in _iter_jsonl(p):
-                qs.append(conv(rec, f"{p}:{n}"))
+                qs.append(_convert(conv, rec, f"{p}:{n}"))
                 if limit is not None and len(qs) >= limit:
                     break
     seen: set[str] = set()
@@ -630,6 +670,10 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         raise DataError(f"{p}: not a corpus: rows need 'id' and 'contents'; the first row has {sorted(rec)}")
     try:
         table = _read_jsonl_arrow(p, block_size)
+        # Arrow's JSON reader keeps bytes that are not UTF-8; they would fail at the first read of
+        # the row. Checked here, and the line-by-line reader then names the line.
+        for col in ("id", "contents"):
+            table.column(col).validate(full=True)
     except pa.ArrowInvalid:
         table = _read_jsonl_python(p)  # raises a DataError naming the line, or succeeds on odd-but-valid input
     return Corpus(table, str(p))
