@@ -413,3 +413,265 @@ def test_yaml_method_is_an_alias_of_methods(tmp_path):
     p.write_text("method: [searchr1]\nmethods: [s2g]\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="set the same setting"):
         load_yaml(str(p))
+
+
+# -- model files, remote scores, pickles --------------------------------------------------------
+def test_pickled_npy_index_is_refused(tmp_path):
+    import numpy as np
+
+    from ragfast.retrieval.dense import DenseIndex
+
+    p = tmp_path / "evil.npy"
+    np.save(p, np.array([{"a": 1}], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError, match="pickled Python objects"):
+        DenseIndex.load(p)
+
+
+def test_truncated_safetensors_is_one_model_error(tmp_path):
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from ragfast.checks import check_safetensors
+    from ragfast.errors import ModelError
+
+    f = tmp_path / "model.safetensors"
+    save_file({"w": np.ones((64, 64), dtype=np.float32)}, str(f))
+    check_safetensors(tmp_path)  # whole: fine
+    f.write_bytes(f.read_bytes()[:-100])
+    with pytest.raises(ModelError, match="truncated or not a safetensors file"):
+        check_safetensors(tmp_path)
+    f.write_bytes(b"\x05")
+    with pytest.raises(ModelError, match="truncated"):
+        check_safetensors(tmp_path)
+
+
+def test_trainer_state_is_loaded_weights_only(tmp_path):
+    import pickle
+
+    import torch
+
+    from ragfast.methods.s2g.causal_train import load_trainer_state
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self):
+            return (Path.touch, (marker,))
+
+    p = tmp_path / "trainer_state.pt"
+    with open(p, "wb") as f:
+        pickle.dump({"step": 1, "x": Evil()}, f)
+    with pytest.raises(ConfigError, match="not a plain trainer state"):
+        load_trainer_state(p)
+    assert not marker.exists()  # the pickle's code never ran
+    torch.save({"step": 3, "losses": [0.5], "optimizer": {"state": {}, "param_groups": []}}, p)
+    assert load_trainer_state(p)["step"] == 3
+
+
+@pytest.mark.parametrize("score", ["NaN", "Infinity", '"0.5"', "true"])
+def test_remote_judge_refuses_a_score_that_is_not_a_number_or_null(score):
+    import httpx
+
+    from ragfast.errors import ModelError
+    from ragfast.models.remote_judge import RemoteJudge
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/health":
+            return httpx.Response(200, json={"judge": {"name": "j", "meaningful": True}})
+        n = len(json.loads(request.content)["states"])
+        body = '{"scores": [0.25' + (", " + score) * (n - 1) + "]}"
+        return httpx.Response(200, content=body.encode(), headers={"content-type": "application/json"})
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    judge = RemoteJudge("http://judge.test", client=client)
+    with pytest.raises(ModelError, match=r"sent score 1 = .*not a finite number or null"):
+        judge.stop_scores([("q", ["a"]), ("q", ["a", "b"])])
+    ok = httpx.Client(transport=httpx.MockTransport(
+        lambda r: handler(r) if r.url.path == "/health" else httpx.Response(200, json={"scores": [0.5, None]})))
+    got = RemoteJudge("http://judge.test", client=ok).stop_scores([("q", ["a"]), ("q", ["b"])])
+    assert got[0] == 0.5 and got[1] != got[1]  # null: the state could not be scored (NaN, never stops)
+
+
+# -- a full disk --------------------------------------------------------------------------------
+def test_full_disk_is_one_line_and_resume_completes_the_run(clean_run, tmp_path, monkeypatch, capsys):
+    import errno
+
+    from ragfast import cli as cli_mod
+    from ragfast.results import ResultsWriter
+
+    real_write, calls = ResultsWriter.write, {"n": 0}
+
+    def write(self, record):
+        calls["n"] += 1
+        if calls["n"] == 6:  # the disk fills in the middle of the sixth line
+            data = json.dumps(record).encode()
+            self._f.write(data[: len(data) // 2])
+            self._f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(self, record)
+
+    monkeypatch.setattr(ResultsWriter, "write", write)
+    out = tmp_path / "full"
+    monkeypatch.setattr(sys, "argv", ["ragfast", *run_args(out, limit=40)])
+    with pytest.raises(SystemExit) as exc:
+        cli_mod.main()
+    assert exc.value.code == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.strip().startswith("error:")]
+    assert len(err) == 1 and "the disk is full" in err[0] and "--resume" in err[0]
+    monkeypatch.setattr(ResultsWriter, "write", real_write)
+    r = cli(*run_args(out, "--resume", limit=40))
+    assert r.returncode == 0 and "cut a partial last line" in r.stderr, r.stderr[-2000:]
+    clean = json.loads((clean_run / "summary.json").read_text())
+    got = json.loads((out / "summary.json").read_text())
+    assert got["questions"] == 40 and got["em"] == clean["em"]
+    assert no_timing(got["cost"]["total"]) == no_timing(clean["cost"]["total"])
+    assert _ledger_by_question(out) == _ledger_by_question(clean_run)
+
+
+# -- servers ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def bm25_app_parts():
+    from ragfast.data import Corpus
+    from ragfast.retrieval.bm25 import BM25Retriever
+
+    corpus = Corpus.from_rows([{"id": str(i), "contents": f'"T{i}"\npassage {i} about topic {i % 5}'}
+                               for i in range(30)])
+    return BM25Retriever.build(corpus)
+
+
+def test_server_needs_json_content_type_and_the_token(bm25_app_parts):
+    from fastapi.testclient import TestClient
+
+    from ragfast.retrieval.server import create_app
+
+    body = json.dumps({"queries": ["topic 3"], "topk": 2})
+    with TestClient(create_app(bm25_app_parts)) as cl:
+        r = cl.post("/retrieve", content=body, headers={"content-type": "text/plain"})  # a "simple" CORS request
+        assert r.status_code == 415 and "application/json" in r.json()["detail"]
+        assert cl.post("/retrieve", content=body).status_code == 415  # no Content-Type at all
+        ok = cl.post("/retrieve", content=body, headers={"content-type": "application/json; charset=utf-8"})
+        assert ok.status_code == 200 and len(ok.json()["result"][0]) == 2
+    with TestClient(create_app(bm25_app_parts, api_key="s3cret")) as cl:
+        assert cl.get("/health").status_code == 401
+        assert cl.post("/retrieve", json={"queries": ["x"]}, headers={"authorization": "Bearer wrong"}).status_code == 401
+        r = cl.post("/retrieve", json={"queries": ["topic 3"]}, headers={"authorization": "Bearer s3cret"})
+        assert r.status_code == 200
+
+
+def test_judge_server_needs_json_content_type(monkeypatch):
+    from fastapi.testclient import TestClient
+
+    from ragfast.commands.judge import make_app
+    from ragfast.models.judge import load_judge
+
+    with TestClient(make_app(load_judge("head"), api_key="k")) as cl:
+        body = json.dumps({"states": [{"question": "q", "evidence": ["e"]}]})
+        assert cl.post("/score", content=body, headers={"content-type": "application/json"}).status_code == 401
+        r = cl.post("/score", content=body, headers={"content-type": "text/plain", "authorization": "Bearer k"})
+        assert r.status_code == 415
+        r = cl.post("/score", content=body, headers={"content-type": "application/json", "authorization": "Bearer k"})
+        assert r.status_code == 200 and len(r.json()["scores"]) == 1
+
+
+@pytest.mark.parametrize("args, phrase", [
+    (["--port", "70000"], "--port must be a TCP port from 1 to 65535, got 70000"),
+    (["--host", "0.0.0.0"], "--host 0.0.0.0 is reachable from other machines: set --api-key"),
+])
+@pytest.mark.parametrize("command", ["serve-retriever", "serve-judge"])
+def test_server_bind_checks_are_one_line_before_anything_loads(command, args, phrase, tmp_path):
+    extra = ["--corpus", "wiki-sample", "--encoder", "bm25"] if command == "serve-retriever" else []
+    env = {k: v for k, v in ENV.items() if k != "RAGFAST_API_KEY"}
+    r = subprocess.run([sys.executable, "-m", "ragfast.cli", command, *extra, *args], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert phrase in one_error_line(r)
+
+
+def _serve_in_thread(app, head_timeout_s: float):
+    import socket
+    import threading
+
+    import uvicorn
+
+    from ragfast.serving import uvicorn_options
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_options("127.0.0.1", port, head_timeout_s=head_timeout_s,
+                                                                  keep_alive_s=1.0), log_level="error"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    deadline = time.time() + 30
+    while not server.started and time.time() < deadline:
+        time.sleep(0.02)
+    assert server.started
+    return server, t, port
+
+
+def test_idle_and_slow_loris_connections_are_closed(bm25_app_parts):
+    import socket
+
+    from ragfast.retrieval.server import create_app
+
+    server, thread, port = _serve_in_thread(create_app(bm25_app_parts), head_timeout_s=1.0)
+    try:
+        idle = socket.create_connection(("127.0.0.1", port))
+        loris = socket.create_connection(("127.0.0.1", port))
+        loris.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
+        for s in (idle, loris):
+            s.settimeout(20)  # a bound on the test, not a performance figure
+        for i in range(40):  # the slow client keeps trickling header bytes
+            try:
+                loris.sendall(b"X-a: b\r\n")
+            except OSError:
+                break
+            time.sleep(0.1)
+        assert loris.recv(1024) == b""  # closed by the server: no whole head within the deadline
+        assert idle.recv(1024) == b""
+        # a normal client is still served, and its kept-alive connection may send the next request
+        import httpx
+
+        with httpx.Client() as cl:
+            for _ in range(3):
+                r = cl.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["topic 1"], "topk": 1})
+                assert r.status_code == 200
+        idle.close()
+        loris.close()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
+def test_request_cancelled_at_shutdown_is_one_log_line_and_a_503(caplog):
+    import asyncio
+    import logging
+
+    from ragfast.serving import RequestIdMiddleware
+
+    async def hangs(scope, receive, send):
+        await asyncio.sleep(3600)
+
+    sent = []
+
+    async def send(msg):
+        sent.append(msg)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def main():
+        mw = RequestIdMiddleware(hangs, logger=logging.getLogger("ragfast.test.shutdown"))
+        task = asyncio.ensure_future(mw({"type": "http", "method": "POST", "path": "/score", "headers": []},
+                                        receive, send))
+        await asyncio.sleep(0.05)
+        task.cancel()  # what uvicorn does to requests still running past --graceful-s
+        await asyncio.wait([task])
+        return task
+
+    with caplog.at_level("ERROR", logger="ragfast.test.shutdown"):
+        task = asyncio.run(main())
+    assert not task.cancelled() and task.exception() is None
+    lines = [r for r in caplog.records if r.name == "ragfast.test.shutdown"]
+    assert len(lines) == 1 and "cancelled: 503 the server is shutting down" in lines[0].getMessage()
+    assert lines[0].exc_info is None  # no traceback
+    assert sent[0]["status"] == 503 and b"shutting down" in sent[1]["body"]

@@ -1,6 +1,7 @@
 """The ``ragfast`` command line. Each area adds its commands from ``ragfast.commands.<area>``."""
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -152,6 +153,12 @@ def main() -> None:
             raise
         _fail(msg)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # Results and ledgers are written a whole line per call and a resume cuts a torn last
+            # line, so what finished is valid: say so in one line instead of a long traceback.
+            where = f" writing {exc.filename}" if exc.filename else ""
+            _fail(f"the disk is full{where} ({exc.strerror}); the results finished so far are kept: free some "
+                  "space and rerun with --resume")
         if exc.filename is None:  # not about a path the user gave: a real failure, keep its traceback
             raise
         # A path the user named that cannot be read or written (permissions, a file for a directory...).

@@ -21,7 +21,7 @@ from typing import Any
 
 from ragfast.errors import ConfigError, RagfastError
 
-__all__ = ["is_url", "check_url", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
+__all__ = ["is_url", "check_url", "auth_headers", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
            "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S", "WAIT_NOTICE_S"]
 
 #: One attempt: long enough for a 7B reasoner to generate 500 tokens for a batch of 64 on a
@@ -116,6 +116,12 @@ def check_url(url: str, what: str) -> str:
     if not is_url(url):
         raise ConfigError(f"{what} must start with http:// or https://, got {url!r}")
     return url
+
+
+def auth_headers() -> dict[str, str]:
+    """``Authorization: Bearer $RAGFAST_API_KEY`` for ragfast's own servers when the variable is set, else {}."""
+    key = os.environ.get("RAGFAST_API_KEY")
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _snippet(text: str, n: int) -> str:

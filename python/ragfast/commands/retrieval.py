@@ -43,12 +43,23 @@ def register(app: typer.Typer) -> None:
                                                                       "keep workers x threads <= cores)."),
         graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
                                                                     "may take to finish."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token every request must carry "
+                                                                      "(default $RAGFAST_API_KEY; required beyond "
+                                                                      "loopback)."),
+        head_timeout_s: float = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a "
+                                                                             "whole request head within this is "
+                                                                             "closed (idle and slow-loris sockets)."),
+        keep_alive_s: float = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after "
+                                                                       "this."),
+        max_connections: int = typer.Option(2048, "--max-connections", help="Connections or requests in flight "
+                                                                            "beyond this get 503."),
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve
 
         serve(corpus, index, encoder, topk=topk, host=host, port=port, workers=workers, storage=storage,
-              device=device, threads=threads, graceful_s=graceful_s,
+              device=device, threads=threads, graceful_s=graceful_s, api_key=api_key, head_timeout_s=head_timeout_s,
+              keep_alive_s=keep_alive_s, max_connections=max_connections,
               app_options={"max_queries": max_queries, "max_query_chars": max_query_chars, "max_topk": max_topk,
                            "max_body_bytes": max_body_bytes, "max_batch": max_batch, "chunk": chunk,
                            "max_wait_ms": max_wait_ms, "batching": not no_batching})

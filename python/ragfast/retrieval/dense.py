@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search
+from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search, load_npy
 from ragfast.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
@@ -351,14 +351,14 @@ class DenseIndex:
         if p.is_dir():
             meta = read_index_meta(p, _FORMAT, "index directory")
             if meta["backend"] == "flat":
-                vec = np.load(p / "vectors.npy", mmap_mode="r" if mmap else None)
+                vec = load_npy(p / "vectors.npy", mmap)
                 return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
             idx = _read_faiss(p / "index.faiss", mmap)
             return cls("faiss", faiss_index=idx, factory=meta.get("factory"),
                        search_params=search_params if search_params is not None else meta.get("search_params"),
                        gpus=gpus)
         if p.suffix == ".npy":
-            vec = np.load(p, mmap_mode="r" if mmap else None)
+            vec = load_npy(p, mmap)
             return cls("flat", vectors=as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
         return cls("faiss", faiss_index=_read_faiss(p, mmap), search_params=search_params, gpus=gpus)
 

@@ -182,6 +182,9 @@ class Encoder:
         self._flops_ok = True
         if backend == "torch":
             try:
+                from ragfast.checks import check_safetensors
+
+                check_safetensors(path)
                 self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=self.dtype)
             except Exception as exc:
                 raise ModelError(f"cannot load encoder weights from {path}: {exc}") from exc
