@@ -362,6 +362,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     answer_int = _write_rows(tmp / "answer_int.jsonl", [{**rows[0], "answer": 123}] + rows[1:])
     ctx_str = _write_rows(tmp / "ctx_str.jsonl", [{**rows[0], "context": "str"}] + rows[1:])
     long_q = _write_rows(tmp / "long_q.jsonl", [{**rows[0], "question": "why " * 5000}] + rows[1:])
+    long_p = _write_rows(tmp / "long_p.jsonl", [{"id": "0", "contents": '"T"\nok'},
+                                                 {"id": "1", "contents": '"T"\n' + "x" * (200000 - 4)}])
     cfg = {}
     for name, text in (("budget_str", 'budget: "4"\n'), ("syntax", "topk: [3\nseed: 1\n"),
                        ("dup", "topk: 3\nseed: 1\ntopk: 5\n"), ("nan", "threshold: .nan\n")):
@@ -375,7 +377,9 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
                             "corpus_ff.jsonl:2: not UTF-8 text"),
         "answer: 123": (run + ["--data", str(answer_int)], "gold answers must be strings, got int 123"),
         "context: str": (run + ["--data", str(ctx_str)], "'context' must be an object"),
-        "question too long": (run + ["--data", str(long_q)], "over the limit of 4096"),
+        "question too long": (run + ["--data", str(long_q)], "over the limit of 4096 (id"),
+        "passage too long": (["index", "build", "--encoder", "bm25", "--corpus", str(long_p)],
+                             "passage 1 (id '1') has 200000 characters, over the limit of 100000"),
         "YAML budget: '4'": (bench + ["--config", str(cfg["budget_str"])], "--budget must be an integer, got str '4'"),
         "YAML budget: '4' (run)": (run + ["--config", str(cfg["budget_str"])], "max_turns must be an integer"),
         "YAML syntax": (run + ["--config", str(cfg["syntax"])], "syntax.yaml:2:5: not valid YAML"),
@@ -386,7 +390,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
     }
 
 
-CASES = ["xff in --data", "xff in --corpus", "answer: 123", "context: str", "question too long", "YAML budget: '4'",
+CASES = ["xff in --data", "xff in --corpus", "answer: 123", "context: str", "question too long", "passage too long",
+         "YAML budget: '4'",
          "YAML budget: '4' (run)", "YAML syntax", "YAML duplicate key", "YAML threshold NaN", "--threshold nan",
          "--val-limit 0"]
 
@@ -675,3 +680,24 @@ def test_request_cancelled_at_shutdown_is_one_log_line_and_a_503(caplog):
     assert len(lines) == 1 and "cancelled: 503 the server is shutting down" in lines[0].getMessage()
     assert lines[0].exc_info is None  # no traceback
     assert sent[0]["status"] == 503 and b"shutting down" in sent[1]["body"]
+
+
+def test_manifest_mismatch_names_the_first_changed_field_in_one_short_line(tmp_path):
+    from ragfast.results import write_manifest
+
+    cfg = {"methods": ["searchr1", "s2g", "stepgap", "reloop"], "topk": 3, "corpus": ["contexts"] * 40}
+    write_manifest(tmp_path, pipeline="bench", slots={}, config=cfg, seed=0)
+    with pytest.raises(DataError) as exc:
+        write_manifest(tmp_path, pipeline="bench", slots={}, config={**cfg, "methods": ["s2g"]}, seed=0)
+    msg = str(exc.value)
+    assert 'config.methods: ["searchr1", "s2g", "stepgap", "reloop"] in the run on disk, ["s2g"] now' in msg
+    assert len(msg) < 300 and "\n" not in msg
+
+
+def test_length_caps_are_flags(tmp_path):
+    rows = _hotpot_rows(2)
+    data = _write_rows(tmp_path / "q.jsonl", [{**rows[0], "question": "why " * 1100}] + rows[1:])
+    out = tmp_path / "out"
+    assert "over the limit of 4096" in one_error_line(cli(*run_args(out, limit=2)[:7], str(data), *run_args(out)[8:]))
+    r = cli("--max-question-chars", "5000", *run_args(out, limit=2)[:7], str(data), *run_args(out, limit=2)[8:])
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -70,6 +70,12 @@ def _root(
     total_timeout: Optional[float] = typer.Option(
         None, "--total-timeout", metavar="S", help="Longest wait for one request with its retries (default 900, "
         "or $RAGFAST_TOTAL_TIMEOUT); put it before the command."),
+    max_question_chars: Optional[int] = typer.Option(
+        None, "--max-question-chars", metavar="N", help="Longest question a QA file may hold (default 4096); put "
+        "it before the command."),
+    max_passage_chars: Optional[int] = typer.Option(
+        None, "--max-passage-chars", metavar="N", help="Longest corpus passage (default 100000); put it before "
+        "the command."),
 ) -> None:
     """ragfast: run and cost-measure multi-round RAG methods on the same questions.
 
@@ -81,6 +87,10 @@ def _root(
 
     setup(verbose=verbose, quiet=quiet)
     set_timeouts(call_timeout, total_timeout)
+    if max_question_chars is not None or max_passage_chars is not None:
+        from ragfast.data import set_length_caps
+
+        set_length_caps(max_question_chars, max_passage_chars)
     timeouts()  # a bad environment value is one line now, not at the first request
 
 

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ragfast.errors import DataError
+from ragfast.errors import ConfigError, DataError
 from ragfast.types import Passage, Question
 
 __all__ = [
@@ -215,9 +215,39 @@ def _check(q: Question, where: str) -> Question:
     return q
 
 
-#: Longest question accepted by :func:`load_qa` (characters; None: no limit). A 50 MB question
-#: took 192 s and 4.5 GB before it was capped; the longest in HotpotQA/MuSiQue is under 1,000.
+#: Longest question accepted by :func:`load_qa` (characters; None: no limit; ``ragfast
+#: --max-question-chars``). A 50 MB question took 192 s and 4.5 GB before it was capped; the
+#: longest in HotpotQA/MuSiQue is under 1,000.
 max_question_chars: int | None = 4096
+#: Longest corpus passage accepted by :func:`load_corpus` (``ragfast --max-passage-chars``);
+#: wiki-18 passages are about 100 words.
+max_passage_chars: int | None = 100_000
+
+
+def set_length_caps(question_chars: int | None = None, passage_chars: int | None = None) -> None:
+    """Set the question and passage length caps (``ragfast --max-question-chars/--max-passage-chars``)."""
+    global max_question_chars, max_passage_chars
+    for flag, v in (("--max-question-chars", question_chars), ("--max-passage-chars", passage_chars)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{flag} must be an integer >= 1, got {v!r}")
+    if question_chars is not None:
+        max_question_chars = question_chars
+    if passage_chars is not None:
+        max_passage_chars = passage_chars
+
+
+def _check_passage_lengths(table: pa.Table, where: str) -> pa.Table:
+    import pyarrow.compute as pc
+
+    if max_passage_chars is None or table.num_rows == 0:
+        return table
+    lengths = pc.utf8_length(table.column("contents"))
+    longest = pc.max(lengths).as_py() or 0
+    if longest > max_passage_chars:
+        row = pc.index(lengths, longest).as_py()
+        raise DataError(f"{where}: passage {row} (id {table.column('id')[row].as_py()!r}) has {longest} characters, "
+                        f"over the limit of {max_passage_chars} (raise it with --max-passage-chars)")
+    return table
 
 
 def _convert(conv: Any, rec: Any, where: str) -> Question:
@@ -662,7 +692,7 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         import pyarrow.parquet as pq
 
         try:
-            return Corpus(pq.read_table(p, columns=["id", "contents"]), str(p))
+            return Corpus(_check_passage_lengths(pq.read_table(p, columns=["id", "contents"]), str(p)), str(p))
         except (pa.ArrowInvalid, KeyError) as exc:
             raise DataError(f"{p}: not a corpus parquet with columns id, contents ({exc})") from None
     rec, _ = _first_json_line(p)
@@ -676,7 +706,7 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
             table.column(col).validate(full=True)
     except pa.ArrowInvalid:
         table = _read_jsonl_python(p)  # raises a DataError naming the line, or succeeds on odd-but-valid input
-    return Corpus(table, str(p))
+    return Corpus(_check_passage_lengths(table, str(p)), str(p))
 
 
 def corpus_from_contexts(questions: Iterable[Question] | str | Path) -> Corpus:

@@ -329,12 +329,26 @@ def write_manifest(out_dir: str | Path, *, pipeline: str, slots: Mapping[str, An
         old = read_manifest(out_dir)
         for key in ("pipeline", "config", "seed"):
             if old.get(key) != entry[key]:
-                raise DataError(f"{path}: {key} differs from the run being resumed "
-                                f"({old.get(key)!r} != {entry[key]!r}); use a new --out directory")
+                what = _first_change(old.get(key), entry[key], key)
+                raise DataError(f"{path}: {what}; resume with the same settings, or use a new --out directory")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(entry, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)  # atomic: a crash never leaves half a manifest
     return path
+
+
+def _first_change(old: Any, new: Any, path: str) -> str:
+    """``"config.methods: [...] in the run on disk, [...] now"``: the first differing field, short."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            if old.get(k) != new.get(k):
+                return _first_change(old.get(k), new.get(k), f"{path}.{k}")
+
+    def short(v: Any) -> str:
+        t = json.dumps(v, default=str)
+        return t if len(t) <= 70 else t[:67] + "..."
+
+    return f"{path}: {short(old)} in the run on disk, {short(new)} now"
 
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any]:
