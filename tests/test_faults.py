@@ -138,10 +138,12 @@ def clean_run(tmp_path_factory):
     return out
 
 
-def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean_run, tmp_path):
+@pytest.mark.parametrize("kill_at", [5, pytest.param(1, marks=pytest.mark.slow), pytest.param(23, marks=pytest.mark.slow),
+                                     pytest.param(36, marks=pytest.mark.slow)])
+def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean_run, tmp_path, kill_at):
     out = tmp_path / "killed"
-    done = _kill_after(run_args(out, limit=40), out / "results.jsonl", 5)
-    assert 5 <= done < 40
+    done = _kill_after(run_args(out, limit=40), out / "results.jsonl", kill_at)
+    assert kill_at <= done < 40
     # the ledger was written as questions finished: every finished question has its records
     ids = {json.loads(x)["id"] for x in (out / "results.jsonl").read_text().splitlines() if x.endswith("}")}
     assert ids <= set(_ledger_by_question(out))
@@ -149,6 +151,9 @@ def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean
     assert r.returncode == 0, r.stderr[-2000:]
     clean = json.loads((clean_run / "summary.json").read_text())
     resumed = json.loads((out / "summary.json").read_text())
+    # a clean run's ledger file holds every record it made: the file's totals are the process's
+    for comp, row in clean["this_run_cost"].items():
+        assert {k: v for k, v in row.items() if k != "batches"} == pytest.approx(clean["cost"][comp]), comp
     # the summary's cost covers every question, as its EM does (issue 24 #7) ...
     assert resumed["questions"] == clean["questions"] == 40 and resumed["this_run_questions"] < 40
     for comp in clean["cost"]:
