@@ -379,7 +379,10 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
                 "n_val_questions": len(val), "n_val_states": int(len(sc)), "min_precision": cfg.min_precision,
                 "val_precision": prec, "val_recall": recall,
                 "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
-                "val_brier": float(brier(lab, sigmoid(sc))), "labels": "answer-only probe EM from the state"}
+                # over the scored states: a state the judge could not score (null, NaN) has no probability
+                "val_brier": float(brier(lab[np.isfinite(sc)], sigmoid(sc[np.isfinite(sc)])))
+                if np.isfinite(sc).any() else float("nan"),
+                "labels": "answer-only probe EM from the state"}
         # The judge's slot label comes from this measurement, not from what the judge says of itself.
         from ragfast.verdicts import judge_vs_doc_count
 
