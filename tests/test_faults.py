@@ -706,3 +706,18 @@ def test_length_caps_are_flags(tmp_path):
     assert "over the limit of 4096" in one_error_line(cli(*run_args(out, limit=2)[:7], str(data), *run_args(out)[8:]))
     r = cli("--max-question-chars", "5000", *run_args(out, limit=2)[:7], str(data), *run_args(out, limit=2)[8:])
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_file_fingerprint_sees_a_rewrite_of_the_same_size(tmp_path):
+    from ragfast.checks import file_fingerprint
+
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"a" * 300_000)
+    before = file_fingerprint(f)
+    st = f.stat()
+    with open(f, "r+b") as fh:  # same size, same mtime: only the middle sample changes
+        fh.seek(150_000)
+        fh.write(b"b")
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert file_fingerprint(f) != before
+    assert file_fingerprint(tmp_path / "nope") == "missing"

@@ -30,6 +30,7 @@ __all__ = [
     "check_safetensors",
     "check_port",
     "load_npy",
+    "file_fingerprint",
 ]
 
 
@@ -301,3 +302,25 @@ def load_npy(path: Any, mmap: bool = True) -> np.ndarray:
         raise DataError(f"{path}: not a readable .npy matrix ({' '.join(str(exc).split())[:160]})") from None
     except (OSError, EOFError) as exc:
         raise DataError(f"{path}: not a readable .npy matrix ({exc})") from None
+
+
+def file_fingerprint(path: Any, sample: int = 1 << 16) -> str:
+    """A cheap content key of a (possibly huge) file: size, mtime and a sha256 of three samples.
+
+    The first, middle and last ``sample`` bytes are hashed with the size and the mtime in
+    nanoseconds, so a rewritten or replaced file gets another key without reading it whole
+    (60 GB indexes and multi-GB weights). A missing file is ``"missing"``.
+    """
+    import hashlib
+    import os
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        for off in sorted({0, max(0, st.st_size // 2 - sample // 2), max(0, st.st_size - sample)}):
+            f.seek(off)
+            h.update(f.read(sample))
+    return h.hexdigest()[:20]

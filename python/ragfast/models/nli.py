@@ -259,10 +259,15 @@ class NLIScorer:
         from ragfast.models.export import export_onnx
 
         root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser() / "onnx"
-        st = (model_dir / "config.json").stat()
         import hashlib
 
-        digest = hashlib.sha1(f"{model_dir.resolve()}|{st.st_mtime_ns}|{self.max_length}".encode()).hexdigest()[:10]
+        from ragfast.checks import file_fingerprint
+
+        # Keyed by the content of the config and the weights (size, mtime, sampled hash), not the
+        # config's mtime alone: new weights under an old config.json must not reuse a stale export.
+        files = [model_dir / n for n in ("config.json", "model.safetensors", "pytorch_model.bin")]
+        content = "|".join(file_fingerprint(f) for f in files)
+        digest = hashlib.sha1(f"{model_dir.resolve()}|{content}|{self.max_length}".encode()).hexdigest()[:10]
         key = f"{model_dir.resolve().name}-{digest}"
         out = root / key
         if (out / "model.onnx").is_file():
