@@ -42,7 +42,9 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
 
 
 def files_under(p: Path) -> dict[str, int]:
-    return {str(f.relative_to(p)): f.stat().st_size for f in p.rglob("*") if f.is_file()} if p.exists() else {}
+    """Every file under ``p`` with its size, but the lock file (it holds the pid of its last holder)."""
+    return {str(f.relative_to(p)): f.stat().st_size for f in p.rglob("*")
+            if f.is_file() and f.name != ".ragfast.lock"} if p.exists() else {}
 
 
 def no_timing(obj):
