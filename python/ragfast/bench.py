@@ -133,16 +133,10 @@ class BenchConfig:
             raise ConfigError(f"budget must be >= 0 and topk >= 1 (got budget={self.budget}, topk={self.topk})")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
-        for name in ("offset", "val_offset"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 0, got {getattr(self, name)}")
-        # Checked before --out exists: a bad value must not leave a started run behind.
-        if self.val_limit < 1:
-            raise ConfigError(f"--val-limit must be >= 1 (validation questions for the S2G threshold), got "
-                              f"{self.val_limit}")
-        if self.batch_size < 1 or self.n_resamples < 1:
-            raise ConfigError(f"--batch-size and n_resamples must be >= 1, got {self.batch_size} and "
-                              f"{self.n_resamples}")
+        # Checked before --out exists (--val-limit 0 used to run searchr1 first, then fail).
+        for name, lo in (("offset", 0), ("val_offset", 0), ("val_limit", 1), ("batch_size", 1), ("n_resamples", 1)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
         if not 0 < self.min_precision <= 1:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:
@@ -379,9 +373,8 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
                 "n_val_questions": len(val), "n_val_states": int(len(sc)), "min_precision": cfg.min_precision,
                 "val_precision": prec, "val_recall": recall,
                 "val_ap": float(average_precision(lab, sc)) if 0 < lab.sum() < len(lab) else float("nan"),
-                # over the scored states: a state the judge could not score (null, NaN) has no probability
-                "val_brier": float(brier(lab[np.isfinite(sc)], sigmoid(sc[np.isfinite(sc)])))
-                if np.isfinite(sc).any() else float("nan"),
+                # over the scored states only: one the judge could not score (null) has no probability
+                "val_brier": float(brier(lab[ok], sigmoid(sc[ok]))) if (ok := np.isfinite(sc)).any() else float("nan"),
                 "labels": "answer-only probe EM from the state"}
         # The judge's slot label comes from this measurement, not from what the judge says of itself.
         from ragfast.verdicts import judge_vs_doc_count

@@ -88,9 +88,8 @@ def _text_lines(p: Path) -> Iterator[tuple[int, str]]:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise DataError(f"{p}:{n}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {exc.start + 1})") \
-                    from None
+            except UnicodeDecodeError as e:
+                raise DataError(f"{p}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if line.strip():
                 yield n, line.rstrip("\n\r")
 
@@ -199,70 +198,58 @@ def detect_layout(path: str | Path) -> str:
 # QA loaders
 # ---------------------------------------------------------------------------------------------
 def _check(q: Question, where: str) -> Question:
-    if not isinstance(q.question, str):
-        raise DataError(f"{where}: 'question' must be a string, got {type(q.question).__name__} (id {q.id!r})")
-    if not q.question.strip():
-        raise DataError(f"{where}: empty question (id {q.id!r})")
+    if not isinstance(q.question, str) or not q.question.strip():
+        what = "empty question" if isinstance(q.question, str) else f"'question' must be a string, got " \
+            f"{type(q.question).__name__}"
+        raise DataError(f"{where}: {what} (id {q.id!r})")
     if not q.golden_answers:
         raise DataError(f"{where}: empty gold answer list (id {q.id!r})")
-    bad = [a for a in q.golden_answers if not isinstance(a, str)]
-    if bad:
+    if bad := [a for a in q.golden_answers if not isinstance(a, str)]:
         raise DataError(f"{where}: gold answers must be strings, got {type(bad[0]).__name__} {_short(bad[0], 40)} "
                         f"(id {q.id!r})")
     if max_question_chars is not None and len(q.question) > max_question_chars:
-        raise DataError(f"{where}: question of {len(q.question)} characters, over the limit of "
-                        f"{max_question_chars} (id {q.id!r}; raise it with --max-question-chars)")
+        raise DataError(f"{where}: question of {len(q.question)} characters, over the limit of {max_question_chars} "
+                        f"(id {q.id!r}; raise it with --max-question-chars)")
     return q
 
 
-#: Longest question accepted by :func:`load_qa` (characters; None: no limit; ``ragfast
-#: --max-question-chars``). A 50 MB question took 192 s and 4.5 GB before it was capped; the
-#: longest in HotpotQA/MuSiQue is under 1,000.
+#: Longest question (load_qa) and passage (load_corpus), characters; ``ragfast --max-question-chars``. A 50 MB
+#: question took 192 s and 4.5 GB uncapped; HotpotQA questions are < 1,000, wiki-18 passages ~100 words.
 max_question_chars: int | None = 4096
-#: Longest corpus passage accepted by :func:`load_corpus` (``ragfast --max-passage-chars``);
-#: wiki-18 passages are about 100 words.
 max_passage_chars: int | None = 100_000
 
 
 def set_length_caps(question_chars: int | None = None, passage_chars: int | None = None) -> None:
-    """Set the question and passage length caps (``ragfast --max-question-chars/--max-passage-chars``)."""
+    """Set the length caps (``ragfast --max-question-chars/--max-passage-chars``); None keeps one."""
     global max_question_chars, max_passage_chars
     for flag, v in (("--max-question-chars", question_chars), ("--max-passage-chars", passage_chars)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise ConfigError(f"{flag} must be an integer >= 1, got {v!r}")
-    if question_chars is not None:
-        max_question_chars = question_chars
-    if passage_chars is not None:
-        max_passage_chars = passage_chars
+    max_question_chars = max_question_chars if question_chars is None else question_chars
+    max_passage_chars = max_passage_chars if passage_chars is None else passage_chars
 
 
 def _check_passage_lengths(table: pa.Table, where: str) -> pa.Table:
     import pyarrow.compute as pc
-
     if max_passage_chars is None or table.num_rows == 0:
         return table
     lengths = pc.utf8_length(table.column("contents"))
-    longest = pc.max(lengths).as_py() or 0
-    if longest > max_passage_chars:
+    if (longest := pc.max(lengths).as_py() or 0) > max_passage_chars:
         row = pc.index(lengths, longest).as_py()
         raise DataError(f"{where}: passage {row} (id {table.column('id')[row].as_py()!r}) has {longest} characters, "
                         f"over the limit of {max_passage_chars} (raise it with --max-passage-chars)")
     return table
 
 
-def _convert(conv: Any, rec: Any, where: str) -> Question:
-    """One record through its layout's converter; a record of the wrong shape is one line, not a traceback."""
-    if not isinstance(rec, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+def _convert(conv: Any, rec: Any, where: str) -> Question:  # a record of the wrong shape: one line, no traceback
     try:
         return conv(rec, where)
     except DataError:
         raise
     except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
-        shape = {k: type(v).__name__ for k, v in rec.items() if k in ("question", "answer", "golden_answers",
-                                                                        "context", "supporting_facts", "paragraphs")}
+        shape = {k: type(v).__name__ for k, v in rec.items() if not isinstance(v, str)} if isinstance(rec, dict) else rec
         raise DataError(f"{where}: a field has the wrong type ({type(exc).__name__}: {_short(str(exc), 80)}; "
-                        f"field types: {shape})") from None
+                        f"non-string fields: {_short(shape, 80)})") from None
 
 
 def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -295,8 +282,7 @@ def _hotpot_orig(rec: dict[str, Any], where: str) -> Question:
     sf = _req(rec, "supporting_facts", where)
     ctx = _req(rec, "context", where)
     if not isinstance(ctx, list) or not all(isinstance(c, list) and len(c) == 2 for c in ctx):
-        raise DataError(f"{where}: 'context' must be an object {{title, sentences}} or a list of [title, sentences] "
-                        f"pairs, got {type(ctx).__name__}")
+        raise DataError(f"{where}: 'context' must be an object {{title, sentences}} or [title, sentences] pairs")
     ans = _req(rec, "answer", where)
     meta = {"context": {"title": [c[0] for c in ctx], "sentences": [list(c[1]) for c in ctx]},
             "type": rec.get("type"), "level": rec.get("level"),

@@ -685,8 +685,9 @@ class HeadTimeoutProtocol(_H11Protocol):  # type: ignore[misc,valid-type]
     and sends nothing, or trickles a header a byte at a time (slow-loris), is otherwise held
     forever. Here each connection must deliver a whole request head within
     ``$RAGFAST_HEAD_TIMEOUT`` seconds (default :data:`DEFAULT_HEAD_TIMEOUT_S`) of opening or of
-    its previous response, or it is closed (each deadline is drawn between half and all of it). Read from the environment so that uvicorn's
-    worker processes (which import this class by name) see the same value.
+    its previous response, or it is closed (each deadline is drawn between half and all of it).
+    Read from the environment so that uvicorn's worker processes (which import this class by
+    name) see the same value.
     """
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
