@@ -11,6 +11,13 @@ Phases, each bounded in time (``--phase-s``) and in requests (``--max-requests``
 5. judge + faults: N valid ``/score`` clients plus malformed judge requests;
 6. judge burst: distinct large passages (``--judge-burst-mb`` in all), RSS before, at peak, after.
 
+``python -m bench.server_faults`` runs the connection phase on its own (issue 27): normal clients
+in closed loops, alone and while 500 idle sockets and 50 slow-loris connections (a header line
+every 0.5 s) are held open (each reopened when the server closes it), in alternating windows.
+Reported: the normal clients' p99 under attack over their p99 alone (median of the window pairs;
+goal <= 2), and how long after opening the server closed each idle socket (goal: within the
+head timeout, ``--head-timeout-s``).
+
 Reported: errors seen by valid clients (goal 0), how each malformed kind was answered, p50/p99
 of the small requests with and without the huge one (goal: p99 ratio <= 3), the time to refuse
 the 200 MB body (goal < 100 ms, < 10 MB growth), and the judge's RSS after the burst (goal:
@@ -25,6 +32,8 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+
+from ragfast.serving import uvicorn_options
 
 LOOPBACK = "127.0.0.1"
 
@@ -52,7 +61,8 @@ def serve_retriever(spec: str, kind: str, port: int, threads: int | None, ready)
     app = create_app(retriever, default_topk=3)
     ready.send("ready")
     ready.close()
-    uvicorn.run(app, host=LOOPBACK, port=port, log_level="warning", access_log=False)
+    # The production connection settings (a deadline for each request head, keep-alive, a cap).
+    uvicorn.run(app, **uvicorn_options(LOOPBACK, port), log_level="warning", access_log=False)
 
 
 def serve_judge(port: int, threads: int | None, passage_chars: int, ready) -> None:
@@ -69,7 +79,7 @@ def serve_judge(port: int, threads: int | None, passage_chars: int, ready) -> No
     app = make_app(judge, limits=JudgeLimits(max_passage_chars=passage_chars))
     ready.send("ready")
     ready.close()
-    uvicorn.run(app, host=LOOPBACK, port=port, log_level="warning", access_log=False)
+    uvicorn.run(app, **uvicorn_options(LOOPBACK, port), log_level="warning", access_log=False)
 
 
 # -- clients --------------------------------------------------------------------------------------
@@ -395,3 +405,168 @@ def summarise(res: dict) -> tuple[list[tuple[str, str, str, list[float]]], list[
                  f"(+{grow:.0f} MB; goal < 100)")
     goals += [not jb["errors"], grow < 100]
     return rows, lines, all(goals)
+
+
+
+# -- idle sockets and slow-loris (python -m bench.server_faults) ----------------------------------
+def serve_sockets_retriever(port: int, head_timeout_s: float, ready) -> None:
+    """BM25 over the bundled wiki sample behind the production connection settings."""
+    import uvicorn
+
+    from ragfast.data import load_corpus
+    from ragfast.retrieval.bm25 import BM25Retriever
+    from ragfast.retrieval.server import create_app
+
+    retriever = BM25Retriever.build(load_corpus("wiki-sample"))
+    retriever.search(["warm-up query"], 3)
+    app = create_app(retriever, default_topk=3)
+    ready.send("ready")
+    ready.close()
+    uvicorn.run(app, **uvicorn_options(LOOPBACK, port, head_timeout_s=head_timeout_s), log_level="warning",
+                access_log=False)
+
+
+async def _hold(port: int, n: int, trickle_s: float | None, closed_after: list[float], reopened: list[int]) -> None:
+    """Keep ``n`` connections open (until cancelled): idle ones (``trickle_s`` None) or slow-loris ones."""
+
+    async def one(i: int) -> None:
+        while True:
+            try:
+                reader, writer = await asyncio.open_connection(LOOPBACK, port)
+            except OSError:
+                await asyncio.sleep(0.1)
+                continue
+            t0 = time.perf_counter()
+            try:
+                if trickle_s is None:
+                    if not await reader.read(1):  # the server closed it
+                        closed_after.append(time.perf_counter() - t0)
+                else:
+                    writer.write(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n")
+                    while True:
+                        writer.write(b"X-Slow: %d\r\n" % i)
+                        await writer.drain()
+                        try:
+                            if not await asyncio.wait_for(reader.read(1), timeout=trickle_s):
+                                break
+                        except asyncio.TimeoutError:
+                            continue
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+            reopened[0] += 1
+
+    await asyncio.gather(*(one(i) for i in range(n)))
+
+
+def attack_process(port: int, idle: int, loris: int, seconds: float, conn) -> None:
+    """Hold the attackers' connections for ``seconds`` in a process of their own (not the clients' loop)."""
+    closed: list[float] = []
+    reopened = [0]
+
+    async def run() -> None:
+        task = asyncio.gather(_hold(port, idle, None, closed, reopened), _hold(port, loris, 0.5, [], reopened))
+        try:
+            await asyncio.wait_for(task, timeout=seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    asyncio.run(run())
+    conn.send({"closed_after": closed, "reopened": reopened[0]})
+    conn.close()
+
+
+async def run_sockets(url: str, port: int, *, clients: int, phase_s: float, reps: int, idle: int, loris: int,
+                      max_requests: int) -> dict:
+    """Alternating windows: normal clients alone, then with ``idle`` + ``loris`` connections held."""
+    import multiprocessing as mp
+
+    import httpx
+
+    queries = ["who wrote the opera", "capital of the country", "river that flows through", "first president"]
+    bodies = [{"queries": [q], "topk": 3, "return_scores": True} for q in queries]
+    out: dict[str, list] = {"alone": [], "attacked": [], "idle_closed_after": [], "errors": [], "reopened": []}
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    ctx = mp.get_context("spawn")
+    async with httpx.AsyncClient(timeout=60, limits=limits) as cl:
+        await closed_loop(cl, url, bodies, lambda js: "result" in js, clients, 1.0, 200)  # warm-up
+        for _ in range(reps):
+            w = await closed_loop(cl, url, bodies, lambda js: "result" in js, clients, phase_s, max_requests)
+            out["alone"].append(w["lat"])
+            out["errors"] += w["errors"]
+            parent, child = ctx.Pipe()
+            atk = ctx.Process(target=attack_process, args=(port, idle, loris, phase_s + 3.0, child), daemon=True)
+            atk.start()
+            await asyncio.sleep(2.0)  # the attackers start and connect
+            w = await closed_loop(cl, url, bodies, lambda js: "result" in js, clients, phase_s, max_requests)
+            got = await asyncio.get_running_loop().run_in_executor(None, parent.recv)
+            atk.join(10)
+            out["attacked"].append(w["lat"])
+            out["errors"] += w["errors"]
+            out["idle_closed_after"] += got["closed_after"]
+            out["reopened"].append(got["reopened"])
+    return out
+
+
+def main() -> None:
+    import argparse
+    import multiprocessing as mp
+    import os
+    import subprocess
+
+    ap = argparse.ArgumentParser(description="Normal clients' latency with idle and slow-loris connections held.")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--phase-s", type=float, default=15.0, help="Seconds per window (> --head-timeout-s).")
+    ap.add_argument("--reps", type=int, default=3, help="Window pairs (alone, attacked), alternating.")
+    ap.add_argument("--idle", type=int, default=500)
+    ap.add_argument("--loris", type=int, default=50)
+    ap.add_argument("--head-timeout-s", type=float, default=10.0)
+    ap.add_argument("--max-requests", type=int, default=20000)
+    args = ap.parse_args()
+    sock = socket.socket()
+    sock.bind((LOOPBACK, 0))
+    port = sock.getsockname()[1]
+    sock.close()
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=serve_sockets_retriever, args=(port, args.head_timeout_s, child), daemon=True)
+    proc.start()
+    try:
+        if not parent.poll(300):
+            raise SystemExit("the server did not start within 300 s")
+        parent.recv()
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                socket.create_connection((LOOPBACK, port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        res = asyncio.run(run_sockets(f"http://{LOOPBACK}:{port}/retrieve", port, clients=args.clients,
+                                      phase_s=args.phase_s, reps=args.reps, idle=args.idle, loris=args.loris,
+                                      max_requests=args.max_requests))
+    finally:
+        proc.terminate()
+        proc.join(10)
+    p99 = [(float(np.percentile(a, 99)), float(np.percentile(b, 99))) for a, b in zip(res["alone"], res["attacked"])]
+    ratios = [b / a for a, b in p99]
+    closed = np.asarray(res["idle_closed_after"])
+    cpu = subprocess.run(["bash", "-c", "lscpu | grep 'Model name'"], capture_output=True, text=True).stdout.strip()
+    print(f"{cpu}; load {os.getloadavg()[0]:.2f}; {args.clients} normal clients, {args.idle} idle + {args.loris} "
+          f"slow-loris connections held, head timeout {args.head_timeout_s:g} s, {args.reps} window pairs of "
+          f"{args.phase_s:g} s")
+    for (a, b), r in zip(p99, ratios):
+        print(f"  p99 alone {a * 1e3:7.1f} ms, attacked {b * 1e3:7.1f} ms, ratio {r:.2f}")
+    print(f"p99 attacked / alone: median {np.median(ratios):.2f}x (goal <= 2); errors seen by normal clients: "
+          f"{len(res['errors'])}")
+    if len(closed):
+        print(f"idle sockets closed by the server: {len(closed)}, after median {np.median(closed):.1f} s, max "
+              f"{closed.max():.1f} s (goal <= head timeout {args.head_timeout_s:g} s + 1 s)")
+    else:
+        print("idle sockets closed by the server: none (windows shorter than the head timeout?)")
+    print(f"attacker reconnections per window: {res['reopened']}")
+
+
+if __name__ == "__main__":
+    main()

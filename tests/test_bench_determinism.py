@@ -25,10 +25,9 @@ TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_s
 # Calls served from a cache filled earlier in the same process: they are charged as computed (so
 # calls, tokens and FLOPs do not move), and ``reused`` says how many there were, which depends
 # on what ran before (the judge is shared by S2G and RELOOP). The summary does not total it.
-# ``bytes_scanned`` is one batched scan's bytes split over the queries in the batch, so it depends
-# on how questions were batched (a resume batches the leftovers differently); its total is what
-# was read. Neither is in the summary.
-RUN_DEPENDENT = {"reused", "bytes_scanned"}
+# It is not in the summary. (``bytes_scanned`` is charged per query, the bytes a search for it
+# alone reads, so it no longer depends on how a resume batches the leftovers.)
+RUN_DEPENDENT = {"reused"}
 # Only a run with native Search-R1 in it has paired deltas against it.
 PAIRED = {"n_paired", "delta_em", "delta_searches", "delta_flops", "delta_seconds"}
 

@@ -87,7 +87,7 @@ def test_output_dir_tidies_only_what_a_failed_command_made(tmp_path):
     out = tmp_path / "a" / "b"
     with pytest.raises(RuntimeError):
         with output_dir(out):
-            out.mkdir(parents=True)
+            out.mkdir(parents=True, exist_ok=True)  # output_dir made it already, to lock it
             (out / "manifest.json").write_text("{}")
             (out / "results.jsonl").write_text("")
             raise RuntimeError("server went away")
@@ -114,6 +114,6 @@ def test_output_dir_tidies_only_what_a_failed_command_made(tmp_path):
         with output_dir(keep / "notes.txt"):
             pass
     with output_dir(tmp_path / "ok") as p:  # success: nothing tidied
-        p.mkdir()
+        p.mkdir(exist_ok=True)
         (p / "manifest.json").write_text("{}")
     assert (tmp_path / "ok" / "manifest.json").exists()

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.cost import CostLedger, forward_flops
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.nli import CANONICAL_LABELS, NLIScorer, canonical_order, plan_batches
 
@@ -121,7 +121,16 @@ def test_ledger_records_pairs_tokens_flops(scorer):
     assert tot["calls"] == 30
     assert tot["input_tokens"] == st["real_tokens"]
     assert tot["batches"] == st["batches"]
-    assert tot["flops"] == pytest.approx(st["flops"]) and tot["flops"] > 0
+    # each pair is charged what its unpadded sequence adds to a batch (batch-independent, so a
+    # resume costs what a clean run does); the batches also computed padding and per-call work
+    lens = [len(x) for x in scorer.tokenize(prem, hyp)["input_ids"]]
+    want = sum(forward_flops(scorer.config, [n, n]) - forward_flops(scorer.config, [n]) for n in lens)
+    assert tot["flops"] == pytest.approx(want) and 0 < tot["flops"] <= st["flops"] * (1 + 1e-9)
+    alone = CostLedger()  # the same pairs scored one call each: the same charges
+    for i in (0, 7, 29):
+        scorer.score([prem[i]], [hyp[i]], ledger=alone, question_ids=[qids[i]])
+        got = [r.flops for r in alone.records][-1]
+        assert got == pytest.approx(forward_flops(scorer.config, [lens[i]] * 2) - forward_flops(scorer.config, [lens[i]]))
     per_q = led.per_question()
     assert set(per_q) == {"q0", "q1", "q2"} and per_q["q0"]["nli"]["calls"] == 10
     lens = [len(x) for x in scorer.tokenize(prem, hyp)["input_ids"]]

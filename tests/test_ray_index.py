@@ -94,7 +94,7 @@ def test_ray_sharded_equals_unsharded(cluster, tmp_path):
 
         led = CostLedger()
         idx.search(q[:2], 3, ledger=led, question_ids=["a", "b"])
-        assert led.totals()["search"]["bytes_scanned"] == idx.bytes_per_search()
+        assert led.totals()["search"]["bytes_scanned"] == 2 * idx.bytes_per_search()  # per query
         with pytest.raises(DataError, match="dimension"):
             idx.search(q[:, :5], 3)
         with pytest.raises(ValueError, match="exceeds"):

@@ -145,9 +145,11 @@ def test_ray_limit_then_resume_runs_only_the_rest(data, single, tmp_path):
     assert _records(out) == recs_a
     s = json.loads((out / "summary.json").read_text())
     assert s["questions"] == N and s["this_run_questions"] == N - 5
-    ledgers = sorted(out.glob("ledger-*.jsonl"), key=lambda p: p.stat().st_mtime)
-    led = [json.loads(x) for x in ledgers[-1].read_text().splitlines()]
-    assert {x["question_id"] for x in led} == set(ids[5:])  # only the rest was paid for
+    ledgers = sorted(out.glob("ledger-*.jsonl"))
+    assert len(ledgers) == 1  # one ledger for the run, appended to by the resume
+    led = [json.loads(x) for x in ledgers[0].read_text().splitlines()]
+    assert {x["question_id"] for x in led} == set(ids)  # every question's costs, the summary's scope
+    assert s["cost"]["total"]["calls"] == sum(x["calls"] for x in led)
     assert f"searchr1: {N} questions ({N - 5} this run)" in r.stdout
 
 

@@ -260,7 +260,8 @@ def test_malformed_requests_are_refused_alone_and_named(bm25):
             assert word in r.json()["detail"], (body[:60], r.text)
             assert r.headers.get("x-request-id")
         # A body without Content-Length (chunked) is counted as it streams.
-        r = cl.post("/retrieve", content=iter([b'{"queries": ["a"]', b" " * 5000, b"}"]))
+        r = cl.post("/retrieve", content=iter([b'{"queries": ["a"]', b" " * 5000, b"}"]),
+                    headers={"content-type": "application/json"})
         assert r.status_code == 413 and "4000 bytes" in r.json()["detail"]
         # Search-R1's fallbacks still hold: null/missing topk and null return_scores use the defaults.
         ok = cl.post("/retrieve", json={"queries": ["volcano"], "topk": None, "return_scores": None})

@@ -32,6 +32,8 @@ from ragfast.http import is_url
 from ragfast.runner import slots as build
 from ragfast.progress import TurnReporter, turn_reporting
 from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
+from ragfast.outdir import LOCK_FILE
+from ragfast.results import dumps as json_dumps
 from ragfast.types import Question, Trajectory
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,9 @@ class BenchConfig:
     reasoner_config: str | None = None
 
     def __post_init__(self) -> None:
+        from ragfast.settings import check_types
+
+        check_types(self)  # a YAML string for a number is one line here, not a TypeError deep inside
         bad = [m for m in self.methods if m not in METHODS]
         if bad:
             raise ConfigError(f"unknown method(s) {bad}; choose from {list(METHODS)}")
@@ -130,6 +135,10 @@ class BenchConfig:
             raise ConfigError(f"budget must be >= 0 and topk >= 1 (got budget={self.budget}, topk={self.topk})")
         if self.limit is not None and self.limit < 1:
             raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        # Checked before --out exists (--val-limit 0 used to run searchr1 first, then fail).
+        for name, lo in (("offset", 0), ("val_offset", 0), ("val_limit", 1), ("batch_size", 1), ("n_resamples", 1)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
         if not 0 < self.min_precision <= 1:
             raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
         if self.judge == "none" and "s2g" in self.methods:
@@ -324,11 +333,10 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
 
     Selection follows the S2G study (:func:`ragfast.methods.s2g.study.choose_threshold`, the one
     definition ``run s2g`` and ``report s2g`` use too): run native Search-R1 on the validation
-    questions, score their states 0..S-1 with the judge, label a state right-to-stop when the
-    answer-only probe from it is correct, and take the threshold with the highest STOP recall at
-    per-state precision ``>= min_precision`` with >= 10 STOP states (none: never stop), states
-    in ``s2g_states.jsonl``. Without a choice (no validation search, one label class) S2G never
-    stops and the file says why. Validation and test questions never overlap (checked).
+    questions, score their states 0..S-1 (``s2g_states.jsonl``), label a state right-to-stop when
+    the answer-only probe from it is correct, and take the highest STOP recall at per-state
+    precision ``>= min_precision`` with >= 10 STOP states; without one S2G never stops and the
+    file says why. Validation and test questions never overlap (checked).
     """
     path = out / "s2g_threshold.json"
     if path.exists():
@@ -636,7 +644,7 @@ def run_bench(cfg: BenchConfig, *, resume: bool = False, console: Any = None) ->
     check_paths(cfg)
     out = Path(cfg.out)
     # The log of a run that failed before doing any work does not make the directory a run.
-    if out.exists() and any(p.name != "ragfast.log" for p in out.iterdir()) and not resume:
+    if out.exists() and any(p.name not in ("ragfast.log", LOCK_FILE) for p in out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
     out.mkdir(parents=True, exist_ok=True)
     with run_log(out):
@@ -747,7 +755,7 @@ def _run_bench(cfg: BenchConfig, out: Path, resume: bool, console: Any) -> dict[
                 th = float(json.loads((out / "s2g_threshold.json").read_text(encoding="utf-8"))["threshold"])
                 an = s2g_analysis(cfg, slots, records["searchr1"], th, out)
                 an["n_questions"] = len(records["searchr1"])
-                analysis_path.write_text(json.dumps(an, indent=2), encoding="utf-8")
+                analysis_path.write_text(json_dumps(an, indent=2), encoding="utf-8")
                 an_task.update(total=1, completed=1)
                 an_task.set_status("")
                 an_task.done()
@@ -882,18 +890,10 @@ def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequ
     summary["plots"] = plots
     summary["plots_missing"] = missing
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=_json_safe), encoding="utf-8")
+    # NaN (an undefined statistic) as null: bare NaN is not JSON (JSON.parse refuses the file).
+    tmp.write_text(json_dumps(summary, indent=2, default=str), encoding="utf-8")
     os.replace(tmp, out / "summary.json")
     report.write_csv(summary, out / "summary.csv")
     report.write_markdown(summary, out, plots, missing)
     report.write_html(summary, out, plots, missing)
 
-
-def _json_safe(o: Any) -> Any:
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    return str(o)

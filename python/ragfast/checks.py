@@ -27,6 +27,10 @@ __all__ = [
     "positive_int",
     "check_search",
     "check_texts",
+    "check_safetensors",
+    "check_port",
+    "load_npy",
+    "file_fingerprint",
 ]
 
 
@@ -231,3 +235,92 @@ def check_texts(texts: Any, expects: str, *, item: str = "text") -> list[str]:
         if not isinstance(t, str):
             raise DataError(f"{item} {i} is {type(t).__name__}, expected str")
     return out
+
+
+def check_safetensors(model_dir: Any) -> None:
+    """Refuse a model directory whose ``*.safetensors`` files are truncated or malformed.
+
+    Reads only each file's header (8-byte little-endian length, then JSON): every tensor's
+    ``data_offsets`` must lie inside the file. A truncated download otherwise fails deep in
+    the loader with a ``SafetensorError`` traceback.
+
+    Raises
+    ------
+    ModelError
+        ``"<file>: truncated or not a safetensors file (...)"``.
+    """
+    import json
+    import struct
+    from pathlib import Path
+
+    from ragfast.errors import ModelError
+
+    d = Path(model_dir)
+    files = sorted(d.glob("*.safetensors")) if d.is_dir() else ([d] if d.suffix == ".safetensors" else [])
+    for f in files:
+        size = f.stat().st_size
+        why = None
+        with open(f, "rb") as fh:
+            head = fh.read(8)
+            n = struct.unpack("<Q", head)[0] if len(head) == 8 else None
+            if n is None or 8 + n > size or n > 100 * 2 ** 20:
+                why = f"header of {n} bytes in a file of {size}"
+            else:
+                try:
+                    header = json.loads(fh.read(n))
+                except (UnicodeDecodeError, json.JSONDecodeError):
+                    header, why = None, "the header is not JSON"
+                if header is not None:
+                    if not isinstance(header, dict):
+                        why = "the header is not a mapping"
+                    else:
+                        body = size - 8 - n
+                        ends = [t.get("data_offsets", [0, 0])[1] for k, t in header.items()
+                                if k != "__metadata__" and isinstance(t, dict)]
+                        if any(not isinstance(e, int) or e > body for e in ends):
+                            why = f"tensors end at byte {max(e for e in ends if isinstance(e, int))} of a " \
+                                  f"{body}-byte body" if ends else "bad data offsets"
+        if why:
+            raise ModelError(f"{f}: truncated or not a safetensors file ({why}); download it again")
+
+
+def check_port(port: Any, flag: str = "--port") -> int:
+    """``port`` when it is a TCP port number (1-65535), else a ConfigError naming ``flag``."""
+    if not is_int(port) or not 1 <= int(port) <= 65535:
+        raise ConfigError(f"{flag} must be a TCP port from 1 to 65535, got {port!r}")
+    return int(port)
+
+
+def load_npy(path: Any, mmap: bool = True) -> np.ndarray:
+    """``np.load`` of a ``.npy`` matrix that never unpickles: a pickled or broken file is one DataError."""
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except ValueError as exc:
+        if "pickle" in str(exc) or "Python objects" in str(exc):
+            raise DataError(f"{path}: holds pickled Python objects, not a numeric matrix; refused (a pickle can "
+                            "run code)") from None
+        raise DataError(f"{path}: not a readable .npy matrix ({' '.join(str(exc).split())[:160]})") from None
+    except (OSError, EOFError) as exc:
+        raise DataError(f"{path}: not a readable .npy matrix ({exc})") from None
+
+
+def file_fingerprint(path: Any, sample: int = 1 << 16) -> str:
+    """A cheap content key of a (possibly huge) file: size, mtime and a sha256 of three samples.
+
+    The first, middle and last ``sample`` bytes are hashed with the size and the mtime in
+    nanoseconds, so a rewritten or replaced file gets another key without reading it whole
+    (60 GB indexes and multi-GB weights). A missing file is ``"missing"``.
+    """
+    import hashlib
+    import os
+
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return "missing"
+    h = hashlib.sha256(f"{st.st_size}:{st.st_mtime_ns}".encode())
+    with open(path, "rb") as f:
+        for off in sorted({0, max(0, st.st_size // 2 - sample // 2), max(0, st.st_size - sample)}):
+            f.seek(off)
+            h.update(f.read(sample))
+    return h.hexdigest()[:20]

@@ -1,6 +1,7 @@
 """The ``ragfast`` command line. Each area adds its commands from ``ragfast.commands.<area>``."""
 from __future__ import annotations
 
+import errno
 import importlib
 import json
 import os
@@ -63,15 +64,34 @@ def _root(
                                 help="More detail on the console (debug messages); put it before the command."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="Only warnings and errors on the console (results "
                                "tables still print); put it before the command."),
+    call_timeout: Optional[float] = typer.Option(
+        None, "--call-timeout", metavar="S", help="Longest wait for one answer of a remote reasoner, retriever, "
+        "judge or teacher (default 300, or $RAGFAST_CALL_TIMEOUT); put it before the command."),
+    total_timeout: Optional[float] = typer.Option(
+        None, "--total-timeout", metavar="S", help="Longest wait for one request with its retries (default 900, "
+        "or $RAGFAST_TOTAL_TIMEOUT); put it before the command."),
+    max_question_chars: Optional[int] = typer.Option(
+        None, "--max-question-chars", metavar="N", help="Longest question a QA file may hold (default 4096); put "
+        "it before the command."),
+    max_passage_chars: Optional[int] = typer.Option(
+        None, "--max-passage-chars", metavar="N", help="Longest corpus passage (default 100000); put it before "
+        "the command."),
 ) -> None:
     """ragfast: run and cost-measure multi-round RAG methods on the same questions.
 
     Runs write a log file (ragfast.log, every message including third-party warnings) into
     their results directory.
     """
+    from ragfast.http import set_timeouts, timeouts
     from ragfast.logs import setup
 
     setup(verbose=verbose, quiet=quiet)
+    set_timeouts(call_timeout, total_timeout)
+    if max_question_chars is not None or max_passage_chars is not None:
+        from ragfast.data import set_length_caps
+
+        set_length_caps(max_question_chars, max_passage_chars)
+    timeouts()  # a bad environment value is one line now, not at the first request
 
 
 @app.command("backends")
@@ -143,6 +163,12 @@ def main() -> None:
             raise
         _fail(msg)
     except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            # Results and ledgers are written a whole line per call and a resume cuts a torn last
+            # line, so what finished is valid: say so in one line instead of a long traceback.
+            where = f" writing {exc.filename}" if exc.filename else ""
+            _fail(f"the disk is full{where} ({exc.strerror}); the results finished so far are kept: free some "
+                  "space and rerun with --resume")
         if exc.filename is None:  # not about a path the user gave: a real failure, keep its traceback
             raise
         # A path the user named that cannot be read or written (permissions, a file for a directory...).

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ragfast.errors import DataError
+from ragfast.errors import ConfigError, DataError
 from ragfast.types import Passage, Question
 
 __all__ = [
@@ -84,8 +84,12 @@ def _resolve(path: str | Path) -> Path:
 # ---------------------------------------------------------------------------------------------
 def _text_lines(p: Path) -> Iterator[tuple[int, str]]:
     """(1-based line number, line without its newline) for every non-blank line of ``p``."""
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
+    with open(p, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataError(f"{p}:{n}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {e.start + 1})") from None
             if line.strip():
                 yield n, line.rstrip("\n\r")
 
@@ -127,6 +131,8 @@ def _load_json_file(p: Path) -> Any:
     try:
         with open(p, encoding="utf-8") as f:
             return json.load(f)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{p}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})") from None
     except json.JSONDecodeError as exc:
         raise DataError(f"{p}:{exc.lineno}: JSON does not parse (column {exc.colno}: {exc.msg})") from None
 
@@ -159,8 +165,7 @@ def detect_layout(path: str | Path) -> str:
                         "(prompt, reward_model, ...), FlashRAG (id, question, golden_answers) "
                         "or a corpus (id, contents)")
     if suffix == ".txt" or suffix == ".tsv":
-        with open(p, encoding="utf-8") as f:
-            first = next((ln for ln in f if ln.strip()), None)
+        first = next((ln for _, ln in _text_lines(p)), None)
         if first is None:
             raise DataError(f"{p}: the file is empty")
         if "\t" in first:
@@ -194,10 +199,57 @@ def detect_layout(path: str | Path) -> str:
 # ---------------------------------------------------------------------------------------------
 def _check(q: Question, where: str) -> Question:
     if not isinstance(q.question, str) or not q.question.strip():
-        raise DataError(f"{where}: empty question (id {q.id!r})")
+        what = "empty question" if isinstance(q.question, str) else f"'question' must be a string, got " \
+            f"{type(q.question).__name__}"
+        raise DataError(f"{where}: {what} (id {q.id!r})")
     if not q.golden_answers:
         raise DataError(f"{where}: empty gold answer list (id {q.id!r})")
+    if bad := [a for a in q.golden_answers if not isinstance(a, str)]:
+        raise DataError(f"{where}: gold answers must be strings, got {type(bad[0]).__name__} {_short(bad[0], 40)} "
+                        f"(id {q.id!r})")
+    if max_question_chars is not None and len(q.question) > max_question_chars:
+        raise DataError(f"{where}: question of {len(q.question)} characters, over the limit of {max_question_chars} "
+                        f"(id {q.id!r}; raise it with --max-question-chars)")
     return q
+
+
+#: Longest question (load_qa) and passage (load_corpus), characters; ``ragfast --max-question-chars``. A 50 MB
+#: question took 192 s and 4.5 GB uncapped; HotpotQA questions are < 1,000, wiki-18 passages ~100 words.
+max_question_chars: int | None = 4096
+max_passage_chars: int | None = 100_000
+
+
+def set_length_caps(question_chars: int | None = None, passage_chars: int | None = None) -> None:
+    """Set the length caps (``ragfast --max-question-chars/--max-passage-chars``); None keeps one."""
+    global max_question_chars, max_passage_chars
+    for flag, v in (("--max-question-chars", question_chars), ("--max-passage-chars", passage_chars)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(f"{flag} must be an integer >= 1, got {v!r}")
+    max_question_chars = max_question_chars if question_chars is None else question_chars
+    max_passage_chars = max_passage_chars if passage_chars is None else passage_chars
+
+
+def _check_passage_lengths(table: pa.Table, where: str) -> pa.Table:
+    import pyarrow.compute as pc
+    if max_passage_chars is None or table.num_rows == 0:
+        return table
+    lengths = pc.utf8_length(table.column("contents"))
+    if (longest := pc.max(lengths).as_py() or 0) > max_passage_chars:
+        row = pc.index(lengths, longest).as_py()
+        raise DataError(f"{where}: passage {row} (id {table.column('id')[row].as_py()!r}) has {longest} characters, "
+                        f"over the limit of {max_passage_chars} (raise it with --max-passage-chars)")
+    return table
+
+
+def _convert(conv: Any, rec: Any, where: str) -> Question:  # a record of the wrong shape: one line, no traceback
+    try:
+        return conv(rec, where)
+    except DataError:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        shape = {k: type(v).__name__ for k, v in rec.items() if not isinstance(v, str)} if isinstance(rec, dict) else rec
+        raise DataError(f"{where}: a field has the wrong type ({type(exc).__name__}: {_short(str(exc), 80)}; "
+                        f"non-string fields: {_short(shape, 80)})") from None
 
 
 def _iter_jsonl(p: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -214,6 +266,8 @@ def _req(rec: dict[str, Any], key: str, where: str) -> Any:
 def _hotpot_hf(rec: dict[str, Any], where: str) -> Question:
     sf = _req(rec, "supporting_facts", where)
     ctx = _req(rec, "context", where)
+    if not isinstance(ctx, dict):
+        raise DataError(f"{where}: 'context' must be an object {{title, sentences}}, got {type(ctx).__name__}")
     titles = list(dict.fromkeys(sf.get("title", []))) if isinstance(sf, dict) else []
     ans = _req(rec, "answer", where)
     meta = {"context": {"title": list(ctx.get("title", [])), "sentences": [list(s) for s in ctx.get("sentences", [])]},
@@ -227,6 +281,8 @@ def _hotpot_orig(rec: dict[str, Any], where: str) -> Question:
     # The original HotpotQA json: supporting_facts = [[title, sent_id]], context = [[title, [sentences]]].
     sf = _req(rec, "supporting_facts", where)
     ctx = _req(rec, "context", where)
+    if not isinstance(ctx, list) or not all(isinstance(c, list) and len(c) == 2 for c in ctx):
+        raise DataError(f"{where}: 'context' must be an object {{title, sentences}} or [title, sentences] pairs")
     ans = _req(rec, "answer", where)
     meta = {"context": {"title": [c[0] for c in ctx], "sentences": [list(c[1]) for c in ctx]},
             "type": rec.get("type"), "level": rec.get("level"),
@@ -372,15 +428,15 @@ def load_qa(path: str | Path, limit: int | None = None) -> list[Question]:
         if p.suffix.lower() == ".json":
             data = _load_json_file(p)
             recs = data if isinstance(data, list) else data["data"]
-            qs = [conv(r, f"{p}: record {i}") for i, r in enumerate(recs)]
+            qs = [_convert(conv, r, f"{p}: record {i}") for i, r in enumerate(recs)]
         elif p.suffix.lower() == ".parquet":
             import pyarrow.parquet as pq
 
-            qs = [conv(r, f"{p}: row {i}") for i, r in enumerate(pq.read_table(p).to_pylist())]
+            qs = [_convert(conv, r, f"{p}: row {i}") for i, r in enumerate(pq.read_table(p).to_pylist())]
         else:
             qs = []
             for n, rec in _iter_jsonl(p):
-                qs.append(conv(rec, f"{p}:{n}"))
+                qs.append(_convert(conv, rec, f"{p}:{n}"))
                 if limit is not None and len(qs) >= limit:
                     break
     seen: set[str] = set()
@@ -622,7 +678,7 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         import pyarrow.parquet as pq
 
         try:
-            return Corpus(pq.read_table(p, columns=["id", "contents"]), str(p))
+            return Corpus(_check_passage_lengths(pq.read_table(p, columns=["id", "contents"]), str(p)), str(p))
         except (pa.ArrowInvalid, KeyError) as exc:
             raise DataError(f"{p}: not a corpus parquet with columns id, contents ({exc})") from None
     rec, _ = _first_json_line(p)
@@ -630,9 +686,13 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         raise DataError(f"{p}: not a corpus: rows need 'id' and 'contents'; the first row has {sorted(rec)}")
     try:
         table = _read_jsonl_arrow(p, block_size)
+        # Arrow's JSON reader keeps bytes that are not UTF-8; they would fail at the first read of
+        # the row. Checked here, and the line-by-line reader then names the line.
+        for col in ("id", "contents"):
+            table.column(col).validate(full=True)
     except pa.ArrowInvalid:
         table = _read_jsonl_python(p)  # raises a DataError naming the line, or succeeds on odd-but-valid input
-    return Corpus(table, str(p))
+    return Corpus(_check_passage_lengths(table, str(p)), str(p))
 
 
 def corpus_from_contexts(questions: Iterable[Question] | str | Path) -> Corpus:

@@ -6,9 +6,14 @@ beside an empty ``results.jsonl``, which the next run then refuses or mistakes f
 run. :func:`output_dir` wraps a command: it refuses an ``--out`` that is an existing file, and
 on failure removes what the command created, unless the command already finished some work
 (a new or grown non-empty file other than run metadata), which is never thrown away.
+
+It also holds an exclusive lock on the directory (:func:`lock_dir`) for the whole command, so
+two writers (two runs, or a run and a ``--resume``) can never interleave lines in one file.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -16,12 +21,15 @@ from typing import Iterator
 
 from ragfast.errors import ConfigError
 
-__all__ = ["output_dir", "METADATA_FILES"]
+__all__ = ["output_dir", "lock_dir", "LOCK_FILE", "METADATA_FILES"]
+
+#: The lock file inside an output directory; it holds the pid of the process that has it.
+LOCK_FILE = ".ragfast.lock"
 
 #: Files that describe a run but hold no finished work: removed when the run fails before any.
 METADATA_FILES = frozenset({"ragfast.log", "manifest.json", "summary.json", "build.json", "encoder.json",
                             "config.json",
-                            "ledger.jsonl"})
+                            "ledger.jsonl", LOCK_FILE})
 
 
 def _files(root: Path) -> tuple[dict[str, int], set[str]]:
@@ -74,12 +82,49 @@ def output_dir(path: str | os.PathLike, option: str = "--out") -> Iterator[Path]
         if q.parent == q:
             break
         q = q.parent
-    before = _files(p) if p.is_dir() else ({}, set())
+    existed = p.is_dir() and (p / LOCK_FILE).exists()
+    # The lock first: what is on disk is looked at only once no other process can write there.
+    with lock_dir(p, option):
+        before = _files(p)
+        if not existed:
+            before[0].pop(LOCK_FILE, None)  # made by this command: tidied with the rest
+        try:
+            yield p
+        except BaseException:
+            _tidy(p, before, top)
+            raise
+
+
+@contextmanager
+def lock_dir(path: str | os.PathLike, option: str = "--out") -> Iterator[Path]:
+    """Hold an exclusive ``fcntl.flock`` on ``path/.ragfast.lock`` (creating ``path``) until the block ends.
+
+    The lock is released by the kernel when the process dies (even on SIGKILL), so a crashed
+    run never leaves a stale lock behind; the pid written into the file only names the holder.
+
+    Raises
+    ------
+    ConfigError
+        Another process holds the lock: ``"--out X is in use by another ragfast process (pid N)"``.
+    """
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    lock = p / LOCK_FILE
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise ConfigError(f"{option} {p} is in use by another ragfast process (pid {holder}); wait for it "
+                              "to finish or use another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield p
-    except BaseException:
-        _tidy(p, before, top)
-        raise
+    finally:
+        os.close(fd)  # closing the descriptor releases the lock
 
 
 def _tidy(p: Path, before: tuple[dict[str, int], set[str]], top: Path | None) -> None:

@@ -28,6 +28,8 @@ __all__ = [
     "slot_entry",
     "TIMING_FIELDS",
     "strip_timing",
+    "json_safe",
+    "dumps",
 ]
 
 #: Record fields that hold wall or device time; they differ between two otherwise identical
@@ -210,6 +212,42 @@ def json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def json_safe(obj: Any) -> Any:
+    """A copy of ``obj`` with every NaN or infinite float replaced by None.
+
+    Python's ``json`` writes them as bare ``NaN``/``Infinity``, which is not JSON: JavaScript's
+    ``JSON.parse`` and most other parsers refuse the whole file. An undefined statistic (an
+    interval over one question, a precision with no positives) is written as ``null``.
+    """
+    import math
+
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    try:
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            return json_safe(obj.tolist())
+        if isinstance(obj, np.generic):
+            return json_safe(obj.item())
+    except ImportError:
+        pass
+    return obj
+
+
+def dumps(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps`` for ragfast's JSON outputs: NaN and infinities as null, numpy as plain JSON.
+
+    Raises ``ValueError`` rather than write a non-standard token (``allow_nan=False``).
+    """
+    kwargs.setdefault("default", json_default)
+    return json.dumps(json_safe(obj), allow_nan=False, **kwargs)
+
+
 def slot_entry(component: Any) -> dict[str, Any]:
     """What fills one slot, for the manifest: its ``describe()`` plus an explicit verdict.
 
@@ -291,12 +329,26 @@ def write_manifest(out_dir: str | Path, *, pipeline: str, slots: Mapping[str, An
         old = read_manifest(out_dir)
         for key in ("pipeline", "config", "seed"):
             if old.get(key) != entry[key]:
-                raise DataError(f"{path}: {key} differs from the run being resumed "
-                                f"({old.get(key)!r} != {entry[key]!r}); use a new --out directory")
+                what = _first_change(old.get(key), entry[key], key)
+                raise DataError(f"{path}: {what}; resume with the same settings, or use a new --out directory")
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(entry, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)  # atomic: a crash never leaves half a manifest
     return path
+
+
+def _first_change(old: Any, new: Any, path: str) -> str:
+    """``"config.methods: [...] in the run on disk, [...] now"``: the first differing field, short."""
+    if isinstance(old, Mapping) and isinstance(new, Mapping):
+        for k in sorted(set(old) | set(new), key=str):
+            if old.get(k) != new.get(k):
+                return _first_change(old.get(k), new.get(k), f"{path}.{k}")
+
+    def short(v: Any) -> str:
+        t = json.dumps(v, default=str)
+        return t if len(t) <= 70 else t[:67] + "..."
+
+    return f"{path}: {short(old)} in the run on disk, {short(new)} now"
 
 
 def read_manifest(out_dir: str | Path) -> dict[str, Any]:

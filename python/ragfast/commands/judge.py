@@ -74,7 +74,7 @@ def _check_states(body: dict, lim: JudgeLimits) -> list:
 
 
 def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 1024, chunk_states: int = 16,
-             limits: Optional[JudgeLimits] = None):
+             limits: Optional[JudgeLimits] = None, api_key: Optional[str] = None):
     """The FastAPI app of ``serve-judge`` around an already loaded judge.
 
     Endpoints: ``POST /score`` -> ``{"scores": [float | null], "judge": str, "meaningful": bool,
@@ -93,7 +93,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     from ragfast.cost import CostLedger
     from ragfast.errors import ConfigError, RagfastError
     from ragfast.remote_cost import cost_items
-    from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
+    from ragfast.serving import (AccessGuard, BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
                                  fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes, server_gauges)
 
     lim = limits or JudgeLimits()
@@ -180,6 +180,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
         counts["rejected"] += 1
 
     app.add_middleware(BodyLimitMiddleware, max_bytes=lim.max_body_bytes, on_reject=on_reject)
+    app.add_middleware(AccessGuard, api_key=api_key)
     app.add_middleware(RequestIdMiddleware, on_error=on_error)
     return app
 
@@ -245,9 +246,26 @@ def register(app: typer.Typer) -> None:
                                                                  "(least recently used entries go first)."),
         graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
                                                                     "may take to finish."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token every request must carry "
+                                                                      "(default $RAGFAST_API_KEY; required beyond "
+                                                                      "loopback)."),
+        head_timeout_s: float = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a "
+                                                                             "whole request head within this is "
+                                                                             "closed (idle and slow-loris sockets)."),
+        keep_alive_s: float = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after "
+                                                                       "this."),
+        max_connections: int = typer.Option(2048, "--max-connections", help="Connections or requests in flight "
+                                                                            "beyond this get 503."),
     ) -> None:
         """Serve POST /score (states in, STOP scores out), micro-batched and prefix-packed."""
         import uvicorn
+
+        from ragfast.serving import check_bind, uvicorn_options
+
+        # Before the judge loads: a bad port or an open bind without a token is one line at once.
+        key = check_bind(host, port, api_key)
+        net = uvicorn_options(host, port, head_timeout_s=head_timeout_s, keep_alive_s=keep_alive_s,
+                              max_connections=max_connections)
 
         from ragfast.models.judge import load_judge
 
@@ -263,5 +281,5 @@ def register(app: typer.Typer) -> None:
         lim = JudgeLimits(max_states=max_states, max_passages=max_passages, max_passage_chars=max_passage_chars,
                           max_question_chars=max_question_chars, max_body_bytes=max_body_bytes)
         uvicorn.run(make_app(j, max_wait_ms=max_wait_ms, max_batch_states=max_batch_states, chunk_states=chunk_states,
-                             limits=lim), host=host, port=port, log_level="warning",
+                             limits=lim, api_key=key), **net, log_level="warning",
                     timeout_graceful_shutdown=graceful_s)

@@ -155,11 +155,20 @@ def resolve(config: str | None, given: Mapping[str, Any], defaults: Mapping[str,
     out = {k: v if v is not None else from_file.get(k, base.get(k)) for k, v in given.items()}
     if isinstance(out.get("corpus"), str):
         out["corpus"] = [out["corpus"]]
+    from ragfast.settings import type_problem
+
+    for k, v in out.items():  # a YAML string for a number is one line here, not a TypeError later
+        if k in FLAGS and v is not None and given.get(k) is None:
+            problem = type_problem(v, FLAGS[k][0])
+            if problem:
+                raise ConfigError(f"{config}: {k} must be {problem}, got {type(v).__name__} {v!r}"[:300])
     for k in ("offset", "val_offset"):
         if out.get(k) is not None and (not isinstance(out[k], int) or out[k] < 0):
             raise ConfigError(f"--{k.replace('_', '-')} must be an integer >= 0, got {out[k]!r}")
     if out.get("limit") is not None and (not isinstance(out["limit"], int) or out["limit"] < 1):
         raise ConfigError(f"--limit must be >= 1, got {out['limit']!r}")
+    if out.get("val_limit") is not None and (not isinstance(out["val_limit"], int) or out["val_limit"] < 1):
+        raise ConfigError(f"--val-limit must be >= 1, got {out['val_limit']!r}")
     return out
 
 

@@ -43,12 +43,23 @@ def register(app: typer.Typer) -> None:
                                                                       "keep workers x threads <= cores)."),
         graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
                                                                     "may take to finish."),
+        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token every request must carry "
+                                                                      "(default $RAGFAST_API_KEY; required beyond "
+                                                                      "loopback)."),
+        head_timeout_s: float = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a "
+                                                                             "whole request head within this is "
+                                                                             "closed (idle and slow-loris sockets)."),
+        keep_alive_s: float = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after "
+                                                                       "this."),
+        max_connections: int = typer.Option(2048, "--max-connections", help="Connections or requests in flight "
+                                                                            "beyond this get 503."),
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve
 
         serve(corpus, index, encoder, topk=topk, host=host, port=port, workers=workers, storage=storage,
-              device=device, threads=threads, graceful_s=graceful_s,
+              device=device, threads=threads, graceful_s=graceful_s, api_key=api_key, head_timeout_s=head_timeout_s,
+              keep_alive_s=keep_alive_s, max_connections=max_connections,
               app_options={"max_queries": max_queries, "max_query_chars": max_query_chars, "max_topk": max_topk,
                            "max_body_bytes": max_body_bytes, "max_batch": max_batch, "chunk": chunk,
                            "max_wait_ms": max_wait_ms, "batching": not no_batching})
@@ -85,11 +96,17 @@ def register(app: typer.Typer) -> None:
                con) -> None:
         from ragfast.data import load_corpus
         from ragfast.errors import ConfigError
+        from ragfast.retrieval.encoder import corpus_fingerprint
 
         t0 = time.perf_counter()
         corp = load_corpus(corpus)
         outp = Path(out)
         outp.mkdir(parents=True, exist_ok=True)
+        key = corpus_fingerprint(corp)
+        settings = {"corpus": {"passages": len(corp), "sha256": key}, "encoder": encoder,
+                    "backend": None if encoder == "bm25" else (backend or ("faiss" if factory else "flat")),
+                    "factory": factory, "storage": storage, "chunk_size": chunk_size, "shards": shards}
+        _claim(outp, settings)
         report = {"corpus": corpus, "passages": len(corp), "load_s": round(time.perf_counter() - t0, 3)}
         if encoder == "bm25":
             from ragfast.retrieval.bm25 import BM25
@@ -103,9 +120,10 @@ def register(app: typer.Typer) -> None:
 
             be = backend or ("faiss" if factory else "flat")
             enc = Encoder(encoder, device=device, batch_size=batch_size)
+            _claim(outp, {**settings, "encoder_fingerprint": enc.fingerprint()})
             t1 = time.perf_counter()
             chunks = outp / "chunks"
-            encode_corpus(enc, corp, chunks, chunk_size=chunk_size, progress=True)
+            encode_corpus(enc, corp, chunks, chunk_size=chunk_size, progress=True, corpus_key=key)
             enc_s = time.perf_counter() - t1
             t2 = time.perf_counter()
             if shards > 1:
@@ -126,8 +144,51 @@ def register(app: typer.Typer) -> None:
                           passages_per_s=round(len(corp) / enc_s, 1) if enc_s > 0 else None,
                           build_s=round(build_s, 3))
         report["total_s"] = round(time.perf_counter() - t0, 3)
-        (outp / "build.json").write_text(json.dumps(report, indent=1))
+        done = {**json.loads((outp / "build.json").read_text()), **report, "finished": True}
+        _write_json(outp / "build.json", done)
         con.print(f"[green]index written to {outp}[/]")
         print(json.dumps(report, indent=1))
 
     app.add_typer(index_app, name="index")
+
+
+def _write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)  # atomic: never half a build.json
+
+
+def _claim(out: Path, settings: dict) -> None:
+    """Record what ``index build`` makes in ``out/build.json``, or refuse an ``out`` made from other inputs.
+
+    ``settings`` holds the corpus's content hash and every option that changes the index. A
+    directory whose ``build.json`` names other settings is refused, naming the first that
+    changed; one that holds files but no ``build.json`` is refused too (what made them is
+    unknown). The same settings continue: the finished embedding chunks are kept.
+    """
+    from ragfast.errors import ConfigError
+    from ragfast.outdir import LOCK_FILE
+    from ragfast.runner.drive import first_difference
+
+    path = out / "build.json"
+    if path.exists():
+        try:
+            old = json.loads(path.read_text()).get("settings")
+        except (json.JSONDecodeError, AttributeError):
+            old = None
+        if not isinstance(old, dict):
+            raise ConfigError(f"{path} does not record what the index in {out} was built from; use another --out "
+                              "or delete it")
+        # Only the keys recorded so far (the encoder's fingerprint joins once the encoder is loaded).
+        common = [k for k in settings if k in old]
+        diff = first_difference({k: old[k] for k in common}, {k: settings[k] for k in common})
+        if diff:
+            raise ConfigError(f"{out} holds an index built from other inputs ({diff}); use another --out or "
+                              "delete it")
+        _write_json(path, {**json.loads(path.read_text()), "settings": {**old, **settings}})
+        return
+    held = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file() and p.name != LOCK_FILE)
+    if held:
+        raise ConfigError(f"{out} holds files ({held[0]}, ...) but no build.json, so what made them is unknown; "
+                          "use another --out or delete them")
+    _write_json(path, {"settings": settings, "finished": False})

@@ -5,7 +5,9 @@ their own modules (``from ragfast.commands.run import run_app; run_app.command("
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -29,20 +31,35 @@ def _ordered(records: Sequence[dict[str, Any]], questions: Sequence[Any]) -> lis
     return [by_id[q.id] for q in questions if q.id in by_id]
 
 
+#: The run's cost ledger: every finished question's records, appended as each one finishes.
+RUN_LEDGER = "ledger-searchr1.jsonl"
+
+
 def _finish(*, out_dir: Path, model: str, s: dict[str, Any], done_now: int, wall: float, ledger: Any,
-            slots: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write ``summary.json`` and the ledger, print the summary line; shared by both run paths."""
-    tot = ledger.totals()
+            slots: dict[str, Any], finished: set[str], extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Write ``summary.json`` and print the summary line; shared by both run paths.
+
+    ``cost`` covers the same questions as the EM (every finished question of this run and of the
+    runs it resumes, read back from the ledger file), so a resumed run's summary is the clean
+    run's; ``this_run`` holds what this process spent (its wall seconds and batches).
+    """
+    from ragfast.results import dumps
+    from ragfast.runner.drive import load_ledger
+
+    now = ledger.totals()
+    full = load_ledger(out_dir / RUN_LEDGER, finished).totals()
+    for comp, row in full.items():  # batches are this process's grouping, not a cost of the questions
+        row.pop("batches", None)
     summary = {
         **s, "this_run_questions": done_now, "seconds": wall,
         "questions_per_second": done_now / wall if wall > 0 and done_now else 0.0,
-        "seconds_per_component": {c: row["seconds"] for c, row in tot.items() if c != "total"},
-        "cost": tot, "slots": slots,
+        "seconds_per_component": {c: row["seconds"] for c, row in now.items() if c != "total"},
+        "cost": full, "cost_scope": f"every finished question ({s['questions']}), from {RUN_LEDGER}",
+        "this_run_cost": now, "slots": slots,
         "answers_meaningful": bool(slots) and all(d["meaningful"] for d in slots.values()),
         **(extra or {}),
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    ledger.save(out_dir / f"ledger-{int(time.time())}.jsonl")
+    (out_dir / "summary.json").write_text(dumps(summary, indent=2) + "\n")
     comp = "  ".join(f"{c} {sec:.2f}s" for c, sec in summary["seconds_per_component"].items())
     line = (f"searchr1: {s['questions']} questions ({done_now} this run)  {summary['questions_per_second']:.2f} q/s  "
             f"{s['searches_per_question']:.2f} searches/q  EM {s['em']:.4f}  F1 {s['f1']:.4f}  |  {comp}")
@@ -70,7 +87,8 @@ def run_searchr1_command(*, model: str, data: str, out: str, retriever: str = "d
 
     Writes ``OUT/results.jsonl`` (one trajectory per line, as questions finish),
     ``OUT/manifest.json`` (which model filled each slot, config, seed and the run's fingerprint),
-    ``OUT/summary.json`` and ``OUT/ledger-<time>.jsonl`` (this run's cost records). With
+    ``OUT/summary.json`` and ``OUT/ledger-searchr1.jsonl`` (the cost records of every finished
+    question, appended as each finishes). With
     ``resume`` the finished ids are skipped; a partial last line from a crash is cut off first,
     and a run whose data, questions, slots or config differ from the manifest's is refused.
 
@@ -162,6 +180,9 @@ def run_searchr1_command(*, model: str, data: str, out: str, retriever: str = "d
                      config=cfg.to_dict())
     if resume:
         check_resume(out_dir, fp)  # before any model loads: a mismatch is one line, at once
+        from ragfast.runner.drive import load_ledger
+
+        load_ledger(out_dir / RUN_LEDGER, None, allow_partial_tail=True)  # a corrupt line: refused now
     common = dict(model=model, retriever=retriever, data=data, out_dir=out_dir, resume=resume, seed=seed,
                   dtype=dtype, batch_size=batch_size, prompt_budget=prompt_budget, served_model=served_model,
                   tokenizer=tokenizer, model_config=model_config, max_turns=max_turns, corpus_parts=corpus_parts,
@@ -188,11 +209,10 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
               progress: bool, con: Any, cfg: Any, all_questions: list[Any], questions: list[Any], fp: dict[str, Any],
               device: str) -> dict[str, Any]:
     """The single-process run: both models in this process, one :class:`SearchR1Loop`."""
-    from ragfast.cost import CostLedger
     from ragfast.methods.searchr1.loop import SearchR1Loop
-    from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
+    from ragfast.results import read_results, slot_entry, write_manifest
     from ragfast.runner import slots as build
-    from ragfast.runner.drive import check_resume, progress_bar, slot_lines
+    from ragfast.runner.drive import MethodRecorder, check_resume, progress_bar, slot_lines
 
     results_path = out_dir / "results.jsonl"
     gen = build.reasoner(model, seed=seed, device=device, dtype=dtype, batch_size=batch_size,
@@ -210,10 +230,12 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
     for line in slot_lines(slots):
         con.print(line)
 
-    ledger = CostLedger()
-    loop = SearchR1Loop(gen, ret, cfg, ledger=ledger)
     t0 = time.perf_counter()
-    with ResultsWriter(results_path, resume=resume) as writer:
+    # Trajectories and their cost records are both written as each question finishes, so a
+    # killed run keeps the costs of what it finished (and a resume drops those of what it did not).
+    with MethodRecorder(results_path, out_dir / RUN_LEDGER, resume) as rec:
+        writer, ledger = rec.writer, rec.ledger
+        loop = SearchR1Loop(gen, ret, cfg, ledger=ledger)
         if writer.repaired_bytes:
             con.print(f"[yellow]cut a partial last line ({writer.repaired_bytes} bytes) left by an interrupted run[/]")
         todo = [q for q in questions if q.id not in writer.done]
@@ -224,7 +246,7 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
             ems: list[float] = []
 
             def on_finish(traj):
-                writer.write(traj.to_dict())
+                rec.finish(traj)
                 ems.append(traj.em)
                 bar.update(task, advance=1, em=sum(ems) / len(ems))
 
@@ -235,8 +257,9 @@ def _run_here(*, model: str, retriever: str, data: str, out_dir: Path, resume: b
     # call count, latencies for a URL reasoner): write it again now that they ran.
     slots["reasoner"] = slot_entry(gen)
     write_manifest(out_dir, pipeline="searchr1", slots=slots, config=cfg.to_dict(), seed=seed, extra=extra)
-    s = summarise(_ordered(read_results(results_path), questions))
-    return _finish(out_dir=out_dir, model=model, s=s, done_now=done_now, wall=wall, ledger=ledger, slots=slots)
+    recs = _ordered(read_results(results_path), questions)
+    return _finish(out_dir=out_dir, model=model, s=summarise(recs), done_now=done_now, wall=wall, ledger=ledger,
+                   slots=slots, finished={str(r["id"]) for r in recs})
 
 
 def _manifest_slot(info: dict[str, Any]) -> dict[str, Any]:
@@ -265,14 +288,24 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
     from ragfast.results import finished_ids, read_manifest, repair_tail, write_manifest
     from ragfast.runner import slots as build
     from ragfast.runner.distributed import run_on_ray
-    from ragfast.runner.drive import progress_bar, slot_lines
+    from ragfast.runner.drive import load_ledger, progress_bar, slot_lines
 
     results_path = out_dir / "results.jsonl"
+    ledger_path = out_dir / RUN_LEDGER
     if resume:
         cut = repair_tail(results_path)
         if cut:
             con.print(f"[yellow]cut a partial last line ({cut} bytes) left by an interrupted run[/]")
     done_before = finished_ids(results_path) if resume else set()
+    if ledger_path.exists() and ledger_path.stat().st_size and not resume:
+        raise ConfigError(f"{ledger_path} already holds records: pass --resume to continue, or another --out")
+    if resume and ledger_path.exists():
+        # Records of questions that did not finish run again now: drop them (no double count).
+        repair_tail(ledger_path)
+        kept = load_ledger(ledger_path, done_before)
+        tmp = ledger_path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in kept.records), encoding="utf-8")
+        os.replace(tmp, ledger_path)
     n_todo = sum(q.id not in done_before for q in questions)
     if resume:
         con.print(f"resume: {len(questions) - n_todo} of {len(questions)} questions already done")
@@ -322,6 +355,11 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
             res = run_on_ray(questions, make_generator=gen_f, make_retriever=ret_f, config=cfg,
                              out_path=results_path, address=ray, num_workers=ray_workers, resume=resume,
                              on_result=on_result, on_start=on_start)
+    # The driver gets a worker's records with its batch's results; they join the run's ledger here.
+    with open(ledger_path, "a", encoding="utf-8") as f:
+        f.write("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in res.ledger.records))
+        f.flush()
+        os.fsync(f.fileno())
     if not slots and (out_dir / "manifest.json").exists():
         slots = dict(read_manifest(out_dir).get("slots", {}))  # nothing was left to run
     # Throughput over the batches (actors up to last result), comparable with the single-process
@@ -334,8 +372,9 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
         con.print(f"ray: {res.batches} batch(es) on {ray_info.get('workers')} worker(s), "
                   f"{res.retried_batches} resubmitted after a lost actor, {res.restarted_batches} finished by "
                   f"an actor Ray restarted; {res.seconds:.1f}s with actor start-up")
+    ids = {str(q.id) for q in questions}
     return _finish(out_dir=out_dir, model=model, s=dict(res.summary), done_now=res.questions_done, wall=wall,
-                   ledger=res.ledger, slots=slots, extra={"ray": ray_info})
+                   ledger=res.ledger, slots=slots, finished=finished_ids(results_path) & ids, extra={"ray": ray_info})
 
 
 @run_app.command("searchr1")

@@ -385,6 +385,9 @@ class HFGenerator(Generator):
             kw["dtype"] = _resolve_dtype(dtype)
         if attn_implementation:
             kw["attn_implementation"] = attn_implementation
+        from ragfast.checks import check_safetensors
+
+        check_safetensors(p)  # a truncated download: one line, not a SafetensorError traceback
         try:
             self.tokenizer = AutoTokenizer.from_pretrained(str(p), local_files_only=True)
             self.model = AutoModelForCausalLM.from_pretrained(str(p), local_files_only=True, **kw)

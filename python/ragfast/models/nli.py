@@ -130,6 +130,17 @@ def _read_meaningful(model_dir: Path) -> bool:
     return True
 
 
+
+def pair_flops(config: Any, length: int) -> float:
+    """FLOPs of one sequence of ``length`` tokens inside a batch, without the once-per-call work.
+
+    The difference between a batch of two such sequences and one: what every extra sequence
+    adds, whatever it is batched with. This is what the ledger charges an NLI pair.
+    """
+    from ragfast.cost import forward_flops
+
+    return float(forward_flops(config, [length, length]) - forward_flops(config, [length]))
+
 class NLIScorer:
     """Batched NLI cross-encoder: (premise, hypothesis) pairs to canonical probabilities.
 
@@ -248,10 +259,15 @@ class NLIScorer:
         from ragfast.models.export import export_onnx
 
         root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser() / "onnx"
-        st = (model_dir / "config.json").stat()
         import hashlib
 
-        digest = hashlib.sha1(f"{model_dir.resolve()}|{st.st_mtime_ns}|{self.max_length}".encode()).hexdigest()[:10]
+        from ragfast.checks import file_fingerprint
+
+        # Keyed by the content of the config and the weights (size, mtime, sampled hash), not the
+        # config's mtime alone: new weights under an old config.json must not reuse a stale export.
+        files = [model_dir / n for n in ("config.json", "model.safetensors", "pytorch_model.bin")]
+        content = "|".join(file_fingerprint(f) for f in files)
+        digest = hashlib.sha1(f"{model_dir.resolve()}|{content}|{self.max_length}".encode()).hexdigest()[:10]
         key = f"{model_dir.resolve().name}-{digest}"
         out = root / key
         if (out / "model.onnx").is_file():
@@ -370,8 +386,12 @@ class NLIScorer:
             stats["seconds"] += sec
             stats["flops"] += flops
             if ledger is not None:
+                # Each pair is charged the useful work of its own unpadded sequence, so its cost
+                # depends neither on the pairs it was batched with nor on a resume (which batches
+                # leftovers anew): padding and the once-per-call work that a batch shares (DeBERTa's
+                # relative-position projection) are left out here and kept in ``last_stats``.
                 ledger.add_batch("nli", [qids[i] for i in idx], seconds=sec, input_tokens=[int(x) for x in real],
-                                 flops=[flops / len(idx)] * len(idx))
+                                 flops=[pair_flops(self.config, int(x)) for x in real])
         stats["padding_share"] = 1.0 - stats["real_tokens"] / max(1, stats["padded_tokens"])
         self.last_stats = stats
         for k in self.stats:

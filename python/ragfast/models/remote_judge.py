@@ -6,6 +6,7 @@ and books the server's reported compute in the caller's ledger as ``judge`` (see
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Any, Sequence
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.http import post_json
+from ragfast.http import auth_headers, post_json
 from ragfast.models.base import Judge
 from ragfast.remote_cost import book
 from ragfast.types import State
@@ -50,7 +51,8 @@ class RemoteJudge(Judge):
         self.max_states = int(max_states_per_request)
         self.retries = int(retries)
         self._httpx = httpx
-        self.client = client if client is not None else httpx.Client(timeout=timeout)
+        # A server started with --api-key (or $RAGFAST_API_KEY) needs the same token.
+        self.client = client if client is not None else httpx.Client(timeout=timeout, headers=auth_headers())
         info = self._get_health()
         judge = info.get("judge") or {}
         self.name = f"{judge.get('name', 'judge')} @ {self.base}"
@@ -83,6 +85,13 @@ class RemoteJudge(Judge):
             raise ModelError(f"{self.url} sent a body without 'scores': {str(body)[:300]}")
         if len(scores) != len(payload["states"]):
             raise ModelError(f"{self.url} answered {len(scores)} scores for {len(payload['states'])} states")
+        # null is the protocol's "could not score this state" (it never stops); anything else must
+        # be a finite number. A bare NaN/Infinity token or a string would otherwise fail deep in
+        # the threshold statistics, far from the server that sent it.
+        for i, x in enumerate(scores):
+            if x is not None and (isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x)):
+                raise ModelError(f"{self.url} sent score {i} = {str(x)[:40]!r}, not a finite number or null; "
+                                 "refusing the judge's answer")
         return body
 
     def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *, ledger: CostLedger | None = None,

@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search
+from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search, load_npy
 from ragfast.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
@@ -197,7 +197,7 @@ class DenseIndex:
         return self.ntotal
 
     def bytes_per_search(self) -> int:
-        """Bytes one batched search reads from the stored vectors (the whole corpus, once)."""
+        """Bytes one query's search reads from the stored vectors (flat: the whole corpus; IVF: its lists)."""
         if self.backend == "flat":
             if self.storage == "fp32":
                 return self.ntotal * self.dim * 4
@@ -262,10 +262,7 @@ class DenseIndex:
         else:
             scores, ids = self._faiss_search(q.numpy(), k, ex, min_score)
         seconds = time.perf_counter() - t0
-        per_batch = self.bytes_per_search()
-        if self.backend == "faiss" and isinstance(self._downcast(), _ivf_class()):
-            per_batch *= b  # IVF reads its lists per query, not once per batch
-        record_search(ledger, question_ids, b, seconds, per_batch, self.flops_per_query())
+        record_search(ledger, question_ids, b, seconds, self.bytes_per_search(), self.flops_per_query())
         return scores, ids
 
     def flops_per_query(self) -> float:
@@ -354,22 +351,16 @@ class DenseIndex:
         if p.is_dir():
             meta = read_index_meta(p, _FORMAT, "index directory")
             if meta["backend"] == "flat":
-                vec = np.load(p / "vectors.npy", mmap_mode="r" if mmap else None)
+                vec = load_npy(p / "vectors.npy", mmap)
                 return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
             idx = _read_faiss(p / "index.faiss", mmap)
             return cls("faiss", faiss_index=idx, factory=meta.get("factory"),
                        search_params=search_params if search_params is not None else meta.get("search_params"),
                        gpus=gpus)
         if p.suffix == ".npy":
-            vec = np.load(p, mmap_mode="r" if mmap else None)
+            vec = load_npy(p, mmap)
             return cls("flat", vectors=as_matrix(vec), storage=storage or "fp32", kernel_backend=kernel_backend)
         return cls("faiss", faiss_index=_read_faiss(p, mmap), search_params=search_params, gpus=gpus)
-
-
-def _ivf_class():
-    faiss = load_faiss()
-
-    return faiss.IndexIVF
 
 
 def _read_faiss(path: Path, mmap: bool):
@@ -732,12 +723,13 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
             index = DenseIndex("flat", vectors=shipped, storage=storage, kernel_backend=kernel_backend)
             return DenseRetriever(enc, index, corpus)
     root = Path(cache_dir) if cache_dir is not None else cache_root() / "emb"
-    out = root / f"{corpus_fingerprint(corpus)}-{enc.fingerprint()}"
+    key = corpus_fingerprint(corpus)
+    out = root / f"{key}-{enc.fingerprint()}"
     meta = out / "meta.json"
     if meta.exists():
         # The cache is keyed by corpus and encoder only: resume with the chunking it was started with.
         chunk_size = int(json.loads(meta.read_text()).get("chunk_size", chunk_size))
-    emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress)
+    emb = encode_corpus(enc, corpus, out, chunk_size=chunk_size, progress=progress, corpus_key=key)
     whole = out / "vectors.npy"
     if emb.chunks_total > 1 and not whole.exists():
         # Several chunks would be concatenated (copied) by every process that loads them; one

@@ -182,6 +182,9 @@ class Encoder:
         self._flops_ok = True
         if backend == "torch":
             try:
+                from ragfast.checks import check_safetensors
+
+                check_safetensors(path)
                 self.model = AutoModel.from_pretrained(path, local_files_only=True, dtype=self.dtype)
             except Exception as exc:
                 raise ModelError(f"cannot load encoder weights from {path}: {exc}") from exc
@@ -536,13 +539,15 @@ def corpus_fingerprint(corpus: Any) -> str:
 
 def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chunk_size: int = 4096, *,
                   progress: bool = True, max_chunks: int | None = None,
-                  on_chunk: Callable[[int, int], None] | None = None) -> CorpusEmbeddings:
+                  on_chunk: Callable[[int, int], None] | None = None,
+                  corpus_key: str | None = None) -> CorpusEmbeddings:
     """Embed a corpus's passages into memory-mappable ``.npy`` chunks, resuming where it stopped.
 
     Each chunk is written to a temporary file and renamed, so a chunk file on disk is always
-    whole; a rerun skips the chunks already there. ``meta.json`` pins the corpus size, the
-    chunk size and the encoder fingerprint, and a mismatch is an error rather than silently
-    mixing vectors from two models.
+    whole; a rerun skips the chunks already there. ``meta.json`` pins the corpus content (a
+    hash of its ids and texts), its size, the chunk size and the encoder fingerprint, and a
+    mismatch is an error rather than silently mixing vectors of two corpora or two models.
+    Chunk files without a ``meta.json`` are refused, never reinterpreted.
 
     Parameters
     ----------
@@ -559,10 +564,19 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
         the next call continues).
     on_chunk : callable, optional
         Called as ``on_chunk(chunk_index, chunks_total)`` after each chunk is on disk.
+    corpus_key : str, optional
+        :func:`corpus_fingerprint` of ``corpus`` when the caller has it already (it reads
+        every passage) and names ``out_dir`` by it.
 
     Returns
     -------
     CorpusEmbeddings
+
+    Raises
+    ------
+    DataError
+        ``out_dir`` holds embeddings of another corpus, encoder or chunking (the message names
+        which), or chunk files without ``meta.json``.
     """
     if chunk_size < 1:
         raise ConfigError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -573,16 +587,33 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
     out.mkdir(parents=True, exist_ok=True)
     total = (n + chunk_size - 1) // chunk_size
     meta = {"n": n, "dim": encoder.dim, "chunk_size": chunk_size, "chunks": total,
+            "corpus_fingerprint": corpus_key or corpus_fingerprint(corpus),
             "encoder": encoder.name, "encoder_fingerprint": encoder.fingerprint(), "dtype": "float32"}
     meta_path = out / "meta.json"
     if meta_path.exists():
-        old = json.loads(meta_path.read_text())
-        for key in ("n", "dim", "chunk_size", "encoder_fingerprint"):
+        try:
+            old = json.loads(meta_path.read_text())
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{meta_path}: not valid JSON ({exc.msg}); use another directory or delete it") from None
+        if "corpus_fingerprint" not in old and corpus_key is not None:
+            # Written before meta.json held the content hash, in a directory the caller keys by it
+            # (build_default_retriever's cache): the name vouches for the content.
+            old["corpus_fingerprint"] = corpus_key
+        # The content first: the same size and model over another corpus would mix two corpora's rows.
+        for key, what in (("corpus_fingerprint", "the corpus content"), ("n", "the passage count"),
+                          ("dim", "the vector size"), ("chunk_size", "the chunk size"),
+                          ("encoder_fingerprint", "the encoder")):
             if old.get(key) != meta[key]:
-                raise DataError(f"{out} holds embeddings with {key}={old.get(key)!r}, this run has "
-                                f"{meta[key]!r}; use another directory or delete it")
+                raise DataError(f"{out} holds embeddings made with other inputs: {what} changed ({key} "
+                                f"{old.get(key)!r} on disk, {meta[key]!r} now); use another directory or delete it")
     else:
-        meta_path.write_text(json.dumps(meta, indent=1))
+        stray = sorted(out.glob("emb-*.npy"))
+        if stray:
+            raise DataError(f"{out} holds {len(stray)} embedding chunk(s) but no meta.json, so what they were made "
+                            "from is unknown; use another directory or delete them")
+        tmp = out / f".meta.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(meta, indent=1))
+        os.replace(tmp, meta_path)  # a crash never leaves half a meta.json beside chunks
     todo = [i for i in range(total) if not _chunk_file(out, i).exists()]
     if max_chunks is not None:
         todo = todo[:max(0, int(max_chunks))]

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ragfast.checks import check_exclude, check_positive_k, check_question_ids
 from ragfast.errors import ConfigError, RagfastError
-from ragfast.http import check_url, get_json, post_json
+from ragfast.http import auth_headers, check_url, get_json, post_json
 from ragfast.remote_cost import book
 from ragfast.retrieval.base import Hit, Retriever
 
@@ -83,7 +83,8 @@ class RemoteRetriever(Retriever):
             raise ConfigError(f"max_queries_per_request must be >= 1, got {max_queries_per_request}")
         self.max_queries = int(max_queries_per_request)
         self.retries = int(retries)
-        self.client = client if client is not None else httpx.Client(timeout=timeout)
+        # A server started with --api-key (or $RAGFAST_API_KEY) needs the same token.
+        self.client = client if client is not None else httpx.Client(timeout=timeout, headers=auth_headers())
 
     def describe(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "class": type(self).__name__, "url": self.url}

@@ -40,7 +40,7 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.remote_cost import cost_items
 from ragfast.retrieval.base import Retriever
-from ragfast.serving import (BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
+from ragfast.serving import (API_KEY_ENV, AccessGuard, BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
                              check_int, check_text_list, fix_mmap_threshold, json_bytes, parse_json_body,
                              prometheus_text, rss_bytes, server_gauges)
 
@@ -157,7 +157,7 @@ def _result_bytes(hits: list[list[Any]], return_scores: bool, doc: Callable[[Any
 
 def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int = 1024, max_query_chars: int = 4096,
                max_topk: int = 100, max_body_bytes: int = 16 * 1024 * 1024, batching: bool = True,
-               max_batch: int = 256, chunk: int = 8, max_wait_ms: float = 2.0):
+               max_batch: int = 256, chunk: int = 8, max_wait_ms: float = 2.0, api_key: str | None = None):
     """A FastAPI app serving Search-R1's ``POST /retrieve`` (and ``GET /health``, ``GET /metrics``).
 
     Parameters
@@ -294,8 +294,10 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
         return PlainTextResponse(prometheus_text("ragfast_retriever", server_gauges(state(), "queries", "queries")),
                                  media_type="text/plain; version=0.0.4")
 
-    # Outermost first: request ids wrap everything, the body limit runs before any parsing.
+    # Added innermost first: request ids wrap everything, then the token and Content-Type checks,
+    # then the body limit, all before any parsing.
     app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes, on_reject=rejected)
+    app.add_middleware(AccessGuard, api_key=api_key)
     app.add_middleware(RequestIdMiddleware, on_error=errored, logger=log)
     return app
 
@@ -383,14 +385,15 @@ def _app_from_env():
     r = load_retriever(cfg["corpus"], cfg.get("index"), cfg.get("encoder"), storage=cfg.get("storage"),
                        device=cfg.get("device", "cpu"), batch_size=cfg.get("batch_size", 64),
                        cache_dir=cfg.get("cache_dir"), progress=False)
-    return create_app(r, cfg.get("topk", 3), **cfg.get("app", {}))
+    return create_app(r, cfg.get("topk", 3), api_key=os.environ.get(API_KEY_ENV) or None, **cfg.get("app", {}))
 
 
 def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, topk: int = 3,
           host: str = "127.0.0.1", port: int = 8000, workers: int = 1, storage: str | None = None,
           device: str = "cpu", batch_size: int = 64, cache_dir: str | None = None,
           app_options: dict[str, Any] | None = None, log_level: str = "info", threads: int | None = None,
-          graceful_s: float = 30.0) -> None:
+          graceful_s: float = 30.0, api_key: str | None = None, head_timeout_s: float = 10.0,
+          keep_alive_s: float = 5.0, max_connections: int = 2048) -> None:
     """Build the retriever and run the server with uvicorn (blocks until stopped).
 
     With ``workers > 1`` the corpus is embedded once here first (with a progress bar), then each
@@ -400,13 +403,19 @@ def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, 
     """
     import uvicorn
 
+    from ragfast.serving import check_bind, uvicorn_options
+
     if workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {workers}")
+    # Before anything loads: a bad port or an open bind without a token is one line at once.
+    key = check_bind(host, port, api_key)
+    net = uvicorn_options(host, port, head_timeout_s=head_timeout_s, keep_alive_s=keep_alive_s,
+                          max_connections=max_connections)
     set_threads(threads)
     retriever = load_retriever(corpus, index, encoder, storage=storage, device=device, batch_size=batch_size,
                                cache_dir=cache_dir, progress=True)
     if workers == 1:
-        uvicorn.run(create_app(retriever, topk, **(app_options or {})), host=host, port=port, log_level=log_level,
+        uvicorn.run(create_app(retriever, topk, api_key=key, **(app_options or {})), **net, log_level=log_level,
                     timeout_graceful_shutdown=graceful_s)
         return
     del retriever  # the cache is warm; each worker maps it
@@ -414,5 +423,7 @@ def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, 
                                           "encoder": encoder, "storage": storage, "device": device,
                                           "batch_size": batch_size, "cache_dir": cache_dir, "topk": topk,
                                           "threads": threads, "app": app_options or {}})
-    uvicorn.run("ragfast.retrieval.server:_app_from_env", factory=True, host=host, port=port, workers=workers,
+    if key:
+        os.environ[API_KEY_ENV] = key  # the workers read the token from the environment, not the JSON config
+    uvicorn.run("ragfast.retrieval.server:_app_from_env", factory=True, **net, workers=workers,
                 log_level=log_level, timeout_graceful_shutdown=graceful_s)

@@ -24,7 +24,7 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.types import Trajectory
 
 __all__ = ["prepare_out", "fingerprint", "check_resume", "data_identity", "slot_lines", "progress_bar",
-           "MethodRecorder", "load_ledger"]
+           "MethodRecorder", "load_ledger", "results_without_manifest", "first_difference"]
 
 
 def prepare_out(out_dir: str | Path, results: str | Path, resume: bool) -> Path:
@@ -103,10 +103,14 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     return json.loads(json.dumps(fp, default=str, sort_keys=True))
 
 
-def _first_difference(old: Any, new: Any, path: str) -> str | None:
+def first_difference(old: Any, new: Any, path: str = "") -> str | None:
+    """The first field where two JSON-like mappings differ, as ``"a.b: <old> in the run on disk, <new> now"``.
+
+    None when they are equal. Keys are visited in sorted order, so the message is stable.
+    """
     if isinstance(old, Mapping) and isinstance(new, Mapping):
         for k in sorted(set(old) | set(new), key=str):
-            d = _first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
+            d = first_difference(old.get(k), new.get(k), f"{path}.{k}" if path else str(k))
             if d:
                 return d
         return None
@@ -121,7 +125,9 @@ def _first_difference(old: Any, new: Any, path: str) -> str | None:
 def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
     """Refuse to resume ``out_dir`` when its manifest's fingerprint differs from ``fp``.
 
-    A directory without a fingerprint (nothing ran yet) is accepted. Only the keys of ``fp`` are
+    A directory without a manifest is accepted only when it holds no results (nothing ran
+    yet); with results but no manifest it is refused, never reinterpreted as this run's. A
+    manifest without a fingerprint is accepted. Only the keys of ``fp`` are
     compared, so a command can check the data, questions, slot specs and config before it loads
     any model, and the model identities once they are built.
 
@@ -132,6 +138,10 @@ def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
     """
     path = Path(out_dir) / "manifest.json"
     if not path.exists():
+        held = results_without_manifest(out_dir)
+        if held is not None:
+            raise ConfigError(f"--resume: {path} is missing but {held} holds results; the settings they were made "
+                              "with are unknown, so they are not reinterpreted: use another --out")
         return
     try:
         old = json.loads(path.read_text(encoding="utf-8")).get("fingerprint")
@@ -141,7 +151,7 @@ def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
         return
     new = json.loads(json.dumps(fp, default=str))
     # Data, slots and settings first: they name the cause; the question ids follow from them.
-    diff = _first_difference({k: old.get(k) for k in new if k != "questions"},
+    diff = first_difference({k: old.get(k) for k in new if k != "questions"},
                              {k: v for k, v in new.items() if k != "questions"}, "")
     if diff:
         raise ConfigError(f"--resume: {diff}; resume with the same settings, or use another --out")
@@ -152,6 +162,18 @@ def check_resume(out_dir: str | Path, fp: Mapping[str, Any]) -> None:
         raise ConfigError(f"--resume: questions: the run on disk asked {old_q.get('count')} questions that are not "
                           f"all among the {new_q.get('count')} asked now (--data/--offset/--limit); resume with "
                           "the same settings, or use another --out")
+
+
+def results_without_manifest(out_dir: str | Path) -> Path | None:
+    """A non-empty results or ledger file (``*.jsonl``, also under sub-directories) in ``out_dir``, or None."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return None
+    # results files first: they are what the message should name
+    for f in sorted(out.rglob("*.jsonl"), key=lambda f: ("ledger" in f.as_posix(), f.as_posix())):
+        if f.is_file() and f.stat().st_size > 0:
+            return f
+    return None
 
 
 def slot_lines(slots: Mapping[str, Any]) -> list[str]:
@@ -254,21 +276,47 @@ class MethodRecorder:
         self.close()
 
 
-def load_ledger(path: Path, finished: set[str]) -> CostLedger:
-    """A ledger file read back, keeping records of finished questions (and those of no question)."""
+def load_ledger(path: Path, finished: set[str] | None, *, allow_partial_tail: bool = False) -> CostLedger:
+    """A ledger file read back, keeping records of finished questions (and those of no question).
+
+    Parameters
+    ----------
+    path : Path
+        A JSONL ledger; a missing file is an empty ledger.
+    finished : set of str or None
+        Ids whose records are kept (records of no question always are); None keeps every record.
+    allow_partial_tail : bool
+        Skip a last line without its newline (a crash mid-write; a resume cuts it) instead of
+        refusing it.
+
+    Raises
+    ------
+    DataError
+        A line that is not a whole cost record: a corrupt line is refused, never dropped, since
+        the ledger would then no longer add up to the summary. A torn last line left by a crash
+        is cut with :func:`ragfast.results.repair_tail` before this is called.
+    """
     led = CostLedger()
     if not Path(path).exists():
         return led
     names = {f.name for f in dataclasses.fields(CostRecord)}
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            if allow_partial_tail and not raw.endswith(b"\n"):
+                break
             try:
+                line = raw.decode("utf-8").strip()
+                if not line:
+                    continue
                 d = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a torn last line after a crash
-            if d.get("question_id") is None or d["question_id"] in finished:
-                led.records.append(CostRecord(**{k: v for k, v in d.items() if k in names}))
+                if not isinstance(d, dict) or "component" not in d:
+                    raise ValueError("not a cost record")
+                rec = CostRecord(**{k: v for k, v in d.items() if k in names})
+            except (ValueError, TypeError) as exc:
+                what = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc)
+                raise DataError(f"{path}:{n}: corrupt ledger line ({what}); refusing to drop it, since the "
+                                "ledger would no longer add up: repair or remove the line, or use another "
+                                "--out") from None
+            if finished is None or rec.question_id is None or rec.question_id in finished:
+                led.records.append(rec)
     return led

@@ -203,7 +203,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     total = epochs * per_epoch if max_steps is None else min(epochs * per_epoch, int(max_steps))
     step, losses, epoch_loss = 0, [], {}
     if resume and ckpt.exists():
-        st = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+        st = load_trainer_state(ckpt / "trainer_state.pt")
         from safetensors.torch import load_file
 
         set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
@@ -300,3 +300,28 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     log(f"train-judge --kind causal: {step} steps on {len(examples)} {source}-labelled states; "
         f"loss {fmt(card['loss_first'])} -> {fmt(card['loss_last'])}" + ("" if finished else " (stopped early; --resume)"))
     return card
+
+
+def load_trainer_state(path: Path) -> dict:
+    """A ``trainer_state.pt`` read with ``weights_only=True``: tensors and plain values only.
+
+    A checkpoint directory may come from anyone; a full unpickle would run whatever code the
+    file names. Anything but tensors, numbers, strings, lists and dicts is refused.
+
+    Raises
+    ------
+    ConfigError
+        The file is not a plain trainer state.
+    """
+    import pickle
+
+    import torch
+
+    try:
+        st = torch.load(path, weights_only=True, map_location="cpu")
+    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
+        raise ConfigError(f"{path}: not a plain trainer state (refused to unpickle anything but tensors and plain "
+                          f"values: {' '.join(str(exc).split())[:160]})") from None
+    if not isinstance(st, dict):
+        raise ConfigError(f"{path}: not a trainer state (a {type(st).__name__})")
+    return st

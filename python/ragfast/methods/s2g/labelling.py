@@ -174,25 +174,15 @@ class ChatTeacher:
 
         body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(state)}]}
-        last: Exception | None = None
-        for attempt in range(self.retries + 1):
-            try:
-                r = self._client.post(self.base_url + "/chat/completions", json=body)
-            except self._httpx.TransportError as exc:
-                last = exc
-                time.sleep(min(2.0, 0.2 * 2 ** attempt))
-                continue
-            if r.status_code >= 500 and attempt < self.retries:
-                last = ModelError(f"{self.base_url}/chat/completions answered {r.status_code}")
-                time.sleep(min(2.0, 0.2 * 2 ** attempt))
-                continue
-            if r.status_code != 200:
-                raise ModelError(f"{self.base_url}/chat/completions answered {r.status_code}: {r.text[:300]}")
-            try:
-                return str(r.json()["choices"][0]["message"]["content"])
-            except (ValueError, KeyError, IndexError, TypeError):
-                raise ModelError(f"{self.base_url}/chat/completions: not a chat completion: {r.text[:300]}") from None
-        raise ModelError(f"cannot reach {self.base_url}/chat/completions after {self.retries + 1} attempts: {last}")
+        # The shared client call: retries, bounded waits (--call-timeout/--total-timeout), one-line errors.
+        from ragfast.http import post_json
+
+        url = self.base_url + "/chat/completions"
+        data = post_json(self._client, url, body, retries=self.retries, error=ModelError)
+        try:
+            return str(data["choices"][0]["message"]["content"])
+        except (KeyError, IndexError, TypeError):
+            raise ModelError(f"{url}: not a chat completion: {str(data)[:300]}") from None
 
     def verdict_texts(self, states: Sequence[State]) -> list[str]:
         """The raw reply per state (requests run ``concurrency`` at a time)."""
