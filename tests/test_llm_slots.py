@@ -83,3 +83,39 @@ def test_teacher_auto_route_scores_only_the_parse_failures(tiny_dir):
             assert s.labels["teacher"] == r.labels["teacher"] and "route" not in s.provenance["teacher"]
     with pytest.raises(Exception, match="teacher route"):
         teacher_labels(states, str(tiny_dir), route="vote")
+
+
+def test_reloop_head_reads_the_pack_through_the_chat_template(tmp_path):
+    """An instruction-tuned head gets the evidence pack as a user message; the extractive head raw."""
+    from ragfast.commands.reloop import run_reloop_command
+    from ragfast.methods.reloop import ReloopConfig
+    from ragfast.models.base import Generator
+
+    class Templated(Generator):
+        name = "templated recorder (test, not an LLM)"
+        meaningful = False
+
+        def __init__(self):
+            self.seen = []
+
+        def format_prompt(self, text):
+            return f"<user>{text}</user><assistant>"
+
+        def start(self, ids, prompts):
+            self.seen += list(prompts)
+
+        def generate(self, ids, *, stop, max_new_tokens, ledger=None):
+            return ["Paris\n"] * len(ids)
+
+        def append(self, ids, texts):
+            pass
+
+        def end(self, ids):
+            pass
+
+    lm = Templated()
+    s = run_reloop_command("hotpotqa-dev", str(tmp_path / "o"), ReloopConfig(max_steps=2, batch_size=2), limit=2,
+                           encoder="hashing", judge="heuristic", generator=lm, progress=False)
+    assert s["questions"] == 2 and lm.seen
+    assert all(p.startswith("<user>Answer the question using only the evidence below.") and
+               p.endswith("Answer:</user><assistant>") for p in lm.seen)
