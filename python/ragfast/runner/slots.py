@@ -39,8 +39,8 @@ from ragfast.http import is_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner", "corpus", "encoder", "retriever", "judge",
-           "nli", "checker", "head", "on_backend", "absolute", "retriever_over"]
+__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner", "corpus", "encoder", "retriever",
+           "judge", "nli", "checker", "head", "on_backend", "absolute", "retriever_over"]
 
 #: The corpus every command searches by default: the questions' own paragraphs plus the bundled
 #: wiki sample. One default means the second command reuses the first one's cached embeddings.
