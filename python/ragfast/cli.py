@@ -47,6 +47,7 @@ COMMAND_MODULES = (
     "ragfast.commands.report",
     "ragfast.commands.export",
     "ragfast.commands.cost",
+    "ragfast.commands.models",
 )
 
 

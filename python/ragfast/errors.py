@@ -23,6 +23,7 @@ OPTIONAL_PACKAGES: dict[str, tuple[str, str]] = {
     "fastapi": ("fastapi", "serve"), "uvicorn": ("uvicorn", "serve"), "httpx": ("httpx", "serve"),
     "starlette": ("fastapi", "serve"), "ray": ("ray", "dist"), "sklearn": ("scikit-learn", "train"),
     "optimum": ("optimum", "optimum"), "triton": ("triton", "gpu"),
+    "gguf": ("gguf", "models"),
 }
 
 

@@ -61,6 +61,9 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
             raise ConfigError("train-judge --kind causal needs --base PATH (causal LM) and --labels FILE "
                               "(ragfast label-states)")
         from ragfast.methods.s2g.causal_train import train_causal_judge
+        from ragfast.runner.slots import catalogued
+
+        base = catalogued(base)  # smollm2 -> its converted directory
 
         card = train_causal_judge(labels, base, out, source=label_source, epochs=epochs or 2, lr=lr or 2e-4,
                                   r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, log=_echo)
@@ -92,16 +95,20 @@ def register(app: typer.Typer) -> None:
                                               help="Bearer token for a teacher URL."),
         out: Optional[Path] = typer.Option(None, "--out", help="Output file (default RESULTS_DIR/labelled_states.jsonl)."),
         max_new_tokens: int = typer.Option(256, help="Teacher verdict budget."),
+        teacher_route: str = typer.Option("auto", "--teacher-route", help="A local teacher's verdict: generate (JSON, "
+                                          "parsed) | score (log P(true) > log P(false), nothing to parse) | auto "
+                                          "(generate, score the parse failures)."),
         device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP),
     ) -> None:
         """Label the recorded states of a native run (probe, gold support, teacher LLM), with agreement."""
         from ragfast.methods.s2g.labelling import label_states
 
         s = label_states(results_dir, source, teacher=teacher, teacher_model=teacher_model, api_key=api_key, out=out,
-                         max_new_tokens=max_new_tokens, device=device, log=_echo)
+                         max_new_tokens=max_new_tokens, device=device, teacher_route=teacher_route, log=_echo)
         parts = [f"{k}: {v['labelled']} labelled, {v['positives']} sufficient" for k, v in s["sources"].items()]
         if "teacher" in s["sources"]:
-            parts.append(f"teacher parse failures {s['sources']['teacher']['parse_failures']}")
+            parts.append(f"teacher parse failures {s['sources']['teacher']['parse_failures']}, "
+                         f"scored {s['sources']['teacher']['scored']}")
         for pair, a in s.get("agreement", {}).items():
             if a["n"]:
                 parts.append(f"{pair} agree {a['agreement']:.3f} (kappa {_f(a['kappa'])}, n={a['n']})")

@@ -409,7 +409,6 @@ class CausalJudge(Judge):
         scores = np.full(len(sts), np.nan)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         dec = self._decoder()
-        layer_types = set(getattr(self.config, "layer_types", None) or ["full_attention"])
         with torch.inference_mode():
             for rows in self._batches(lengths):
                 B, W = len(rows), max(lengths[g] for g in rows)
@@ -438,10 +437,17 @@ class CausalJudge(Judge):
                     prebuilt = dense_mask(hi, lo, S + W)
                 cache = DynamicCache(ddp_cache_data=[(k.expand(B, -1, -1, -1), v.expand(B, -1, -1, -1))
                                                      for k, v in sys_kv], config=self.config)
-                # A dict of masks skips transformers' own mask construction; the mask lives in
-                # ragfast_mask, read by the registered attention function.
-                h = dec(input_ids=ids, position_ids=pos, attention_mask={t: None for t in layer_types},
-                        cache=cache, use_cache=True, ragfast_mask=(hi, lo, self.attention, prebuilt)).last_hidden_state
+                # The mask lives in ragfast_mask, read by the registered attention function. Every
+                # decoder family hands a 4-D attention_mask through unchanged (transformers'
+                # create_causal_mask returns a 4-D mask as it is), so a 4-D tensor is the one
+                # mask argument Llama, Mistral, Qwen2 and Qwen3 all accept without building
+                # their own; a dict of masks is read only by the families that route per layer
+                # type (Llama crashed on it). The "ref" path's dense mask serves as it is;
+                # otherwise a broadcast view of one element costs nothing.
+                mask4 = prebuilt if self.attention == "ref" else torch.ones(
+                    (1, 1, 1, 1), dtype=torch.bool, device=self.device).expand(B, 1, W, S + W)
+                h = dec(input_ids=ids, position_ids=pos, attention_mask=mask4, cache=cache, use_cache=True,
+                        ragfast_mask=(hi, lo, self.attention, prebuilt)).last_hidden_state
                 sel_r, sel_c, dest = [], [], []
                 for r, g in enumerate(rows):
                     for i, c in zip(chains[g], packs[g]["last"]):

@@ -216,6 +216,10 @@ def load_judge(spec: str, device: str = "cpu") -> Any:
         return DocSetJudge(device=device)
     if spec == "head":
         return EncoderJudge(device=device)
+    from ragfast.models.catalogue import is_catalogued, resolve
+
+    if is_catalogued(spec):  # e.g. smollm2: the structured zero-shot causal judge
+        return CausalJudge(resolve(spec), device=device)
     p = Path(spec).expanduser()
     for name, cls in (("docset_judge.safetensors", DocSetJudge), ("cross_judge.safetensors", CrossEncoderJudge)):
         if p.name == name or (p.is_dir() and (p / name).exists()):

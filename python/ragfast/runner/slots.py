@@ -7,7 +7,8 @@ and the defaults are the same everywhere (:data:`DEFAULTS`).
 Specs
 -----
 reasoner
-    ``scripted`` (the evidence oracle), ``tiny`` (random-weight Qwen2), a local model directory,
+    ``scripted`` (the evidence oracle), ``tiny`` (random-weight Qwen2), a catalogue model
+    (``smollm2``: ``ragfast models list``; so in every LLM slot below), a local model directory,
     or an OpenAI-compatible URL (``URL#served-name``, or ``served_model=``; default: the one
     model the server lists). A URL reasoner keeps the prompt budget (``max_context``) as the
     local backend does, and its slot entry (written again after the run) says which token
@@ -40,8 +41,8 @@ from ragfast.http import is_url
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "reasoner", "corpus", "encoder", "retriever", "judge",
-           "nli", "checker", "head", "on_backend", "absolute", "retriever_over"]
+__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner", "corpus", "encoder", "retriever",
+           "judge", "nli", "checker", "head", "on_backend", "absolute", "retriever_over"]
 
 #: The corpus every command searches by default: the questions' own paragraphs plus the bundled
 #: wiki sample. One default means the second command reuses the first one's cached embeddings.
@@ -49,7 +50,8 @@ DEFAULT_CORPUS: tuple[str, ...] = ("contexts", "wiki-sample")
 
 #: Defaults shared by every command that runs methods.
 DEFAULTS: dict[str, Any] = {"batch_size": 64, "corpus": list(DEFAULT_CORPUS), "checker_llm": "reasoner",
-                            "retriever": "default", "judge": "encoder", "nli": "tiny", "encoder": "minilm"}
+                            "retriever": "default", "judge": "encoder", "nli": "tiny", "nli_backend": "auto",
+                            "encoder": "minilm"}
 
 
 def split_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -62,6 +64,17 @@ def split_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"a slot spec must be a non-empty string or a mapping, got {spec!r}")
     return spec, {}
+
+
+def catalogued(name: str) -> str:
+    """A catalogue model's name (``ragfast models list``, e.g. ``smollm2``) as its converted directory.
+
+    Other names come back unchanged. Raises ModelError naming ``ragfast models get NAME`` when
+    the model is catalogued but not in the cache.
+    """
+    from ragfast.models.catalogue import is_catalogued, resolve
+
+    return str(resolve(name)) if is_catalogued(name) else name
 
 
 def absolute(spec: str | None) -> str | None:
@@ -135,9 +148,11 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         return OpenAIGenerator(base, kw["served_model"] or served or None, api_key=kw["api_key"],
                                concurrency=kw["concurrency"], tokenizer=kw["tokenizer"],
                                model_config=kw["model_config"], seed=kw["seed"], max_context=kw["max_context"])
+    name = catalogued(name)
     if Path(name).is_dir():
         return HFGenerator(name, **hf)
-    raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', an http(s) URL or a local model directory")
+    raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', a catalogue model (ragfast models list), an "
+                      "http(s) URL or a local model directory")
 
 
 def corpus(parts: str | Sequence[str] | None, questions: Sequence[Any]) -> Any:
@@ -327,9 +342,11 @@ def checker(spec: str | Mapping[str, Any], reasoner: Any = None, *, device: str 
         from ragfast.models.tiny import tiny_path
 
         return HFGenerator(tiny_path("qwen2"), device=device)
+    name = catalogued(name)
     if Path(name).is_dir():
         return HFGenerator(name, device=device)
-    raise ConfigError(f"checker LLM {name!r} is not 'none', 'reasoner', 'tiny' or a local model directory")
+    raise ConfigError(f"checker LLM {name!r} is not 'none', 'reasoner', 'tiny', a catalogue model or a local model "
+                      "directory")
 
 
 def head(spec: Any = None, *, device: str = "cpu") -> Any:
@@ -344,6 +361,6 @@ def head(spec: Any = None, *, device: str = "cpu") -> Any:
         from ragfast.models.extractive import ExtractiveHead
 
         return ExtractiveHead()
-    if Path(name).is_dir() or name == "tiny":
+    if Path(name).is_dir() or name == "tiny" or catalogued(name) != name:
         return reasoner(name, device=device)
-    raise ConfigError(f"head {name!r} is not 'extractive' or a local model directory")
+    raise ConfigError(f"head {name!r} is not 'extractive', a catalogue model or a local model directory")

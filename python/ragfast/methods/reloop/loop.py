@@ -55,6 +55,11 @@ def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger 
     """Canonicalise each track's evidence and answer from the pack only (one batched call)."""
     packs = [canonicalise(t.ws, t.selected, t.context) for t in tracks]
     prompts = [render_pack(t.ws.question, p, t.plan.answer_type) for t, p in zip(tracks, packs)]
+    # An instruction-tuned head reads the pack as a user message through its chat template (as
+    # the Search-R1 and StepGap prompts do); the extractive head and base LMs read it raw.
+    fmt = getattr(generator, "format_prompt", None)
+    if fmt is not None:
+        prompts = [fmt(x) for x in prompts]
     outs = lm_complete(generator, prompts, [t.ws.qid for t in tracks], stop=["\n"], max_new_tokens=max_new_tokens,
                        ledger=ledger)
     return [(o.strip(), p) for o, p in zip(outs, packs)]

@@ -195,18 +195,36 @@ class ChatTeacher:
         self._client.close()
 
 
-def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str = "teacher",
-                   api_key: str | None = None, max_new_tokens: int = 256, device: str = "cpu",
-                   log: Callable[[str], None] = lambda m: None) -> dict[str, int]:
-    """Label states with a teacher LLM's JSON verdict; returns parse counts (strict/lenient/failed).
+TEACHER_ROUTES = ("auto", "generate", "score")
 
-    ``teacher`` is an ``http(s)://`` URL (chat completions) or a local causal-LM directory
-    (:meth:`ragfast.models.causal_judge.CausalJudge.verdicts`). A failed parse leaves the state unlabelled.
+
+def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str = "teacher",
+                   api_key: str | None = None, max_new_tokens: int = 256, device: str = "cpu", route: str = "auto",
+                   log: Callable[[str], None] = lambda m: None) -> dict[str, int]:
+    """Label states with a teacher LLM; returns counts (strict/lenient/failed parses, scored states).
+
+    Parameters
+    ----------
+    teacher : str
+        An ``http(s)://`` URL (chat completions), a catalogue model (``smollm2``) or a local
+        causal-LM directory.
+    route : {"auto", "generate", "score"}
+        How a local model gives its verdict. ``generate``: the full JSON verdict, greedy
+        (:meth:`~ragfast.models.causal_judge.CausalJudge.verdicts`); a failed parse leaves the
+        state unlabelled. ``score``: the verdict token alone, constrained to true/false: the
+        label is ``log P(true) > log P(false)`` after the forced ``{"sufficient":`` prefix (one
+        packed forward per trajectory, nothing to parse). ``auto``: generate, then score the
+        states whose verdict failed to parse, so a small model still labels every state and its
+        parse failures stay counted. A URL teacher always generates.
     """
+    from ragfast.models.catalogue import is_catalogued, resolve
     from ragfast.models.causal_judge import CausalJudge
     from ragfast.models.judge_prompt import ANSWER_PREFIX, parse_verdict
 
+    if route not in TEACHER_ROUTES:
+        raise ConfigError(f"teacher route must be one of {', '.join(TEACHER_ROUTES)}; got {route!r}")
     sts = [s.to_state() for s in states]
+    scored = None
     if teacher.startswith(("http://", "https://")):
         client = ChatTeacher(teacher, model, api_key, max_tokens=max_new_tokens)
         try:
@@ -223,19 +241,32 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
             verdicts.append(v)
         name = client.name
     else:
-        p = Path(teacher).expanduser()
+        p = resolve(teacher) if is_catalogued(teacher) else Path(teacher).expanduser()
         if not (p.is_dir() and (p / "config.json").exists()):
-            raise ConfigError(f"teacher {teacher!r}: expected an http(s):// URL or a causal-LM directory with config.json")
+            raise ConfigError(f"teacher {teacher!r}: expected an http(s):// URL, a catalogue model (ragfast models "
+                              "list) or a causal-LM directory with config.json")
         judge = CausalJudge(p, device=device)
-        verdicts = judge.verdicts(sts, max_new_tokens=max_new_tokens)
-        name = str(p)
-    counts = {"strict": 0, "lenient": 0, "failed": 0}
-    for s, v in zip(states, verdicts):
-        counts[v.parse] += 1
-        s.labels["teacher"] = None if v.parse == "failed" else int(v.sufficient)
-        s.provenance["teacher"] = {"model": name, "parse": v.parse, "raw": v.raw[:2000], "gap_items": v.gap_items,
-                                   **({"error": v.error} if v.error else {})}
-    log(f"teacher {name}: {counts['strict']} strict, {counts['lenient']} lenient, {counts['failed']} failed parses")
+        name = teacher if is_catalogued(teacher) else str(p)
+        verdicts = judge.verdicts(sts, max_new_tokens=max_new_tokens) if route != "score" else [None] * len(sts)
+        todo = [i for i, v in enumerate(verdicts) if v is None or v.parse == "failed"]
+        if route != "generate" and todo:
+            scored = dict(zip(todo, judge.stop_scores([sts[i] for i in todo]).tolist()))
+    counts = {"strict": 0, "lenient": 0, "failed": 0, "scored": 0}
+    for i, (s, v) in enumerate(zip(states, verdicts)):
+        prov: dict[str, Any] = {"model": name}
+        if v is not None:
+            counts[v.parse] += 1
+            s.labels["teacher"] = None if v.parse == "failed" else int(v.sufficient)
+            prov.update(parse=v.parse, raw=v.raw[:2000], gap_items=v.gap_items, **({"error": v.error} if v.error else {}))
+        if scored is not None and i in scored:
+            sc = scored[i]
+            # A state the model cannot score (NaN) stays unlabelled, as a failed parse does.
+            s.labels["teacher"] = None if sc != sc else int(sc > 0.0)
+            counts["scored"] += sc == sc
+            prov.update(route="score", score=sc)
+        s.provenance["teacher"] = prov
+    log(f"teacher {name}: {counts['strict']} strict, {counts['lenient']} lenient, {counts['failed']} failed parses, "
+        f"{counts['scored']} labelled by the true/false score")
     return counts
 
 
@@ -261,8 +292,8 @@ def agreement(states: Sequence[LabelledState], sources: Sequence[str]) -> dict[s
 
 def label_states(results_dir: str | Path, sources: Sequence[str], *, teacher: str | None = None,
                  teacher_model: str = "teacher", api_key: str | None = None, out: str | Path | None = None,
-                 max_new_tokens: int = 256, device: str = "cpu", log: Callable[[str], None] = lambda m: None
-                 ) -> dict[str, Any]:
+                 max_new_tokens: int = 256, device: str = "cpu", teacher_route: str = "auto",
+                 log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Label the recorded states of a native run; write the labelled-state file and its summary.
 
     Parameters
@@ -271,7 +302,9 @@ def label_states(results_dir: str | Path, sources: Sequence[str], *, teacher: st
         A ``run s2g`` or ``bench`` results directory.
     sources : sequence of {"probe", "gold", "teacher"}
     teacher : str, optional
-        URL or causal-LM directory (required with the ``teacher`` source).
+        URL, catalogue model or causal-LM directory (required with the ``teacher`` source).
+    teacher_route : {"auto", "generate", "score"}
+        How a local teacher answers (:func:`teacher_labels`).
     out : str or Path, optional
         Output file (default ``RESULTS_DIR/labelled_states.jsonl``); the summary is written
         beside it as ``<stem>.summary.json``.
@@ -310,9 +343,10 @@ def label_states(results_dir: str | Path, sources: Sequence[str], *, teacher: st
             summary["sources"]["gold"] = {"labelled": n}
         else:
             counts = teacher_labels(states, str(teacher), model=teacher_model, api_key=api_key,
-                                    max_new_tokens=max_new_tokens, device=device, log=log)
-            summary["sources"]["teacher"] = {"labelled": counts["strict"] + counts["lenient"], "teacher": teacher,
-                                             "parse": counts, "parse_failures": counts["failed"]}
+                                    max_new_tokens=max_new_tokens, device=device, route=teacher_route, log=log)
+            summary["sources"]["teacher"] = {"labelled": sum(st.labels.get("teacher") is not None for st in states),
+                                             "teacher": teacher, "route": teacher_route, "parse": counts,
+                                             "parse_failures": counts["failed"], "scored": counts["scored"]}
         labs = [st.labels.get(s) for st in states if st.labels.get(s) is not None]
         summary["sources"][s]["positives"] = int(sum(labs))
         summary["sources"][s]["positive_rate"] = float(np.mean(labs)) if labs else None
