@@ -94,3 +94,9 @@ def test_every_shard_first_and_last_row_excluded(shards):
         gs, gi = sh.search(q, 10, exclude=[[e]] * len(q))
         np.testing.assert_array_equal(gi.numpy(), wi)
         np.testing.assert_array_equal(gs.numpy(), ws)
+
+
+def test_merge_topk_output_types():
+    # shards may hand back float64 scores and int32 ids: the merge promises float32 / int64
+    s, i = merge_topk([(np.array([[0.5, 0.25]]), np.array([[1, 0]], np.int32))], [5], 2)
+    assert s.dtype == np.float32 and i.dtype == np.int64 and i.tolist() == [[6, 5]]
