@@ -303,3 +303,25 @@ def test_unsafe_stop_fraction_counts_by_hand():
         unsafe_stop_fraction([0, 1], safe[:2], [2, 2, 2])
     with pytest.raises(ValueError, match=r"^index points past the last state column of safe$"):
         unsafe_stop_fraction([3, 0], safe[:2], [2, 2])
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_percentile_interval_is_numpys_quantile_of_the_resample_means(confidence):
+    # 4000 resamples: the order-statistic selection (partition, not a full sort) is exercised
+    d = np.random.default_rng(5).normal(size=(3, 41))
+    means = bootstrap_means(d, 4000, 7, backend="ref")
+    r = paired_bootstrap(d, None, 4000, 7, "percentile", confidence, backend="ref")
+    a = (1 - confidence) / 2
+    np.testing.assert_allclose(r.low, np.quantile(means, a, axis=1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.high, np.quantile(means, 1 - a, axis=1), rtol=0, atol=1e-12)
+
+
+def test_average_precision_edges_by_hand():
+    assert average_precision([0, 1], [0.2, 0.9]) == 1.0  # a single positive is enough
+    # NaN scores rank last and tie with each other: blocks 0.9 (neg), 0.5 (pos), {nan, nan}
+    assert average_precision([0, 1, 1, 0], [0.9, 0.5, np.nan, np.nan]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"^labels and scores must be 1-D of the same length, got \(1, 2\) and "
+                                         r"\(1, 2\)$"):
+        average_precision([[0, 1]], [[0.1, 0.2]])
+    with pytest.raises(ValueError, match=r"^labels must be 0/1 \(or booleans\)$"):
+        average_precision([0, 2], [0.1, 0.2])
