@@ -269,6 +269,15 @@ def test_calibration_brier_and_stop_counts_edges():
     assert sigmoid(np.array([0.5], np.float32)).dtype == np.float64
     tab = calibration_table([0, 1], [0.05, 0.1])  # default: 10 bins, the empty upper ones included
     assert len(tab["bins"]) == 10 and [b["count"] for b in tab["bins"]] == [2] + [0] * 9
+    assert [(b["lo"], b["hi"]) for b in tab["bins"][:2]] == [(0.0, 0.1), (0.1, 0.2)]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # empty bins give NaN means without a warning
+        mid = calibration_table([0, 1], [0.05, 0.35])
+    assert [b["count"] for b in mid["bins"]] == [1, 0, 0, 1] + [0] * 6
+    assert mid["bins"][3]["mean_prob"] == 0.35 and mid["bins"][3]["frac_positive"] == 1.0
+    assert np.isnan(mid["bins"][9]["mean_prob"]) and mid["ece"] == pytest.approx((0.05 + 0.65) / 2)
     one = calibration_table([0, 1], [0.2, 0.9], n_bins=1)
     assert [b["count"] for b in one["bins"]] == [2] and one["ece"] == pytest.approx(abs(0.5 - 0.55))
     with pytest.raises(ValueError, match=r"^n_bins must be >= 1, got 0$"):
@@ -284,7 +293,7 @@ def test_calibration_brier_and_stop_counts_edges():
 
 
 def test_unsafe_stop_fraction_counts_by_hand():
-    safe = np.array([[0, 1, 1], [1, 0, 1], [0, 0, 1], [1, 1, 0], [0, 1, 1]])
+    safe = np.array([[0, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 0], [0, 1, 1]])
     # q0 early at an unsafe state 0; q1 early, unsafe at 1 (safe at 0); q2 early, safe at 2 < 3;
     # q3 never stops; q4 stops at its native state (not early)
     res = unsafe_stop_fraction(np.array([0.0, 1.0, 2.0, -1.0, 1.0]), safe, [2, 2, 3, 2, 1])
