@@ -36,7 +36,7 @@ CORE: dict[str, tuple[str, list[str]]] = {
     "metrics": ("metrics.py", ["tests/test_metrics.py"]),
     "stats": ("stats.py", ["tests/test_stats.py"]),
     "savings": ("savings.py", ["tests/test_savings.py"]),
-    "cost": ("cost.py", ["tests/test_core.py", "tests/test_cost_determinism.py"]),
+    "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py"]),
     "ops_policy": ("ops/policy.py", ["tests/test_policy.py"]),
     "s2g_policy": ("methods/s2g/policy.py", ["tests/test_policy.py", "tests/test_s2g.py"]),
 }
