@@ -278,6 +278,8 @@ def test_calibration_brier_and_stop_counts_edges():
     assert [b["count"] for b in mid["bins"]] == [1, 0, 0, 1] + [0] * 6
     assert mid["bins"][3]["mean_prob"] == 0.35 and mid["bins"][3]["frac_positive"] == 1.0
     assert np.isnan(mid["bins"][9]["mean_prob"]) and mid["ece"] == pytest.approx((0.05 + 0.65) / 2)
+    none = calibration_table([0, 1], [np.nan, np.nan])  # nothing scored: no ECE, not an error
+    assert none["n"] == 0 and none["n_nan"] == 2 and np.isnan(none["ece"])
     one = calibration_table([0, 1], [0.2, 0.9], n_bins=1)
     assert [b["count"] for b in one["bins"]] == [2] and one["ece"] == pytest.approx(abs(0.5 - 0.55))
     with pytest.raises(ValueError, match=r"^n_bins must be >= 1, got 0$"):
