@@ -133,3 +133,24 @@ def test_interval_describe_units():
 
     assert Interval(1.0, 0.5, 1.5).describe("ms") == "1 [0.5, 1.5] ms"
     assert Interval(1.0, 0.5, 1.5).describe() == "1 [0.5, 1.5]"
+
+
+def test_zero_intervals_free_spender_and_record_fields():
+    # one question, nothing saved, nothing spent: the point interval [0, 0] includes 0 (neither a
+    # saving nor an extra spend), and a single pair is averaged over one question
+    nat, met = [_traj("q0", reasoner=2e9)], [_traj("q0", judge=0.0, reasoner=2e9)]
+    f = balance(nat, met, n_resamples=20).metrics["flops"]
+    assert f.saving_text == "no measurable saving (interval 0 [0, 0] includes 0)"
+    assert f.verdict == "undetermined: saving minus spend is 0 [0, 0], an interval that includes 0"
+    one = balance(nat, [_traj("q0", judge=1e9, reasoner=1e9)], n_resamples=20)
+    assert one.metrics["flops"].saved_by_component == {"reasoner": 1e9, "encoder": 0.0, "search": 0.0}
+    d = one.to_dict()["metrics"]["flops"]
+    assert d["metric"] == "flops" and d["unknown"] == [] and d["net"] == {"mean": 0.0, "low": 0.0, "high": 0.0}
+    # a free spender costs nothing, whatever its records say
+    free = balance(nat, [_traj("q0", judge=1e9, reasoner=1e9)], components={"judge": "free"}, n_resamples=20)
+    assert free.metrics["flops"].spent.mean == 0.0 and free.metrics["flops"].spent.high == 0.0
+    # two unknown components are both named
+    two = balance(nat, met, components={"search": "unknown", "encoder": "unknown"}, n_resamples=20)
+    assert two.metrics["seconds"].verdict == "unknown: encoder, search reported no cost"
+    assert two.metrics["seconds"].metric == "seconds"
+    assert two.lines()[-1] == "measured: judge, reasoner; unknown: encoder, search; free (not real compute): none"
