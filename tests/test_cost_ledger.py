@@ -89,3 +89,11 @@ def test_sum_cost_dicts_by_hand():
     assert got["reasoner"]["calls"] == 4 and got["reasoner"]["flops"] == 2.5 and got["reasoner"]["seconds"] == 0
     assert got["judge"]["calls"] == 2 and got["judge"]["tokens"] == 5  # fields beyond the ledger's are summed too
     assert set(got) == {"reasoner", "judge"} and sum_cost_dicts([]) == {}
+
+
+def test_tokens_count_cached_ones_too():
+    led = CostLedger()
+    led.add("reasoner", "q", input_tokens=1, cached_tokens=5, output_tokens=2)
+    led.add("judge", "q", input_tokens=3)
+    tot = led.totals()
+    assert tot["reasoner"]["tokens"] == 8 and tot["judge"]["tokens"] == 3 and tot["total"]["tokens"] == 11
