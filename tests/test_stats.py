@@ -336,3 +336,26 @@ def test_average_precision_edges_by_hand():
         average_precision([[0, 1]], [[0.1, 0.2]])
     with pytest.raises(ValueError, match=r"^labels must be 0/1 \(or booleans\)$"):
         average_precision([0, 2], [0.1, 0.2])
+
+
+def test_paired_bootstrap_defaults_and_edges():
+    d = np.random.default_rng(8).normal(size=30)
+    r = paired_bootstrap(d, backend="ref")  # defaults: 10000 resamples, seed 0, percentile, 95%
+    means = bootstrap_means(d, 10000, 0, backend="ref")
+    assert (r.n_resamples, r.method, r.confidence) == (10000, "percentile", 0.95)
+    assert r.low == pytest.approx(np.quantile(means, 0.025), abs=1e-12)
+    for conf in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="confidence"):
+            paired_bootstrap(d, confidence=conf)
+    one = paired_bootstrap([0.3], method="bca", n_resamples=50, backend="ref")  # one question: a point
+    assert one.delta == one.low == one.high == pytest.approx(0.3)
+    with pytest.raises(ValueError, match=r"^expected 1-D \[n\] or 2-D \[K, n\] outcomes with n >= 1, got shape \(2, 0\)$"):
+        paired_bootstrap(np.zeros((2, 0)))
+    with pytest.raises(ValueError, match=r"got shape \(1, 2, 3\)$"):
+        paired_bootstrap(np.zeros((1, 2, 3)))
+    # BCa on several rows: each row's interval is the one it gets alone (the jackknife is per row)
+    rows = np.random.default_rng(9).normal(size=(3, 25)) + np.array([[0.0], [1.0], [-2.0]])
+    many = paired_bootstrap(rows, method="bca", n_resamples=400, seed=2, backend="ref")
+    for k in range(3):
+        alone = paired_bootstrap(rows[k], method="bca", n_resamples=400, seed=2, backend="ref")
+        assert (many.low[k], many.high[k]) == pytest.approx((alone.low, alone.high), abs=1e-12)
