@@ -154,3 +154,5 @@ def test_zero_intervals_free_spender_and_record_fields():
     assert two.metrics["seconds"].verdict == "unknown: encoder, search reported no cost"
     assert two.metrics["seconds"].metric == "seconds"
     assert two.lines()[-1] == "measured: judge, reasoner; unknown: encoder, search; free (not real compute): none"
+    both_free = balance(nat, met, components={"search": "free", "encoder": "free"}, n_resamples=20)
+    assert both_free.lines()[-1] == "measured: judge, reasoner; unknown: none; free (not real compute): encoder, search"
