@@ -359,3 +359,19 @@ def test_paired_bootstrap_defaults_and_edges():
     for k in range(3):
         alone = paired_bootstrap(rows[k], method="bca", n_resamples=400, seed=2, backend="ref")
         assert (many.low[k], many.high[k]) == pytest.approx((alone.low, alone.high), abs=1e-12)
+
+
+def test_paired_bootstrap_degenerate_rows_and_types():
+    rng = np.random.default_rng(10)
+    d = rng.normal(size=20)
+    r = paired_bootstrap(d, n_resamples=200, backend="ref")
+    assert all(type(v) is float for v in (r.delta, r.low, r.high, r.se))  # one row: plain floats
+    assert paired_bootstrap(d, n_resamples=1, backend="ref").se == 0.0  # one resample: no spread
+    # BCa where one row's differences are all equal: that row collapses to its point, the other
+    # row is untouched (its interval is the one it gets alone)
+    rows = np.stack([np.full(20, 0.2), d])
+    for method in ("bca", "percentile"):
+        both = paired_bootstrap(rows, method=method, n_resamples=300, seed=4, backend="ref")
+        alone = paired_bootstrap(d, method=method, n_resamples=300, seed=4, backend="ref")
+        assert both.low[0] == pytest.approx(0.2) and both.high[0] == pytest.approx(0.2)
+        assert (both.low[1], both.high[1]) == pytest.approx((alone.low, alone.high), abs=1e-12)
