@@ -342,7 +342,7 @@ def test_paired_bootstrap_defaults_and_edges():
     d = np.random.default_rng(8).normal(size=30)
     r = paired_bootstrap(d, backend="ref")  # defaults: 10000 resamples, seed 0, percentile, 95%
     means = bootstrap_means(d, 10000, 0, backend="ref")
-    assert (r.n_resamples, r.method, r.confidence) == (10000, "percentile", 0.95)
+    assert (r.n_resamples, r.method, r.confidence, r.n, r.backend) == (10000, "percentile", 0.95, 30, "ref")
     assert r.low == pytest.approx(np.quantile(means, 0.025), abs=1e-12)
     for conf in (0.0, 1.0, 1.5):
         with pytest.raises(ValueError, match="confidence"):
