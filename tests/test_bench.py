@@ -14,6 +14,16 @@ from ragfast.verdicts import ORACLE_LABEL
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
+def _norm(text):
+    """SQuAD's answer normalisation, written out here as the oracle: lower case, ASCII
+    punctuation and the articles a/an/the removed, whitespace collapsed."""
+    import re
+    import string
+
+    text = "".join(ch for ch in text.lower() if ch not in set(string.punctuation))
+    return " ".join(re.sub(r"\b(a|an|the)\b", " ", text).split())
+
+
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory):
     # 24 real dev questions: 12 validate the S2G threshold, 10 are the test set; the corpus is
@@ -39,6 +49,13 @@ def test_summary_structure(bench_run):
         assert {"em", "f1", "searches_per_question", "n_questions", "cost"} <= set(s)
         assert s["n_questions"] == 10
         assert 0.0 <= s["em"] <= 1.0 and 0.0 <= s["f1"] <= 1.0
+        # the summary's EM recomputed from the written trajectories with SQuAD-style normalisation
+        recs = read_results(out / "trajectories" / f"{m}.jsonl")
+        assert len(recs) == 10
+        ems = [float(_norm(r["answer"]) in {_norm(g) for g in r["golden_answers"]}) if r["answer"] is not None
+               else 0.0 for r in recs]
+        assert [r["em"] for r in recs] == ems, m
+        assert s["em"] == pytest.approx(sum(ems) / 10, abs=1e-12), m
         for comp, c in s["cost"].items():
             assert set(c) == {"calls", "tokens", "flops", "seconds"}, (m, comp)
     assert {"reasoner", "retriever", "judge", "nli"} <= set(disk["slots"])

@@ -194,7 +194,12 @@ def fake_server():
         state["requests"].append(body)
         state["inflight"] += 1
         state["max_inflight"] = max(state["max_inflight"], state["inflight"])
-        await asyncio.sleep(0.05)  # hold the request so concurrent ones overlap
+        if state.pop("hold_first", False):
+            # The first request waits until a second one is in flight: a concurrent client gets
+            # there at once, a serial one never does (max_inflight stays 1 after the deadline).
+            deadline = time.monotonic() + 10
+            while state["inflight"] < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         state["inflight"] -= 1
         prompt = body["prompt"]
         n_obs = prompt.count("<information>Doc")
@@ -233,6 +238,7 @@ def test_openai_generator_in_the_loop(fake_server):
     from ragfast.models.openai_generator import OpenAIGenerator
 
     url, state = fake_server
+    state["hold_first"] = True
     g = OpenAIGenerator(url, "fake-model", concurrency=4)
     qs = [Question(f"q{i}", "What is the capital of France", ["Paris"]) for i in range(6)]
     led = CostLedger()

@@ -2,6 +2,7 @@
 the bundled EncoderJudge, its trainer, and the /score server."""
 import math
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -260,6 +261,11 @@ def test_train_encoder_judge_small(tmp_path):
     j = EncoderJudge(tmp_path / "head")
     s = j.stop_scores([("Who?", []), ("Who?", ["<information>Doc 1(Title: x) y</information>"])])
     assert s.shape == (2,) and np.isfinite(s).all()
+    # what training must change: a fitted head has non-zero weights, so the evidence moves the score
+    from safetensors.numpy import load_file
+
+    w = load_file(str(tmp_path / "head" / "encoder_judge.safetensors"))
+    assert np.abs(w["weight"]).max() > 0 and s[0] != s[1]
     bad = tmp_path / "bad"
     bad.mkdir()
     with pytest.raises(ModelError, match="not found"):
@@ -267,6 +273,26 @@ def test_train_encoder_judge_small(tmp_path):
 
 
 # -- server ------------------------------------------------------------------------------------------
+class _HoldOnce:
+    """Wraps a judge; records the states of every call, and once armed holds the next call until
+    ``release`` (so the test can queue other requests behind it without timing)."""
+
+    def __init__(self, judge):
+        self.judge, self.batches = judge, []
+        self.armed, self.entered, self.release = False, threading.Event(), threading.Event()
+
+    def describe(self):
+        return self.judge.describe()
+
+    def stop_scores(self, states, **kw):
+        self.batches.append({(s.question, tuple(s.evidence)) for s in states})
+        if self.armed:
+            self.armed = False
+            self.entered.set()
+            assert self.release.wait(60), "the test never released the held call"
+        return self.judge.stop_scores(states, **kw)
+
+
 def test_score_server(qwen2_judge):
     from fastapi.testclient import TestClient
 
@@ -276,7 +302,8 @@ def test_score_server(qwen2_judge):
     want = qwen2_judge.stop_scores(states, packed=False)
     body = {"states": [{"question": s.question, "evidence": s.evidence,
                         **({"trajectory_id": s.trajectory_id} if s.trajectory_id else {})} for s in states]}
-    with TestClient(make_app(qwen2_judge, max_wait_ms=20)) as client:
+    judge = _HoldOnce(qwen2_judge)
+    with TestClient(make_app(judge, max_wait_ms=20)) as client:
         r = client.post("/score", json=body)
         assert r.status_code == 200, r.text
         out = r.json()
@@ -289,12 +316,25 @@ def test_score_server(qwen2_judge):
             res[i] = client.post("/score", json={"states": body["states"][i::3]}).json()["scores"]
 
         threads = [threading.Thread(target=post, args=(i,)) for i in range(3)]
-        for t in threads:
-            t.start()
+        judge.armed = True
+        threads[0].start()  # held inside the judge until the other two are queued behind it
+        assert judge.entered.wait(60)
+        threads[1].start()
+        threads[2].start()
+        deadline = time.monotonic() + 60
+        while client.get("/health").json()["stats"]["queued_requests"] < 2:
+            assert time.monotonic() < deadline, "the other requests never queued"
+            time.sleep(0.01)
+        held = len(judge.batches)
+        judge.release.set()
         for t in threads:
             t.join()
         for i in range(3):
             np.testing.assert_allclose(res[i], want[i::3], atol=1e-4)
+        # the two queued requests shared the next batch
+        keys = [{(st["question"], tuple(st.get("evidence", []))) for st in body["states"][i::3]} for i in (1, 2)]
+        only = [keys[0] - keys[1], keys[1] - keys[0]]  # states that name their request
+        assert only[0] and only[1] and judge.batches[held] & only[0] and judge.batches[held] & only[1]
         assert client.post("/score", json={"states": []}).json()["scores"] == []
         assert client.post("/score", json={"states": [{"question": 3}]}).status_code == 422
         assert client.post("/score", json={"states": [{"question": "q", "evidence": "x", "bogus": 1}]}).status_code == 422

@@ -29,6 +29,20 @@ class FakeJudge:
         return np.array([len(s.evidence) + len(s.question) / 1000 for s in states], dtype=np.float64)
 
 
+class GatedJudge(FakeJudge):
+    """FakeJudge whose first call waits for ``release`` (the test queues the others behind it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def stop_scores(self, states, ledger=None, question_ids=None):
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the first call"
+        return super().stop_scores(states, ledger, question_ids)
+
+
 def test_score_requests_are_checked_alone_and_limits_are_named():
     lim = JudgeLimits(max_states=3, max_passages=2, max_passage_chars=20, max_question_chars=30, max_body_bytes=2000)
     with TestClient(make_app(FakeJudge(), limits=lim), raise_server_exceptions=False) as cl:
@@ -60,7 +74,7 @@ def test_score_requests_are_checked_alone_and_limits_are_named():
 
 
 def test_a_failing_state_fails_only_its_request():
-    judge = FakeJudge(delay=0.02)
+    judge = GatedJudge()
     app = make_app(judge, max_wait_ms=30)
     bodies = [{"states": [{"question": "boom" if i in (1, 6) else f"q{i}", "evidence": ["e"] * (i % 3)}]}
               for i in range(10)]
@@ -71,8 +85,15 @@ def test_a_failing_state_fails_only_its_request():
             out[i] = cl.post("/score", json=bodies[i])
 
         ths = [threading.Thread(target=post, args=(i,)) for i in range(len(bodies))]
-        for t in ths:
+        ths[0].start()  # the first request is held inside the judge ...
+        assert judge.entered.wait(30)
+        for t in ths[1:]:
             t.start()
+        deadline = time.monotonic() + 30  # ... until the other nine are queued behind it
+        while cl.get("/health").json()["stats"]["queued_requests"] < 9:
+            assert time.monotonic() < deadline, "the other requests never queued"
+            time.sleep(0.01)
+        judge.release.set()
         for t in ths:
             t.join()
         for i, r in enumerate(out):

@@ -61,34 +61,99 @@ def test_label_states_probe_gold_agreement(tmp_path):
     a = s["agreement"]["probe~gold"]
     labs = [(x.labels["probe"], x.labels["gold"]) for x in got]
     assert a["n"] == 12 and a["agreement"] == pytest.approx(np.mean([p == g for p, g in labs]))
-    assert -1 <= a["kappa"] <= 1
+    from sklearn.metrics import cohen_kappa_score
+
+    assert a["kappa"] == pytest.approx(cohen_kappa_score([p for p, _ in labs], [g for _, g in labs]), abs=1e-12)
     summ = json.loads((tmp_path / "run" / "labelled_states.summary.json").read_text())
     assert summ["sources"]["gold"]["positives"] == 3
 
 
-def test_label_states_teacher_url_counts_parse_failures(tmp_path, monkeypatch):
+@pytest.fixture
+def teacher_server():
+    """An OpenAI-compatible /v1/chat/completions on loopback (FastAPI + uvicorn in a thread) that
+    answers each state by its content: ``replies[2 * i + state - 1]`` for question ``q{i}``."""
+    import re
+    import socket
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    st = {"replies": [], "bodies": [], "auth": set(), "fail_once": set()}
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict, request: Request):
+        st["bodies"].append(body)
+        st["auth"].add(request.headers.get("authorization"))
+        user = body["messages"][-1]["content"]
+        i = int(re.search(r"did A(\d+) make", user).group(1))
+        k = 2 * i + (1 if f"Y{i}" in user else 0)
+        if k in st["fail_once"]:  # a server shedding load: 503 once, the client retries
+            st["fail_once"].discard(k)
+            return JSONResponse({"error": "busy"}, status_code=503)
+        return {"id": "c", "object": "chat.completion", "model": body["model"],
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": st["replies"][k]}}]}
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        if time.monotonic() > deadline or not th.is_alive():
+            pytest.fail("teacher server did not start")
+        time.sleep(0.02)
+    yield f"http://127.0.0.1:{port}", st
+    server.should_exit = True
+    th.join(timeout=10)
+
+
+def test_label_states_teacher_url_counts_parse_failures(tmp_path, teacher_server):
     from ragfast.methods.s2g import labelling
+    from ragfast.models.judge_prompt import SYSTEM_PROMPT
 
+    url, st = teacher_server
     _native_run(tmp_path / "run", n=3)
-    replies = iter(['{"sufficient": true, "gap_items": []}', "I think yes",
-                    ' false, "gap_items": [{"category": "attribute", "target": "A", "slot": "b", "description": "c"}]}',
-                    '{"sufficient": true, "gap_items": []}', "{oops", '{"sufficient": false, "gap_items": []}'])
-    seen = []
-
-    def fake(self, states):
-        seen.extend(states)
-        return [next(replies) for _ in states]
-
-    monkeypatch.setattr(labelling.ChatTeacher, "verdict_texts", fake)
-    s = labelling.label_states(tmp_path / "run", ["gold", "teacher"], teacher="http://127.0.0.1:9/v1")
+    st["replies"] = ['{"sufficient": true, "gap_items": []}', "I think yes",
+                     ' false, "gap_items": [{"category": "attribute", "target": "A", "slot": "b", "description": "c"}]}',
+                     '{"sufficient": true, "gap_items": []}', "{oops", '{"sufficient": false, "gap_items": []}']
+    st["fail_once"] = {3}
+    s = labelling.label_states(tmp_path / "run", ["gold", "teacher"], teacher=url)
     t = s["sources"]["teacher"]
     # "I think yes", "{oops" and sufficient=false with no gap items are not verdicts
     assert t["parse_failures"] == 3 and t["labelled"] == 3 and t["positives"] == 2
-    assert len(seen) == 6 and seen[1].evidence and seen[1].question.startswith("Which")
+    assert len(st["bodies"]) == 7 and not st["fail_once"]  # six states, one retried after its 503
+    users = [b["messages"][1]["content"] for b in st["bodies"]]
+    assert all(b["temperature"] == 0.0 and b["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT}
+               for b in st["bodies"])
+    assert sum(u.startswith("QUESTION:\nWhich") and "CONTEXT:" in u for u in users) == 7
     got = labelling.load_labelled_states(s["file"])
     assert [x.labels["teacher"] for x in got] == [1, None, 0, 1, None, None]
     assert got[2].provenance["teacher"]["gap_items"][0]["category"] == "attribute"
     assert s["agreement"]["gold~teacher"]["n"] == 3
+
+
+def test_chat_teacher_client_errors(teacher_server):
+    from ragfast.methods.s2g.labelling import ChatTeacher
+
+    url, st = teacher_server
+    st["replies"] = ["ok"] * 2
+    st["fail_once"] = {0}
+    state = State("Which river did A0 make?", [])
+    tc = ChatTeacher(url + "/v1/", "m", api_key="sekrit", retries=1)
+    assert tc.verdict_texts([state]) == ["ok"]  # a 503, then the answer
+    assert st["auth"] == {"Bearer sekrit"} and st["bodies"][-1]["model"] == "m"
+    st["fail_once"] = {0}
+    with pytest.raises(ModelError, match="503"):
+        ChatTeacher(url, retries=0).verdict_texts([state])
+    with pytest.raises(ConfigError, match="http"):
+        ChatTeacher("127.0.0.1:1")
 
 
 def test_label_states_errors(tmp_path):
@@ -308,6 +373,15 @@ def test_train_cross_judge_small(tmp_path):
     j = CrossEncoderJudge(tmp_path / "cj")
     s = j.stop_scores([("Who?", []), ("Who?", ["<information>Doc 1(Title: x) y</information>"])])
     assert s.shape == (2,) and np.isfinite(s).all()
+    # what training must change: LoRA's B factors start at zero (the adapted model equals the
+    # base), and the state head is saved as zeros before it is fitted
+    from safetensors.numpy import load_file
+
+    w = load_file(str(tmp_path / "cj" / "cross_judge.safetensors"))
+    lora_b = [v for k, v in w.items() if k.endswith("lora_B")]
+    assert lora_b and all(np.abs(v).max() > 0 for v in lora_b)
+    assert np.abs(w["state_head.weight"]).max() > 0 and np.isfinite(card["training"]["loss_per_epoch"]).all()
+    assert s[0] != s[1]  # the fitted head reads the evidence
     with pytest.raises(ConfigError, match="top_layers"):
         train_cross_judge("hotpotqa-train", tmp_path / "x", limit=14, top_layers=0)
 
@@ -351,4 +425,10 @@ def test_train_docset_judge_small(tmp_path):
     assert j.state_w.size == len(DOCSET_STATE_FEATURES)
     s = j.stop_scores([("Who?", []), ("Who?", ['<information>Doc 1(Title: "x") y</information>'])])
     assert s.shape == (2,) and np.isfinite(s).all()
+    # what training must change: both heads are fitted (the state head is saved as zeros first)
+    from safetensors.numpy import load_file
+
+    w = load_file(str(tmp_path / "dj" / "docset_judge.safetensors"))
+    assert np.abs(w["doc_head.weight"]).max() > 0 and np.abs(j.state_w).max() > 0
+    assert s[0] != s[1]  # the fitted head reads the evidence
     assert "set features" in (tmp_path / "dj" / "docset_judge.md").read_text()

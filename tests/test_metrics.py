@@ -27,6 +27,10 @@ def test_normalize(raw, expected):
 def test_normalize_rejects_non_str():
     with pytest.raises(TypeError, match="expects a str"):
         normalize_answer(None)
+    with pytest.raises(TypeError, match="expects a str, got int"):
+        normalize_answer(3)
+    with pytest.raises(TypeError, match="gold answers must be strings, got int: 3"):
+        exact_match("x", ["a", 3])
 
 
 def test_exact_match_multiple_golds_and_none():
@@ -60,7 +64,7 @@ def test_f1_yes_no_rule():
 
 @pytest.mark.parametrize("fn", [exact_match, sub_exact_match, f1])
 def test_empty_gold_list_is_an_error(fn):
-    with pytest.raises(ValueError, match="empty gold answer list"):
+    with pytest.raises(ValueError, match="^empty gold answer list: a metric needs at least one gold answer$"):
         fn("x", [])
 
 
@@ -80,6 +84,8 @@ def test_metric_invariants(p, g):
     ("<think>x</think><answer> Paris </answer>", "Paris"),
     ("<answer>a</answer> then <answer>\n b \n</answer>", "b"),  # the last block wins
     ("<answer>x <answer> y </answer></answer>", "y"),  # nested: innermost
+    ("<answer> a <answer> b <answer> c </answer>", "c"),  # doubled twice: after the last opening tag
+    ("<answer><answer> x </answer>", "x"),  # a doubled tag at the very start of the block
     ("<answer>unclosed", None),
     ("closed only</answer>", None),
     ("<answer>first</answer><answer>unclosed", "first"),
@@ -106,7 +112,9 @@ def test_sufficient_and_recall():
     assert recall_at_k(ranked, sup, 0) == 0.0
     with pytest.raises(ValueError, match="k must be"):
         recall_at_k(ranked, sup, -1)
-    with pytest.raises(ValueError, match="no supporting titles"):
+    assert not sufficient(["XX"], ["X"])  # only whitespace and quotes are stripped from titles
+    with pytest.raises(ValueError, match="^no supporting titles: sufficiency and recall are undefined for this "
+                                         "question$"):
         sufficient(["a"], [])
     with pytest.raises(ValueError, match="no supporting titles"):
         recall_at_k(["a"], [], 3)

@@ -213,15 +213,38 @@ def test_select_threshold_matches_brute_force(seed):
     y = (rng.random(n) < 1 / (1 + np.exp(-2 * np.nan_to_num(sc)))).astype(int)
     g = rng.integers(0, 15, n)
     for groups in (None, g):
+        cands = np.unique(sc[np.isfinite(sc)])
+        brute = [_brute_prec_rec(sc, y, c, groups) for c in cands]
+        p, r, ns = stop_precision_recall(sc, y, cands, groups=groups)
+        np.testing.assert_array_equal(ns, [b[2] for b in brute])
+        np.testing.assert_allclose(p, [b[0] for b in brute], equal_nan=True)
+        np.testing.assert_allclose(r, [b[1] for b in brute], equal_nan=True)
         for mp in (0.5, 0.7, 0.9):
             best = (np.inf, -1)
-            for c in np.unique(sc[np.isfinite(sc)]):
-                p, r, ns = stop_precision_recall(sc, y, [c], groups=groups)
-                if ns[0] > 0 and p[0] >= mp:
-                    key = (np.nan_to_num(r[0]), c)
+            for c, (pc, rc, nc) in zip(cands, brute):
+                if nc > 0 and pc >= mp:
+                    key = (np.nan_to_num(rc), c)
                     if best[1] < 0 or key > (best[1], best[0]):
                         best = (c, key[0])
             assert select_threshold(sc, y, mp, groups=groups) == best[0]
+
+
+def _brute_prec_rec(sc, y, c, groups):
+    """Plain loops: every state its own decision, or (groups) each question stops at its first
+    state in order with score >= c; precision = right stops / stops, recall = right stops /
+    questions (states) with anything right."""
+    if groups is None:
+        decisions = [[i] for i in range(len(sc))]
+    else:
+        decisions = [[i for i in range(len(sc)) if groups[i] == q] for q in dict.fromkeys(groups.tolist())]
+    stops = right = positives = 0
+    for states in decisions:
+        positives += any(y[i] == 1 for i in states)
+        hit = next((i for i in states if sc[i] >= c), None)  # NaN >= c is False
+        if hit is not None:
+            stops += 1
+            right += int(y[hit] == 1)
+    return (right / stops if stops else np.nan), (right / positives if positives else np.nan), stops
 
 
 # -- counterfactual evaluation -----------------------------------------------------------------
@@ -268,10 +291,34 @@ def test_threshold_curve_against_loop(backend):
         # the means of one row equal those bootstrap_means gives it alone with the same seed
         one = bootstrap_means(d, 2000, 3, backend=backend)
         assert cur.d_em_low[m] == pytest.approx(np.quantile(one, 0.025), abs=1e-12)
+        # independent check of the interval against the exact bootstrap distribution: 2000
+        # resamples put the 2.5% / 97.5% ends within 4 sd (0.014) of those probabilities
+        lo, hi = _exact_boot_quantiles(d, [0.011, 0.039]), _exact_boot_quantiles(d, [0.961, 0.989])
+        assert lo[0] - 1e-12 <= cur.d_em_low[m] <= lo[1] + 1e-12
+        assert hi[0] - 1e-12 <= cur.d_em_high[m] <= hi[1] + 1e-12
     # +inf: nothing stops, nothing changes, a degenerate CI at 0 that is non-inferior
     assert cur.stops[-1] == 0 and cur.d_em[-1] == 0 and cur.d_em_low[-1] == 0 and cur.d_em_high[-1] == 0
     assert bool(cur.non_inferior[-1])
     assert len(cur.rows()) == 4
+
+
+def _exact_boot_quantiles(d, probs):
+    """Quantiles of the exact bootstrap distribution of the mean of values in {-1, 0, 1}: with
+    (N+, N-, N0) multinomial over n draws, the mean is (N+ - N-) / n (scipy's binomials)."""
+    from scipy.stats import binom
+
+    n = d.size
+    pp, pm = np.mean(d == 1), np.mean(d == -1)
+    assert np.isin(d, (-1, 0, 1)).all()
+    pmf = np.zeros(2 * n + 1)  # index N+ - N- + n
+    for a in range(n + 1):
+        w = binom.pmf(a, n, pp)
+        if w == 0:
+            continue
+        b = np.arange(n - a + 1)
+        pmf[a - b + n] += w * (binom.pmf(b, n - a, pm / (1 - pp)) if pp < 1 else (b == 0))
+    cdf = np.cumsum(pmf)
+    return (np.searchsorted(cdf, np.asarray(probs) - 1e-12) - n) / n
 
 
 # -- every ISA level of the bootstrap tile kernel ------------------------------------------------
@@ -299,7 +346,14 @@ def test_bootstrap_every_isa_level_agrees(level, K, n, R):
     rng = np.random.default_rng(K * 1000 + n)
     d = rng.normal(size=(K, n))
     got = _boot_at(level, d, R, 11)
-    np.testing.assert_allclose(got, _boot_at("generic", d, R, 11), rtol=0, atol=1e-12)
+    # oracle: the resample counts, read back through one-hot rows (row j = question j alone:
+    # its resample mean is count_j / n), then numpy's matmul over the real rows
+    counts = _boot_at(level, np.eye(n), R, 11) * n
+    np.testing.assert_allclose(counts, np.round(counts), rtol=0, atol=1e-9)
+    assert (np.round(counts).sum(0) == n).all()  # n draws with replacement per resample
+    np.testing.assert_allclose(got, d @ np.round(counts) / n, rtol=0, atol=1e-12)
+    if level != "generic":
+        np.testing.assert_allclose(got, _boot_at("generic", d, R, 11), rtol=0, atol=1e-12)
     # one-question case: every resample mean is that question's value
     one = _boot_at(level, d[:, :1], R, 5)
     np.testing.assert_allclose(one, np.repeat(d[:, :1], R, axis=1), rtol=0, atol=1e-15)

@@ -102,27 +102,49 @@ def _cli(out, *extra):
             *extra]
 
 
+# Runs the CLI with ResultsWriter.write wrapped: after the HOLD-th record is on disk (fsynced) the
+# process says so in a file and waits to be killed, so the kill lands mid-run whatever the load.
+_HELD_CLI = """
+import pathlib, runpy, sys, time
+from ragfast import results
+hold, flag = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+orig, seen = results.ResultsWriter.write, []
+def write(self, record):
+    orig(self, record)
+    seen.append(record["id"])
+    if len(seen) == hold:
+        flag.write_text(str(hold))
+        time.sleep(600)
+results.ResultsWriter.write = write
+sys.argv = ["ragfast"] + sys.argv[3:]
+runpy.run_module("ragfast.cli", run_name="__main__")
+"""
+
+
 def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
     from ragfast.commands.run import run_searchr1_command
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     killed = tmp_path / "killed"
-    proc = subprocess.Popen(_cli(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    flag = tmp_path / "held"
+    cmd = [sys.executable, "-c", _HELD_CLI, "3", str(flag)] + _cli(killed)[3:]
+    err = tmp_path / "stderr.txt"
+    with open(err, "wb") as errf:  # a file, not a pipe: a full pipe would block the child
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=env)
     res = killed / "results.jsonl"
-    deadline = time.time() + 120
+    deadline = time.monotonic() + 300  # a liveness guard only: the kill waits for the flag, not a time
     try:
-        while time.time() < deadline and proc.poll() is None:
-            if res.exists() and res.read_bytes().count(b"\n") >= 3:
-                break
+        while not flag.exists():
+            assert proc.poll() is None, "the run ended before its third record: " + err.read_text()[-2000:]
+            assert time.monotonic() < deadline, "no third record within 300 s"
             time.sleep(0.01)
-        assert proc.poll() is None, "the run finished before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     n_before = len(read_results(res))
-    assert 3 <= n_before < 80
+    assert n_before == 3
 
     r = subprocess.run(_cli(killed, "--resume"), capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -55,6 +55,35 @@ class Slow(Retriever):
         return self.inner.search(queries, k, exclude=exclude)
 
 
+class Gated(Slow):
+    """Slow whose first call waits for ``release``: the test queues the other requests behind it
+    and releases it only once the server counts them queued, so batching does not hang on timing."""
+
+    def __init__(self, inner):
+        super().__init__(inner, delay=0.0)
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def search(self, queries, k, **kw):
+        if not self.entered.is_set():
+            self.entered.set()
+            assert self.release.wait(30), "the test never released the first call"
+        return super().search(queries, k, **kw)
+
+
+async def _post_behind_first(cl, url, gated, bodies):
+    """POST bodies[0], wait until the retriever holds it, POST the rest, wait until the server
+    counts them all queued, then release the first call; the answers in order."""
+    first = asyncio.ensure_future(cl.post(url + "/retrieve", json=bodies[0]))
+    assert await asyncio.to_thread(gated.entered.wait, 30)
+    rest = [asyncio.ensure_future(cl.post(url + "/retrieve", json=b)) for b in bodies[1:]]
+    deadline = time.monotonic() + 30
+    while (await cl.get(url + "/health")).json()["stats"]["queued_requests"] < len(rest):
+        assert time.monotonic() < deadline, "the other requests never queued"
+        await asyncio.sleep(0.01)
+    gated.release.set()
+    return await asyncio.gather(first, *rest)
+
+
 def test_retrieve_protocol(bm25, corpus):
     app = create_app(bm25, default_topk=3)
     with TestClient(app) as cl:
@@ -141,16 +170,15 @@ def live_server():
 
 
 def test_concurrent_requests_are_batched_and_answered_correctly(bm25, live_server):
-    slow = Slow(bm25, delay=0.1)  # while one call sleeps, the other requests queue up
+    slow = Gated(bm25)  # the first call is held until the other 31 requests are queued
     url = live_server(create_app(slow, default_topk=4, max_wait_ms=5.0))
     queries = [f"{TOPICS[i % len(TOPICS)]} number {i}" for i in range(32)]
     ks = [1 + i % 5 for i in range(32)]
 
     async def run():
-        async with httpx.AsyncClient(timeout=30) as cl:
-            reqs = [cl.post(url + "/retrieve", json={"queries": [q], "topk": k, "return_scores": True})
-                    for q, k in zip(queries, ks)]
-            return await asyncio.gather(*reqs)
+        async with httpx.AsyncClient(timeout=60) as cl:
+            return await _post_behind_first(cl, url, slow, [{"queries": [q], "topk": k, "return_scores": True}
+                                                            for q, k in zip(queries, ks)])
 
     answers = asyncio.run(run())
     assert all(a.status_code == 200 for a in answers)
@@ -283,16 +311,15 @@ def test_malformed_requests_are_refused_alone_and_named(bm25):
 
 
 def test_a_failing_request_fails_alone_among_concurrent_ones(bm25, live_server, caplog):
-    slow = Slow(bm25, delay=0.05)
+    slow = Gated(bm25)  # every request after the first is queued before any is served
     url = live_server(create_app(slow, default_topk=3, max_wait_ms=20.0))
     queries = [f"{TOPICS[i % len(TOPICS)]} number {i}" for i in range(24)]
     bad = {3, 10, 17}
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as cl:
-            reqs = [cl.post(url + "/retrieve", json={"queries": ["boom" if i in bad else q], "topk": 3})
-                    for i, q in enumerate(queries)]
-            return await asyncio.gather(*reqs)
+            return await _post_behind_first(cl, url, slow, [{"queries": ["boom" if i in bad else q], "topk": 3}
+                                                            for i, q in enumerate(queries)])
 
     with caplog.at_level("ERROR", logger="ragfast.server"):
         answers = asyncio.run(run())
@@ -332,20 +359,24 @@ def test_fair_batcher_interleaves_a_big_request_with_small_ones():
     from ragfast.serving import FairBatcher
 
     calls = []
-    gate = threading.Event()
+    gate, entered = threading.Event(), threading.Event()
 
     def run(parts):
         calls.append([(len(items), p) for items, p in parts])
         if len(calls) == 1:
+            entered.set()
             gate.wait(10)  # hold the first batch so the other requests queue behind it
         return [[(x, p) for x in items] for items, p in parts]
 
     async def main():
         b = FairBatcher(run, max_batch=16, chunk=4, max_wait_s=0.0)
         big = asyncio.ensure_future(b.submit(list(range(40)), "big"))
-        await asyncio.sleep(0.05)
+        assert await asyncio.to_thread(entered.wait, 10)  # the first batch is being served
         smalls = [asyncio.ensure_future(b.submit([100 + i], f"s{i}")) for i in range(3)]
-        await asyncio.sleep(0.05)
+        for _ in range(1000):  # let the three submissions reach the queue (no sleeping on time)
+            if b.stats.queued_requests == 4:
+                break
+            await asyncio.sleep(0)
         assert b.stats.queued_requests == 4 and b.stats.inflight_items == 16
         gate.set()
         out = await asyncio.gather(big, *smalls)

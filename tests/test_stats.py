@@ -225,3 +225,153 @@ def test_precision_recall_and_unsafe_fraction():
                    "early_precision": 0.5}
     with pytest.raises(ValueError, match="past the last state"):
         unsafe_stop_fraction([3, 0, 0, 0], safe, [2, 2, 2, 2])
+
+
+def test_records_serialise_exactly_and_non_inferiority_edges():
+    # to_dict is what summary.json holds: every key, and plain floats / lists
+    r = BootstrapResult(np.float64(-0.00625), -0.0125, 0, 0.003, "percentile", 0.95, 10000, 800, "ref")
+    d = r.to_dict()
+    assert d == {"delta": -0.00625, "low": -0.0125, "high": 0.0, "se": 0.003, "method": "percentile",
+                 "confidence": 0.95, "n_resamples": 10000, "n": 800, "backend": "ref"}
+    assert all(type(d[k]) is float for k in ("delta", "low", "high", "se"))
+    rows = BootstrapResult(np.array([0.1, 0.2]), np.array([0.0, 0.1]), np.array([0.2, 0.3]), np.array([0.05, 0.05]),
+                           "bca", 0.9, 10, 5)
+    assert rows.to_dict()["low"] == [0.0, 0.1] and rows.to_dict()["backend"] == ""
+    v = non_inferiority((np.float32(-0.01), 1), 0.02)
+    assert v.to_dict() == {"non_inferior": True, "low": pytest.approx(-0.01), "high": 1.0, "margin": 0.02,
+                           "verdict": "non-inferior"}
+    assert all(type(x) is float for x in (v.low, v.high, v.margin))
+    assert non_inferiority((0.001, 0.01), 0).non_inferior  # margin 0 is allowed: strictly better
+    assert not non_inferiority((0.0, 0.01), 0).non_inferior
+    vs = non_inferiority(BootstrapResult(np.zeros(2), np.array([-0.02, -0.019]), np.ones(2), np.zeros(2),
+                                         "bca", 0.95, 10, 5), 0.02)
+    assert [x.non_inferior for x in vs] == [False, True]  # on the margin is not above it, per row too
+    assert [(x.low, x.high, x.margin) for x in vs] == [(-0.02, 1.0, 0.02), (-0.019, 1.0, 0.02)]
+    assert all(type(x.low) is float and type(x.high) is float and type(x.margin) is float for x in vs)
+    with pytest.raises(ValueError, match=r"^delta_ci must be a BootstrapResult or a \(low, high\) pair$"):
+        non_inferiority(3, 0.02)
+    with pytest.raises(ValueError, match=r"^the confidence interval contains NaN$"):
+        non_inferiority((0.0, float("nan")), 0.02)
+    with pytest.raises(ValueError, match=r"^the confidence interval contains NaN$"):
+        non_inferiority((float("nan"), 0.0), 0.02)
+
+
+def test_calibration_brier_and_stop_counts_edges():
+    # hand-computed edge cases; error lines matched whole (one clear line naming the problem)
+    assert brier([1], [0.8]) == pytest.approx(0.04)  # a single state is a valid input
+    with pytest.raises(ValueError, match=r"^brier: no states$"):
+        brier([], [])
+    with pytest.raises(ValueError, match=r"^labels and probs must be 1-D of the same length"):
+        brier([0, 1], [0.5])
+    with pytest.raises(ValueError, match=r"^probs must lie in \[0, 1\] and not be NaN \(map log-odds scores with "
+                                         r"sigmoid\(\)\)$"):
+        brier([0], [1.5])
+    assert sigmoid(np.array([0.5], np.float32)).dtype == np.float64
+    tab = calibration_table([0, 1], [0.05, 0.1])  # default: 10 bins, the empty upper ones included
+    assert len(tab["bins"]) == 10 and [b["count"] for b in tab["bins"]] == [2] + [0] * 9
+    assert [(b["lo"], b["hi"]) for b in tab["bins"][:2]] == [(0.0, 0.1), (0.1, 0.2)]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # empty bins give NaN means without a warning
+        mid = calibration_table([0, 1], [0.05, 0.35])
+    assert [b["count"] for b in mid["bins"]] == [1, 0, 0, 1] + [0] * 6
+    assert mid["bins"][3]["mean_prob"] == 0.35 and mid["bins"][3]["frac_positive"] == 1.0
+    assert np.isnan(mid["bins"][9]["mean_prob"]) and mid["ece"] == pytest.approx((0.05 + 0.65) / 2)
+    none = calibration_table([0, 1], [np.nan, np.nan])  # nothing scored: no ECE, not an error
+    assert none["n"] == 0 and none["n_nan"] == 2 and np.isnan(none["ece"])
+    one = calibration_table([0, 1], [0.2, 0.9], n_bins=1)
+    assert [b["count"] for b in one["bins"]] == [2] and one["ece"] == pytest.approx(abs(0.5 - 0.55))
+    with pytest.raises(ValueError, match=r"^n_bins must be >= 1, got 0$"):
+        calibration_table([0], [0.5], n_bins=0)
+    with pytest.raises(ValueError, match=r"^probs must lie in \[0, 1\]$"):
+        calibration_table([0], [1.5])
+    with pytest.raises(ValueError, match=r"^labels and probs must be 1-D of the same length"):
+        calibration_table([0, 1], [0.5])
+    # stops given as counts: any non-zero is a stop
+    assert precision_recall([2, 0, 1], [1, 1, 0]) == (0.5, 0.5)
+    with pytest.raises(ValueError, match=r"^stops and labels must have the same shape, got \(2,\) and \(3,\)$"):
+        precision_recall([1, 0], [1, 0, 1])
+
+
+def test_unsafe_stop_fraction_counts_by_hand():
+    safe = np.array([[0, 1, 1], [1, 0, 1], [1, 0, 1], [1, 1, 0], [0, 1, 1]])
+    # q0 early at an unsafe state 0; q1 early, unsafe at 1 (safe at 0); q2 early, safe at 2 < 3;
+    # q3 never stops; q4 stops at its native state (not early)
+    res = unsafe_stop_fraction(np.array([0.0, 1.0, 2.0, -1.0, 1.0]), safe, [2, 2, 3, 2, 1])
+    assert res == {"stops": 4, "early_stops": 3, "unsafe_early_stops": 2, "unsafe_fraction": 2 / 3,
+                   "early_precision": 1 / 3}
+    none = unsafe_stop_fraction([-1, 2], safe[:2], [2, 2])  # no early stop: fractions undefined
+    assert none["early_stops"] == 0 and np.isnan(none["unsafe_fraction"]) and np.isnan(none["early_precision"])
+    bad = r"^expected index \[B\], safe \[B, T\], native_stop \[B\]; got "
+    with pytest.raises(ValueError, match=bad + r"\(1, 2\), \(2, 3\), \(2,\)$"):
+        unsafe_stop_fraction([[0, 1]], safe[:2], [2, 2])
+    with pytest.raises(ValueError, match=bad + r"\(2,\), \(2,\), \(2,\)$"):
+        unsafe_stop_fraction([0, 1], [1, 0], [2, 2])
+    with pytest.raises(ValueError, match=bad + r"\(2,\), \(3, 3\), \(2,\)$"):
+        unsafe_stop_fraction([0, 1], safe[:3], [2, 2])
+    with pytest.raises(ValueError, match=bad + r"\(2,\), \(2, 3\), \(3,\)$"):
+        unsafe_stop_fraction([0, 1], safe[:2], [2, 2, 2])
+    with pytest.raises(ValueError, match=r"^index points past the last state column of safe$"):
+        unsafe_stop_fraction([3, 0], safe[:2], [2, 2])
+
+
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_percentile_interval_is_numpys_quantile_of_the_resample_means(confidence):
+    # 4000 resamples: the order-statistic selection (partition, not a full sort) is exercised
+    d = np.random.default_rng(5).normal(size=(3, 41))
+    means = bootstrap_means(d, 4000, 7, backend="ref")
+    r = paired_bootstrap(d, None, 4000, 7, "percentile", confidence, backend="ref")
+    a = (1 - confidence) / 2
+    np.testing.assert_allclose(r.low, np.quantile(means, a, axis=1), rtol=0, atol=1e-12)
+    np.testing.assert_allclose(r.high, np.quantile(means, 1 - a, axis=1), rtol=0, atol=1e-12)
+
+
+def test_average_precision_edges_by_hand():
+    assert average_precision([0, 1], [0.2, 0.9]) == 1.0  # a single positive is enough
+    # NaN scores rank last and tie with each other: blocks 0.9 (neg), 0.5 (pos), {nan, nan}
+    assert average_precision([0, 1, 1, 0], [0.9, 0.5, np.nan, np.nan]) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match=r"^labels and scores must be 1-D of the same length, got \(1, 2\) and "
+                                         r"\(1, 2\)$"):
+        average_precision([[0, 1]], [[0.1, 0.2]])
+    with pytest.raises(ValueError, match=r"^labels must be 0/1 \(or booleans\)$"):
+        average_precision([0, 2], [0.1, 0.2])
+
+
+def test_paired_bootstrap_defaults_and_edges():
+    d = np.random.default_rng(8).normal(size=30)
+    r = paired_bootstrap(d, backend="ref")  # defaults: 10000 resamples, seed 0, percentile, 95%
+    means = bootstrap_means(d, 10000, 0, backend="ref")
+    assert (r.n_resamples, r.method, r.confidence, r.n, r.backend) == (10000, "percentile", 0.95, 30, "ref")
+    assert r.low == pytest.approx(np.quantile(means, 0.025), abs=1e-12)
+    for conf in (0.0, 1.0, 1.5):
+        with pytest.raises(ValueError, match="confidence"):
+            paired_bootstrap(d, confidence=conf)
+    one = paired_bootstrap([0.3], method="bca", n_resamples=50, backend="ref")  # one question: a point
+    assert one.delta == one.low == one.high == pytest.approx(0.3)
+    with pytest.raises(ValueError, match=r"^expected 1-D \[n\] or 2-D \[K, n\] outcomes with n >= 1, got shape \(2, 0\)$"):
+        paired_bootstrap(np.zeros((2, 0)))
+    with pytest.raises(ValueError, match=r"got shape \(1, 2, 3\)$"):
+        paired_bootstrap(np.zeros((1, 2, 3)))
+    # BCa on several rows: each row's interval is the one it gets alone (the jackknife is per row)
+    rows = np.random.default_rng(9).normal(size=(3, 25)) + np.array([[0.0], [1.0], [-2.0]])
+    many = paired_bootstrap(rows, method="bca", n_resamples=400, seed=2, backend="ref")
+    for k in range(3):
+        alone = paired_bootstrap(rows[k], method="bca", n_resamples=400, seed=2, backend="ref")
+        assert (many.low[k], many.high[k]) == pytest.approx((alone.low, alone.high), abs=1e-12)
+
+
+def test_paired_bootstrap_degenerate_rows_and_types():
+    rng = np.random.default_rng(10)
+    d = rng.normal(size=20)
+    r = paired_bootstrap(d, n_resamples=200, backend="ref")
+    assert all(type(v) is float for v in (r.delta, r.low, r.high, r.se))  # one row: plain floats
+    assert paired_bootstrap(d, n_resamples=1, backend="ref").se == 0.0  # one resample: no spread
+    # BCa where one row's differences are all equal: that row collapses to its point, the other
+    # row is untouched (its interval is the one it gets alone)
+    rows = np.stack([np.full(20, 0.2), d])
+    for method in ("bca", "percentile"):
+        both = paired_bootstrap(rows, method=method, n_resamples=300, seed=4, backend="ref")
+        alone = paired_bootstrap(d, method=method, n_resamples=300, seed=4, backend="ref")
+        assert both.low[0] == pytest.approx(0.2) and both.high[0] == pytest.approx(0.2)
+        assert (both.low[1], both.high[1]) == pytest.approx((alone.low, alone.high), abs=1e-12)

@@ -234,6 +234,37 @@ def test_int8_first_pass_same_in_every_kernel(isa, force_path):
             for path in ("qmajor", "packed", "amx"):
                 assert torch.equal(got[path][1], got["stream"][1]), (path, B, N, d, rescore)
                 assert torch.equal(got[path][0], got["stream"][0]), (path, B, N, d, rescore)
+            assert_int8_first_pass(q, store, 5, *got["stream"], quantised_query=isa != "generic")
+
+
+def assert_int8_first_pass(q, store, k, s, i, *, quantised_query):
+    """Check an oversample=1 int8 result against a numpy model of the first pass: the fp32 query
+    against the codes widened to fp32 (generic level), or query codes round(q * 127 / max|q|)
+    with integer dots (every SIMD level), times the row scale (and the query's factor); the k
+    best by that approximate score, re-scored against the re-score copy (or the decoded codes).
+    Ids are compared where the approximate scores separate them (1e-4 relative)."""
+    qn = q.numpy()
+    rows = store.data.numpy().astype(np.int64)
+    scale = store.scale.numpy().astype(np.float64)[None, :]
+    if quantised_query:
+        qscale = (np.float32(127) / np.abs(qn).max(axis=1, keepdims=True)).astype(np.float64)
+        codes = np.clip(np.rint(qn * qscale.astype(np.float32)), -127, 127).astype(np.int64)
+        approx = (codes @ rows.T) * scale / qscale
+    else:
+        approx = (qn.astype(np.float64) @ rows.T.astype(np.float64)) * scale
+    exact_rows = (store.rescore.double() if store.rescore is not None
+                  else store.data.double() * store.scale.double()[:, None]).numpy()
+    exact = qn.astype(np.float64) @ exact_rows.T
+    for b in range(q.shape[0]):
+        ids = i[b].numpy()
+        assert (ids >= 0).all() and len(set(ids.tolist())) == k
+        tol = 1e-4 * np.abs(approx[b]).max()
+        kth = np.sort(approx[b])[::-1][k - 1]
+        must = set(np.nonzero(approx[b] > kth + tol)[0].tolist())  # clearly in the first pass's top k
+        assert must <= set(ids.tolist()), (b, sorted(must - set(ids.tolist())))
+        assert (approx[b][ids] >= kth - tol).all(), "a row outside the first pass's top k"
+        np.testing.assert_allclose(s[b].numpy(), exact[b][ids], rtol=0, atol=1e-4 * math.sqrt(q.shape[1]))
+        assert (np.diff(s[b].numpy()) <= 0).all()
 
 
 @needs_cpp
@@ -428,11 +459,27 @@ def test_strided_inputs(backend, isa):
     assert_topk(q.contiguous(), ct.contiguous(), 6, s, i, atol=1e-4 * 6)
 
 
+def np_topk(q, dense, k, exclude=None, min_score=None):
+    """numpy brute force in float64: NaN and excluded rows never selected, ties by lower id."""
+    s = np.asarray(q, np.float64) @ np.asarray(dense, np.float64).T
+    s[np.isnan(s)] = -np.inf
+    for r, ex in enumerate(exclude or []):
+        s[r, [x for x in ex if x >= 0]] = -np.inf
+    if min_score is not None:
+        s[s < min_score] = -np.inf
+    ids = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    sc = np.take_along_axis(s, ids, axis=1)
+    return sc, np.where(np.isneginf(sc), -1, ids)
+
+
 def test_numpy_inputs_and_reference_fallback():
-    q, c = rand(4, 16).numpy(), rand(50, 16).numpy()
-    s, i = topk_ip(q, c, 3, backend="ref")
-    rs, ri = topk_ip_ref(torch.from_numpy(q), torch.from_numpy(c), 3)
-    assert torch.equal(s, rs) and torch.equal(i, ri)
+    g = np.random.default_rng(278)
+    q, c = g.integers(-3, 4, (4, 16)).astype(np.float32), g.integers(-2, 3, (50, 16)).astype(np.float32)
+    c[49] = c[3]  # an exact tie: the lower id first
+    s, i = topk_ip(q, c, 7, backend="ref")
+    ws, wi = np_topk(q, c, 7)  # integer data: every score exact in fp32
+    np.testing.assert_array_equal(i.numpy(), wi)
+    np.testing.assert_array_equal(s.numpy(), ws.astype(np.float32))
 
 
 # ----------------------------------------------------------------------------- semantics
@@ -639,6 +686,9 @@ def test_retrieve_step_matches_reference(backend):
     assert torch.equal(got.stopped, torch.tensor([False, True, False, True, False, False, True]))
     assert got.searched == 3
     assert_topk_agree(got.scores, got.ids, ref.scores, ref.ids, atol=1e-4)
+    ws, wi = np_topk(q, c, k, seen)  # independent oracle: numpy brute force over the active rows
+    ws[~expect_active.numpy()], wi[~expect_active.numpy()] = -np.inf, -1
+    assert_topk_agree(got.scores, got.ids, ws, wi, atol=1e-4)
     assert (got.ids[~expect_active] == -1).all() and (got.scores[~expect_active] == -math.inf).all()
     for b in torch.nonzero(expect_active).reshape(-1).tolist():
         assert not set(got.ids[b].tolist()) & set(seen[b])
@@ -650,6 +700,7 @@ def test_retrieve_step_matches_reference(backend):
     r2 = retrieve_step_ref(q, c, k, stop_scores=torch.zeros(B), threshold=1.0, seen=pad)
     assert g2.active.all()
     assert_topk_agree(g2.scores, g2.ids, r2.scores, r2.ids, atol=1e-4)
+    assert_topk_agree(g2.scores, g2.ids, *np_topk(q, c, k, pad.tolist()), atol=1e-4)
 
     # everyone stops: no search, all rows empty
     g3 = retrieve_step(q, c, k, stop_scores=torch.ones(B), threshold=0.0, backend=backend)
@@ -716,9 +767,17 @@ def test_torch_path_equals_reference_exactly(dtype):
         c[min(5, N - 1)] = float("nan") if dtype == "fp32" else c[min(5, N - 1)]
         store = c if dtype == "fp32" else quantize(c, dtype)
         ex = [[0, 1], [], [2, 2, -1]] + [[]] * (B - 3) if B >= 3 else None
+        # oracle: numpy brute force over the vectors scored (int8: its fp16 re-score copy)
+        dense = c if dtype == "fp32" else (store.rescore if dtype == "int8" else store.data).double()
         for ms in (None, 0.0):
             s, i = topk_ip_torch(q, store, k, exclude=ex, min_score=ms)
-            rs, ri = topk_ip_ref(q, store, k, exclude=ex, min_score=ms)
+            ws, wi = np_topk(q, dense, k, ex, ms)
+            if ties:  # integer data (int8: its fp16 copy): exact scores, so exact ids and tie order
+                np.testing.assert_array_equal(i.numpy(), wi, err_msg=str((dtype, B, N, d, k, ms)))
+                np.testing.assert_array_equal(s.numpy(), ws.astype(np.float32))
+            else:
+                assert_topk_agree(s, i, ws, wi, atol=1e-4 * math.sqrt(d), min_score=ms)
+            rs, ri = topk_ip_ref(q, store, k, exclude=ex, min_score=ms)  # the contract: the same
             assert torch.equal(i, ri), (dtype, B, N, d, k, ms)
             assert torch.equal(s, rs)
 

@@ -265,8 +265,9 @@ def average_precision(labels, scores) -> float:
     order = np.argsort(-s, kind="mergesort")
     ys, ss = y[order], s[order]
     tp = np.cumsum(ys)
-    # last position of each block of tied scores = one threshold
-    ends = np.r_[np.flatnonzero(np.diff(ss) != 0), ys.size - 1]
+    # last position of each block of tied scores = one threshold (compared, not subtracted:
+    # -inf - -inf is NaN, which split the NaN-scored states into one threshold each)
+    ends = np.r_[np.flatnonzero(ss[1:] != ss[:-1]), ys.size - 1]
     tp_e = tp[ends]
     prec = tp_e / (ends + 1)
     rec = tp_e / P

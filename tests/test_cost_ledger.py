@@ -1,0 +1,99 @@
+"""The cost ledger's bookkeeping by hand: timers on an injected clock, merging, per-question
+views, the saved file, the rich table and summed cost dicts."""
+import pytest
+
+from ragfast import cost
+from ragfast.cost import CostLedger, CostRecord, Timer, sum_cost_dicts
+
+
+class FakeClock:
+    """perf_counter stand-in: each call returns the next value."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def __call__(self):
+        return self.values.pop(0)
+
+
+def test_timer_reads_the_clock_at_enter_and_exit(monkeypatch):
+    monkeypatch.setattr(cost.time, "perf_counter", FakeClock(10.0, 10.25))
+    t = Timer()
+    assert (t.device, t.seconds, t.device_seconds) == ("cpu", 0.0, 0.0)
+    with t as entered:
+        assert entered is t
+    assert t.seconds == 0.25 and t.device_seconds == 0.0
+    monkeypatch.setattr(cost.time, "perf_counter", FakeClock(3.0, 5.5))
+    with CostLedger().timer("cpu") as t2:
+        pass
+    assert t2.seconds == 2.5 and t2.device == "cpu"
+
+
+def _ledger():
+    led = CostLedger()
+    led.add("reasoner", "q1", input_tokens=10, output_tokens=2, flops=1.5e9, seconds=0.5)
+    led.add("search", "q1", bytes_scanned=3_000_000)
+    led.add("reasoner", None, flops=1e9)  # a cost of no question
+    led.add_batch("judge", ["q1", "q2"], seconds=1.0, flops=[1e9, 3e9], input_tokens=[4, 6])
+    return led
+
+
+def test_merge_extend_and_per_question_views():
+    led = _ledger()
+    other = CostLedger()
+    other.add_batch("judge", ["q2"], flops=[2e9])
+    other.extend([CostRecord("nli", "q3", calls=2, flops=5.0)])
+    led.merge(other)
+    assert len(led.records) == 7 and led.batches == {"judge": 2}
+    assert led.for_question("q2")["judge"]["flops"] == 5e9 and led.for_question("q2")["judge"]["calls"] == 2
+    assert led.for_question("q2")["judge"]["seconds"] == pytest.approx(0.75)  # 3/4 of the batch by FLOPs
+    assert led.for_question("nobody") == {}
+    pq = led.per_question()
+    assert set(pq) == {"q1", "q2", "q3"} and set(pq["q1"]) == {"reasoner", "search", "judge"}
+    assert pq["q3"]["nli"]["calls"] == 2 and pq["q1"]["search"]["bytes_scanned"] == 3_000_000
+    tot = led.totals()
+    assert list(tot) == ["reasoner", "search", "judge", "nli", "total"]  # COMPONENTS order, then total
+    assert tot["reasoner"]["flops"] == 2.5e9 and tot["reasoner"]["calls"] == 2 and tot["reasoner"]["tokens"] == 12
+    assert tot["total"]["flops"] == 2.5e9 + 6e9 + 5.0 and tot["total"]["batches"] == 2
+    assert led.to_json() == {"totals": tot, "per_question": pq}
+
+
+def test_save_load_roundtrip(tmp_path):
+    led = _ledger()
+    led.save(tmp_path / "l.jsonl")
+    lines = (tmp_path / "l.jsonl").read_text().splitlines()
+    assert len(lines) == 5 and '"component": "reasoner"' in lines[0]
+    back = CostLedger.load(tmp_path / "l.jsonl")
+    assert back.records == led.records
+    (tmp_path / "l.jsonl").write_text(lines[0][:-1] + ', "from_a_newer_version": 1}\n\n')
+    assert CostLedger.load(tmp_path / "l.jsonl").records == led.records[:1]  # unknown fields, blank lines skipped
+
+
+def test_table_rows():
+    t = _ledger().table()
+    assert t.title == "cost by component"
+    cols = {c.header: c._cells for c in t.columns}
+    assert cols["component"] == ["reasoner", "search", "judge", "total"]
+    assert cols["calls"] == ["2", "1", "2", "5"] and cols["batches"] == ["0", "0", "1", "1"]
+    assert cols["fresh tok"] == ["10", "0", "10", "20"] and cols["out tok"] == ["2", "0", "0", "2"]
+    assert cols["GFLOPs"] == ["2.50", "0.00", "4.00", "6.50"] and cols["seconds"] == ["0.500", "0.000", "1.000", "1.500"]
+    assert cols["MB scanned"] == ["0.0", "3.0", "0.0", "3.0"] and cols["cached tok"] == ["0"] * 4
+    assert [c.justify for c in t.columns][:2] == ["left", "right"]
+    assert CostLedger().table("x").title == "x"
+
+
+def test_sum_cost_dicts_by_hand():
+    a = {"reasoner": {"calls": 1, "flops": 2.0}, "judge": {"calls": 2, "tokens": 5}}
+    b = {"reasoner": {"calls": 3, "flops": 0.5}}
+    got = sum_cost_dicts([a, b, {}])
+    assert got["reasoner"]["calls"] == 4 and got["reasoner"]["flops"] == 2.5 and got["reasoner"]["seconds"] == 0
+    assert got["judge"]["calls"] == 2 and got["judge"]["tokens"] == 5  # fields beyond the ledger's are summed too
+    assert set(got) == {"reasoner", "judge"} and sum_cost_dicts([]) == {}
+
+
+def test_tokens_count_cached_ones_too():
+    led = CostLedger()
+    led.add("reasoner", "q", input_tokens=1, cached_tokens=5, output_tokens=2)
+    led.add("judge", "q", input_tokens=3)
+    tot = led.totals()
+    assert tot["reasoner"]["tokens"] == 8 and tot["judge"]["tokens"] == 3 and tot["total"]["tokens"] == 11
