@@ -340,7 +340,7 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         info = threshold_record(None, judge=judge_name, source="given (--threshold)", given=float(cfg.threshold))
     else:
         from ragfast.data import load_qa
-        from ragfast.methods.s2g.loop import record_states
+        from ragfast.methods.s2g.states import record_states
         from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
         from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
@@ -499,7 +499,7 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
     that file, and the calibration figure is its test ECE-10 bins.
     """
     from ragfast.methods.s2g.analysis import threshold_sweep
-    from ragfast.methods.s2g.loop import record_states
+    from ragfast.methods.s2g.states import record_states
     from ragfast.methods.s2g.study_files import add_test_states
 
     trajs = [Trajectory.from_dict(dict(r)) for r in native]

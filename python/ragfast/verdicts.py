@@ -43,7 +43,7 @@ class RankingVerdict:
 def doc_count_scores(groups: np.ndarray) -> np.ndarray:
     """Searches made before each state (1, 2, ...), from the per-question group ids.
 
-    ``groups`` is the group column of :meth:`ragfast.methods.s2g.loop.RecordedStates.state_table`:
+    ``groups`` is the group column of :meth:`ragfast.methods.s2g.states.RecordedStates.state_table`:
     each question's states are contiguous and in turn order, so a state's position within its
     group is its search count (documents read = searches x top-k, the same ranking).
     """

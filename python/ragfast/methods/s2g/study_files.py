@@ -23,7 +23,7 @@ __all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "wri
 
 def ensure_state_lines(results_dir: str | Path, recorded: Any, judge: str = "recorded") -> list[dict[str, Any]]:
     """The directory's ``s2g_states.jsonl``; built from ``recorded`` (the directory's
-    :class:`~ragfast.methods.s2g.loop.RecordedStates`, scores under ``judge``) and the native
+    :class:`~ragfast.methods.s2g.states.RecordedStates`, scores under ``judge``) and the native
     trajectories, and written, when a run predates it."""
     d = Path(results_dir)
     p = d / STATES_FILE
