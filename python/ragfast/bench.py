@@ -798,13 +798,13 @@ def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
         return
     path = out / "s2g_threshold.json"
     measured = json.loads(path.read_text(encoding="utf-8")).get("judge_vs_doc_count") if path.exists() else None
-    if measured:
+    if measured and measured.get("measured", True):
         judge["meaningful"] = bool(measured["meaningful"]) and judge.get("meaningful", True)
         judge["verdict"] = measured["label"] if judge["meaningful"] or measured["label"].startswith("NO") else \
             answers_label({k: v for k, v in judge.items() if k != "verdict"})
         judge["ranking_vs_doc_count"] = measured
     elif judge.get("meaningful", True):
-        judge["verdict"] = "not measured in this run (no S2G validation pass): judge's own metrics only"
+        judge["verdict"] = (measured or {}).get("label") or "not measured in this run (no S2G validation pass)"
     judge["answers_meaningful"] = answers_label(judge)
 
 

@@ -42,7 +42,7 @@ def validation_threshold(lines: Sequence[Mapping[str, Any]], judge: str, *, min_
     threshold is ``inf`` (S2G never stops) and ``reason`` says why: the bench's other methods
     still run.
     """
-    from ragfast.verdicts import judge_vs_doc_count
+    from ragfast.methods.s2g.doc_count import judge_vs_doc_count
 
     try:
         info = threshold_record(choose_threshold(lines, judge, "probe", min_precision=min_precision), judge=judge,
