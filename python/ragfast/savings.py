@@ -35,7 +35,7 @@ import numpy as np
 from ragfast.stats import paired_bootstrap
 
 __all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "VERDICT_METRICS", "BESIDE_METRICS", "balance",
-           "cost_value"]
+           "cost_value", "judged_states"]
 
 #: What each metric reads from a trajectory's ``cost[component]`` record. ``flops`` and
 #: ``tokens`` are cache-independent (every prompt token as if computed; records written before
