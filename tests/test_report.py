@@ -47,11 +47,17 @@ def _summary(remote=False):
                                "answers_meaningful": "NO: knows the gold answers; EM = evidence reachability"},
                   "judge": {"name": "encoder judge", "meaningful": False,
                             "answers_meaningful": "NO: no better than counting documents (validation AP 0.305 vs 0.31)"}},
-        "s2g_threshold": {"threshold": 4.170672377972388, "source": "hotpotqa-dev[0:12]", "n_val_questions": 12,
-                          "n_val_states": 40, "min_precision": 0.9, "val_precision": 0.91, "val_recall": 0.2,
-                          "val_ap": 0.305, "val_brier": 0.2, "labels": "answer-only probe EM",
+        # s2g_threshold.json's one schema (methods/s2g/study.threshold_record + study_files.validation_threshold)
+        "s2g_threshold": {"threshold": 4.170672377972388, "source": "hotpotqa-dev[0:12]", "judge": "encoder",
+                          "labels": "probe", "val_questions": 12, "definition": "per validation state (states 0..S-1)",
+                          "feasible": True, "min_precision": 0.9, "min_stops": 10, "val_states": 40,
+                          "val_positives": 9, "val_precision": 0.91, "val_recall": 0.2, "val_stops": 11,
+                          "val_ap": 0.305, "val_brier": 0.2, "val_ece10": 0.07,
                           "judge_vs_doc_count": {"judge_ap": 0.305, "doc_count_ap": 0.31, "delta": -0.005, "low": -0.1,
-                                                 "high": 0.08, "meaningful": False, "label": "NO: no better than counting documents"}},
+                                                 "high": 0.08, "n_questions": 12, "n_states": 40, "meaningful": False,
+                                                 "label": "NO: no better than counting documents", "n_positives": 9,
+                                                 "measured": True, "judge_ap_merged_ties": 0.29,
+                                                 "doc_count_ap_merged_ties": 0.33}},
         "s2g_analysis": {"sweep": {"thresholds": [0, 1, 2], "em": [0.3, 0.4, 0.45], "searches": [0.5, 1, 2],
                                    "unsafe": [0.2, 0.1, 0]}, "calibration": bins, "ece": 0.123, "brier": 0.211},
         "break_even": {"text": "Per question, S2G's early stops saved 0.5 GFLOPs."},
@@ -120,6 +126,10 @@ def test_markdown_has_every_section_and_readable_numbers(written):
         assert title in md, title
     assert "4.171" in md and "4.170672377972388" not in md
     assert "no better than counting documents" in md and "knows the gold answers" in md
+    # the threshold paragraph reads s2g_threshold.json's one schema
+    assert "12 validation questions" in md and "40 states 0..S-1, 9 right to stop" in md
+    assert "validation precision 0.910 over 11 STOP states" in md and "ECE-10 0.070" in md
+    assert "stop AP 0.305 vs 0.310" in md and "merged-tie AP 0.290 vs 0.330" in md
     assert "[0.300, 0.600]" in md  # EM CI
     assert "[-0.150, +0.050]" in md  # ΔEM CI
     assert report.CAPTIONS["reliability.png"] in md
@@ -195,3 +205,15 @@ def test_report_page_loads_in_headless_chromium(written, tmp_path):
                          "--hide-scrollbars", f"--screenshot={shot}", "--window-size=1200,2400",
                          (out / "report.html").as_uri()], capture_output=True, text=True, timeout=120)
     assert r2.returncode == 0 and shot.read_bytes()[:8] == PNG_MAGIC, r2.stderr[-2000:]
+
+
+def test_judge_verdict_not_measured_is_said_so(tmp_path):
+    s = _summary()
+    s["s2g_threshold"]["judge_vs_doc_count"] = {
+        "judge_ap": float("nan"), "doc_count_ap": float("nan"), "delta": float("nan"), "low": float("nan"),
+        "high": float("nan"), "n_questions": 12, "n_states": 40, "meaningful": False, "n_positives": 1,
+        "measured": False, "label": "too few positives: not measured (1 positive of 40 validation states; "
+                                    "a verdict needs 5)"}
+    report.write_markdown(s, tmp_path, {}, {})
+    md = (tmp_path / "report.md").read_text()
+    assert "validation states: too few positives: not measured (1 positive of 40" in md and "nan" not in md

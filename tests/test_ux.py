@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from ragfast.progress import RunProgress, current, progress_task
-from ragfast.verdicts import ORACLE_LABEL, doc_count_scores, judge_vs_doc_count
+from ragfast.methods.s2g.doc_count import MIN_POSITIVES, doc_count_scores, judge_vs_doc_count
+from ragfast.verdicts import ORACLE_LABEL
 
 
 def test_plain_progress_lines_when_not_a_terminal(capsys):
@@ -38,7 +39,7 @@ def test_disabled_task_counts_silently(capsys):
 
 def test_doc_count_baseline_and_verdicts():
     g = np.array([0, 0, 0, 1, 2, 2])
-    assert doc_count_scores(g).tolist() == [1, 2, 3, 1, 1, 2]
+    assert doc_count_scores(g).tolist() == [0, 1, 2, 0, 0, 1]  # the state index: searches made before it
     rng = np.random.default_rng(0)
     groups = np.repeat(np.arange(80), 4)
     t = np.tile(np.arange(1, 5), 80)
@@ -52,7 +53,50 @@ def test_doc_count_baseline_and_verdicts():
     hidden = rng.integers(0, 2, size=t.size)
     good = judge_vs_doc_count(hidden + 0.1 * rng.normal(size=t.size), hidden, groups, n_resamples=200)
     assert good.meaningful and good.label.startswith("yes") and good.low > 0
-    assert judge_vs_doc_count(t.astype(float), np.zeros_like(t), groups) is None
+    nm = judge_vs_doc_count(t.astype(float), np.zeros_like(t), groups)
+    assert not nm.measured and not nm.meaningful and nm.label.startswith("too few positives: not measured")
+    assert judge_vs_doc_count(np.zeros(0), np.zeros(0, int), np.zeros(0, int)) is None
+
+
+def _stop_ap_oracle(y, s):
+    """The study's stop AP, by hand: sort by score, ties in input order, precision at each positive."""
+    order = sorted(range(len(s)), key=lambda i: (-s[i], i))
+    hits, total = 0, 0.0
+    for rank, i in enumerate(order, 1):
+        if y[i]:
+            hits += 1
+            total += hits / rank
+    return total / hits if hits else 0.0
+
+
+def test_judge_verdict_uses_the_stop_ap_and_needs_five_positives():
+    from sklearn.metrics import average_precision_score
+
+    # 8 questions with 3 states each; ties in the judge's scores put a negative before a positive
+    groups = np.repeat(np.arange(8), 3)
+    y = np.array([1, 0, 0] * 3 + [0, 1, 0] * 3 + [0, 0, 1] * 2)
+    s = np.array([0.9, 0.9, 0.1] * 3 + [0.5, 0.9, 0.1] * 3 + [0.9, 0.1, 0.9] * 2)
+    v = judge_vs_doc_count(s, y, groups, n_resamples=100)
+    assert v.measured and v.n_positives == 8 and v.n_questions == 8 and v.n_states == 24
+    assert v.judge_ap == pytest.approx(_stop_ap_oracle(y, s), abs=1e-12)
+    base = np.tile([0.0, 1.0, 2.0], 8)
+    assert v.doc_count_ap == pytest.approx(_stop_ap_oracle(y, base), abs=1e-12)
+    # the merged-tie (sklearn) AP beside it, named as such, and here it differs
+    assert v.judge_ap_merged_ties == pytest.approx(average_precision_score(y, s), abs=1e-12)
+    assert v.doc_count_ap_merged_ties == pytest.approx(average_precision_score(y, base), abs=1e-12)
+    assert abs(v.judge_ap - v.judge_ap_merged_ties) > 0.01
+    assert "stop AP" in v.label and "8 positives" in v.label
+    # fewer than MIN_POSITIVES (5) positive states: no verdict, said so; 5: measured
+    assert MIN_POSITIVES == 5
+    y4 = np.zeros(24, int)
+    y4[[0, 3, 6, 9]] = 1
+    v4 = judge_vs_doc_count(s, y4, groups, n_resamples=50)
+    assert not v4.measured and not v4.meaningful and np.isnan(v4.judge_ap)
+    assert v4.label == ("too few positives: not measured (4 positive of 24 validation states; a verdict needs 5)")
+    y4[12] = 1
+    assert judge_vs_doc_count(s, y4, groups, n_resamples=50).measured
+    allpos = judge_vs_doc_count(s, np.ones(24, int), groups)
+    assert not allpos.measured and allpos.label.startswith("no negative state: not measured")
 
 
 def test_slot_labels_say_what_the_slot_is():

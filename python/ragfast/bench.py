@@ -348,7 +348,7 @@ def select_s2g_threshold(cfg: BenchConfig, slots: Slots, out: Path, console: Any
         info = threshold_record(None, judge=judge_name, source="given (--threshold)", given=float(cfg.threshold))
     else:
         from ragfast.data import load_qa
-        from ragfast.methods.s2g.loop import record_states
+        from ragfast.methods.s2g.states import record_states
         from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
         from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
@@ -507,7 +507,7 @@ def s2g_analysis(cfg: BenchConfig, slots: Slots, native: Sequence[Mapping[str, A
     that file, and the calibration figure is its test ECE-10 bins.
     """
     from ragfast.methods.s2g.analysis import threshold_sweep
-    from ragfast.methods.s2g.loop import record_states
+    from ragfast.methods.s2g.states import record_states
     from ragfast.methods.s2g.study_files import add_test_states
 
     trajs = [Trajectory.from_dict(dict(r)) for r in native]
@@ -806,13 +806,13 @@ def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
         return
     path = out / "s2g_threshold.json"
     measured = json.loads(path.read_text(encoding="utf-8")).get("judge_vs_doc_count") if path.exists() else None
-    if measured:
+    if measured and measured.get("measured", True):
         judge["meaningful"] = bool(measured["meaningful"]) and judge.get("meaningful", True)
         judge["verdict"] = measured["label"] if judge["meaningful"] or measured["label"].startswith("NO") else \
             answers_label({k: v for k, v in judge.items() if k != "verdict"})
         judge["ranking_vs_doc_count"] = measured
     elif judge.get("meaningful", True):
-        judge["verdict"] = "not measured in this run (no S2G validation pass): judge's own metrics only"
+        judge["verdict"] = (measured or {}).get("label") or "not measured in this run (no S2G validation pass)"
     judge["answers_meaningful"] = answers_label(judge)
 
 

@@ -179,6 +179,8 @@ def plot_threshold_sweep(sweep: Mapping[str, Sequence[float]], path: Path, thres
     plt = _plt()
     fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
     th = np.asarray(sweep["thresholds"], dtype=float)
+    # summary.json writes an infinite threshold (never stop) as the string "inf"
+    threshold = None if threshold is None else float(threshold)
     for ax, key, label in zip(axes, ("em", "searches", "unsafe"),
                               ("EM", "searches per question", "unsafe early stops (fraction of questions)")):
         ax.plot(th, np.asarray(sweep[key], dtype=float), lw=1.5, color="#4c72b0")
@@ -494,10 +496,14 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
         if s2g.get("val_ranking_missing"):
             blocks.append(("note", s2g["val_ranking_missing"] + "."))
         v = s2g.get("judge_vs_doc_count")
-        if v:
-            blocks.append(("p", f"Judge against counting documents on the same validation states: AP "
+        if v and not v.get("measured", True):
+            blocks.append(("p", f"Judge against counting documents on the same validation states: {v['label']}."))
+        elif v:
+            blocks.append(("p", f"Judge against counting documents on the same validation states: stop AP "
                                 f"{v['judge_ap']:.3f} vs {v['doc_count_ap']:.3f}, difference {v['delta']:+.3f} "
-                                f"(95% CI over questions [{v['low']:+.3f}, {v['high']:+.3f}]). Verdict: {v['label']}."))
+                                f"(95% CI over questions [{v['low']:+.3f}, {v['high']:+.3f}]); merged-tie AP "
+                                f"{v.get('judge_ap_merged_ties', float('nan')):.3f} vs "
+                                f"{v.get('doc_count_ap_merged_ties', float('nan')):.3f}. Verdict: {v['label']}."))
         if not finite or s2g.get("feasible") is False:
             blocks.append(("note", "S2G never stops early on this threshold's rule and equals native Search-R1 "
                                    "(the live hook can still stop at a state scoring above every validation score)."

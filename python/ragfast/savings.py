@@ -35,7 +35,7 @@ import numpy as np
 from ragfast.stats import paired_bootstrap
 
 __all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "VERDICT_METRICS", "BESIDE_METRICS", "balance",
-           "cost_value"]
+           "cost_value", "judged_states"]
 
 #: What each metric reads from a trajectory's ``cost[component]`` record. ``flops`` and
 #: ``tokens`` are cache-independent (every prompt token as if computed; records written before
@@ -153,6 +153,15 @@ def _interval(x: np.ndarray, n_resamples: int, seed: int, confidence: float) -> 
     return Interval(float(r.delta), float(r.low), float(r.high))
 
 
+def judged_states(row: Mapping[str, Any]) -> int:
+    """States the S2G judge scored in one result row: ``extra["judged_states"]``; a row written
+    before that count existed holds ``judge_scores`` with state 0 unjudged (``None``)."""
+    extra = row.get("extra") or {}
+    if "judged_states" in extra:
+        return int(extra["judged_states"])
+    return max(0, len(extra.get("judge_scores") or [None]) - 1)
+
+
 def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, Any]], *,
             spender: str = "judge", saved_components: Sequence[str] = ("reasoner", "encoder", "search"),
             components: Mapping[str, str] | None = None, n_resamples: int = 10000, seed: int = 0,
@@ -187,7 +196,7 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
             status[c] = s
     nat = {r["id"]: r for r in native}
     pairs = [(nat[r["id"]], r) for r in method if r["id"] in nat]
-    states = sum(max(0, len((b.get("extra") or {}).get("judge_scores") or [None]) - 1) for _, b in pairs)
+    states = sum(judged_states(b) for _, b in pairs)
     metrics: dict[str, MetricBalance] = {}
     for m in METRICS:
         unknown = [c for c in (spender, *saved_components) if status[c] == "unknown"]

@@ -26,9 +26,9 @@ def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int =
     Returns
     -------
     dict
-        The evaluation (see :func:`ragfast.methods.s2g.loop.evaluate`).
+        The evaluation (see :func:`ragfast.methods.s2g.evaluation.evaluate`).
     """
-    from ragfast.methods.s2g.loop import evaluate, render_markdown
+    from ragfast.methods.s2g.evaluation import evaluate, render_markdown
     from ragfast.methods.s2g.study import json_clean
 
     d = Path(results_dir)

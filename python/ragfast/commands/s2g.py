@@ -50,7 +50,8 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
 
     from ragfast.cost import CostLedger
     from ragfast.data import load_qa
-    from ragfast.methods.s2g.loop import record_states, run_s2g
+    from ragfast.methods.s2g.loop import run_s2g
+    from ragfast.methods.s2g.states import record_states
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.study import state_lines
     from ragfast.results import ResultsWriter, slot_entry, write_manifest

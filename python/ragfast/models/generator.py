@@ -93,6 +93,9 @@ class _ScriptSession:
     searches: int = 0
     queried_titles: list[str] = field(default_factory=list)
     final: bool = False
+    #: The question id the no-evidence guess is keyed by: a session restarted or probed under
+    #: another session id (S2G's answer-only probes) guesses as the question's own session.
+    key: str = ""
 
 
 def _clip_words(s: str, n: int) -> str:
@@ -176,7 +179,8 @@ class ScriptedGenerator(Generator):
                 m = _QUESTION.search(p)
                 question, golds = (m.group(1).strip() if m else p.strip()), []
             self._sessions[i] = _ScriptSession(question=question, golds=golds, text=p,
-                                               pending_tokens=whitespace_tokens(p))
+                                               pending_tokens=whitespace_tokens(p),
+                                               key=str(getattr(q, "id", None) or i))
 
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
         check_sessions(self._sessions, ids, "ScriptedGenerator.append")
@@ -258,7 +262,7 @@ class ScriptedGenerator(Generator):
             return s.docs[0].title, s.docs[0]
         # Nothing retrieved at all: a question word, picked reproducibly from (seed, question id).
         words = [w for w in re.findall(r"[A-Z][\w'-]+", s.question)] or s.question.split() or ["unknown"]
-        return words[zlib.crc32(f"{self.seed}:{qid}".encode()) % len(words)], None
+        return words[zlib.crc32(f"{self.seed}:{s.key or qid}".encode()) % len(words)], None
 
     def _step(self, qid: str, s: _ScriptSession) -> str:
         found = self._find_answer(s) if s.golds else None

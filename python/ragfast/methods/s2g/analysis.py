@@ -21,7 +21,7 @@ def threshold_sweep(rec: Any, threshold: float, n_thresholds: int = 60) -> dict[
     ----------
     rec : RecordedStates
         Judge scores and answer-only probe results of every state
-        (:func:`ragfast.methods.s2g.loop.record_states`).
+        (:func:`ragfast.methods.s2g.states.record_states`).
     threshold : float
         The frozen threshold; always one of the swept ones.
     n_thresholds : int

@@ -73,7 +73,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     """
     from ragfast.models.judge import load_judge
     from ragfast.methods.s2g.labelling import native_trajectories
-    from ragfast.methods.s2g.loop import RecordedStates, score_states
+    from ragfast.methods.s2g.states import RecordedStates, score_states
     from ragfast.methods.s2g.study import STATES_FILE, state_arrays, write_state_lines
     from ragfast.methods.s2g.study_files import ensure_state_lines, write_judges
 

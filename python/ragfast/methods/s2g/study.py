@@ -286,7 +286,7 @@ def _per_question_precision(arr: Mapping[str, np.ndarray], judge: str, label: st
 
 # -- the export -------------------------------------------------------------------------------
 def state_lines(rec: Any, judge: str, *, trajectories: Sequence[Any] | None = None) -> list[dict[str, Any]]:
-    """``s2g_states.jsonl`` lines of recorded native states (:class:`~ragfast.methods.s2g.loop.RecordedStates`).
+    """``s2g_states.jsonl`` lines of recorded native states (:class:`~ragfast.methods.s2g.states.RecordedStates`).
 
     One line per state 0..S-1 (states whose next action was a search), in question order then
     state order; a question with S = 0 gets one line with ``state: null``. ``labels`` holds

@@ -23,7 +23,7 @@ __all__ = ["ensure_state_lines", "validation_threshold", "add_test_states", "wri
 
 def ensure_state_lines(results_dir: str | Path, recorded: Any, judge: str = "recorded") -> list[dict[str, Any]]:
     """The directory's ``s2g_states.jsonl``; built from ``recorded`` (the directory's
-    :class:`~ragfast.methods.s2g.loop.RecordedStates`, scores under ``judge``) and the native
+    :class:`~ragfast.methods.s2g.states.RecordedStates`, scores under ``judge``) and the native
     trajectories, and written, when a run predates it."""
     d = Path(results_dir)
     p = d / STATES_FILE
@@ -42,7 +42,7 @@ def validation_threshold(lines: Sequence[Mapping[str, Any]], judge: str, *, min_
     threshold is ``inf`` (S2G never stops) and ``reason`` says why: the bench's other methods
     still run.
     """
-    from ragfast.verdicts import judge_vs_doc_count
+    from ragfast.methods.s2g.doc_count import judge_vs_doc_count
 
     try:
         info = threshold_record(choose_threshold(lines, judge, "probe", min_precision=min_precision), judge=judge,

@@ -34,6 +34,15 @@ may, for any subset of them:
   with ``extra["injected"] = reason`` and counts against ``max_turns``.
 - ``ctx.append(items, texts)``: append any other text to the sessions (e.g. a retraction).
 
+Pass ``pre_search_hooks=[fn, ...]`` for hooks that act where the reasoner has decided to search:
+after a search-enabled turn's generation, before its retrieval, ``fn(ctx)`` sees in
+``ctx.active`` the trajectories whose action was a search (the pending search is the last turn;
+``item.traj.states()[-2]`` is the state it searches from). A trajectory a pre-search hook sends
+to ``force_answer`` or ``finish`` does not search: its turn keeps the generated text, becomes
+``action="none"`` with ``extra["search_cancelled"] = reason``, and the search is not counted.
+``ctx.restart(items, pieces)`` rebuilds a session from its prompt and the given text, dropping
+what was generated since (S2G stops from the state as it stood, as its replay probes it).
+
 Everything a hook spends should go to ``ctx.ledger`` with the item's ``qid``: it is split per
 question and per turn like the loop's own costs. ``item.traj`` (a :class:`~ragfast.types.Trajectory`)
 gives the turns so far and ``item.traj.states()`` the retrieval states.
@@ -235,6 +244,32 @@ class TurnContext:
             turns.append(t)
         return self.loop._retrieve_and_observe(items, turns, list(queries), self.ledger)
 
+    def restart(self, items: Sequence[ActiveTrajectory], pieces: Sequence[Sequence[str]]) -> None:
+        """Rebuild each item's session from its prompt plus ``pieces`` (the text after the
+        prompt, in the order it was appended); what the session held beyond it is dropped.
+
+        The turns stay in ``item.traj`` as they were recorded; ``item.response`` becomes
+        ``pieces``. The generator re-reads the rebuilt prefix at the next generation (the cost
+        lands in the ledger with that generation).
+        """
+        items = list(items)
+        if len(items) != len(pieces):
+            raise ValueError(f"TurnContext.restart: {len(items)} items but {len(pieces)} prefixes")
+        if not items:
+            return
+        gen = self.loop.generator
+        ids = [it.qid for it in items]
+        fmt = getattr(gen, "format_prompt", None)
+        user = [build_prompt(it.question) for it in items]
+        gen.end(ids)
+        gen.start(ids, [fmt(u) for u in user] if fmt else user)
+        text = ["".join(p) for p in pieces]
+        keep = [(i, t) for i, t in zip(ids, text) if t]
+        if keep:
+            gen.append([i for i, _ in keep], [t for _, t in keep])
+        for it, p in zip(items, pieces):
+            it.response = list(p)
+
     def append(self, items: Sequence[ActiveTrajectory], texts: Sequence[str]) -> None:
         """Append raw text to each item's session (and to its response)."""
         items = list(items)
@@ -287,6 +322,9 @@ class SearchR1Loop:
         Receives every cost record of the run (reasoner, encoder, search, hooks).
     hooks : sequence of callables, optional
         Called as ``hook(ctx)`` after each search-enabled turn; see the module docstring.
+    pre_search_hooks : sequence of callables, optional
+        Called as ``hook(ctx)`` with the trajectories about to search, before the retrieval;
+        see the module docstring.
 
     Examples
     --------
@@ -295,12 +333,14 @@ class SearchR1Loop:
     """
 
     def __init__(self, generator: Any, retriever: Any, config: SearchR1Config | None = None, *,
-                 ledger: CostLedger | None = None, hooks: Sequence[Hook] = ()):
+                 ledger: CostLedger | None = None, hooks: Sequence[Hook] = (),
+                 pre_search_hooks: Sequence[Hook] = ()):
         self.generator = generator
         self.retriever = retriever
         self.config = config or SearchR1Config()
         self.ledger = ledger if ledger is not None else CostLedger()
         self.hooks = list(hooks)
+        self.pre_search_hooks = list(pre_search_hooks)
 
     # -- public ------------------------------------------------------------------------------
     def run(self, questions: Sequence[Question], *, on_finish: Callable[[Trajectory], None] | None = None,
@@ -415,6 +455,8 @@ class SearchR1Loop:
                         s_queries.append(content)
                     else:
                         invalid.append((it, t))
+                if searchers and self.pre_search_hooks:
+                    searchers, s_turns, s_queries = self._pre_search(turn, searchers, s_turns, s_queries, led)
                 if searchers:
                     self._retrieve_and_observe(searchers, s_turns, s_queries, led)
                 if invalid:
@@ -458,6 +500,24 @@ class SearchR1Loop:
         return [it.traj for it in every]
 
     # -- internals ---------------------------------------------------------------------------
+    def _pre_search(self, turn: int, items: list[ActiveTrajectory], turns: list[Turn], queries: list[str],
+                    led: CostLedger) -> tuple[list[ActiveTrajectory], list[Turn], list[str]]:
+        """Run the pre-search hooks; return the searches still to make."""
+        ctx = TurnContext(self, turn, list(items), led)
+        for hook in self.pre_search_hooks:
+            hook(ctx)
+            ctx.active = [it for it in ctx.active if not it.done and not it.final]
+        keep: tuple[list[ActiveTrajectory], list[Turn], list[str]] = ([], [], [])
+        for it, t, q in zip(items, turns, queries):
+            if it.done or it.final:
+                t.action = "none"
+                t.extra["search_cancelled"] = it.traj.stop_reason if it.done else it.final_reason
+            else:
+                keep[0].append(it)
+                keep[1].append(t)
+                keep[2].append(q)
+        return keep
+
     def _retrieve_and_observe(self, items: list[ActiveTrajectory], turns: list[Turn], queries: list[str],
                               led: CostLedger) -> list[list[Any]]:
         cfg = self.config
@@ -518,7 +578,7 @@ class SearchR1Loop:
 def run_searchr1(questions: Sequence[Question], generator: Any, retriever: Any,
                  config: SearchR1Config | None = None, *, ledger: CostLedger | None = None,
                  hooks: Sequence[Hook] = (), on_finish: Callable[[Trajectory], None] | None = None,
-                 skip_ids: Iterable[str] = ()) -> list[Trajectory]:
+                 skip_ids: Iterable[str] = (), pre_search_hooks: Sequence[Hook] = ()) -> list[Trajectory]:
     """Convenience wrapper: ``SearchR1Loop(generator, retriever, config, ...).run(questions)``."""
-    loop = SearchR1Loop(generator, retriever, config, ledger=ledger, hooks=hooks)
+    loop = SearchR1Loop(generator, retriever, config, ledger=ledger, hooks=hooks, pre_search_hooks=pre_search_hooks)
     return loop.run(questions, on_finish=on_finish, skip_ids=skip_ids)
