@@ -80,9 +80,9 @@ def test_manifest_slots_and_resume_guard(tmp_path):
     assert "evidence reachability" in m["slots"]["reasoner"]["note"]
     assert m["config"] == {"topk": 3} and m["seed"] == 1 and m["data"] == "x"
     write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 3}, seed=1)  # same run
-    with pytest.raises(DataError, match="config differs"):
+    with pytest.raises(DataError, match=r"config\.topk: 3 in the run on disk, 5 now"):
         write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 5}, seed=1)
-    with pytest.raises(DataError, match="seed differs"):
+    with pytest.raises(DataError, match=r"seed: 1 in the run on disk, 2 now"):
         write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen}, config={"topk": 3}, seed=2)
     assert slot_entry(object())["meaningful"] is True
 
