@@ -786,6 +786,61 @@ def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplo
         assert (shipped["cpu"], shipped["features"]) != (key["cpu"], key["features"])
 
 
+def test_calibrate_command_caches_an_explicit_table_preferred_to_the_shipped_one(tmp_path, monkeypatch):
+    # `ragfast calibrate` on a CPU that has a shipped table: progress per cell, the table cached
+    # and marked explicit; from then on its level's cells win and the other levels stay shipped
+    import sys
+
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    shipped = topk_ip_choice.shipped_tables()[0]
+    key = {"cpu": shipped["cpu"], "features": sorted(shipped["features"])}
+    level = sorted(shipped["cells"])[0]
+    other = [lvl for lvl in shipped["cells"] if lvl != level]
+    monkeypatch.setattr(topk_ip_choice, "machine_key", lambda features=None: dict(key))
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    assert topk_ip_choice.machine_table()["source"].startswith("shipped")
+    # the opposite of the shipped choice in every cell, so the test sees which table is used
+    want = {st: {b: ("torch" if shipped["cells"][level].get(st, {}).get(b, "cpp") == "cpp" else "cpp")
+                 for b in map(str, topk_ip_choice.BATCH_CLASSES)} for st in ("fp32", "fp16", "bf16", "int8")}
+    sleep = lambda: __import__("time").sleep(0.001)  # noqa: E731
+
+    def fake(storage, B):
+        fast = want[storage][str(B)]
+        return {fast: (lambda: None), ("cpp" if fast == "torch" else "torch"): sleep}
+
+    def fake_calibrate(reps=3, progress=None):
+        return topk_ip_choice.calibrate(fake, level, reps=reps, progress=progress)
+
+    mod = sys.modules["ragfast.ops.topk_ip"]
+    monkeypatch.setattr(mod, "calibrate_default_path", fake_calibrate)
+    monkeypatch.setattr(mod, "isa_level", lambda: level)
+    monkeypatch.setattr(sys.modules["ragfast.ops.registry"], "available", lambda: {"cpp": True})
+    res = CliRunner().invoke(app, ["calibrate", "--reps", "1"])
+    assert res.exit_code == 0, res.output
+    assert "[20/20] int8 B=256" in res.output and "wrote " + str(tmp_path) in res.output
+    assert "differs from the shipped table for this CPU at: fp32 B1," in res.output  # every cell differs
+    cached = json.loads(topk_ip_choice.cache_file(key).read_text())
+    assert cached["explicit"] is True and cached["cells"] == {level: want}
+    t = topk_ip_choice.machine_table()
+    assert str(tmp_path) in t["source"] and t["cells"][level] == want
+    assert all(t["cells"][lvl] == shipped["cells"][lvl] for lvl in other)
+    assert topk_ip_choice.choose(level, "int8", 70, t).path == want["int8"]["64"]
+
+
+def test_calibrate_command_bad_reps_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv = ['ragfast', 'calibrate', '--reps', '0']\nfrom ragfast.cli import main\nmain()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--reps must be >= 1, got 0" in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1
+
+
 @needs_cpp
 @pytest.mark.parametrize("forced", ["cpp", "torch"])
 def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeypatch):

@@ -46,6 +46,7 @@ COMMAND_MODULES = (
     "ragfast.commands.report",
     "ragfast.commands.export",
     "ragfast.commands.cost",
+    "ragfast.commands.calibrate",
 )
 
 

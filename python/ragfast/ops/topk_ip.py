@@ -43,6 +43,7 @@ __all__ = [
     "default_path",
     "topk_ip_torch",
     "isa_level",
+    "calibrate_default_path",
 ]
 
 _STORAGE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
@@ -466,6 +467,20 @@ def choice_table() -> dict[str, Any]:
 
 
 def _calibrate_now() -> dict[str, Any]:
+    return calibrate_default_path()
+
+
+def calibrate_default_path(reps: int = 3, progress=None) -> dict[str, Any]:
+    """Measure which path (compiled kernels or torch) is faster on this machine at the ISA level
+    in use, for every storage and batch class: ``{level: {storage: {B: "cpp"|"torch"}}}``.
+
+    Parameters
+    ----------
+    reps : int
+        Round-robin timed calls per path and cell (the median decides).
+    progress : callable, optional
+        ``progress(storage, B, {path: median s}, chosen)`` after each cell.
+    """
     # 20,000 x 384 unit vectors: each cell's calls take milliseconds, the whole grid a few
     # seconds, and the paths' order matches the benchmark's 200k-row corpora on the two
     # machines measured (it is the kernels' per-row cost against mm's that decides).
@@ -478,7 +493,7 @@ def _calibrate_now() -> dict[str, Any]:
         return {"cpp": lambda: topk_ip(q, stores[storage], 10, backend="cpp"),
                 "torch": lambda: topk_ip_torch(q, stores[storage], 10)}
 
-    return calibrate(calls, isa_level())
+    return calibrate(calls, isa_level(), reps=reps, progress=progress)
 
 
 # ----------------------------------------------------------------------------- Triton backend
