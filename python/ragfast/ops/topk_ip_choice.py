@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 BATCH_CLASSES = (1, 4, 16, 64, 256)
 TABLE_PATH = Path(__file__).with_name("topk_ip_choice.json")
-PATHS = ("cpp", "torch")
+PATHS = ("cpp", "torch", "torch_bf16")
+# torch_bf16 (a bf16 matmul pass, re-scored exactly: ragfast.ops.topk_ip_bf16) reads bf16 rows only
+_BF16_ONLY = ("torch_bf16",)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,8 @@ class Choice:
     Attributes
     ----------
     path : str
-        ``"cpp"`` (compiled kernels at ``isa``) or ``"torch"`` (mm + topk).
+        ``"cpp"`` (compiled kernels at ``isa``), ``"torch"`` (fp32 mm + topk) or, for bf16
+        storage, ``"torch_bf16"`` (torch's bf16 mm, oneDNN, then an exact re-score).
     isa : str
         The ISA level the compiled kernels run at.
     storage : str
@@ -145,6 +148,8 @@ def _validate(table: dict[str, Any], where: Any) -> None:
             for b, choice in per_batch.items():
                 if choice not in PATHS:
                     raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, not one of {PATHS}")
+                if choice in _BF16_ONLY and storage != "bf16":
+                    raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, a path for bf16 storage only")
 
 
 def _match(tables: list[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any] | None:
@@ -175,8 +180,8 @@ Progress = Callable[[str, int, dict[str, float], str], None]
 
 def calibrate(calls: Calls, level: str, reps: int = 3, progress: Progress | None = None) -> dict[str, Any]:
     """Measure this machine's cells at ``level``: for every storage and batch class, the path
-    (``cpp`` or ``torch``) with the lower median of ``reps`` round-robin calls.
-    ``calls(storage, B)`` gives ``{"cpp": fn, "torch": fn}`` over the calibration corpus;
+    (``cpp``, ``torch``, for bf16 also ``torch_bf16``) with the lower median of ``reps``
+    round-robin calls. ``calls(storage, B)`` gives ``{path: fn}`` over the calibration corpus;
     ``progress``, when given, is called after each cell with its medians and choice."""
     cells: dict[str, dict[str, str]] = {}
     for storage in ("fp32", "fp16", "bf16", "int8"):
