@@ -562,8 +562,8 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
         tensor uses -1 as padding; duplicates are fine. Ids must lie in ``[0, N)``.
     backend : {"ref", "cpp", "triton"}, optional
         Implementation; default from ``RAGFAST_BACKEND`` or the device (see ``ragfast.backends()``).
-        On CPU with neither set, the call takes the compiled kernels or torch mm + topk,
-        whichever the measured table (:mod:`ragfast.ops.topk_ip_choice`) says is faster for
+        On CPU with neither set, the call takes the compiled kernels or torch mm + topk (for
+        bf16 storage also torch's bf16 mm, re-scored exactly), whichever the measured table (:mod:`ragfast.ops.topk_ip_choice`) says is faster for
         this ISA level, storage and batch size; ``backend="cpp"`` forces the kernels.
     out : (torch.Tensor, torch.Tensor), optional
         Preallocated contiguous ``[B, k]`` float32 scores and int64 ids to write into.
