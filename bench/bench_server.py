@@ -205,6 +205,27 @@ async def _qps_window(url: str, bodies: list[dict], clients: int, seconds: float
     return {"qps": done / wall, "errors": errors}
 
 
+def _server_time_split(url: str, bodies: list[dict]) -> dict[str, float]:
+    """Seconds per query the ragfast server spent in each component (the query encoder, the
+    search), from its ``return_cost`` answers, beside its whole time per query (``server``:
+    from the request's arrival at the batcher to its answer), one request at a time."""
+    import httpx
+
+    per: dict[str, float] = {}
+    server = queries = 0.0
+    for body in bodies:
+        r = httpx.post(url + "/retrieve", json=dict(body, return_cost=True), timeout=600)
+        r.raise_for_status()
+        cost = r.json()["cost"]
+        server += cost["server_seconds"]
+        queries += len(cost["items"])
+        for item in cost["items"]:
+            for name, fields in item.items():
+                per[name] = per.get(name, 0.0) + fields.get("seconds", 0.0)
+    # a query's component seconds are its share of the call's, so per query both sides divide
+    return {**{name: v / queries for name, v in sorted(per.items())}, "server": server / queries}
+
+
 def run_vs_faiss_mode(args, counts: list[int]) -> None:
     """``--vs-faiss``: queries/s of ragfast serve-retriever over a Search-R1-shaped faiss server."""
     import shutil
@@ -250,6 +271,10 @@ def run_vs_faiss_mode(args, counts: list[int]) -> None:
                     res[(m, c)].append(w)
                     print(f"  clients {c} window {rep} {m:12s} {w['qps']:8.1f} queries/s  errors {w['errors']}",
                           flush=True)
+        split = _server_time_split(urls["ragfast"], bodies[:8])
+        print("ragfast server time per query, one client (" + ", ".join(
+            f"{name} {v * 1e3:.2f} ms ({v / split['server'] * 100:.0f}%)" for name, v in split.items()
+            if name != "server") + f", of {split['server'] * 1e3:.2f} ms in the server)", flush=True)
     finally:
         _stop(procs)
         shutil.rmtree(data, ignore_errors=True)
@@ -257,6 +282,8 @@ def run_vs_faiss_mode(args, counts: list[int]) -> None:
               f"threads={threads},window_s={win:g}")
     rows = [row("serve_vs_faiss", "agreement", params, k, "queries", [v])
             for k, v in (("identical_topk", same), ("tied_topk", tied), ("different_topk", n - same - tied))]
+    rows += [row("serve_vs_faiss", f"ragfast:{name}", params + ",clients=1", "seconds_per_query", "s", [v])
+             for name, v in split.items()]
     for c in counts:
         for m in urls:
             rows.append(row("serve_vs_faiss", m, params + f",clients={c}", "throughput", "queries/s",

@@ -845,6 +845,154 @@ def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplo
         assert (shipped["cpu"], shipped["features"]) != (key["cpu"], key["features"])
 
 
+# ----------------------------------------------------------------------------- torch bf16 (oneDNN) pass
+
+
+@pytest.mark.parametrize("B,N,d,k", [(1, 301, 33, 5), (7, 2049, 100, 10), (33, 999, 768, 17), (4, 50, 8, 50)])
+def test_torch_bf16_pass_equals_reference(B, N, d, k):
+    # fresh random inputs, odd sizes, a row-strided (non-contiguous) bf16 corpus and query
+    # batch, exclusions, a NaN row, min_score; the oracle is float64 brute force over the bf16 rows
+    wide = unit(N, 2 * d).to(torch.bfloat16)
+    x = wide[:, :d]  # a row stride of 2d (not contiguous), unit stride inside a row
+    q = rand(2 * B, d)[::2]
+    ex = [[0, 3, N - 1]] * B
+    s, i = topk_ip_torch(q, x, k, exclude=ex, bf16=True)
+    assert_topk(q, x.float(), k, s, i, atol=1e-5 * math.sqrt(d) * float(q.norm(dim=1).max()), exclude=ex)
+    x[N // 2] = float("nan")  # a NaN row never scores (as in the reference)
+    s, i = topk_ip_torch(q, x, k, exclude=ex, bf16=True)
+    assert not (i == N // 2).any() and not torch.isnan(s).any()
+    ref = topk_ip_ref(q, x, k, exclude=ex)
+    assert_topk_agree(s, i, *ref, atol=1e-5 * float(q.norm(dim=1).max()))
+    ms = float(ref[0][:, k // 2].median())
+    got = topk_ip_torch(q, quantize(x.float(), "bf16"), k, min_score=ms, bf16=True)
+    assert_topk_agree(*got, *topk_ip_ref(q, quantize(x.float(), "bf16"), k, min_score=ms), atol=1e-5, min_score=ms)
+
+
+def test_torch_bf16_pass_keeps_near_ties_an_over_fetch_misses():
+    # 2,000 rows whose exact scores differ by ~1e-4 (far below bf16's 2^-9 rounding of the
+    # query and of the scores): the bf16 pass ranks them almost at random, so the true top-3 are
+    # not in a fixed 2k or 4k over-fetch of its order, and the bound must keep them all
+    g = torch.Generator().manual_seed(7)
+    d, N, k = 256, 2000, 3
+    q = torch.nn.functional.normalize(torch.randn(1, d, generator=g), dim=1)
+    base = q[0].clone()
+    x = (base + 1e-3 * torch.randn(N, d, generator=g)).to(torch.bfloat16)
+    exact = (q.double() @ x.double().T)[0]
+    approx = (q.to(torch.bfloat16) @ x.T).float()[0]
+    true_top = set(torch.topk(exact, k).indices.tolist())
+    over = set(torch.topk(approx, 4 * k).indices.tolist())
+    assert not true_top <= over  # the construction: a fixed over-fetch would lose a true hit
+    s, i = topk_ip_torch(q, x, k, bf16=True)
+    assert set(i[0].tolist()) == true_top
+    assert torch.allclose(s[0].double(), torch.sort(exact, descending=True).values[:k], atol=1e-6)
+
+
+def test_torch_bf16_pass_ties_and_fallbacks(monkeypatch):
+    from ragfast.ops import topk_ip_bf16
+
+    # exact ties at the cut go to the lower ids, as the reference's
+    x = torch.zeros(40, 16, dtype=torch.bfloat16)
+    x[:, 0] = 1.0
+    x[5, 0] = 2.0
+    q = torch.zeros(2, 16)
+    q[:, 0] = 1.0
+    s, i = topk_ip_torch(q, x, 4, bf16=True)
+    assert i.tolist() == [[5, 0, 1, 2]] * 2 and s.tolist() == [[2.0, 1.0, 1.0, 1.0]] * 2
+    # the cached max norm follows an in-place write; an infinite row or a product that could
+    # overflow takes the exact fp32 path (and so still finds the row)
+    assert topk_ip_bf16.max_row_norm(x) == pytest.approx(2.0, rel=1e-4)
+    x[7, 0] = 3.0
+    assert topk_ip_bf16.max_row_norm(x) == pytest.approx(3.0, rel=1e-4)
+    x[9, 1] = float("inf")
+    assert not topk_ip_bf16.bf16_bound_ok(q, x)
+    big = torch.zeros(3, 4, dtype=torch.bfloat16)
+    big[:, 0] = torch.tensor([1e19, 2e19, 3e19])
+    qb = torch.tensor([[1e19, 0.0, 0.0, 0.0]])
+    assert not topk_ip_bf16.bf16_bound_ok(qb, big)
+    s, i = topk_ip_torch(qb, big, 1, bf16=True)
+    assert i.tolist() == [[2]]
+    # the error bound is at least the bf16 unit roundoff of both operands
+    assert topk_ip_bf16.bf16_error_bound(768) >= 2 * 2.0 ** -9
+
+
+@needs_cpp
+def test_default_path_takes_torch_bf16_when_the_table_says(isa, monkeypatch, tmp_path):
+    import sys
+
+    table = {"cells": {isa: {"bf16": {str(b): "torch_bf16" for b in topk_ip_choice.BATCH_CLASSES}}}}
+    monkeypatch.setattr(sys.modules["ragfast.ops.topk_ip"], "machine_table", lambda calibrate_with=None: table)
+    monkeypatch.delenv("RAGFAST_BACKEND", raising=False)
+    assert default_path(16, "bf16").path == "torch_bf16"
+    calls = []
+    real = sys.modules["ragfast.ops.topk_ip"].topk_ip_torch_bf16
+    monkeypatch.setattr(sys.modules["ragfast.ops.topk_ip"], "topk_ip_torch_bf16",
+                        lambda *a: calls.append(1) or real(*a))
+    q, c = rand(6, 48), unit(500, 48)
+    store = quantize(c, "bf16")
+    s, i = topk_ip(q, store, 7, exclude=[[1]] * 6)
+    assert calls == [1]
+    assert_topk_agree(s, i, *topk_ip_ref(q, store, 7, exclude=[[1]] * 6), atol=1e-5 * 10)
+    bad = tmp_path / "table.json"  # a table may not send other storage to the bf16 pass
+    bad.write_text(json.dumps({"cells": {isa: {"fp32": {"1": "torch_bf16"}}}}))
+    with pytest.raises(ValueError, match="bf16 storage only"):
+        topk_ip_choice.load_table(str(bad))
+
+
+def test_calibrate_command_caches_an_explicit_table_preferred_to_the_shipped_one(tmp_path, monkeypatch):
+    # `ragfast calibrate` on a CPU that has a shipped table: progress per cell, the table cached
+    # and marked explicit; from then on its level's cells win and the other levels stay shipped
+    import sys
+
+    from typer.testing import CliRunner
+
+    from ragfast.cli import app
+
+    shipped = topk_ip_choice.shipped_tables()[0]
+    key = {"cpu": shipped["cpu"], "features": sorted(shipped["features"])}
+    level = sorted(shipped["cells"])[0]
+    other = [lvl for lvl in shipped["cells"] if lvl != level]
+    monkeypatch.setattr(topk_ip_choice, "machine_key", lambda features=None: dict(key))
+    monkeypatch.setattr(topk_ip_choice, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    assert topk_ip_choice.machine_table()["source"].startswith("shipped")
+    # the opposite of the shipped choice in every cell, so the test sees which table is used
+    want = {st: {b: ("torch" if shipped["cells"][level].get(st, {}).get(b, "cpp") == "cpp" else "cpp")
+                 for b in map(str, topk_ip_choice.BATCH_CLASSES)} for st in ("fp32", "fp16", "bf16", "int8")}
+    sleep = lambda: __import__("time").sleep(0.001)  # noqa: E731
+
+    def fake(storage, B):
+        fast = want[storage][str(B)]
+        return {fast: (lambda: None), ("cpp" if fast == "torch" else "torch"): sleep}
+
+    def fake_calibrate(reps=3, progress=None):
+        return topk_ip_choice.calibrate(fake, level, reps=reps, progress=progress)
+
+    mod = sys.modules["ragfast.ops.topk_ip"]
+    monkeypatch.setattr(mod, "calibrate_default_path", fake_calibrate)
+    monkeypatch.setattr(mod, "isa_level", lambda: level)
+    monkeypatch.setattr(sys.modules["ragfast.ops.registry"], "available", lambda: {"cpp": True})
+    res = CliRunner().invoke(app, ["calibrate", "--reps", "1"])
+    assert res.exit_code == 0, res.output
+    assert "[20/20] int8 B=256" in res.output and "wrote " + str(tmp_path) in res.output
+    assert "differs from the shipped table for this CPU at: fp32 B1," in res.output  # every cell differs
+    cached = json.loads(topk_ip_choice.cache_file(key).read_text())
+    assert cached["explicit"] is True and cached["cells"] == {level: want}
+    t = topk_ip_choice.machine_table()
+    assert str(tmp_path) in t["source"] and t["cells"][level] == want
+    assert all(t["cells"][lvl] == shipped["cells"][lvl] for lvl in other)
+    assert topk_ip_choice.choose(level, "int8", 70, t).path == want["int8"]["64"]
+
+
+def test_calibrate_command_bad_reps_is_one_line_exit_2():
+    import subprocess
+    import sys
+
+    code = "import sys; sys.argv = ['ragfast', 'calibrate', '--reps', '0']\nfrom ragfast.cli import main\nmain()"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--reps must be >= 1, got 0" in r.stderr
+    assert len([ln for ln in r.stderr.splitlines() if ln.strip()]) == 1
+
+
 @needs_cpp
 @pytest.mark.parametrize("forced", ["cpp", "torch"])
 def test_default_path_matches_reference_whichever_is_chosen(isa, forced, monkeypatch):

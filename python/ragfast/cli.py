@@ -48,6 +48,7 @@ COMMAND_MODULES = (
     "ragfast.commands.export",
     "ragfast.commands.cost",
     "ragfast.commands.models",
+    "ragfast.commands.calibrate",
 )
 
 

@@ -29,6 +29,7 @@ import torch
 
 from ragfast.ops.registry import register, resolve
 from ragfast.checks import check_k, check_min_score
+from ragfast.ops.topk_ip_bf16 import bf16_bound_ok, topk_ip_torch_bf16
 from ragfast.ops.topk_ip_choice import calibrate, machine_table
 from ragfast.ops.topk_ip_choice import choose as choose_path
 
@@ -43,6 +44,7 @@ __all__ = [
     "default_path",
     "topk_ip_torch",
     "isa_level",
+    "calibrate_default_path",
 ]
 
 _STORAGE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16", torch.int8: "int8"}
@@ -420,14 +422,25 @@ def _torch_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclud
     return vals, idx.masked_fill(vals == -math.inf, -1)
 
 
+def _torch_bf16_impl(q: torch.Tensor, corpus, k: int, min_score: float | None, exclude: torch.Tensor | None):
+    # bf16 storage through torch's bf16 mm (oneDNN: AMX tiles on Intel Xeon), certified exact
+    # by ragfast.ops.topk_ip_bf16's bound; anything else (or a bound that cannot hold) in fp32
+    x = corpus.data if isinstance(corpus, QuantizedCorpus) else corpus
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or not bf16_bound_ok(q, x):
+        return _torch_impl(q, corpus, k, min_score, exclude)
+    return topk_ip_torch_bf16(q, x, k, min_score, exclude)
+
+
 def topk_ip_torch(queries: Any, corpus: Any, k: int, *, min_score: float | None = None,
-                  exclude: Any = None) -> tuple[torch.Tensor, torch.Tensor]:
+                  exclude: Any = None, bf16: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`topk_ip` through torch mm + topk, the path the default chooser takes where it is
-    faster than the compiled kernels. Same parameters and results as :func:`topk_ip_ref`."""
+    faster than the compiled kernels. Same parameters and results as :func:`topk_ip_ref`.
+    ``bf16=True`` scores a bf16 corpus with torch's bf16 mm first and re-scores every row its
+    error bound cannot rule out (:mod:`ragfast.ops.topk_ip_bf16`); other storage ignores it."""
     q, corpus, k, min_score, ex = _validate(queries, corpus, k, min_score, exclude)
     if q.shape[0] == 0:
         return torch.empty((0, k), dtype=torch.float32), torch.empty((0, k), dtype=torch.int64)
-    return _torch_impl(q, corpus, k, min_score, ex)
+    return (_torch_bf16_impl if bf16 else _torch_impl)(q, corpus, k, min_score, ex)
 
 
 def isa_level() -> str:
@@ -466,6 +479,21 @@ def choice_table() -> dict[str, Any]:
 
 
 def _calibrate_now() -> dict[str, Any]:
+    return calibrate_default_path()
+
+
+def calibrate_default_path(reps: int = 3, progress=None) -> dict[str, Any]:
+    """Measure which path (compiled kernels or torch) is faster on this machine at the ISA level
+    in use, for every storage and batch class: ``{level: {storage: {B: "cpp"|"torch"}}}`` (for
+    bf16 storage also ``"torch_bf16"``, torch's bf16 mm certified exact).
+
+    Parameters
+    ----------
+    reps : int
+        Round-robin timed calls per path and cell (the median decides).
+    progress : callable, optional
+        ``progress(storage, B, {path: median s}, chosen)`` after each cell.
+    """
     # 20,000 x 384 unit vectors: each cell's calls take milliseconds, the whole grid a few
     # seconds, and the paths' order matches the benchmark's 200k-row corpora on the two
     # machines measured (it is the kernels' per-row cost against mm's that decides).
@@ -475,10 +503,13 @@ def _calibrate_now() -> dict[str, Any]:
 
     def calls(storage: str, B: int):
         q = torch.nn.functional.normalize(torch.randn(B, 384, generator=g), dim=1)
-        return {"cpp": lambda: topk_ip(q, stores[storage], 10, backend="cpp"),
-                "torch": lambda: topk_ip_torch(q, stores[storage], 10)}
+        fns = {"cpp": lambda: topk_ip(q, stores[storage], 10, backend="cpp"),
+               "torch": lambda: topk_ip_torch(q, stores[storage], 10)}
+        if storage == "bf16":
+            fns["torch_bf16"] = lambda: topk_ip_torch(q, stores[storage], 10, bf16=True)
+        return fns
 
-    return calibrate(calls, isa_level())
+    return calibrate(calls, isa_level(), reps=reps, progress=progress)
 
 
 # ----------------------------------------------------------------------------- Triton backend
@@ -531,8 +562,8 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
         tensor uses -1 as padding; duplicates are fine. Ids must lie in ``[0, N)``.
     backend : {"ref", "cpp", "triton"}, optional
         Implementation; default from ``RAGFAST_BACKEND`` or the device (see ``ragfast.backends()``).
-        On CPU with neither set, the call takes the compiled kernels or torch mm + topk,
-        whichever the measured table (:mod:`ragfast.ops.topk_ip_choice`) says is faster for
+        On CPU with neither set, the call takes the compiled kernels or torch mm + topk (for
+        bf16 storage also torch's bf16 mm, re-scored exactly), whichever the measured table (:mod:`ragfast.ops.topk_ip_choice`) says is faster for
         this ISA level, storage and batch size; ``backend="cpp"`` forces the kernels.
     out : (torch.Tensor, torch.Tensor), optional
         Preallocated contiguous ``[B, k]`` float32 scores and int64 ids to write into.
@@ -569,8 +600,11 @@ def topk_ip(queries: Any, corpus: Any, k: int, *, min_score: float | None = None
         if backend is None and not os.environ.get("RAGFAST_BACKEND") and B > 0 and q.device.type == "cpu":
             # default path: the compiled kernels or torch mm + topk, whichever the measured
             # table says is faster here (topk_ip_choice); naming backend="cpp" forces the kernels
-            if choose_path(level, _corpus_info(corpus)[2], B, choice_table()).path == "torch":
+            path = choose_path(level, _corpus_info(corpus)[2], B, choice_table()).path
+            if path == "torch":
                 name, fn = "torch", _torch_impl
+            elif path == "torch_bf16":
+                name, fn = "torch_bf16", _torch_bf16_impl
     if B == 0:
         s, i = torch.empty((0, k), dtype=torch.float32, device=q.device), torch.empty((0, k), dtype=torch.int64, device=q.device)
     elif name == "cpp":

@@ -14,7 +14,9 @@ keyed by machine: CPU model name and the CPU features ragfast detects (``_C.isa_
   a few seconds (:func:`calibrate`: 20,000 x 384 random unit vectors, every storage and batch
   class, round-robin medians), logs one line, and caches the table under
   ``$RAGFAST_CACHE/topk_ip_choice/`` (default ``~/.cache/ragfast``); ``RAGFAST_CALIBRATE=0``
-  turns that off. ``ragfast backends`` shows which table is in use.
+  turns that off. ``ragfast backends`` shows which table is in use;
+* ``ragfast calibrate`` runs the same calibration on demand (progress per cell) and caches it
+  as *explicit*: preferred, for the levels it measured, to a shipped table for this CPU.
 
 Cells the table does not have fall back to: torch for ``generic``, the compiled kernels otherwise.
 
@@ -35,14 +37,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["BATCH_CLASSES", "Choice", "batch_class", "calibrate", "choose", "cpu_model", "load_table",
-           "machine_key", "machine_table", "shipped_tables", "TABLE_PATH"]
+__all__ = ["BATCH_CLASSES", "Choice", "batch_class", "cache_file", "calibrate", "choose", "cpu_model", "load_table",
+           "machine_key", "machine_table", "save_calibration", "shipped_tables", "TABLE_PATH"]
 
 log = logging.getLogger(__name__)
 
 BATCH_CLASSES = (1, 4, 16, 64, 256)
 TABLE_PATH = Path(__file__).with_name("topk_ip_choice.json")
-PATHS = ("cpp", "torch")
+PATHS = ("cpp", "torch", "torch_bf16")
+# torch_bf16 (a bf16 matmul pass, re-scored exactly: ragfast.ops.topk_ip_bf16) reads bf16 rows only
+_BF16_ONLY = ("torch_bf16",)
 
 
 @dataclass(frozen=True)
@@ -52,7 +56,8 @@ class Choice:
     Attributes
     ----------
     path : str
-        ``"cpp"`` (compiled kernels at ``isa``) or ``"torch"`` (mm + topk).
+        ``"cpp"`` (compiled kernels at ``isa``), ``"torch"`` (fp32 mm + topk) or, for bf16
+        storage, ``"torch_bf16"`` (torch's bf16 mm, oneDNN, then an exact re-score).
     isa : str
         The ISA level the compiled kernels run at.
     storage : str
@@ -143,6 +148,8 @@ def _validate(table: dict[str, Any], where: Any) -> None:
             for b, choice in per_batch.items():
                 if choice not in PATHS:
                     raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, not one of {PATHS}")
+                if choice in _BF16_ONLY and storage != "bf16":
+                    raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, a path for bf16 storage only")
 
 
 def _match(tables: list[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any] | None:
@@ -152,7 +159,10 @@ def _match(tables: list[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any] 
     return None
 
 
-def _cache_file(key: dict[str, Any]) -> Path:
+def cache_file(key: dict[str, Any] | None = None) -> Path:
+    """Where this machine's (or ``key``'s) calibrated table is cached:
+    ``$RAGFAST_CACHE/topk_ip_choice/<hash of the machine key>.json``."""
+    key = machine_key() if key is None else key
     root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser()
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return root / "topk_ip_choice" / f"{digest}.json"
@@ -164,10 +174,15 @@ Calls = Callable[[str, int], dict[str, Callable[[], Any]]]
 _MACHINE: dict[str, dict[str, Any]] = {}
 
 
-def calibrate(calls: Calls, level: str, reps: int = 3) -> dict[str, Any]:
+# progress(storage, B, {path: median seconds}, chosen path), once per measured cell
+Progress = Callable[[str, int, dict[str, float], str], None]
+
+
+def calibrate(calls: Calls, level: str, reps: int = 3, progress: Progress | None = None) -> dict[str, Any]:
     """Measure this machine's cells at ``level``: for every storage and batch class, the path
-    (``cpp`` or ``torch``) with the lower median of ``reps`` round-robin calls.
-    ``calls(storage, B)`` gives ``{"cpp": fn, "torch": fn}`` over the calibration corpus."""
+    (``cpp``, ``torch``, for bf16 also ``torch_bf16``) with the lower median of ``reps``
+    round-robin calls. ``calls(storage, B)`` gives ``{path: fn}`` over the calibration corpus;
+    ``progress``, when given, is called after each cell with its medians and choice."""
     cells: dict[str, dict[str, str]] = {}
     for storage in ("fp32", "fp16", "bf16", "int8"):
         for B in BATCH_CLASSES:
@@ -181,13 +196,53 @@ def calibrate(calls: Calls, level: str, reps: int = 3) -> dict[str, Any]:
                     fn()
                     times[name].append(time.perf_counter() - t0)
             med = {name: sorted(v)[len(v) // 2] for name, v in times.items()}
-            cells.setdefault(storage, {})[str(B)] = min(med, key=med.get)
+            best = min(med, key=med.get)
+            cells.setdefault(storage, {})[str(B)] = best
+            if progress is not None:
+                progress(storage, B, med, best)
     return {level: cells}
 
 
+def save_calibration(cells: dict[str, Any], command: str, *, explicit: bool = False,
+                     key: dict[str, Any] | None = None) -> tuple[dict[str, Any], Path]:
+    """Cache a calibrated table for this machine (or ``key``'s) and return it with its path.
+
+    ``cells`` is :func:`calibrate`'s ``{level: {storage: {B: path}}}``; levels already cached
+    and not re-measured are kept (a calibration measures the level in use only). An
+    ``explicit`` table (``ragfast calibrate``) is preferred to a shipped one for this CPU: it
+    was measured here, on purpose, and the shipped one on a machine of the same name.
+
+    Raises
+    ------
+    OSError
+        The cache directory cannot be written.
+    """
+    key = machine_key() if key is None else key
+    path = cache_file(key)
+    merged: dict[str, Any] = {}
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+            _validate(old, path)
+            merged = dict(old.get("cells", {}))
+        except (OSError, ValueError):
+            merged = {}  # an unreadable cache is replaced, not merged
+    merged.update(cells)
+    table = dict(key, machine=f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}",
+                 command=command, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                 explicit=bool(explicit), cells=merged)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    tmp.replace(path)  # a reader never sees half a table
+    _MACHINE.pop(json.dumps(key, sort_keys=True), None)  # this process re-reads it
+    return table, path
+
+
 def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) -> dict[str, Any]:
-    """The table for this machine: the shipped one measured on it, else one cached by an earlier
-    calibration, else (when ``calibrate_with`` is given and ``RAGFAST_CALIBRATE`` is not 0) one
+    """The table for this machine: one cached by ``ragfast calibrate`` (levels it did not
+    measure filled from the shipped one), else the shipped one measured on it, else one cached
+    by an earlier first-use calibration, else (when ``calibrate_with`` is given and ``RAGFAST_CALIBRATE`` is not 0) one
     calibrated now and cached, else an empty table. ``source`` says which."""
     key = machine_key()
     tag = json.dumps(key, sort_keys=True)
@@ -195,17 +250,21 @@ def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) ->
     cached = _MACHINE.get(tag)
     if cached is not None and (cached["cells"] or not allowed or cached.get("calibration_tried")):
         return cached
-    table = _match(shipped_tables(), key)
-    if table is not None:
-        table = dict(table, source=f"shipped ({TABLE_PATH.name}: {table.get('machine')})")
-    cache = _cache_file(key)
-    if table is None and cache.exists():
+    cache = cache_file(key)
+    calibrated = None
+    if cache.exists():
         try:
             t = json.loads(cache.read_text())
             _validate(t, cache)
-            table = dict(t, source=f"calibrated on this machine ({cache})")
+            calibrated = dict(t, source=f"calibrated on this machine ({cache})")
         except (OSError, ValueError) as exc:
             log.warning("ignoring the unreadable topk_ip calibration %s: %s", cache, exc)
+    table = _match(shipped_tables(), key)
+    if table is not None:
+        table = dict(table, source=f"shipped ({TABLE_PATH.name}: {table.get('machine')})")
+    if calibrated is not None and (table is None or calibrated.get("explicit")):
+        # `ragfast calibrate` measured some levels here: its cells win, the shipped ones fill the rest
+        table = dict(calibrated, cells={**(table or {}).get("cells", {}), **calibrated["cells"]})
     if table is None and allowed:
         t0 = time.perf_counter()
         try:
@@ -214,14 +273,11 @@ def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) ->
             log.warning("topk_ip: calibration failed (%s); compiled kernels by default", exc)
             _MACHINE[tag] = dict(key, cells={}, calibration_tried=True, source=f"none: calibration failed ({exc})")
             return _MACHINE[tag]
-        table = dict(key, machine=f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}",
-                     command="ragfast.ops.topk_ip_choice.calibrate (first use on this machine)",
-                     measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), cells=cells)
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            cache.write_text(json.dumps(table, indent=1) + "\n")
-            where = str(cache)
+            table, where = save_calibration(cells, "ragfast.ops.topk_ip_choice.calibrate (first use on this machine)",
+                                            key=key)
         except OSError as exc:
+            table = dict(key, command="ragfast.ops.topk_ip_choice.calibrate (first use on this machine)", cells=cells)
             where = f"not cached: {exc}"
         log.info("topk_ip: no measured table for this CPU (%s); calibrated the default path in %.1f s -> %s",
                  key["cpu"], time.perf_counter() - t0, where)
