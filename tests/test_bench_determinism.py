@@ -22,12 +22,12 @@ import pytest
 METHODS = ("searchr1", "s2g", "stepgap", "reloop")
 # Wall-clock measurements: they differ between any two runs, so they are not compared.
 TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds"}
-# Calls served from a cache filled earlier in the same process: they are charged as computed (so
-# calls, tokens and FLOPs do not move), and ``reused`` says how many there were, which depends
-# on what ran before (the judge is shared by S2G and RELOOP). The summary does not total it.
-# It is not in the summary. (``bytes_scanned`` is charged per query, the bytes a search for it
-# alone reads, so it no longer depends on how a resume batches the leftovers.)
-RUN_DEPENDENT = {"reused"}
+# Nothing else may differ. A call served from a cache filled earlier in the process is charged
+# as computed, and ``reused`` counts only what the same question read before on its method's
+# ledger, so it does not depend on what ran before (the judge is shared by S2G and RELOOP).
+# (``bytes_scanned`` is charged per query, the bytes a search for it alone reads, so it does not
+# depend on how a resume batches the leftovers.)
+RUN_DEPENDENT: set[str] = set()
 # Only a run with native Search-R1 in it has paired deltas against it.
 PAIRED = {"n_paired", "delta_em", "delta_searches", "delta_flops", "delta_seconds"}
 

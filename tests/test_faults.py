@@ -124,12 +124,16 @@ def _kill_after(args: list[str], path: Path, lines: int) -> int:
     return path.read_bytes().count(b"\n")
 
 
-def _ledger_by_question(out: Path) -> dict[str, dict]:
+def _ledger_by_question(out: Path, name: str = "ledger-searchr1.jsonl") -> dict[str, dict]:
     from ragfast.cost import CostLedger
     from ragfast.runner.drive import load_ledger
 
-    led: CostLedger = load_ledger(out / "ledger-searchr1.jsonl", None)
+    led: CostLedger = load_ledger(out / name, None)
     return {q: {c: no_timing(row) for c, row in d.items()} for q, d in led.per_question().items()}
+
+
+def _finished_ids(path: Path) -> list[str]:
+    return [json.loads(x)["id"] for x in path.read_text().splitlines() if x.endswith("}")]
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +167,39 @@ def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean
     assert resumed["em"] == clean["em"]
     # ... and so does the ledger, question by question, with nothing counted twice
     assert _ledger_by_question(out) == _ledger_by_question(clean_run)
+
+
+def test_killed_s2g_run_keeps_the_native_passes_costs(clean_run, tmp_path):
+    # run s2g's native pass is run searchr1's loop over the same corpus (every question of the
+    # file), model and batch size: each finished question's records must be the clean run's.
+    out = tmp_path / "s2g"
+    args = [*run_args(out, limit=40)[2:], "--threshold", "0.5"]
+    done = _kill_after(["run", "s2g", *args], out / "native.jsonl", 4)
+    assert 4 <= done < 40
+    ids = _finished_ids(out / "native.jsonl")
+    got, clean = _ledger_by_question(out, "ledger-native.jsonl"), _ledger_by_question(clean_run)
+    assert set(ids) <= set(got) <= set(ids) | {None}  # at most the setup records beside them
+    assert {q: got[q] for q in ids} == {q: clean[q] for q in ids}
+
+
+def test_killed_stepgap_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(tmp_path):
+    sg = ["run", "stepgap", "--model", "scripted", "--retriever", "bm25", "--data", "hotpotqa-dev", "--limit", "8",
+          "--batch-size", "1", "--no-progress", "--out"]
+    r = cli(*sg, str(tmp_path / "clean"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    clean = _ledger_by_question(tmp_path / "clean", "ledger-stepgap.jsonl")
+    out = tmp_path / "killed"
+    done = _kill_after([*sg, str(out)], out / "results.jsonl", 3)
+    assert 3 <= done < 8
+    ids = _finished_ids(out / "results.jsonl")
+    got = _ledger_by_question(out, "ledger-stepgap.jsonl")
+    # every finished question's records, as the clean run made them (NLI and reasoner included)
+    assert set(ids) <= set(got) and {q: got[q] for q in ids} == {q: clean[q] for q in ids}
+    assert all({"reasoner", "nli"} <= set(clean[q]) for q in ids)
+    # a resume drops the records of the question killed mid-way and completes the file
+    r = cli(*sg, str(out), "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _ledger_by_question(out, "ledger-stepgap.jsonl") == clean
 
 
 def test_corrupt_ledger_line_is_refused_not_dropped(clean_run, tmp_path):

@@ -240,12 +240,15 @@ def test_bundled_encoder_judge_card_and_scores(encoder_judge):
     # The gold supporting paragraphs must look more sufficient than nothing at all.
     assert (s_sup > s_emp).mean() >= 0.9
     assert led.totals()["judge"]["input_tokens"] > 0 and led.totals()["judge"]["flops"] > 0
-    # Repeated documents come from the embedding cache: same scores, charged as computed, counted as reused.
+    # Repeated documents come from the embedding cache: same scores, charged as computed. On a new
+    # ledger no question read them before (reused 0); read again on the same ledger, all are reused.
     led2 = CostLedger()
     np.testing.assert_allclose(encoder_judge.stop_scores(support, ledger=led2), s_sup)
     t, t2 = led.totals()["judge"], led2.totals()["judge"]
     assert [t2[k] for k in ("calls", "input_tokens", "flops")] == [t[k] for k in ("calls", "input_tokens", "flops")]
-    assert t2["reused"] == t2["calls"] > 0
+    assert t2["reused"] == t["reused"] == 0
+    encoder_judge.stop_scores(support, ledger=led, question_ids=[q.id for q in qs])
+    assert led.totals()["judge"]["reused"] == t["calls"] > 0
 
 
 def test_train_encoder_judge_small(tmp_path):

@@ -338,11 +338,13 @@ def test_bundled_docset_judge_scores_and_card(docset_judge):
     assert (s_full > s_empty).mean() >= 0.9 and (s_full > s_half).mean() >= 0.7
     t = led.totals()["judge"]
     assert t["input_tokens"] > 0 and t["flops"] > 0
-    led2 = CostLedger()  # texts already embedded are charged as computed, and counted as reused
+    led2 = CostLedger()  # texts already embedded are charged as computed; reused only on a second read
     np.testing.assert_allclose(docset_judge.stop_scores(full, ledger=led2), s_full)
     t2 = led2.totals()["judge"]
     assert [t2[k] for k in ("calls", "input_tokens", "flops")] == [t[k] for k in ("calls", "input_tokens", "flops")]
-    assert t2["reused"] == t2["calls"] > 0
+    assert t2["reused"] == t["reused"] == 0
+    docset_judge.stop_scores(full, ledger=led, question_ids=[q.id for q in qs])
+    assert led.totals()["judge"]["reused"] == t["calls"] > 0
 
 
 def test_load_judge_specs(tmp_path, docset_judge):

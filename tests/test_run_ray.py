@@ -165,3 +165,43 @@ def test_bad_ray_options_are_clear_errors(data, tmp_path, extra, message):
     assert message in " ".join(r.stderr.split())  # rich may wrap the line
     assert "Traceback" not in r.stderr
     assert not (out / "results.jsonl").exists()  # refused before anything ran
+
+
+@pytest.mark.slow
+def test_killed_ray_run_keeps_the_costs_of_its_finished_questions(data, single, tmp_path):
+    """The driver appends each batch's cost records as the batch comes back, before its results."""
+    import signal
+    import time
+
+    from ragfast.runner.drive import load_ledger
+
+    out = tmp_path / "K"
+    cmd = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
+           "--data", str(data), "--no-progress", "--out", str(out), "--ray", "local", "--ray-workers", "1",
+           "--batch-size", "2"]
+    # its own process group, so the kill takes the local Ray cluster it started with it
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV,
+                            cwd=str(data.parent), start_new_session=True)
+    results = out / "results.jsonl"
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None:
+            if results.exists() and results.read_bytes().count(b"\n") >= 2:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    ids = [json.loads(x)["id"] for x in results.read_text().splitlines() if x.endswith("}")]
+    assert 2 <= len(ids) < N
+
+    def per_question(path: Path) -> dict:
+        led = load_ledger(path, None)
+        return {q: {c: {k: v for k, v in row.items() if k not in ("seconds", "device_seconds")} for c, row in d.items()}
+                for q, d in led.per_question().items()}
+
+    got, clean = per_question(out / "ledger-searchr1.jsonl"), per_question(single[0] / "ledger-searchr1.jsonl")
+    assert set(ids) <= set(got) and {q: got[q] for q in ids} == {q: clean[q] for q in ids}

@@ -5,7 +5,9 @@ input tokens (computed fresh vs served from a KV cache), output tokens, FLOPs, w
 device seconds (CUDA events) and bytes scanned by search. A result served from a cache (an
 embedding or a judge score computed for an earlier question) is charged the tokens and FLOPs it
 would have cost and counted in ``reused``, so a method's cost does not depend on what ran before
-it in the process or on a resume. Batched calls are split per question
+it in the process or on a resume. ``reused`` counts the reads a question made of something it
+had already read earlier in the same ledger (:meth:`CostLedger.first_reads`), so it too is the
+same clean, resumed or alone. Batched calls are split per question
 so that totals equal the sums of the per-question records exactly.
 """
 from __future__ import annotations
@@ -97,6 +99,10 @@ class CostLedger:
         self.records: list[CostRecord] = []
         self.batches: dict[str, int] = defaultdict(int)
         self._lock = threading.Lock()
+        # (component, question) -> keys that question has read: what ``reused`` is counted
+        # against. Per question, so it cannot depend on the order of questions, the batching,
+        # another method sharing a cache, or a resume (an unfinished question runs again whole).
+        self._read: dict[tuple[str, Any], set[Any]] = {}
 
     # -- recording ---------------------------------------------------------------------------
     def add(self, component: str, question_id: str | None = None, **values: float) -> CostRecord:
@@ -106,6 +112,29 @@ class CostLedger:
         with self._lock:
             self.records.append(rec)
         return rec
+
+    def first_reads(self, component: str, question_ids: Sequence[Any], keys: Sequence[Any]) -> list[int]:
+        """``reused`` per read: 1 where the same question already read ``key`` as ``component`` here.
+
+        Each (question, key) is remembered, so a later read of it by that question counts as
+        reused, whether the result came from a cache or was computed again; a read by another
+        question, or a cache filled by another run or method, never does.
+
+        Parameters
+        ----------
+        component : str
+        question_ids, keys : sequence
+            One entry per read (keys hashable: a text digest, say).
+        """
+        if len(question_ids) != len(keys):
+            raise ValueError(f"{component}: {len(keys)} keys for {len(question_ids)} reads")
+        out = []
+        with self._lock:
+            for qid, key in zip(question_ids, keys):
+                seen = self._read.setdefault((component, qid), set())
+                out.append(1 if key in seen else 0)
+                seen.add(key)
+        return out
 
     def add_batch(
         self,
@@ -278,19 +307,6 @@ def sum_cost_dicts(dicts: Iterable[dict[str, dict[str, float]]]) -> dict[str, di
             acc = out.setdefault(comp, _empty())
             for k, v in row.items():
                 acc[k] = acc.get(k, 0) + v
-    return out
-
-
-def reuse_flags(keys: Iterable[Any], computed: Iterable[Any]) -> list[int]:
-    """``reused`` per read of a batch: 0 for the first read of each key computed now, else 1.
-
-    A result computed once and read by several questions (or found in a cache) is charged to
-    every reader as computed; only one reader took the compute time.
-    """
-    fresh, out = set(computed), []
-    for k in keys:
-        out.append(0 if k in fresh else 1)
-        fresh.discard(k)
     return out
 
 

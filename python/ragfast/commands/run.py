@@ -5,9 +5,6 @@ their own modules (``from ragfast.commands.run import run_app; run_app.command("
 """
 from __future__ import annotations
 
-import dataclasses
-import json
-import os
 import time
 from pathlib import Path
 from typing import Any, Optional, Sequence
@@ -288,7 +285,7 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
     from ragfast.results import finished_ids, read_manifest, repair_tail, write_manifest
     from ragfast.runner import slots as build
     from ragfast.runner.distributed import run_on_ray
-    from ragfast.runner.drive import load_ledger, progress_bar, slot_lines
+    from ragfast.runner.drive import LedgerFile, progress_bar, slot_lines
 
     results_path = out_dir / "results.jsonl"
     ledger_path = out_dir / RUN_LEDGER
@@ -299,13 +296,6 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
     done_before = finished_ids(results_path) if resume else set()
     if ledger_path.exists() and ledger_path.stat().st_size and not resume:
         raise ConfigError(f"{ledger_path} already holds records: pass --resume to continue, or another --out")
-    if resume and ledger_path.exists():
-        # Records of questions that did not finish run again now: drop them (no double count).
-        repair_tail(ledger_path)
-        kept = load_ledger(ledger_path, done_before)
-        tmp = ledger_path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in kept.records), encoding="utf-8")
-        os.replace(tmp, ledger_path)
     n_todo = sum(q.id not in done_before for q in questions)
     if resume:
         con.print(f"resume: {len(questions) - n_todo} of {len(questions)} questions already done")
@@ -352,14 +342,13 @@ def _run_on_ray(*, model: str, retriever: str, data: str, out_dir: Path, resume:
             # run_on_ray's RuntimeWarnings (idle workers, a cluster too small) as one line each.
             warnings.simplefilter("always", RuntimeWarning)
             warnings.showwarning = show_warning
-            res = run_on_ray(questions, make_generator=gen_f, make_retriever=ret_f, config=cfg,
-                             out_path=results_path, address=ray, num_workers=ray_workers, resume=resume,
-                             on_result=on_result, on_start=on_start)
-    # The driver gets a worker's records with its batch's results; they join the run's ledger here.
-    with open(ledger_path, "a", encoding="utf-8") as f:
-        f.write("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in res.ledger.records))
-        f.flush()
-        os.fsync(f.fileno())
+            # The driver gets a worker's cost records with its batch's results: they are appended
+            # to the run's ledger (records of unfinished questions dropped first on resume) before
+            # the batch's results, so a killed run keeps the records of what it finished.
+            with LedgerFile(ledger_path, resume, done_before) as lf:
+                res = run_on_ray(questions, make_generator=gen_f, make_retriever=ret_f, config=cfg,
+                                 out_path=results_path, address=ray, num_workers=ray_workers, resume=resume,
+                                 on_result=on_result, on_start=on_start, on_records=lf.append)
     if not slots and (out_dir / "manifest.json").exists():
         slots = dict(read_manifest(out_dir).get("slots", {}))  # nothing was left to run
     # Throughput over the batches (actors up to last result), comparable with the single-process

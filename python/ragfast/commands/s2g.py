@@ -54,8 +54,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.methods.s2g.states import record_states
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.study import state_lines
-    from ragfast.results import ResultsWriter, slot_entry, write_manifest
+    from ragfast.results import slot_entry, write_manifest
     from ragfast.runner import slots as build
+    from ragfast.runner.drive import MethodRecorder
 
     con = Console(stderr=True)
     if threshold is None and not val_data:
@@ -68,7 +69,8 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     if (out_dir / "states.jsonl").exists() and not overwrite:
         raise ConfigError(f"{out_dir} already holds an S2G run: pass --overwrite, or another --out")
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl", "s2g_states.jsonl", "s2g_judges.json"):
+    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl", "s2g_states.jsonl", "s2g_judges.json",
+                 "ledger-native.jsonl", "ledger-s2g.jsonl", "ledger-judge-states.jsonl", "ledger-probe.jsonl"):
         (out_dir / name).unlink(missing_ok=True)
 
     all_test = load_qa(data)
@@ -100,12 +102,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                                      "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold})
 
     t0 = time.perf_counter()
-    # 1. native trajectories (validation + test), written as they finish
-    nat_led = CostLedger()
-    with ResultsWriter(out_dir / "native.jsonl") as w:
-        native = SearchR1Loop(gen, ret, cfg, ledger=nat_led).run(list(val) + list(test),
-                                                                 on_finish=lambda t: w.write(t.to_dict()))
-    nat_led.save(out_dir / "ledger-native.jsonl")
+    # 1. native trajectories (validation + test), written with their cost records as they finish
+    with MethodRecorder(out_dir / "native.jsonl", out_dir / "ledger-native.jsonl", resume=False) as nat:
+        native = SearchR1Loop(gen, ret, cfg, ledger=nat.ledger).run(list(val) + list(test), on_finish=nat.finish)
     con.print(f"native: {len(native)} trajectories, {sum(t.searches for t in native) / len(native):.2f} searches/q")
     # 2. judge scores and answer-only probes of every recorded state
     jl, pl = CostLedger(), CostLedger()
@@ -135,14 +134,12 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     con.print(f"threshold: {thr} ({info['source']})")
     # 4. the live run with the judge in the loop
     if live:
-        led = CostLedger()
         # A fresh judge: one that kept the recording pass's caches (EncoderJudge embeds each
         # document once) would score the live states for free and understate the judge's cost.
         live_judge = build.judge(judge, device=device, shared_encoder=getattr(ret, "encoder", None))
-        with ResultsWriter(out_dir / "s2g.jsonl") as w:
-            run_s2g(test, gen, ret, live_judge, thr, cfg, gap_queries=gap_queries, ledger=led,
-                    on_finish=lambda t: w.write(t.to_dict()))
-        led.save(out_dir / "ledger-s2g.jsonl")
+        with MethodRecorder(out_dir / "s2g.jsonl", out_dir / "ledger-s2g.jsonl", resume=False) as rec_live:
+            run_s2g(test, gen, ret, live_judge, thr, cfg, gap_queries=gap_queries, ledger=rec_live.ledger,
+                    on_finish=rec_live.finish)
     from ragfast.commands.report import report_s2g
 
     ev = report_s2g(out_dir, n_resamples=n_resamples, seed=seed)

@@ -14,7 +14,11 @@ from ragfast.commands import options as opt
 from ragfast.devices import DEVICE_HELP, device_option
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
-from ragfast.runner.drive import slot_lines
+from ragfast.runner.drive import MethodRecorder, slot_lines
+
+
+#: The run's cost ledger: every finished question's records, appended as each one finishes.
+STEPGAP_LEDGER = "ledger-stepgap.jsonl"
 
 
 def _read_trajectories(path: str) -> list[Any]:
@@ -56,7 +60,7 @@ def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "de
     from ragfast.data import load_qa
     from ragfast.methods.searchr1.loop import SearchR1Config
     from ragfast.methods.stepgap.loop import StepGapConfig, StepGapPipeline
-    from ragfast.results import ResultsWriter, read_results, slot_entry, write_manifest
+    from ragfast.results import read_results, slot_entry, write_manifest
 
     con = Console(stderr=True)
     if limit is not None and limit < 1:
@@ -93,15 +97,18 @@ def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "de
     for line in slot_lines(slots):
         con.print(line)
     t0 = time.perf_counter()
-    with ResultsWriter(results_path, resume=resume) as writer:
-        todo = [q for q in questions if q.id not in writer.done]
+    # Each finished question's cost records are appended (and flushed) with its result, so a
+    # killed run keeps the costs of what it finished; a resume drops those of unfinished ones.
+    with MethodRecorder(results_path, out_dir / STEPGAP_LEDGER, resume) as rec:
+        rec.ledger = pipe.ledger  # the records the recorder appends as each question finishes
+        todo = [q for q in questions if q.id not in rec.done]
         with open(out_dir / "rewards.jsonl", "a" if resume else "w", encoding="utf-8") as rw:
             def on_finish(traj):
-                writer.write(traj.to_dict())
+                rec.finish(traj)
                 for r in traj.extra.get("stepgap", {}).get("rewards", []):
                     rw.write(json.dumps(r) + "\n")
             pipe.run(todo, on_finish=on_finish)
-        done_now = writer.written
+        done_now = rec.written
     wall = time.perf_counter() - t0
     want = {q.id for q in questions}
     records = [r for r in read_results(results_path) if r["id"] in want]
@@ -135,7 +142,6 @@ def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "de
                "cost": tot, "slots": slots,
                "answers_meaningful": all(d["meaningful"] for d in slots.values() if d is not None)}
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
-    pipe.ledger.save(out_dir / f"ledger-{int(time.time())}.jsonl")
     print(f"stepgap: {s['questions']} questions  EM {s['em']:.4f}  {s['searches_per_question']:.2f} searches/q  "
           f"steps {len(labels)}  repairs {dict(repairs)} (skipped for budget: {skipped})  "
           f"checker/reasoner seconds {summary['checker_to_reasoner_seconds'] if summary['checker_to_reasoner_seconds'] is None else round(summary['checker_to_reasoner_seconds'], 3)}")

@@ -12,8 +12,8 @@
 
 A document's logit depends only on (question, document), so the states of one trajectory share
 them: each document is read once per question (a bounded cache). The ledger charges a
-question every pair it reads in a call as if read then, counting cache hits as ``reused``, so
-its cost does not depend on what the judge scored before. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
+question every pair it reads in a call as if read then, counting as ``reused`` the pairs that
+question read in an earlier call, so its cost does not depend on what the judge scored before. The weights are LoRA factors plus the two heads (about 225 kB) and are merged
 into the base encoder at load time, so loading needs neither a hub nor peft. Trained by
 :func:`ragfast.methods.s2g.judge_train.train_cross_judge` (``ragfast train-judge --kind encoder``).
 No cross-encoder weights are bundled: on this project's 2-core CPU budget the adapters did not
@@ -32,7 +32,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger, reuse_flags
+from ragfast.cache import text_key
+from ragfast.cost import CostLedger
 from ragfast.errors import DataError, ModelError
 from ragfast.models.base import Judge
 from ragfast.types import State
@@ -289,7 +290,7 @@ class CrossEncoderJudge(DocumentStateJudge):
 
     def doc_logits(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                    question_ids: Sequence[Any] | None = None) -> np.ndarray:
-        """Cross-encoder logit per (question, document) pair; cached pairs are charged as read, and reused.
+        """Cross-encoder logit per (question, document) pair; cached pairs are charged as if read now.
 
         Parameters
         ----------
@@ -302,7 +303,8 @@ class CrossEncoderJudge(DocumentStateJudge):
         from ragfast.flops import forward_flops_per_sequence
 
         # Each question is charged each distinct pair it reads once per call, whether read now,
-        # by another question of the call or from the cache (then counted as reused): a cached
+        # by another question of the call or from the cache (counted as reused only when the same
+        # question read it in an earlier call on this ledger): a cached
         # logit keeps its token count, so the charge is the same and a question's cost depends
         # on neither what ran before nor its batch. This call's cached values are read before
         # anything is evicted, so none is lost midway.
@@ -331,6 +333,7 @@ class CrossEncoderJudge(DocumentStateJudge):
             tokens = [known[key][1] for _, key in reads]
             ledger.add_batch("judge", [qid for qid, _ in reads], seconds=time.perf_counter() - t0 if keys else 0.0,
                              input_tokens=tokens, flops=forward_flops_per_sequence(self.model.config, tokens),
-                             reused=reuse_flags([key for _, key in reads], keys))
+                             reused=ledger.first_reads("judge", [qid for qid, _ in reads],
+                                                       [("pair", text_key(q + "\x00" + d)) for _, (q, d) in reads]))
         return np.array([known[(q, d)][0] for q, d in pairs], dtype=np.float64)
 

@@ -22,7 +22,7 @@ Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the M
 vector), each document keeps its own score, so a state with both needed documents stands out
 from one with many near misses. Question and document vectors are cached (each text is
 embedded once), so the states of one trajectory share them; a cached text is still charged
-what embedding it costs (counted as ``reused``), so a question's recorded cost does not depend
+what embedding it costs (``reused`` counts a text its question read before), so a question's recorded cost does not depend
 on what the judge scored before. Trained by
 :func:`ragfast.methods.s2g.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
 """
@@ -177,8 +177,9 @@ class DocFeatures:
 
     The caches are LRU and capped in bytes (:class:`ragfast.retrieval.encoder.EmbeddingCache`):
     a judge behind a server sees an unbounded stream of distinct texts. A text found in a cache
-    is charged what embedding it costs, counted as ``reused``, so a caller's recorded cost does
-    not depend on what this judge scored before.
+    is charged what embedding it costs (``reused`` counts only a text the same question read
+    before on the same ledger), so a caller's recorded cost does not depend on what this judge
+    scored before.
     """
 
     def __init__(self, encoder: Any, max_bytes: int | None = None):

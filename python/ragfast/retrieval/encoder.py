@@ -386,15 +386,16 @@ class Embedded:
     Each question is charged each distinct text it reads once per call, whether the vector came
     from the cache or was embedded now, and whether another question of the same call read it
     too: the tokens and FLOPs are the same either way, so a question's recorded cost depends on
-    neither what was embedded before it nor what it was batched with. ``reused`` is 0 for the
-    one entry per text that was embedded now, else 1; ``seconds`` is the time spent embedding.
+    neither what was embedded before it nor what it was batched with. ``keys`` name each entry's
+    text (its kind and digest), so the ledger can count as ``reused`` the texts a question read
+    before (:meth:`ragfast.cost.CostLedger.first_reads`); ``seconds`` is the time spent embedding.
     """
 
     vectors: dict[str, np.ndarray]
     question_ids: list[Any]
     input_tokens: list[int]
     flops: list[float]
-    reused: list[int]
+    keys: list[tuple[str, bytes]]
     seconds: float = 0.0
 
 
@@ -414,9 +415,12 @@ def record_embedded(ledger: Any, component: str, parts: Sequence[Embedded], seco
     qids = [q for p in parts for q in p.question_ids]
     if ledger is None or not qids:
         return
+    # ``reused``: read earlier by the same question on this ledger, never "found in the cache",
+    # which would depend on what the process ran before (another method, a resume).
+    reused = ledger.first_reads(component, qids, [k for p in parts for k in p.keys])
     ledger.add_batch(component, qids, seconds=sum(p.seconds for p in parts) if seconds is None else seconds,
                      input_tokens=[t for p in parts for t in p.input_tokens], flops=[f for p in parts for f in p.flops],
-                     reused=[r for p in parts for r in p.reused])
+                     reused=reused)
 
 
 class EmbeddingCache:
@@ -424,7 +428,8 @@ class EmbeddingCache:
 
     An LRU capped in bytes (:class:`ragfast.cache.ByteLRU`, keyed by a digest of the text, so a
     long passage is never held twice). Each entry keeps its token count and FLOPs, so a hit is
-    charged exactly what the miss was (see :class:`Embedded`).
+    charged exactly what the miss was (see :class:`Embedded`); whether the cache held a text
+    never shows in the ledger but as wall seconds.
 
     Parameters
     ----------
@@ -457,7 +462,7 @@ class EmbeddingCache:
         nothing.
         """
         from ragfast.cache import text_key
-        from ragfast.cost import CostLedger, reuse_flags
+        from ragfast.cost import CostLedger
 
         qids = list(question_ids) if question_ids is not None else [None] * len(texts)
         reads = list(dict.fromkeys(zip(qids, texts)))  # (question, text), in order of first appearance
@@ -482,7 +487,7 @@ class EmbeddingCache:
                 self.store.put(text_key(t), entry)
         return Embedded(vectors={t: v[0] for t, v in got.items()}, question_ids=[q for q, _ in reads],
                         input_tokens=[got[t][1] for _, t in reads], flops=[got[t][2] for _, t in reads],
-                        reused=reuse_flags([t for _, t in reads], todo), seconds=seconds)
+                        keys=[(self.kind, text_key(t)) for _, t in reads], seconds=seconds)
 
     def describe(self) -> dict[str, Any]:
         """The store's entries, bytes, cap, hits, misses and evictions."""

@@ -600,6 +600,7 @@ def run_on_ray(
     on_result: Callable[[dict[str, Any]], None] | None = None,
     on_start: Callable[[dict[str, Any]], None] | None = None,
     batch_size: int | None = None,
+    on_records: Callable[[list[CostRecord]], None] | None = None,
 ) -> RayRunResult:
     """Run a multi-round RAG loop over ``questions`` on Ray actors; results go to one JSONL file.
 
@@ -659,6 +660,9 @@ def run_on_ray(
         Questions per unit of work; default ``config.batch_size`` (or ``config.searchr1.batch_size``
         for configs that wrap a SearchR1Config, like StepGap's). Keep it equal to the batch
         size the pipeline itself uses, or a batch will not run as the single-process one does.
+    on_records : callable, optional
+        Called in the driver with each finished batch's cost records (``CostRecord`` s), before
+        its results are written, so a caller can append them to a ledger file as they arrive.
 
     Returns
     -------
@@ -701,7 +705,8 @@ def run_on_ray(
     for name, f in (("make_generator", make_generator), ("make_retriever", make_retriever)):
         if not callable(f):
             raise ConfigError(f"{name} must be callable, got {type(f).__name__}")
-    for name, f in (("make_loop", make_loop), ("on_result", on_result), ("on_start", on_start)):
+    for name, f in (("make_loop", make_loop), ("on_result", on_result), ("on_start", on_start),
+                    ("on_records", on_records)):
         if f is not None and not callable(f):
             raise ConfigError(f"{name} must be callable, got {type(f).__name__}")
     _check_picklable(make_generator, "make_generator")
@@ -732,7 +737,8 @@ def run_on_ray(
                        worker_cpus=float(worker_cpus), worker_gpus=worker_gpus, retriever_cpus=float(retriever_cpus),
                        retriever_gpus=float(retriever_gpus), max_restarts=max_restarts,
                        max_task_retries=max_task_retries, max_attempts=max_attempts,
-                       batch_timeout_s=batch_timeout_s, on_result=on_result, on_start=on_start)
+                       batch_timeout_s=batch_timeout_s, on_result=on_result, on_start=on_start,
+                       on_records=on_records)
     sort_results(out_path, order)
     result.records = [r for r in read_results(out_path) if str(r["id"]) in want] if out_path.exists() else []
     result.summary = summarise(result.records)
@@ -744,7 +750,8 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
            num_workers: int, worker_cpus: float, worker_gpus: float | str, retriever_cpus: float,
            retriever_gpus: float, max_restarts: int, max_task_retries: int, max_attempts: int,
            batch_timeout_s: float | None, on_result: Callable[[dict[str, Any]], None] | None,
-           on_start: Callable[[dict[str, Any]], None] | None) -> None:
+           on_start: Callable[[dict[str, Any]], None] | None,
+           on_records: Callable[[list[CostRecord]], None] | None = None) -> None:
     t_start = time.perf_counter()
     if worker_gpus == "auto":
         worker_gpus = gpus_per_worker(float(ray.cluster_resources().get("GPU", 0.0)),
@@ -841,6 +848,10 @@ def _drive(ray: Any, result: RayRunResult, writer: Any, batches: list[list[Quest
             if sorted(got) != sorted(expect):
                 raise RuntimeError(f"batch {b}: the worker returned ids {got} for questions {expect}")
             by_id = {str(r["id"]): r for r in reply["records"]}
+            if on_records is not None:
+                # the batch's cost records before its results: a kill in between leaves records
+                # of unfinished questions, which a resume drops, never results without records
+                on_records([CostRecord(**r) for r in reply["ledger"][0]])
             for qid in expect:  # question order within the batch
                 rec = by_id[qid]
                 writer.write(rec)

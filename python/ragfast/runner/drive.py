@@ -24,7 +24,7 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.types import Trajectory
 
 __all__ = ["prepare_out", "fingerprint", "check_resume", "data_identity", "slot_lines", "progress_bar",
-           "MethodRecorder", "load_ledger", "results_without_manifest", "first_difference"]
+           "MethodRecorder", "LedgerFile", "load_ledger", "results_without_manifest", "first_difference"]
 
 
 def prepare_out(out_dir: str | Path, results: str | Path, resume: bool) -> Path:
@@ -204,6 +204,57 @@ def _write_records(f: Any, records: Iterable[CostRecord]) -> None:
         f.write(json.dumps(dataclasses.asdict(r)) + "\n")
 
 
+class LedgerFile:
+    """A run's cost ledger file, appended (and flushed to disk) as each question finishes.
+
+    Parameters
+    ----------
+    path : Path
+        The JSONL ledger.
+    resume : bool
+        Continue the file, first dropping the records of questions not in ``finished`` (they
+        run again now, so a crash between a question's ledger lines and its result line never
+        double counts). Without it a file that already holds records is refused.
+    finished : set of str
+        Ids of the questions whose results are kept (with ``resume``).
+    """
+
+    def __init__(self, path: Path, resume: bool, finished: set[str] | None = None):
+        from ragfast.results import repair_tail
+
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if self.path.exists() and not resume and self.path.stat().st_size:
+            raise DataError(f"{self.path} already holds records; pass --resume or use a new --out")
+        if resume and self.path.exists():
+            repair_tail(self.path)
+            kept = load_ledger(self.path, set(finished or ()))
+            tmp = self.path.with_suffix(".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                _write_records(f, kept.records)
+            os.replace(tmp, self.path)
+        self._f: Any = None  # opened at the first append: a run that fails first leaves no file
+
+    def append(self, records: Iterable[CostRecord]) -> None:
+        """Append ``records`` and flush them to disk, so a kill after this loses none of them."""
+        if self._f is None:
+            self._f = open(self.path, "a", encoding="utf-8")
+        _write_records(self._f, records)
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        """Close the file (nothing to do if nothing was appended)."""
+        if self._f is not None:
+            self._f.close()
+
+    def __enter__(self) -> "LedgerFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class MethodRecorder:
     """Writes a method's trajectories and ledger records as each question finishes.
 
@@ -216,24 +267,14 @@ class MethodRecorder:
     """
 
     def __init__(self, traj_path: Path, ledger_path: Path, resume: bool):
-        from ragfast.results import ResultsWriter, repair_tail
+        from ragfast.results import ResultsWriter
 
         self.traj_path, self.ledger_path = Path(traj_path), Path(ledger_path)
-        self.ledger_path.parent.mkdir(parents=True, exist_ok=True)
         if self.ledger_path.exists() and not resume and self.ledger_path.stat().st_size:
             raise DataError(f"{self.ledger_path} already holds records; pass --resume or use a new --out")
         self.writer = ResultsWriter(self.traj_path, resume=resume)
-        if resume and self.ledger_path.exists():
-            # Drop records of questions that did not finish (they run again now), so a crash
-            # between a question's ledger lines and its trajectory line never double counts.
-            repair_tail(self.ledger_path)
-            kept = load_ledger(self.ledger_path, self.writer.done)
-            tmp = self.ledger_path.with_suffix(".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                _write_records(f, kept.records)
-            os.replace(tmp, self.ledger_path)
         self.ledger = CostLedger()
-        self._lf = open(self.ledger_path, "a", encoding="utf-8")
+        self._lf = LedgerFile(self.ledger_path, resume, self.writer.done)
 
     @property
     def done(self) -> set[str]:
@@ -253,19 +294,16 @@ class MethodRecorder:
         """
         d = traj.to_dict() if isinstance(traj, Trajectory) else dict(traj)
         qid = d["id"]
-        _write_records(self._lf, (r for r in self.ledger.records if r.question_id == qid))
-        self._lf.flush()
-        os.fsync(self._lf.fileno())
+        self._lf.append(r for r in self.ledger.records if r.question_id == qid)
         self.writer.write(d)
 
     def add_records(self, records: Iterable[CostRecord]) -> None:
         """Append records computed elsewhere (a Ray worker's) straight to the ledger file."""
-        _write_records(self._lf, records)
-        self._lf.flush()
+        self._lf.append(records)
 
     def close(self) -> None:
         """Write the records that belong to no question (set-up, shared work) and close both files."""
-        _write_records(self._lf, (r for r in self.ledger.records if r.question_id is None))
+        self._lf.append(r for r in self.ledger.records if r.question_id is None)
         self._lf.close()
         self.writer.close()
 

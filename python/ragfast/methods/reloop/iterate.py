@@ -74,8 +74,10 @@ def _expansion_rows(ws: Workspace, row: int) -> list[int]:
 class CachedEncoding:
     """One workspace's candidate embeddings and the encoder cost of computing them.
 
-    A question served from the cache is charged ``cost`` again (with ``reused`` counted), so its
-    recorded encoder calls, tokens and FLOPs do not depend on which questions ran before it.
+    A question served from the cache is charged ``cost`` again, so its recorded encoder calls,
+    tokens and FLOPs do not depend on which questions ran before it. Not counted as ``reused``:
+    that counts only what the same question read before (:meth:`ragfast.cost.CostLedger.first_reads`),
+    and a question's workspace is encoded for it once.
     """
 
     emb: Any
@@ -98,7 +100,7 @@ def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger
                        cache: dict[str, CachedEncoding] | None) -> None:
     # Questions over the same document (TAT-QA has ~6 per report) share one encoding: within
     # the batch by key, and across batches through ``cache``. Each sharer is charged what the
-    # encoding cost, counted as reused.
+    # encoding cost; not as reused, which would depend on which sharer ran first.
     texts: list[str] = []
     slots: list[str] = []
     fresh: list[Track] = []
@@ -143,7 +145,7 @@ def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger
     for t, entry in hits + [(t, first[key]) for t, key in shared if key in first]:
         t.ws.emb = entry.emb
         if ledger is not None and entry.cost.calls:
-            ledger.add("encoder", t.ws.qid, reused=entry.cost.calls, **{k: getattr(entry.cost, k) for k in _CHARGED})
+            ledger.add("encoder", t.ws.qid, **{k: getattr(entry.cost, k) for k in _CHARGED})
 
 
 def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConfig, *,
@@ -162,7 +164,7 @@ def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConf
         Token allowance on top of what a track holds, capped by ``cfg.max_tokens``.
     emb_cache : dict, optional
         Workspace ``meta["cache_key"]`` -> :class:`CachedEncoding`, kept across calls; a hit is
-        charged to its question as if computed (``reused`` counted).
+        charged to its question as if computed.
     """
     from ragfast.ops.topk_ip import topk_ip
 
