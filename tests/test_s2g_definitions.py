@@ -236,7 +236,9 @@ def test_per_question_first_crossing_precision_by_hand():
              _line("q1", "test", 0, 2, 0.5, 0, 0.0), _line("q1", "test", 1, 2, 0.9, 1, 1.0),
              _line("q2", "test", 0, 1, 0.2, 1, 1.0), _line("q3", "test", None, 0, None, None, None),
              _line("q4", "test", 0, 1, 0.7, 1, 1.0)]
-    e = study.evaluate_lines(lines, given_threshold=0.5, n_resamples=20)["judges"]["j"]["probe"]
+    out = study.evaluate_lines(lines, given_threshold=0.5, n_resamples=20)
+    assert (out["min_precision"], out["min_stops"]) == (0.90, 10)  # the study's default bar
+    e = out["judges"]["j"]["probe"]
     assert e["test"]["extra_first_crossing_precision_per_question"] == pytest.approx(2 / 3)
     # above every score: no question crosses, the view is undefined
     e = study.evaluate_lines(lines, given_threshold=1.0, n_resamples=20)["judges"]["j"]["probe"]
