@@ -143,7 +143,7 @@ def test_paired_bootstrap_rows_and_degenerate():
         paired_bootstrap(np.zeros(3), np.zeros(3), method="basic")
     with pytest.raises(ValueError, match="confidence"):
         paired_bootstrap(np.zeros(3), np.zeros(3), confidence=95)
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match=r"^outcomes contain NaN or inf; drop or fill those questions first$"):
         paired_bootstrap(np.array([0.0, np.nan]), np.zeros(2))
 
 
