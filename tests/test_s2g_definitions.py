@@ -238,6 +238,7 @@ def test_per_question_first_crossing_precision_by_hand():
              _line("q4", "test", 0, 1, 0.7, 1, 1.0)]
     out = study.evaluate_lines(lines, given_threshold=0.5, n_resamples=20)
     assert (out["min_precision"], out["min_stops"]) == (0.90, 10)  # the study's default bar
+    assert out["questions"] == {"test": 5} and out["states"] == {"test": 7}  # q3 has no state
     e = out["judges"]["j"]["probe"]
     assert e["test"]["extra_first_crossing_precision_per_question"] == pytest.approx(2 / 3)
     # above every score: no question crosses, the view is undefined
