@@ -118,3 +118,19 @@ def test_add_batch_keeps_every_column_and_names_a_short_one():
                  "flops_uncached", "calls"):
         with pytest.raises(ValueError, match=rf"^judge: {name} has 1 entries for 2 questions$"):
             led.add_batch("judge", ["a", "b"], **{name: [1]})
+
+
+def test_add_batch_splits_seconds_by_hand():
+    led = CostLedger()
+    # FLOPs summing below 1 still weigh (1:3); device seconds split the same way
+    led.add_batch("judge", ["a", "b"], seconds=4.0, device_seconds=2.0, flops=[0.25, 0.75])
+    # no FLOPs: weights are input + cached + output tokens, 2+1+1 : 3+0+5 = 4:8
+    led.add_batch("judge", ["a", "b"], seconds=3.0, input_tokens=[2, 3], cached_tokens=[1, 0], output_tokens=[1, 5])
+    # neither: even split
+    led.add_batch("judge", ["a", "b"], seconds=2.0)
+    # a call reused from cache takes no time: a's 2 calls, 1 reused -> weight 1 * 1/2 against b's 1 * 1
+    led.add_batch("judge", ["a", "b"], seconds=3.0, flops=[1.0, 1.0], calls=[2, 1], reused=[1, 0])
+    got = [(r.seconds, r.device_seconds) for r in led.records]
+    want = [(1.0, 0.5), (3.0, 1.5), (1.0, 0.0), (2.0, 0.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (2.0, 0.0)]
+    assert got == [pytest.approx(w) for w in want]
+    assert led.batches == {"judge": 4}
