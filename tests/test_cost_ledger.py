@@ -97,3 +97,40 @@ def test_tokens_count_cached_ones_too():
     led.add("judge", "q", input_tokens=3)
     tot = led.totals()
     assert tot["reasoner"]["tokens"] == 8 and tot["judge"]["tokens"] == 3 and tot["total"]["tokens"] == 11
+
+
+def test_add_batch_keeps_every_column_and_names_a_short_one():
+    led = CostLedger()
+    led.add_batch("reasoner", ["q1", "q2"], seconds=2.0, input_tokens=[10, 30], cached_tokens=[4, 0],
+                  output_tokens=[1, 5], flops=[1.0, 3.0], bytes_scanned=[7, 9], unknown=[0, 1],
+                  flops_uncached=[2.0, 3.0], calls=[2, 1])
+    r1, r2 = led.records
+    # every per-question column lands in its own record, as given
+    assert (r1.input_tokens, r1.cached_tokens, r1.output_tokens, r1.bytes_scanned, r1.unknown) == (10, 4, 1, 7, 0)
+    assert (r2.input_tokens, r2.cached_tokens, r2.output_tokens, r2.bytes_scanned, r2.unknown) == (30, 0, 5, 9, 1)
+    assert (r1.flops, r2.flops, r1.flops_uncached, r2.flops_uncached) == (1.0, 3.0, 2.0, 3.0)
+    assert (r1.calls, r2.calls) == (2, 1)
+    # seconds split 1:3 by FLOPs; no device time was given, so none is recorded
+    assert (r1.seconds, r2.seconds) == pytest.approx((0.5, 1.5))
+    assert r1.device_seconds == 0.0 and r2.device_seconds == 0.0
+    # a column of the wrong length is named in the error
+    for name in ("input_tokens", "cached_tokens", "output_tokens", "flops", "bytes_scanned", "unknown", "reused",
+                 "flops_uncached", "calls"):
+        with pytest.raises(ValueError, match=rf"^judge: {name} has 1 entries for 2 questions$"):
+            led.add_batch("judge", ["a", "b"], **{name: [1]})
+
+
+def test_add_batch_splits_seconds_by_hand():
+    led = CostLedger()
+    # FLOPs summing below 1 still weigh (1:3); device seconds split the same way
+    led.add_batch("judge", ["a", "b"], seconds=4.0, device_seconds=2.0, flops=[0.25, 0.75])
+    # no FLOPs: weights are input + cached + output tokens, 2+1+1 : 3+0+5 = 4:8
+    led.add_batch("judge", ["a", "b"], seconds=3.0, input_tokens=[2, 3], cached_tokens=[1, 0], output_tokens=[1, 5])
+    # neither: even split
+    led.add_batch("judge", ["a", "b"], seconds=2.0)
+    # a call reused from cache takes no time: a's 2 calls, 1 reused -> weight 1 * 1/2 against b's 1 * 1
+    led.add_batch("judge", ["a", "b"], seconds=3.0, flops=[1.0, 1.0], calls=[2, 1], reused=[1, 0])
+    got = [(r.seconds, r.device_seconds) for r in led.records]
+    want = [(1.0, 0.5), (3.0, 1.5), (1.0, 0.0), (2.0, 0.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (2.0, 0.0)]
+    assert got == [pytest.approx(w) for w in want]
+    assert led.batches == {"judge": 4}

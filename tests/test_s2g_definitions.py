@@ -225,6 +225,26 @@ def test_system_level_on_a_hand_made_set():
         assert r[k] == pytest.approx(o[k], abs=TOL), k
 
 
+
+def test_per_question_first_crossing_precision_by_hand():
+    # the judges file's extra view: right first crossings / questions that cross, each question's
+    # first state with score >= threshold (a tie stops, as the study defines it) counted once.
+    # At 0.5: q0 first crosses at state 2 (a tie, right), q1 at state 0 (a tie, wrong; its later
+    # right state is not counted again), q2 never, q3 has no state, q4 at state 0 (right) -> 2/3
+    lines = [_line("q0", "test", 0, 3, 0.1, 0, 0.0), _line("q0", "test", 1, 3, 0.4, 1, 1.0),
+             _line("q0", "test", 2, 3, 0.5, 1, 1.0),
+             _line("q1", "test", 0, 2, 0.5, 0, 0.0), _line("q1", "test", 1, 2, 0.9, 1, 1.0),
+             _line("q2", "test", 0, 1, 0.2, 1, 1.0), _line("q3", "test", None, 0, None, None, None),
+             _line("q4", "test", 0, 1, 0.7, 1, 1.0)]
+    out = study.evaluate_lines(lines, given_threshold=0.5, n_resamples=20)
+    assert (out["min_precision"], out["min_stops"]) == (0.90, 10)  # the study's default bar
+    assert out["questions"] == {"test": 5} and out["states"] == {"test": 7}  # q3 has no state
+    e = out["judges"]["j"]["probe"]
+    assert e["test"]["extra_first_crossing_precision_per_question"] == pytest.approx(2 / 3)
+    # above every score: no question crosses, the view is undefined
+    e = study.evaluate_lines(lines, given_threshold=1.0, n_resamples=20)["judges"]["j"]["probe"]
+    assert math.isnan(e["test"]["extra_first_crossing_precision_per_question"])
+
 # -- a recorded run: every figure of s2g_judges.json against the oracle ----------------------
 class _Judge(Judge):
     """Lexical overlap of question and evidence, 0 for state 0: deterministic, no model."""

@@ -143,7 +143,7 @@ def test_paired_bootstrap_rows_and_degenerate():
         paired_bootstrap(np.zeros(3), np.zeros(3), method="basic")
     with pytest.raises(ValueError, match="confidence"):
         paired_bootstrap(np.zeros(3), np.zeros(3), confidence=95)
-    with pytest.raises(ValueError, match="NaN"):
+    with pytest.raises(ValueError, match=r"^outcomes contain NaN or inf; drop or fill those questions first$"):
         paired_bootstrap(np.array([0.0, np.nan]), np.zeros(2))
 
 
@@ -375,3 +375,34 @@ def test_paired_bootstrap_degenerate_rows_and_types():
         alone = paired_bootstrap(d, method=method, n_resamples=300, seed=4, backend="ref")
         assert both.low[0] == pytest.approx(0.2) and both.high[0] == pytest.approx(0.2)
         assert (both.low[1], both.high[1]) == pytest.approx((alone.low, alone.high), abs=1e-12)
+
+
+def test_unsafe_stop_fraction_single_state_study():
+    # a study with one state (T = 1): a question that never stopped must not read a column past
+    # the only one (the masked gather uses column 0 for it). By hand: q0 never stops; q1 stops
+    # at state 0, before its native stop 1, where answering is wrong -> 1 early stop, unsafe.
+    res = unsafe_stop_fraction([-1, 0], [[1], [0]], [1, 1])
+    assert res == {"stops": 1, "early_stops": 1, "unsafe_early_stops": 1, "unsafe_fraction": 1.0,
+                   "early_precision": 0.0}
+
+
+def test_bca_levels_fall_back_to_percentile_where_the_bias_correction_is_infinite():
+    # Right-skewed differences and 4 resamples (seed 23) whose means all lie below the estimate
+    # 0.7 but differ: z0 = ndtri(1) = +inf and the acceleration is > 0, so both BCa levels are
+    # inf/-inf = NaN. The interval then takes the percentile levels of the same resample means.
+    d = np.array([0, 0, 0, 0, 0, 0, 0, 0, 1, 6.0])
+    means = bootstrap_means(d[None], 4, 23, backend="ref")[0]
+    assert (means < d.mean()).all() and np.ptp(means) > 0  # the case this test is about
+    r = paired_bootstrap(d, n_resamples=4, seed=23, method="bca", backend="ref")
+    assert r.low == pytest.approx(np.quantile(means, 0.025), abs=1e-12)
+    assert r.high == pytest.approx(np.quantile(means, 0.975), abs=1e-12)
+    assert np.isfinite(r.low) and r.low < r.high
+
+
+def test_bootstrap_se_of_two_resamples_by_hand():
+    # two resamples: se is their sample standard deviation, |m0 - m1| / sqrt(2) (ddof = 1)
+    d = np.array([0.0, 1.0, 3.0, 0.5, 2.0])
+    m0, m1 = bootstrap_means(d[None], 2, 1, backend="ref")[0]
+    assert m0 != m1
+    r = paired_bootstrap(d, n_resamples=2, seed=1, backend="ref")
+    assert r.se == pytest.approx(abs(m0 - m1) / np.sqrt(2.0), rel=1e-12)

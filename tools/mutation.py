@@ -39,6 +39,8 @@ CORE: dict[str, tuple[str, list[str]]] = {
     "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py"]),
     "ops_policy": ("ops/policy.py", ["tests/test_policy.py"]),
     "s2g_policy": ("methods/s2g/policy.py", ["tests/test_policy.py", "tests/test_s2g.py"]),
+    # the S2G study's definitions (AP, ECE, threshold ties, stop points): one implementation
+    "s2g_study": ("methods/s2g/study.py", ["tests/test_s2g_definitions.py"]),
 }
 
 
