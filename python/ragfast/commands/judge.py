@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 
+from ragfast.commands import options as opt
 from ragfast.devices import DEVICE_HELP, device_option
 
 MAX_STATES_PER_REQUEST = 4096
@@ -244,18 +245,11 @@ def register(app: typer.Typer) -> None:
                                            help="Largest request body, refused (413) before it is parsed."),
         cache_mb: float = typer.Option(256.0, "--cache-mb", help="Byte cap of the judge's text/embedding caches "
                                                                  "(least recently used entries go first)."),
-        graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
-                                                                    "may take to finish."),
-        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token every request must carry "
-                                                                      "(default $RAGFAST_API_KEY; required beyond "
-                                                                      "loopback)."),
-        head_timeout_s: float = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a "
-                                                                             "whole request head within this is "
-                                                                             "closed (idle and slow-loris sockets)."),
-        keep_alive_s: float = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after "
-                                                                       "this."),
-        max_connections: int = typer.Option(2048, "--max-connections", help="Connections or requests in flight "
-                                                                            "beyond this get 503."),
+        graceful_s: float = opt.GRACEFUL_S,
+        api_key: Optional[str] = opt.API_KEY,
+        head_timeout_s: float = opt.HEAD_TIMEOUT_S,
+        keep_alive_s: float = opt.KEEP_ALIVE_S,
+        max_connections: int = opt.MAX_CONNECTIONS,
     ) -> None:
         """Serve POST /score (states in, STOP scores out), micro-batched and prefix-packed."""
         import uvicorn

@@ -37,6 +37,15 @@ CONFIG = typer.Option(None, "--config", help="A YAML file of settings (flag name
                                              "read the same file.")
 VAL_DATA = typer.Option(None, "--val-data", help="Validation QA file or sample (S2G threshold selection; accepted "
                                                  "by every running command so one --config serves all).")
+# The serving commands' connection options (serve-retriever and serve-judge share them).
+GRACEFUL_S = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests may take to finish.")
+API_KEY = typer.Option(None, "--api-key", help="Bearer token every request must carry (default $RAGFAST_API_KEY; "
+                                               "required beyond loopback).")
+HEAD_TIMEOUT_S = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a whole request head "
+                                                             "within this is closed (idle and slow-loris sockets).")
+KEEP_ALIVE_S = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after this.")
+MAX_CONNECTIONS = typer.Option(2048, "--max-connections", help="Connections or requests in flight beyond this "
+                                                               "get 503.")
 VAL_OFFSET = typer.Option(None, "--val-offset", help="Skip the first N validation questions (default 0).")
 VAL_LIMIT = typer.Option(None, "--val-limit", help="Validation questions used to choose the STOP threshold "
                                                    "(default 100).")

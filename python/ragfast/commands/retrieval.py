@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from ragfast.commands import options as opt
 from ragfast.devices import DEVICE_HELP, device_option
 
 
@@ -41,18 +42,11 @@ def register(app: typer.Typer) -> None:
         no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per worker (default: torch's; "
                                                                       "keep workers x threads <= cores)."),
-        graceful_s: float = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-flight requests "
-                                                                    "may take to finish."),
-        api_key: Optional[str] = typer.Option(None, "--api-key", help="Bearer token every request must carry "
-                                                                      "(default $RAGFAST_API_KEY; required beyond "
-                                                                      "loopback)."),
-        head_timeout_s: float = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a "
-                                                                             "whole request head within this is "
-                                                                             "closed (idle and slow-loris sockets)."),
-        keep_alive_s: float = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after "
-                                                                       "this."),
-        max_connections: int = typer.Option(2048, "--max-connections", help="Connections or requests in flight "
-                                                                            "beyond this get 503."),
+        graceful_s: float = opt.GRACEFUL_S,
+        api_key: Optional[str] = opt.API_KEY,
+        head_timeout_s: float = opt.HEAD_TIMEOUT_S,
+        keep_alive_s: float = opt.KEEP_ALIVE_S,
+        max_connections: int = opt.MAX_CONNECTIONS,
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve
