@@ -15,7 +15,9 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
+
+from ragfast.kernels.spec import KernelSpec
 
 # Per-block shared-memory limit (opt-in maximum) and register file of each target, from NVIDIA's
 # CUDA C Programming Guide, "Technical Specifications per Compute Capability": 8.0 (A100) 163 KB,
@@ -26,39 +28,6 @@ TARGETS: dict[int, dict[str, int]] = {
     100: {"smem_per_block": 227 * 1024, "regs_per_block": 65536, "regs_per_thread": 255},
 }
 REQUIRED = (80, 90)  # the issue's goal; sm_100 is compiled when the bundled toolchain has it
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    """One launch configuration of one kernel, as the wrapper would launch it.
-
-    Attributes
-    ----------
-    kernel : str
-        Name shown in the table (module.kernel).
-    config : str
-        Short description of the constexprs and dtypes.
-    fn : Any
-        The ``@triton.jit`` function.
-    signature : dict
-        Argument name -> Triton type (``*fp32``, ``i32``, ``constexpr``...).
-    constexprs : dict
-        Compile-time values.
-    num_warps, num_stages : int
-        Launch options.
-    aligned : tuple of str
-        Arguments assumed divisible by 16 (pointers from torch allocations, d % 16 == 0), as
-        Triton specialises them at launch in the common case.
-    """
-
-    kernel: str
-    config: str
-    fn: Any
-    signature: dict
-    constexprs: dict
-    num_warps: int = 4
-    num_stages: int = 3
-    aligned: tuple = ()
 
 
 @dataclass

@@ -174,7 +174,7 @@ def prefix_attention(q, k, v, prefix_hi, seg_lo, scale: float, out=None):
 
 def aot_specs() -> list:
     """Every configuration :func:`prefix_attention` can launch (for :mod:`ragfast.kernels.aot`)."""
-    from ragfast.kernels.aot import KernelSpec
+    from ragfast.kernels.spec import KernelSpec
 
     specs = []
     names = _prefix_attn_fwd.arg_names

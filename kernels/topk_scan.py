@@ -286,7 +286,7 @@ TRITON_TYPE = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf
 def aot_specs() -> list:
     """Every configuration :func:`scan` can launch on a GPU (for :mod:`ragfast.kernels.aot`):
     each mode x row dtype x tile; ``KSEL`` and sizes are run-time values."""
-    from ragfast.kernels.aot import KernelSpec
+    from ragfast.kernels.spec import KernelSpec
 
     q_type = {EXACT: "*fp32", BF16_TC: "*bf16", INT8_TC: "*i8", INT8_EXACT: "*fp32"}
     q2_type = {EXACT: "*fp32", BF16_TC: "*bf16", INT8_TC: "*fp32", INT8_EXACT: "*fp32"}
