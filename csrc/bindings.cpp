@@ -75,9 +75,11 @@ PYBIND11_MODULE(_C, m) {
         "chosen (the level ops run at; None when RAGFAST_ISA is refused), reason, error.");
   m.def("isa_current", []() { return std::string(ragfast::isa::name(ragfast::isa::current())); },
         "The ISA level ops run at (cheap). Raises RuntimeError when RAGFAST_ISA is refused.");
+  std::string levels;
+  for (int l = 0; l < ragfast::isa::kNumLevels; ++l) levels += std::string("'") + ragfast::isa::name(l) + "', ";
   m.def("set_isa", [](const std::string& level) { return std::string(ragfast::isa::name(ragfast::isa::set_current(level))); },
         py::arg("level"),
-        "Switch the ISA level at runtime ('generic', 'avx2', 'avx512', 'avx512vnni', 'avx512bf16', 'amx' or 'auto'); returns the\n"
-        "level now in use. Raises ValueError for a level not compiled in or that this CPU cannot run.");
+        ("Switch the ISA level at runtime (" + levels + "or 'auto'); returns the\n"
+         "level now in use. Raises ValueError for a level not compiled in or that this CPU cannot run.").c_str());
   for (auto& kv : ragfast::binders()) kv.second(m);
 }

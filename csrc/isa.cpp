@@ -2,6 +2,7 @@
 // checks that the OS saves the AVX / AVX-512 register state), the OS's permission to use the
 // AMX tile data (Linux arch_prctl), and RAGFAST_ISA.
 #include "isa.h"
+#include "isa_compiled.h"
 
 #include <atomic>
 #include <cerrno>
@@ -18,9 +19,12 @@ namespace ragfast {
 namespace isa {
 namespace {
 
-#define RAGFAST_ISA_NAME_(e, n) n,
+#define RAGFAST_ISA_NAME_(e, n, features, flags) #n,
 const char* const kNames[kNumLevels] = {RAGFAST_ISA_LEVELS(RAGFAST_ISA_NAME_)};
 #undef RAGFAST_ISA_NAME_
+#define RAGFAST_ISA_NEEDS_(e, n, features, flags) features,
+const char* const kNeeds[kNumLevels] = {RAGFAST_ISA_LEVELS(RAGFAST_ISA_NEEDS_)};
+#undef RAGFAST_ISA_NEEDS_
 
 // The feature that stands for the OS's permission to use the AMX tile data (see amx_permission).
 const char* const kAmxOs = "amx-os-permission";
@@ -30,21 +34,21 @@ const char* const kAmxOs = "amx-os-permission";
 #include <cpuid.h>
 #endif
 
-// Features each level's translation unit is compiled for (see CMakeLists.txt).
+// Features each level's translation units are compiled for (csrc/isa_levels.h).
 std::vector<std::string> needs(int level) {
-  switch (level) {
-    case kAvx2: return {"avx2", "fma", "f16c"};
-    case kAvx512: return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"};
-    case kAvx512Vnni:
-      return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512vnni"};
-    case kAvx512Bf16:
-      return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512bf16",
-              "avx512vnni"};
-    case kAmx:
-      return {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd", "avx512bf16",
-              "avx512vnni", "amx-tile", "amx-bf16", "amx-int8", kAmxOs};
-    default: return {};
+  std::vector<std::string> v;
+  if (level < 0 || level >= kNumLevels) return v;
+  std::string f;
+  for (const char* c = kNeeds[level];; ++c) {
+    if (*c == ' ' || *c == '\0') {
+      if (!f.empty()) v.push_back(f);
+      f.clear();
+      if (*c == '\0') break;
+    } else {
+      f += *c;
+    }
   }
+  return v;
 }
 
 // Linux hands a process the 8 KB AMX tile state only on request (arch_prctl
@@ -70,16 +74,10 @@ bool has(const std::string& f) {
 #ifdef RAGFAST_CPU_X86
   __builtin_cpu_init();
   // __builtin_cpu_supports needs a string literal
-  if (f == "avx2") return __builtin_cpu_supports("avx2");
-  if (f == "fma") return __builtin_cpu_supports("fma");
-  if (f == "f16c") return __builtin_cpu_supports("f16c");
-  if (f == "avx512f") return __builtin_cpu_supports("avx512f");
-  if (f == "avx512bw") return __builtin_cpu_supports("avx512bw");
-  if (f == "avx512vl") return __builtin_cpu_supports("avx512vl");
-  if (f == "avx512dq") return __builtin_cpu_supports("avx512dq");
-  if (f == "avx512cd") return __builtin_cpu_supports("avx512cd");
-  if (f == "avx512bf16") return __builtin_cpu_supports("avx512bf16");
-  if (f == "avx512vnni") return __builtin_cpu_supports("avx512vnni");
+#define RAGFAST_CPU_FEATURE_(n) \
+  if (f == n) return __builtin_cpu_supports(n);
+  RAGFAST_CPU_FEATURES(RAGFAST_CPU_FEATURE_)
+#undef RAGFAST_CPU_FEATURE_
   // AMX from cpuid leaf 7 (EDX bits 22, 24, 25): __builtin_cpu_supports names for AMX are
   // newer than the compilers this file must build with (GCC 12, Clang 16)
   if (f == "amx-tile" || f == "amx-bf16" || f == "amx-int8" || f == kAmxOs) {
@@ -175,20 +173,10 @@ const char* name(int level) { return level >= 0 && level < kNumLevels ? kNames[l
 
 bool compiled(int level) {
   switch (level) {
-    case kGeneric: return true;
-#ifdef RAGFAST_X86_LEVELS
-    case kAvx2: return true;
-    case kAvx512: return true;
-#ifdef RAGFAST_HAVE_AVX512VNNI
-    case kAvx512Vnni: return true;
-#endif
-#ifdef RAGFAST_HAVE_AVX512BF16
-    case kAvx512Bf16: return true;
-#endif
-#ifdef RAGFAST_HAVE_AMX
-    case kAmx: return true;
-#endif
-#endif
+#define RAGFAST_ISA_COMPILED_(e, n) \
+  case e: return true;
+    RAGFAST_ISA_COMPILED(RAGFAST_ISA_COMPILED_)
+#undef RAGFAST_ISA_COMPILED_
     default: return false;
   }
 }
@@ -205,7 +193,7 @@ std::vector<std::string> missing(int level) {
 
 std::vector<std::string> cpu_features() {
   std::vector<std::string> v;
-  for (const auto& f : needs(kAmx))
+  for (const auto& f : needs(kNumLevels - 1))  // the top level needs every lower level's features
     if (has(f)) v.push_back(f);
   return v;
 }

@@ -8,26 +8,18 @@
 #include <string>
 #include <vector>
 
+#include "isa_levels.h"
+
 namespace ragfast {
 namespace isa {
 
-// The levels, spelled once: X(enumerator, name). Ordered: a higher level runs everything a lower
-// one does. avx512vnni is AVX-512 with VNNI and without BF16 (Cascade Lake, Ice Lake);
-// avx512bf16 has both (Sapphire Rapids, Zen 4); amx adds AMX-TILE, AMX-BF16 and AMX-INT8 with
-// the OS's permission to use the tile data (Sapphire, Emerald and Granite Rapids).
-#define RAGFAST_ISA_LEVELS(X) \
-  X(kGeneric, "generic")      \
-  X(kAvx2, "avx2")            \
-  X(kAvx512, "avx512")        \
-  X(kAvx512Vnni, "avx512vnni") \
-  X(kAvx512Bf16, "avx512bf16") \
-  X(kAmx, "amx")
-
-#define RAGFAST_ISA_ENUM_(e, n) e,
+// The levels, spelled once in csrc/isa_levels.h: RAGFAST_ISA_LEVELS(X), X(enumerator, name,
+// features, flags).
+#define RAGFAST_ISA_ENUM_(e, n, features, flags) e,
 enum Level : int { RAGFAST_ISA_LEVELS(RAGFAST_ISA_ENUM_) kNumLevels };
 #undef RAGFAST_ISA_ENUM_
 
-// "generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx".
+// The level's name: "generic", "avx2", ... (csrc/isa_levels.h).
 const char* name(int level);
 // Whether this build carries the level's kernels.
 bool compiled(int level);

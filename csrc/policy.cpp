@@ -146,16 +146,17 @@ static void tile_kernel(const double* CT, const double* DT, int64_t n, int64_t K
 // own translation units (csrc/isa/policy_<level>.cpp); this file holds the portable one.
 using TileFn = void (*)(const double*, const double*, int64_t, int64_t, int64_t, double*);
 TileFn pick_tile_kernel() {
-  switch (isa::current()) {
-#ifdef RAGFAST_X86_LEVELS
-    case isa::kAvx2: return &policy_common::tile_kernel_avx2;
-    case isa::kAvx512:
-    case isa::kAvx512Vnni:
-    case isa::kAvx512Bf16:
-    case isa::kAmx: return &policy_common::tile_kernel_avx512;  // no tile kernel for doubles
+  // Levels are ordered (csrc/isa_levels.h): every level from avx512 up runs the AVX-512 tile
+  // (no BF16 / VNNI / AMX tile kernel for doubles), so a new level needs nothing here.
+  const int level = isa::current();
+#ifdef RAGFAST_ISA_HAVE_avx512
+  if (level >= isa::kAvx512) return &policy_common::tile_kernel_avx512;
 #endif
-    default: return &tile_kernel;
-  }
+#ifdef RAGFAST_ISA_HAVE_avx2
+  if (level >= isa::kAvx2) return &policy_common::tile_kernel_avx2;
+#endif
+  (void)level;
+  return &tile_kernel;
 }
 
 // diffs: [K, n] (any strides) or [n]. Every row is resampled with the SAME question indices in

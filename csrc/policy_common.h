@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "isa_compiled.h"
+
 namespace ragfast {
 namespace policy_common {
 
@@ -11,8 +13,11 @@ namespace policy_common {
 constexpr int64_t kRB = 8;
 constexpr int64_t kKT = 12;
 
-#ifdef RAGFAST_X86_LEVELS
+// csrc/isa/policy_<level>.cpp, compiled with the level (isa_compiled.h says which are)
+#ifdef RAGFAST_ISA_HAVE_avx2
 void tile_kernel_avx2(const double* CT, const double* DT, int64_t n, int64_t Kp, int64_t k0, double* acc);
+#endif
+#ifdef RAGFAST_ISA_HAVE_avx512
 void tile_kernel_avx512(const double* CT, const double* DT, int64_t n, int64_t Kp, int64_t k0, double* acc);
 #endif
 

@@ -61,20 +61,10 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even; inputs are f
 // The kernels of each level; nullptr where the level is not compiled into this build.
 const Kernels* level_kernels(int level) {
   switch (level) {
-    case ragfast::isa::kGeneric: return &kernels_generic;
-#ifdef RAGFAST_X86_LEVELS
-    case ragfast::isa::kAvx2: return &kernels_avx2;
-    case ragfast::isa::kAvx512: return &kernels_avx512;
-#ifdef RAGFAST_HAVE_AVX512VNNI
-    case ragfast::isa::kAvx512Vnni: return &kernels_avx512vnni;
-#endif
-#ifdef RAGFAST_HAVE_AVX512BF16
-    case ragfast::isa::kAvx512Bf16: return &kernels_avx512bf16;
-#ifdef RAGFAST_HAVE_AMX
-    case ragfast::isa::kAmx: return &kernels_amx;
-#endif
-#endif
-#endif
+#define RAGFAST_TOPK_IP_CASE_(e, n) \
+  case ragfast::isa::e: return &kernels_##n;
+    RAGFAST_ISA_COMPILED(RAGFAST_TOPK_IP_CASE_)
+#undef RAGFAST_TOPK_IP_CASE_
     default: return nullptr;
   }
 }

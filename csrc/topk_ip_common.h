@@ -9,6 +9,8 @@
 #pragma once
 #include <cstdint>
 
+#include "isa_compiled.h"
+
 namespace ragfast {
 namespace topk_ip_common {
 
@@ -95,20 +97,10 @@ struct Kernels {
   float (*dot_exact)(const float* q, const void* row, int kind, int d, float scale);
 };
 
-extern const Kernels kernels_generic;
-#ifdef RAGFAST_X86_LEVELS
-extern const Kernels kernels_avx2;
-extern const Kernels kernels_avx512;
-#ifdef RAGFAST_HAVE_AVX512VNNI
-extern const Kernels kernels_avx512vnni;
-#endif
-#ifdef RAGFAST_HAVE_AVX512BF16
-extern const Kernels kernels_avx512bf16;
-#ifdef RAGFAST_HAVE_AMX
-extern const Kernels kernels_amx;
-#endif
-#endif
-#endif
+// Each compiled level's table (csrc/isa/topk_ip_<name>.cpp), named kernels_<name>.
+#define RAGFAST_TOPK_IP_TABLE_(e, n) extern const Kernels kernels_##n;
+RAGFAST_ISA_COMPILED(RAGFAST_TOPK_IP_TABLE_)
+#undef RAGFAST_TOPK_IP_TABLE_
 
 }  // namespace topk_ip_common
 }  // namespace ragfast

@@ -1,7 +1,7 @@
 // topk_ip kernels, ISA level "amx": the avx512bf16 level plus AMX-TILE, AMX-BF16 and AMX-INT8
 // (Sapphire, Emerald and Granite Rapids): tdpbf16ps tile scans for bf16 storage and for the
 // bf16 first pass of fp32 storage, tdpbssd for int8 (scan_amx in csrc/topk_ip_kernels.h).
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU and the OS's permission to use the tiles (csrc/isa.cpp).
 
 #define TK_TABLE kernels_amx

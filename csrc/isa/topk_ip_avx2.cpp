@@ -1,5 +1,5 @@
 // topk_ip kernels, ISA level "avx2": compiled with -mavx2 -mfma -mf16c (x86-64-v3 class: Haswell, Zen 1-3).
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU (csrc/isa.cpp).
 
 #define TK_TABLE kernels_avx2

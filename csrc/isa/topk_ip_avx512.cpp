@@ -1,7 +1,7 @@
 // topk_ip kernels, ISA level "avx512": compiled with -mavx512f/bw/vl/dq/cd (Skylake-SP class, no
 // BF16/VNNI): int8 widens to fp32; bf16 widens to fp32 in the stream kernels and runs the AVX2
 // level's int16-quantised packed pass from 8 queries (TK_PAIRS2 in topk_ip_kernels.h).
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU (csrc/isa.cpp).
 
 #define TK_TABLE kernels_avx512

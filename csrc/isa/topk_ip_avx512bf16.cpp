@@ -1,5 +1,5 @@
 // topk_ip kernels, ISA level "avx512bf16": AVX-512 plus BF16 and VNNI (Zen 4, Sapphire Rapids): vdpbf16ps / vpdpbusd first passes.
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU (csrc/isa.cpp).
 
 #define TK_TABLE kernels_avx512bf16

@@ -1,7 +1,7 @@
 // topk_ip kernels, ISA level "avx512vnni": AVX-512 plus VNNI, without BF16 (Cascade Lake, Ice Lake,
 // the common AVX-512 cloud CPUs): vpdpbusd int8 first passes; bf16 widens to fp32 in the stream
 // kernels and is quantised per tile to int8 codes for vpdpbusd in the packed one.
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU (csrc/isa.cpp).
 
 #define TK_TABLE kernels_avx512vnni

@@ -1,5 +1,5 @@
 // topk_ip kernels, ISA level "generic": portable C++ only (compiler-vectorised for the baseline target: SSE2 on x86-64, NEON on aarch64).
-// Target flags are set for this file alone in CMakeLists.txt; the dispatcher only calls into
+// Target flags (csrc/isa_levels.h) are set for this file alone by CMakeLists.txt; the dispatcher only calls into
 // it after checking the running CPU (csrc/isa.cpp).
 #define TK_GENERIC 1
 #define TK_TABLE kernels_generic
