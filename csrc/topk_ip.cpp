@@ -243,7 +243,7 @@ struct Served {
   int level = -1, path = -1, kind = -1;
   uint32_t ran = 0;         // 1 << KernelBit per kernel that scanned rows
   int64_t B = 0;
-  int64_t rescanned = 0;    // fp32 through AMX: queries whose bf16 band check failed (exact rescan)
+  int64_t rescanned = 0;    // fp32 / fp16 through AMX: queries whose bf16 band check failed (exact rescan)
 };
 
 // The bf16 first pass of fp32 storage on AMX keeps every row that could be in the exact top k.
@@ -287,16 +287,18 @@ Served run(Args& a) {
   p.qmajor = path == kQmajor;
   Prepared prep;
   prepare_queries(p, prep, K.qmajor_per(p.kind), path);
-  // fp32 on AMX: an approximate bf16 pass (re-scored exactly against the fp32 rows, checked by
+  // fp32 on AMX: an approximate bf16 pass (re-scored exactly against the stored rows, checked by
   // amx_f32_margin). The list holds the band of near ties of typical data: random unit vectors,
   // 200k x 768, k = 10, have ~60 rows within 2e of the 10th (2e ~ 0.016, scores' sd 0.036).
-  const bool f32_amx = path == kAmx && p.kind == kF32;
-  if (f32_amx) {
+  // fp16 takes the same route (no fp16 tile multiply on this level): its rows are rounded to
+  // bf16 as fp32 rows are, so the same bound holds, and the re-score reads the fp16 rows.
+  const bool exact_amx = path == kAmx && (p.kind == kF32 || p.kind == kF16);
+  if (exact_amx) {
     a.approximate = true;
     a.fetch = std::min(N, std::max<int64_t>(4 * a.k, a.k + 128));
     a.rbase = p.base;
-    a.rkind = kF32;
-    a.resize = 4;
+    a.rkind = p.kind;
+    a.resize = p.esize;
     a.rrs = p.rs;
   }
   if (a.approximate) a.fetch = std::min(N, a.fetch * K.fetch_mult(p.kind, path));
@@ -384,7 +386,7 @@ Served run(Args& a) {
       c.insert(c.end(), tk.h, tk.h + tk.n);
       if (tk.n == tk.cap && tk.n > 0) worst = std::max(worst, tk.h[tk.n - 1].s);
     }
-    if (f32_amx) {  // see amx_f32_margin
+    if (exact_amx) {  // see amx_f32_margin
       const double margin = amx_f32_margin(p.q + b * p.d, p.d, max_sumsq);
       bool complete = margin < std::numeric_limits<double>::infinity();
       if (complete && worst != kNegInf) {  // a list dropped rows: were they all outside the band?
@@ -420,7 +422,7 @@ Served run(Args& a) {
       oi[i] = -1;
     }
   }
-  if (!f32_amx) return served;
+  if (!exact_amx) return served;
 
   // Queries whose candidates may miss a row of the exact top k: an exact fp32 scan at the same
   // level without AMX (the level's own fp32 kernels), results written over theirs.
@@ -444,7 +446,7 @@ Served run(Args& a) {
   sub.ex = ex2.data();
   sub.out_s = s2.data();
   sub.out_i = i2.data();
-  sub.paths.amx_min[kF32] = int64_t(1) << 62;
+  sub.paths.amx_min[p.kind] = int64_t(1) << 62;
   const Served inner = run(sub);
   served.ran |= inner.ran;
   for (int64_t r = 0; r < R; ++r) {
@@ -634,7 +636,7 @@ RAGFAST_REGISTER(topk_ip, [](py::module_& m) {
   m.def("topk_ip_last", &topk_ip_last,
         "What served the process's last topk_ip call: {isa, path (stream/qmajor/packed/scalar/amx), storage, batch,\n"
         "kernels (those that scanned rows: scalar, stream, stream2, qmajor, packed, packed_bf16q, packed2,\n"
-        "packed2_pairs, amx), rescanned (fp32 via AMX: queries rescanned exactly)}; {} before any call.");
+        "packed2_pairs, amx), rescanned (fp32 or fp16 via AMX: queries rescanned exactly)}; {} before any call.");
   m.def("topk_ip_paths", &topk_ip_paths, py::arg("set") = py::dict(), py::arg("isa") = "",
         "Get (and with `set`, change) the batch sizes at which topk_ip switches kernels, per storage kind "
         "(fp32, fp16, bf16, int8), for ISA level `isa` (default: the level in use). For tests and tuning.");

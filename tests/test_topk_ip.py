@@ -289,12 +289,14 @@ def _bf16(x):
 
 
 @needs_cpp
-def test_amx_fp32_exact_through_near_ties(force_path):
-    # fp32 storage through the AMX bf16 pass must give the exact fp32 top k. 300 rows score
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+def test_amx_fp32_exact_through_near_ties(force_path, dtype):
+    # fp32 (and fp16) storage through the AMX bf16 pass must give the exact top k. 300 rows score
     # 0.9 + r * 4e-6 against the query (exactly, by construction), well inside bf16's rounding
     # noise (~2e-4), so the bf16 ranking scrambles them: a fixed over-fetch misses rows of the
     # exact top k (checked below with a float64 emulation of the bf16 pass), while the provable
-    # band (amx_f32_margin in csrc/topk_ip.cpp) sends these queries to the exact rescan.
+    # band (amx_f32_margin in csrc/topk_ip.cpp) sends these queries to the exact rescan. fp16
+    # rows take the same route (converted to bf16 on the fly, re-scored against the fp16 rows).
     why = level_skip_reason("amx")
     if why:
         pytest.skip(why)
@@ -314,6 +316,8 @@ def test_amx_fp32_exact_through_near_ties(force_path):
             rows.append(a[:, None] * q[b][None, :] + torch.sqrt(1 - a * a)[:, None] * n)
         rand_rows = torch.nn.functional.normalize(torch.randn(others, d, generator=g, dtype=torch.float64), dim=1)
         c = torch.cat(rows + [rand_rows * 0.5]).float()
+        store = (lambda x: x) if dtype == "fp32" else (lambda x: x.half())  # what the kernel reads
+        c = store(c).float()  # the stored values, as fp32
         qf = q.float()
         exact = qf.double() @ c.double().T
         approx = _bf16(qf) @ _bf16(c).T
@@ -323,29 +327,34 @@ def test_amx_fp32_exact_through_near_ties(force_path):
             fixed = set(approx[b].topk(4 * k).indices.tolist())  # a 4x over-fetch
             missed += len(truth - fixed)
         assert missed > 0, "the construction must defeat a fixed over-fetch"
-        s, i = call("cpp", qf, c, k)
+        s, i = call("cpp", qf, store(c), k)
         last = _C.topk_ip_last()
-        assert last["path"] == "amx" and "amx" in last["kernels"] and last["rescanned"] == B, last
+        assert (last["path"], last["storage"]) == ("amx", dtype) and "amx" in last["kernels"], last
+        assert last["rescanned"] == B, last
         rs, ri = topk_ip_ref(qf, c, k)
-        assert torch.equal(i, ri)  # the exact rows, in order (scores 4e-6 apart: no ties)
+        if dtype == "fp32":
+            assert torch.equal(i, ri)  # the exact rows, in order (scores 4e-6 apart: no ties)
+        else:  # fp16 rounding may make two of the 300 rows score alike
+            assert_topk_agree(s, i, rs, ri, atol=1e-6)
         assert_topk(qf, c, k, s, i, atol=5e-7)
 
         # ordinary data: the band holds, no rescan, still the exact result
-        qq, cc = rand(20, 200, seed=3), rand(5000, 200, seed=4)
+        qq, cc = rand(20, 200, seed=3), store(rand(5000, 200, seed=4))
         s, i = call("cpp", qq, cc, 10)
         last = _C.topk_ip_last()
         assert last["path"] == "amx" and last["kernels"] == ["amx"] and last["rescanned"] == 0, last
-        rs, ri = topk_ip_ref(qq, cc, 10)
-        assert_topk(qq, cc, 10, s, i, atol=1e-4 * math.sqrt(200), ref=(rs, ri))
+        rs, ri = topk_ip_ref(qq, cc.float(), 10)
+        assert_topk(qq, cc.float(), 10, s, i, atol=1e-4 * math.sqrt(200), ref=(rs, ri))
         assert_topk_agree(s, i, rs, ri, atol=1e-4)
 
         # magnitudes near fp32's range (||q|| max||x|| > 1e30): no bound is claimed, every query
-        # is rescanned exactly
-        big_q, big_c = qq[:3] * 1e18, cc * 1e13
+        # is rescanned exactly (fp16 rows cannot hold 1e13: the query carries the magnitude)
+        sq, sc = (1e18, 1e13) if dtype == "fp32" else (1e30, 1.0)
+        big_q, big_c = qq[:3] * sq, store(cc.float() * sc)
         s, i = call("cpp", big_q, big_c, 10)
         assert _C.topk_ip_last()["rescanned"] == 3
-        rs, ri = topk_ip_ref(big_q, big_c, 10)
-        assert_topk_agree(s, i, rs, ri, atol=1e27)
+        rs, ri = topk_ip_ref(big_q, big_c.float(), 10)
+        assert_topk_agree(s, i, rs, ri, atol=1e-4 * sq * sc)
         torch.testing.assert_close(s, rs, rtol=1e-5, atol=0)
     finally:
         _C.set_isa(before)
@@ -363,7 +372,7 @@ def test_amx_tiles_read_strided_rows_and_nothing_past_them(force_path):
     _C.set_isa("amx")
     try:
         force_path("amx")
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in (torch.bfloat16, torch.float32, torch.float16):
             for N, d, stride in [(601, 33, 3), (77, 768, 5), (100, 64, 1), (50, 1, 2)]:
                 big = rand(N * stride, d + 20).to(dtype)
                 big[:, 7 + d:] = float("nan")
@@ -371,7 +380,7 @@ def test_amx_tiles_read_strided_rows_and_nothing_past_them(force_path):
                 for B in (17, 40):
                     q = rand(B, d)
                     s, i = call("cpp", q, c, 10)
-                    assert_served("amx", "amx", "bf16" if dtype == torch.bfloat16 else "fp32")
+                    assert_served("amx", "amx", {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, "fp32"))
                     dense = c.float().contiguous()
                     assert_topk(q, dense, 10, s, i, atol=1e-4 * math.sqrt(d), ref=topk_ip_ref(q, dense, 10))
     finally:

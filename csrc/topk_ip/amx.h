@@ -8,8 +8,8 @@
 // ---------------------------------------------------------------------------- AMX tile kernels
 // C[16 rows x 16 queries] += A[16 rows x 64 bytes of depth] * B[depth x 16 queries]:
 //  * A is the corpus read in place, row-major (tileloadd takes the row stride), so the corpus
-//    is never packed: bf16 storage 32 depth elements per tile row, int8 64, and fp32 rows
-//    converted to bf16 16 rows at a time (the bf16 first pass of the exact fp32 search);
+//    is never packed: bf16 storage 32 depth elements per tile row, int8 64, and fp32 or fp16
+//    rows converted to bf16 16 rows at a time (the bf16 first pass of their exact search);
 //  * B is the queries in VNNI layout ([depth pair or quad][Bp queries], 32-bit words), made
 //    once per call by the dispatcher (Problem::qt): for 16 queries, a 64-byte slice of 16
 //    depth rows;
@@ -22,7 +22,12 @@
 // runs past d, or with fewer than 16 rows, is read from a zero-padded copy (reading past a row
 // could touch NaN bf16 bit patterns, which 0 * NaN would spread, or unmapped memory).
 
-bool amx_supported(int kind) { return kind == kF32 || kind == kBF16 || kind == kI8; }
+// fp16 has no tile multiply on this level (AMX-FP16 is Granite Rapids'): its rows take the fp32
+// route, converted to bf16 and re-scored exactly against the fp16 rows.
+bool amx_supported(int kind) { return kind == kF32 || kind == kF16 || kind == kBF16 || kind == kI8; }
+
+// Whether the A tiles are rows converted to bf16 (fp32, fp16) rather than the corpus in place.
+inline bool amx_converted(int kind) { return kind == kF32 || kind == kF16; }
 
 struct alignas(64) TileCfg {
   uint8_t palette, start_row;
@@ -42,7 +47,7 @@ void amx_configure() {
   _tile_loadconfig(&cfg);
 }
 
-// Bytes of one A-tile row of depth: bf16 (also fp32 converted) 2 per element, int8 1.
+// Bytes of one A-tile row of depth: bf16 (also fp32 and fp16 converted) 2 per element, int8 1.
 inline int amx_esize(int kind) { return kind == kI8 ? 1 : 2; }
 inline int64_t amx_rowbytes(const Problem& p) { return (p.d * amx_esize(p.kind) + 63) / 64 * 64; }
 
@@ -56,14 +61,26 @@ struct AmxSrc {
   int rows;  // corpus rows in the group (1..16)
 };
 
-// fp32 rows -> bf16 (round to nearest even, vcvtne2ps2bf16), zero padded to `rb` bytes; returns
-// the row's sum of squares (fp32), for the error bound of the fp32 pass.
-inline float amx_row_f32(const float* x, int64_t d, int64_t rb, uint16_t* out) {
+// 16 elements of an fp32 or fp16 row as fp32 (the first n real, the rest 0; nothing past them read).
+template <int KIND>
+inline __m512 amx_load16(const char* row, int64_t j, int64_t n) {
+  const __mmask16 m = m16(n > 0 ? n : 0);
+  if constexpr (KIND == kF16)
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, reinterpret_cast<const uint16_t*>(row) + j));
+  else
+    return _mm512_maskz_loadu_ps(m, reinterpret_cast<const float*>(row) + j);
+}
+
+// fp32 or fp16 rows -> bf16 (round to nearest even, vcvtne2ps2bf16; fp16 values are all normal
+// in bf16's range, so each is rounded once, as an fp32 row's are), zero padded to `rb` bytes;
+// returns the row's sum of squares (fp32), for the error bound of the exact pass.
+template <int KIND>
+inline float amx_row_convert(const char* x, int64_t d, int64_t rb, uint16_t* out) {
   __m512 ss = _mm512_setzero_ps();
   int64_t j = 0;
   for (; j < d; j += 32) {
-    const __m512 a = _mm512_maskz_loadu_ps(m16(d - j), x + j);
-    const __m512 b = _mm512_maskz_loadu_ps(m16(d - j - 16 > 0 ? d - j - 16 : 0), x + j + 16);
+    const __m512 a = amx_load16<KIND>(x, j, d - j);
+    const __m512 b = amx_load16<KIND>(x, j + 16, d - j - 16);
     ss = _mm512_fmadd_ps(a, a, _mm512_fmadd_ps(b, b, ss));
     _mm512_store_si512(out + j, (__m512i)_mm512_cvtne2ps_pbh(b, a));
   }
@@ -77,12 +94,13 @@ AmxSrc amx_group(const Problem& p, int64_t g0, int rows, char* buf, char* tail, 
   const int64_t rb = amx_rowbytes(p);
   const int64_t nchunks = rb / 64;
   const int64_t bytes = p.d * amx_esize(p.kind);
-  if (p.kind == kF32) {
+  if (amx_converted(p.kind)) {
     float mx = *sumsq;
     for (int r = 0; r < 16; ++r) {
       uint16_t* out = reinterpret_cast<uint16_t*>(buf + r * rb);
       if (r < rows) {
-        const float s = amx_row_f32(reinterpret_cast<const float*>(row_of(p, g0 + r)), p.d, rb, out);
+        const float s = p.kind == kF16 ? amx_row_convert<kF16>(row_of(p, g0 + r), p.d, rb, out)
+                                       : amx_row_convert<kF32>(row_of(p, g0 + r), p.d, rb, out);
         // NaN rows never score (their exact score is NaN too); inf stays inf and forces the exact rescan
         mx = s > mx ? s : mx;
       } else {
@@ -238,10 +256,10 @@ void scan_amx(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch
     const int ng = rows1 > 0 ? 2 : 1;
     if (ng == 2) src[1] = amx_group(p, t0 + 16, rows1, buf[1], tail[1], sumsq);
     // Prefetch the next 32 rows while the first query block works on these: the tile loads read
-    // 16 rows side by side, which the hardware prefetchers follow poorly. fp32 groups are
-    // converted row by row (sequential reads), so they need none.
+    // 16 rows side by side, which the hardware prefetchers follow poorly. fp32 and fp16 groups
+    // are converted row by row (sequential reads), so they need none.
     const int pf_rows = int(imin(32, imax(0, r1 - t0 - 32)));
-    const char* pf = pf_rows > 0 && p.kind != kF32 ? row_of(p, t0 + 32) : nullptr;
+    const char* pf = pf_rows > 0 && !amx_converted(p.kind) ? row_of(p, t0 + 32) : nullptr;
     for (int64_t c0 = 0; c0 < nchunks; c0 += kAmxDepthBlock) {
       const int64_t c1 = imin(nchunks, c0 + kAmxDepthBlock);
       const bool fresh = c0 == 0, last = c1 == nchunks;
