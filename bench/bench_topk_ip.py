@@ -27,10 +27,12 @@ forced level runs in a subprocess whose environment is set before torch / faiss 
 capability>``; the ``ragfast-*`` providers run the default path (compiled kernels or torch, as
 the chooser says: ``path=`` in params).
 
-``--calibrate`` also times the compiled kernels forced (``kernel-*``) and the torch path on the
-same storage (``torchpath-*``) and writes, per level, storage and batch, the faster of the two
-into python/ragfast/ops/topk_ip_choice.json (with the machine and command), the table the
-default path reads.
+``--calibrate`` also times the compiled kernels forced (``kernel-*``), the torch path on the
+same storage (``torchpath-*``) and, for bf16 storage, torch's bf16 mm re-scored exactly
+(``torchbf16-bf16``, oneDNN on AMX tiles where the CPU has them), and writes, per level,
+storage and batch, the fastest (``cpp``, ``torch`` or ``torch_bf16``, as ``ragfast
+calibrate`` chooses) into python/ragfast/ops/topk_ip_choice.json (with the machine and
+command), the table the default path reads.
 
 Run ``python bench/bench_topk_ip.py`` (``--quick``: one 50k x 384 corpus, batches 1/16/256,
 about a minute). Rows are appended to bench/results/bench_topk_ip.csv in the harness schema.
@@ -96,6 +98,15 @@ def timed_round_robin(fns: dict, reps: int, budget_s: float) -> dict:
             fn()
             out[name].append(time.perf_counter() - t0)
     return {name: np.asarray(v) for name, v in out.items()}
+
+
+def fastest_path(med: dict, storage: str) -> str:
+    """The chooser's path for one cell from this run's medians: ``cpp`` (``kernel-<storage>``),
+    ``torch`` (``torchpath-<storage>``) or ``torch_bf16`` (``torchbf16-<storage>``, bf16 only),
+    whichever was measured and fastest; ties keep the earlier of that order."""
+    cand = {"cpp": f"kernel-{storage}", "torch": f"torchpath-{storage}", "torch_bf16": f"torchbf16-{storage}"}
+    timed_paths = {path: med[name] for path, name in cand.items() if name in med}
+    return min(timed_paths, key=timed_paths.get)
 
 
 def read_bandwidth(reps: int) -> float:
@@ -248,7 +259,7 @@ def run_level(args, argv) -> int:
     if args.calibrate:
         for st in STORAGES:
             if f"ragfast-{st}" in providers:
-                providers += [f"kernel-{st}", f"torchpath-{st}"]
+                providers += [f"kernel-{st}", f"torchpath-{st}"] + (["torchbf16-bf16"] if st == "bf16" else [])
     cells: dict = {}
     torch.set_num_threads(args.threads)
     try:
@@ -282,7 +293,7 @@ def run_level(args, argv) -> int:
         scan = {"ragfast-fp32": N * d * 4, "faiss-flat": N * d * 4, "torch-mm": N * d * 4, "torch-bf16": N * d * 2}
         for name, st in stores.items():
             b = st.scan_bytes if name != "ragfast-fp32" else N * d * 4
-            scan[name] = scan["kernel-" + name[8:]] = scan["torchpath-" + name[8:]] = b
+            scan[name] = scan["kernel-" + name[8:]] = scan["torchpath-" + name[8:]] = scan["torchbf16-" + name[8:]] = b
         print(f"\n== N={N} d={d} k={args.k}  (fp32 corpus {N * d * 4 / 1e6:.0f} MB) ==")
         print(f"{'batch':>5} {'provider [path]':<22} {'p50 ms':>9} {'vs best anchor':>15} {'vs bf16':>10} "
               f"{'recall@10':>10} {'GB/s':>7} {'x bw floor':>10}")
@@ -297,6 +308,8 @@ def run_level(args, argv) -> int:
                 calls[name] = (lambda st=st: topk_ip(q, st, args.k))  # the default path
                 calls["kernel-" + name[8:]] = (lambda st=st: topk_ip(q, st, args.k, backend="cpp"))
                 calls["torchpath-" + name[8:]] = (lambda st=st: topk_ip_torch(q, st, args.k))
+                if name == "ragfast-bf16":
+                    calls["torchbf16-bf16"] = (lambda st=st: topk_ip_torch(q, st, args.k, bf16=True))
             truth = exact_topk(q, corpus, args.k)
             params = f"N={N},d={d},k={args.k},B={B},isa={level},aten={aten}"
             paths = {f"ragfast-{st}": default_path(B, st).path for st in STORAGES}
@@ -315,8 +328,7 @@ def run_level(args, argv) -> int:
             base = min(anchors) if anchors else None
             for st in STORAGES:
                 if f"kernel-{st}" in med:
-                    faster = "cpp" if med[f"kernel-{st}"] <= med[f"torchpath-{st}"] else "torch"
-                    cells.setdefault(level, {}).setdefault(st, {})[str(B)] = faster
+                    cells.setdefault(level, {}).setdefault(st, {})[str(B)] = fastest_path(med, st)
             for name in size_providers:
                 pp = params + (f",path={paths[name]}" if name in paths else "")
                 ratio = base / med[name] if base else float("nan")

@@ -820,6 +820,25 @@ def test_committed_tables_are_measured_and_well_formed():
                 assert set(cells) <= {str(b) for b in topk_ip_choice.BATCH_CLASSES}
 
 
+def test_bench_calibrate_picks_the_fastest_of_three_paths():
+    # bench/bench_topk_ip.py --calibrate writes the shipped table: for bf16 storage torch's bf16
+    # mm (torchbf16-bf16) is a candidate beside the kernels and the fp32 torch path, as in
+    # `ragfast calibrate`; other storages choose between the two they have.
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_topk_ip_t", REPO / "bench" / "bench_topk_ip.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    med = {"kernel-bf16": 2.0, "torchpath-bf16": 3.0, "torchbf16-bf16": 1.0,
+           "kernel-int8": 1.0, "torchpath-int8": 0.5, "kernel-fp32": 1.0, "torchpath-fp32": 1.0}
+    assert mod.fastest_path(med, "bf16") == "torch_bf16"
+    assert mod.fastest_path(dict(med, **{"torchbf16-bf16": 2.5}), "bf16") == "cpp"
+    assert mod.fastest_path({k: v for k, v in med.items() if k != "torchbf16-bf16"}, "bf16") == "cpp"
+    assert mod.fastest_path(med, "int8") == "torch"
+    assert mod.fastest_path(med, "fp32") == "cpp"  # a tie keeps the kernels
+    assert set(topk_ip_choice.PATHS) >= {"cpp", "torch", "torch_bf16"}  # names the chooser reads
+
+
 def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplog):
     # a table applies only on its machine (CPU model and features); an unknown machine
     # calibrates once, logs one line and caches the table; the cache serves the next process
