@@ -12,15 +12,25 @@ Usage (see docs/mutation.md)::
     nice -n 10 python tools/mutation.py merge            # one module
     nice -n 10 python tools/mutation.py metrics stats    # several, one after the other
     python tools/mutation.py --list                      # the module -> tests map
+    nice -n 19 python tools/mutation.py --sample 300 --seed 0 s2g_study   # a random sample
 
 Each module's results land in ``<work>/<module>/`` (``mutmut results``, ``mutmut show NAME``
 work there) and a one-line score is printed: killed / (killed + survived + timeout + suspicious);
 mutants no test reaches ("no tests") count as survivors.
+
+``--sample N --seed S`` runs N mutants drawn uniformly without replacement (``random.Random(S)``
+over the sorted mutant names, so the same code, N and S give the same sample) and reports the
+sampled score with its 95% Wilson interval. mutmut has no "generate only" command, so the tool
+first runs mutmut on a name no mutant has: that generates the mutants and records which tests
+reach which function, then stops with mutmut's "nothing matches" (expected, its output is kept
+in ``<work>/<module>/generate.log``). The second run, on the sampled names, reuses that record.
+
 """
 from __future__ import annotations
 
 import argparse
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -36,11 +46,15 @@ CORE: dict[str, tuple[str, list[str]]] = {
     "metrics": ("metrics.py", ["tests/test_metrics.py"]),
     "stats": ("stats.py", ["tests/test_stats.py"]),
     "savings": ("savings.py", ["tests/test_savings.py"]),
-    "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py"]),
+    # test_flops checks the re-exported forward_flops against torch's FlopCounterMode;
+    # test_openai_cost and test_remote_cost book usage reported by remote components
+    "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py",
+                         "tests/test_flops.py", "tests/test_openai_cost.py", "tests/test_remote_cost.py"]),
     "ops_policy": ("ops/policy.py", ["tests/test_policy.py"]),
     "s2g_policy": ("methods/s2g/policy.py", ["tests/test_policy.py", "tests/test_s2g.py"]),
     # the S2G study's definitions (AP, ECE, threshold ties, stop points): one implementation
-    "s2g_study": ("methods/s2g/study.py", ["tests/test_s2g_definitions.py"]),
+    # (test_s2g checks the live loop against the study's system level on the same states)
+    "s2g_study": ("methods/s2g/study.py", ["tests/test_s2g_definitions.py", "tests/test_s2g.py"]),
 }
 
 
@@ -76,18 +90,48 @@ def _stage(work: Path, module: str) -> Path:
     return tree
 
 
-def _score(tree: Path) -> str:
+def _statuses(tree: Path) -> dict[str, str]:
+    """Every mutant's name -> mutmut's status ("killed", "survived", "not checked", ...)."""
     out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=tree,
                          capture_output=True, text=True).stdout
-    counts: dict[str, int] = {}
+    res: dict[str, str] = {}
     for line in out.splitlines():
         if ":" in line and "__mutmut_" in line:
-            status = line.rsplit(":", 1)[1].strip()
-            counts[status] = counts.get(status, 0) + 1
+            name, status = line.rsplit(":", 1)
+            res[name.strip()] = status.strip()
+    return res
+
+
+def wilson_interval(killed: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``killed / n`` (scipy's ``binomtest``).
+
+    The sample is drawn without replacement from a finite set of mutants, so this binomial
+    interval is slightly wider than the exact (hypergeometric) one: conservative.
+    """
+    from scipy.stats import binomtest
+    ci = binomtest(killed, n).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
+
+
+def score_line(statuses: dict[str, str], population: int | None = None) -> str:
+    """killed / checked with the status counts; with ``population`` (a sample), the 95% interval."""
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
     killed = counts.get("killed", 0)
     total = sum(v for k, v in counts.items() if k not in ("skipped", "not checked"))
     pct = 100.0 * killed / total if total else float("nan")
-    return f"{killed}/{total} killed ({pct:.1f}%) {dict(sorted(counts.items()))}"
+    line = f"{killed}/{total} killed ({pct:.1f}%)"
+    if population is not None and total:
+        lo, hi = wilson_interval(killed, total)
+        line += f", a sample of {total} of {population} mutants: 95% CI {100 * lo:.1f}-{100 * hi:.1f}%"
+    return f"{line} {dict(sorted(counts.items()))}"
+
+
+def sample_names(names: list[str], n: int, seed: int) -> list[str]:
+    """``n`` names drawn without replacement, the same for the same set of names, n and seed."""
+    pool = sorted(names)
+    return sorted(random.Random(seed).sample(pool, min(n, len(pool))))
 
 
 def main(argv=None) -> int:
@@ -97,6 +141,9 @@ def main(argv=None) -> int:
                     help="scratch directory (default: $TMPDIR/ragfast-mutation)")
     ap.add_argument("--max-children", type=int, default=1,
                     help="parallel mutant workers (default 1: the machine is shared)")
+    ap.add_argument("--sample", type=int, default=None, metavar="N",
+                    help="run N mutants drawn at random (deterministic for --seed) instead of all")
+    ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
     ap.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
     args = ap.parse_args(argv)
     if args.list or not args.modules:
@@ -107,13 +154,31 @@ def main(argv=None) -> int:
     if bad:
         print(f"mutation: unknown module(s) {', '.join(bad)}; choose from {', '.join(CORE)}", file=sys.stderr)
         return 2
+    if args.sample is not None and args.sample < 1:
+        print(f"mutation: --sample must be a positive number of mutants, got {args.sample}", file=sys.stderr)
+        return 2
+    # one thread per worker: mutmut forks its workers, and OpenMP pools do not survive a fork
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
     for m in args.modules:
         tree = _stage(args.work, m)
-        # one thread per worker: mutmut forks its workers, and OpenMP pools do not survive a fork
-        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-        subprocess.run([sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)],
-                       cwd=tree, env=env)
-        print(f"mutation {m}: {_score(tree)}", flush=True)
+        if args.sample is None:
+            subprocess.run(run, cwd=tree, env=env)
+            print(f"mutation {m}: {score_line(_statuses(tree))}", flush=True)
+            continue
+        with open(tree / "generate.log", "w") as log:
+            subprocess.run(run + ["ragfast.no_such_module.x_no_such_function__mutmut_0"], cwd=tree, env=env,
+                           stdout=log, stderr=subprocess.STDOUT)
+        names = list(_statuses(tree))
+        if not names:
+            print(f"mutation {m}: mutmut generated no mutants; see {tree / 'generate.log'}", file=sys.stderr)
+            return 1
+        chosen = sample_names(names, args.sample, args.seed)
+        (tree / "sample.txt").write_text("".join(f"{n}\n" for n in chosen))
+        print(f"mutation {m}: sampling {len(chosen)} of {len(names)} mutants (seed {args.seed}, "
+              f"names in {tree / 'sample.txt'})", flush=True)
+        subprocess.run(run + chosen, cwd=tree, env=env)
+        print(f"mutation {m}: {score_line(_statuses(tree), population=len(names))}", flush=True)
     return 0
 
 
