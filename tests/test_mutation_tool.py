@@ -64,3 +64,8 @@ def test_unknown_module_and_bad_sample_exit_2(tool, capsys):
     assert "unknown module(s) no_such_module" in capsys.readouterr().err
     assert tool.main(["--sample", "0", "merge"]) == 2
     assert "--sample must be a positive number" in capsys.readouterr().err
+
+
+def test_survivors_needs_a_previous_run(tool, tmp_path):
+    with pytest.raises(SystemExit, match=r"--survivors needs a previous run of merge in .* \(none there\)"):
+        tool.main(["--work", str(tmp_path), "--survivors", "merge"])

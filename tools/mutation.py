@@ -25,6 +25,12 @@ first runs mutmut on a name no mutant has: that generates the mutants and record
 reach which function, then stops with mutmut's "nothing matches" (expected, its output is kept
 in ``<work>/<module>/generate.log``). The second run, on the sampled names, reuses that record.
 
+``--survivors`` re-runs only the mutants the last run of a module in ``--work`` left alive (survived,
+no tests, timeout, suspicious), after copying ``tests/`` afresh, and keeps every other result: the
+score after tests were added, without running the killed mutants again (adding tests cannot
+revive them). mutmut traces the new tests first. The module's source must be unchanged since
+that run (checked), and so must its test list.
+
 """
 from __future__ import annotations
 
@@ -90,6 +96,22 @@ def _stage(work: Path, module: str) -> Path:
     return tree
 
 
+def _refresh_tests(work: Path, module: str) -> Path:
+    """Copy tests/ into the last run's tree; fail if that run's source differs from the repo's."""
+    src, _ = CORE[module]
+    tree = work / module
+    if not (tree / "mutants").is_dir():
+        raise SystemExit(f"mutation: --survivors needs a previous run of {module} in {work} (none there)")
+    if (tree / "src" / "ragfast" / src).read_bytes() != (ROOT / "python" / "ragfast" / src).read_bytes():
+        raise SystemExit(f"mutation: python/ragfast/{src} changed since the run in {tree}: run it whole again")
+    shutil.rmtree(tree / "tests")
+    shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    return tree
+
+
+ALIVE = ("survived", "no tests", "timeout", "suspicious")
+
+
 def _statuses(tree: Path) -> dict[str, str]:
     """Every mutant's name -> mutmut's status ("killed", "survived", "not checked", ...)."""
     out = subprocess.run([sys.executable, "-m", "mutmut", "results", "--all", "true"], cwd=tree,
@@ -144,6 +166,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sample", type=int, default=None, metavar="N",
                     help="run N mutants drawn at random (deterministic for --seed) instead of all")
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
+    ap.add_argument("--survivors", action="store_true",
+                    help="re-run only the last run's surviving mutants with the current tests/")
     ap.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
     args = ap.parse_args(argv)
     if args.list or not args.modules:
@@ -161,6 +185,17 @@ def main(argv=None) -> int:
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
     for m in args.modules:
+        if args.survivors:
+            tree = _refresh_tests(args.work, m)
+            before = _statuses(tree)
+            alive = sorted(n for n, st in before.items() if st in ALIVE)
+            sample = tree / "sample.txt"
+            population = len(before) if sample.exists() else None
+            print(f"mutation {m}: before {score_line(before, population)}; re-running {len(alive)}", flush=True)
+            if alive:
+                subprocess.run(run + alive, cwd=tree, env=env)
+            print(f"mutation {m}: {score_line(_statuses(tree), population)}", flush=True)
+            continue
         tree = _stage(args.work, m)
         if args.sample is None:
             subprocess.run(run, cwd=tree, env=env)
