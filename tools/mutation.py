@@ -56,7 +56,8 @@ CORE: dict[str, tuple[str, list[str]]] = {
     # test_openai_cost and test_remote_cost book usage reported by remote components
     "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py",
                          "tests/test_flops.py", "tests/test_openai_cost.py", "tests/test_remote_cost.py"]),
-    "ops_policy": ("ops/policy.py", ["tests/test_policy.py"]),
+    # test_stats checks bootstrap_means against scipy and by hand
+    "ops_policy": ("ops/policy.py", ["tests/test_ops_policy.py", "tests/test_policy.py", "tests/test_stats.py"]),
     "s2g_policy": ("methods/s2g/policy.py", ["tests/test_policy.py", "tests/test_s2g.py"]),
     # the S2G study's definitions (AP, ECE, threshold ties, stop points): one implementation
     # (test_s2g checks the live loop against the study's system level on the same states)
@@ -68,6 +69,7 @@ CORE: dict[str, tuple[str, list[str]]] = {
 # imports the installed package, never the mutant (14 s per mutant for nothing).
 DESELECT: dict[str, list[str]] = {
     "stats": ["tests/test_stats.py::test_cpp_bootstrap_deterministic_for_seed_and_thread_count"],
+    "ops_policy": ["tests/test_stats.py::test_cpp_bootstrap_deterministic_for_seed_and_thread_count"],
 }
 
 
