@@ -79,8 +79,26 @@ DESELECT: dict[str, list[str]] = {
 }
 
 
-def _stage(work: Path, module: str) -> Path:
+def _pyproject(module: str) -> str:
+    """The repository's pyproject.toml with a ``[tool.mutmut]`` for one module and its tests."""
     src, tests = CORE[module]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    pyproject = re.sub(r"\n\[tool\.mutmut\][^\[]*", "\n", pyproject)
+    sel = ", ".join(f'"{t}"' for t in tests if (ROOT / t).exists())
+    desel = "".join(f', "--deselect", "{t}"' for t in DESELECT.get(module, []))
+    return pyproject + (f'\n[tool.mutmut]\nsource_paths = ["src/ragfast"]\n'
+                        f'only_mutate = ["src/ragfast/{src}"]\n'
+                        f'pytest_add_cli_args_test_selection = [{sel}]\n'
+                        f'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-m", "not slow"{desel}]\n'
+                        # mutmut's limit is CPU seconds, 2 * multiplier * (the covering tests' time +
+                        # constant), so the load of a shared box does not stretch it. 20x / 30 s let a
+                        # mutant that turns a block loop into range(0, 2^24 // (T * M)) run for hours of
+                        # wall time at load 15-20 (ops_policy, sweep_ref 40)
+                        f'timeout_multiplier = 3.0\ntimeout_constant = 10.0\n'
+                        f'use_git_change_detection = false\n')
+
+
+def _stage(work: Path, module: str) -> Path:
     tree = work / module
     if tree.exists():
         shutil.rmtree(tree)
@@ -88,19 +106,7 @@ def _stage(work: Path, module: str) -> Path:
     shutil.copytree(ROOT / "python" / "ragfast", tree / "src" / "ragfast", symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    pyproject = (ROOT / "pyproject.toml").read_text()
-    pyproject = re.sub(r"\n\[tool\.mutmut\][^\[]*", "\n", pyproject)
-    sel = ", ".join(f'"{t}"' for t in tests if (ROOT / t).exists())
-    desel = "".join(f', "--deselect", "{t}"' for t in DESELECT.get(module, []))
-    pyproject += (f'\n[tool.mutmut]\nsource_paths = ["src/ragfast"]\n'
-                  f'only_mutate = ["src/ragfast/{src}"]\n'
-                  f'pytest_add_cli_args_test_selection = [{sel}]\n'
-                  f'pytest_add_cli_args = ["-q", "-p", "no:cacheprovider", "-m", "not slow"{desel}]\n'
-                  # the shared 2-core box runs at load 10+: a generous constant keeps load spikes
-                  # from reading as timeouts
-                  f'timeout_multiplier = 20.0\ntimeout_constant = 30.0\n'
-                  f'use_git_change_detection = false\n')
-    (tree / "pyproject.toml").write_text(pyproject)
+    (tree / "pyproject.toml").write_text(_pyproject(module))
     return tree
 
 
@@ -114,6 +120,8 @@ def _refresh_tests(work: Path, module: str) -> Path:
         raise SystemExit(f"mutation: python/ragfast/{src} changed since the run in {tree}: run it whole again")
     shutil.rmtree(tree / "tests")
     shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
+    # the same test selection keeps every verdict; a changed timeout resets only the timeouts
+    (tree / "pyproject.toml").write_text(_pyproject(module))
     return tree
 
 
