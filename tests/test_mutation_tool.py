@@ -69,3 +69,16 @@ def test_unknown_module_and_bad_sample_exit_2(tool, capsys):
 def test_survivors_needs_a_previous_run(tool, tmp_path):
     with pytest.raises(SystemExit, match=r"--survivors needs a previous run of merge in .* \(none there\)"):
         tool.main(["--work", str(tmp_path), "--survivors", "merge"])
+
+
+def test_check_tests_catches_a_test_that_fails_a_second_run(tool, tmp_path, monkeypatch, capsys):
+    # mutmut's model: the tests run once in its process, then again in a forked child per mutant
+    leaky = tmp_path / "test_leaky.py"
+    leaky.write_text("SEEN = []\n\ndef test_once():\n    assert not SEEN\n    SEEN.append(1)\n")
+    clean = tmp_path / "test_clean.py"
+    clean.write_text("def test_always():\n    assert sum([1, 2]) == 3\n")
+    monkeypatch.setattr(tool, "CORE", {"leaky": ("x.py", [str(leaky)]), "clean": ("x.py", [str(clean)])})
+    assert tool.check_tests("clean") is True
+    assert tool.check_tests("leaky") is False
+    out = capsys.readouterr().out
+    assert "mutation clean: tests pass" in out and "mutation leaky: tests FAIL a second run" in out

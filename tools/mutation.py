@@ -27,6 +27,9 @@ in ``<work>/<module>/generate.log``). The second run, on the sampled names, reus
 With ``--reuse`` a later sample (another N or seed) starts from the last run's mutants and record
 and runs only the sampled mutants not yet killed; the score is over the sample alone.
 
+``--check-tests`` runs a module's tests as mutmut does (once, then again in a forked child) and
+fails if either run fails: such a test fails in every mutant's run and reads as a kill.
+
 ``--survivors`` re-runs only the mutants the last run of a module in ``--work`` left alive (survived,
 no tests, timeout, suspicious), after copying ``tests/`` afresh, and keeps every other result: the
 score after tests were added, without running the killed mutants again (adding tests cannot
@@ -129,6 +132,32 @@ def _refresh_tests(work: Path, module: str) -> Path:
 
 ALIVE = ("survived", "no tests", "timeout", "suspicious")
 
+# mutmut runs a module's tests in its own process, then each mutant's tests in a child forked
+# from it: a test that keeps state from the first run fails in every child and "kills" every
+# mutant it covers. This runs the tests the same way, without a mutant.
+_FORK_CHECK = """
+import os, sys, pytest
+args = sys.argv[1:]
+first = int(pytest.main(args))
+pid = os.fork()
+if pid == 0:
+    os._exit(int(pytest.main(args)))
+second = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+print(f"first run: exit {first}; second run, in a forked child: exit {second}", flush=True)
+sys.exit(0 if first == 0 and second == 0 else 1)
+"""
+
+
+def check_tests(module: str) -> bool:
+    """Run the module's tests twice in one process, the second time in a forked child."""
+    _, tests = CORE[module]
+    desel = [a for t in DESELECT.get(module, []) for a in ("--deselect", t)]
+    args = [*tests, "-q", "-p", "no:cacheprovider", "-m", "not slow", *desel]
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
+    rc = subprocess.run([sys.executable, "-c", _FORK_CHECK, *args], cwd=ROOT, env=env).returncode
+    print(f"mutation {module}: tests {'pass' if rc == 0 else 'FAIL'} a second run in a forked child", flush=True)
+    return rc == 0
+
 
 def _statuses(tree: Path) -> dict[str, str]:
     """Every mutant's name -> mutmut's status ("killed", "survived", "not checked", ...)."""
@@ -189,6 +218,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reuse", action="store_true",
                     help="with --sample: keep the module's mutants and test record from the last run in --work "
                          "(same source) and run only the sampled mutants not yet killed")
+    ap.add_argument("--check-tests", action="store_true",
+                    help="run each module's tests twice in one process, the second time in a forked child "
+                         "(as mutmut does), and exit 1 if a run fails: such tests give false kills")
     ap.add_argument("--list", action="store_true", help="print the module -> tests map and exit")
     args = ap.parse_args(argv)
     if args.list or not args.modules:
@@ -205,6 +237,8 @@ def main(argv=None) -> int:
     # one thread per worker: mutmut forks its workers, and OpenMP pools do not survive a fork
     env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH="", OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
+    if args.check_tests:
+        return 0 if all([check_tests(m) for m in args.modules]) else 1
     for m in args.modules:
         if args.survivors:
             tree = _refresh_tests(args.work, m)
