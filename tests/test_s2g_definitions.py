@@ -570,3 +570,34 @@ def test_evaluate_lines_one_label_class_on_validation_is_an_error_not_a_threshol
     assert "threshold" not in e and "system" not in e["test"]
     assert "extra_first_crossing_precision_per_question" not in e["test"]
     assert e["val"]["states"] == 4 and e["test"]["states"] == 6  # the ranking figures stay
+
+
+def test_states_file_errors_name_the_line_and_the_missing_fields(tmp_path):
+    from ragfast.errors import DataError
+
+    p = tmp_path / "s2g_states.jsonl"
+    good = _line("q0", "test", 0, 1, 0.5, 1, 1.0)
+    study.write_state_lines(p, [good, {"question_id": "q1", "split": "test", "state": 0, "native_em": 0.0}])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(p))}:2: missing labels, native_searches, probe_em, scores$"):
+        study.read_state_lines(p)
+    p.write_text(json.dumps(good) + "\n\n{not json\n")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(p))}:3: not JSON \("):
+        study.read_state_lines(p)
+    p.write_text(json.dumps(good) + "\n\n")  # blank lines are skipped
+    assert study.read_state_lines(p) == [good]
+
+
+def test_json_clean_by_hand():
+    got = study.json_clean({"a": [1.0, float("nan"), [np.float32(2.5)], (np.int64(3), -math.inf)],
+                            "b": np.float32("nan"), "c": np.int64(7), "d": "text", "e": np.inf})
+    assert got == {"a": [1.0, None, [2.5], [3, "-inf"]], "b": None, "c": 7, "d": "text", "e": "inf"}
+    assert type(got["c"]) is int and type(got["a"][2][0]) is float  # numpy scalars become Python
+    assert json.dumps(got)  # and the result is JSON
+
+
+def test_threshold_record_states_its_definition():
+    rec = study.threshold_record(None, judge="j", given=0.25, source="given")
+    assert rec["definition"] == ("per validation state (states 0..S-1): highest recall at precision >= "
+                                 "min_precision with >= min_stops STOP states; none: highest score + 1")
+    assert (rec["threshold"], rec["labels"], rec["val_questions"]) == (0.25, "probe", None) and "reason" not in rec
+    assert study.threshold_record(None, judge="j", given=1.0, reason="why")["reason"] == "why"
