@@ -191,7 +191,7 @@ def score_line(statuses: dict[str, str], population: int | None = None) -> str:
     total = sum(v for k, v in counts.items() if k not in ("skipped", "not checked"))
     pct = 100.0 * killed / total if total else float("nan")
     line = f"{killed}/{total} killed ({pct:.1f}%)"
-    if population is not None and total:
+    if population is not None and 0 < total < population:
         lo, hi = wilson_interval(killed, total)
         line += f", a sample of {total} of {population} mutants: 95% CI {100 * lo:.1f}-{100 * hi:.1f}%"
     return f"{line} {dict(sorted(counts.items()))}"
