@@ -45,6 +45,7 @@ def test_sweep_ref_across_row_blocks(monkeypatch):
     h = np.concatenate([rng.normal(size=M - 12) * 1.5, rng.choice(finite, 12)])  # ties with scores
     got = ops.sweep(s, h, L, backend="ref")
     want = _first_by_running_max(s, L, h)
+    assert got.dtype == np.int64 and got.shape == (B, M)
     np.testing.assert_array_equal(got, want)
     assert (got[1] == -1).all()  # an empty trajectory never stops
     assert (got >= 0).any() and (got == -1).any() and (got[[0, 3, 6]] > 0).any()
