@@ -82,6 +82,16 @@ def test_table_rows():
     assert CostLedger().table("x").title == "x"
 
 
+def test_table_units_are_exactly_giga_and_mega():
+    # values just above a rounding half: 2.1250000001 GFLOPs shows 2.13 and 1.250001 MB 1.3 only
+    # when the divisors are exactly 1e9 and 1e6 (a divisor off by one part in 1e9 / 1e6 shows
+    # 2.12 and 1.2)
+    led = CostLedger()
+    led.add("reasoner", "q", flops=2_125_000_000.1, bytes_scanned=1_250_001)
+    cols = {c.header: c._cells for c in led.table().columns}
+    assert cols["GFLOPs"] == ["2.13", "2.13"] and cols["MB scanned"] == ["1.3", "1.3"]
+
+
 def test_sum_cost_dicts_by_hand():
     a = {"reasoner": {"calls": 1, "flops": 2.0}, "judge": {"calls": 2, "tokens": 5}}
     b = {"reasoner": {"calls": 3, "flops": 0.5}}
