@@ -601,3 +601,15 @@ def test_threshold_record_states_its_definition():
                                  "min_precision with >= min_stops STOP states; none: highest score + 1")
     assert (rec["threshold"], rec["labels"], rec["val_questions"]) == (0.25, "probe", None) and "reason" not in rec
     assert study.threshold_record(None, judge="j", given=1.0, reason="why")["reason"] == "why"
+
+
+def test_frozen_threshold_infeasible_record_and_messages():
+    # 0.9(1) 0.8(0): no candidate reaches precision 0.9 with 10 stops -> never stop, by hand
+    ft = study.frozen_threshold([1, 0], [0.9, 0.8])
+    assert (ft.threshold, ft.feasible, ft.recall, ft.stops, ft.states, ft.positives) == (1.9, False, 0.0, 0, 2, 1)
+    assert isinstance(ft.precision, float) and math.isnan(ft.precision)  # nothing stops: undefined, not None
+    with pytest.raises(ValueError, match=r"^min_precision must be in \[0, 1\], got 1.5$"):
+        study.frozen_threshold([1, 0], [0.9, 0.8], min_precision=1.5)
+    with pytest.raises(ThresholdError, match=r"^no validation state to choose the STOP threshold on "
+                                             r"\(no validation question searched\)$"):
+        study.frozen_threshold([], [])
