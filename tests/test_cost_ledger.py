@@ -82,6 +82,16 @@ def test_table_rows():
     assert CostLedger().table("x").title == "x"
 
 
+def test_table_units_are_exactly_giga_and_mega():
+    # values just above a rounding half: 2.1250000001 GFLOPs shows 2.13 and 1.250001 MB 1.3 only
+    # when the divisors are exactly 1e9 and 1e6 (a divisor off by one part in 1e9 / 1e6 shows
+    # 2.12 and 1.2)
+    led = CostLedger()
+    led.add("reasoner", "q", flops=2_125_000_000.1, bytes_scanned=1_250_001)
+    cols = {c.header: c._cells for c in led.table().columns}
+    assert cols["GFLOPs"] == ["2.13", "2.13"] and cols["MB scanned"] == ["1.3", "1.3"]
+
+
 def test_sum_cost_dicts_by_hand():
     a = {"reasoner": {"calls": 1, "flops": 2.0}, "judge": {"calls": 2, "tokens": 5}}
     b = {"reasoner": {"calls": 3, "flops": 0.5}}
@@ -134,3 +144,55 @@ def test_add_batch_splits_seconds_by_hand():
     want = [(1.0, 0.5), (3.0, 1.5), (1.0, 0.0), (2.0, 0.0), (1.0, 0.0), (1.0, 0.0), (1.0, 0.0), (2.0, 0.0)]
     assert got == [pytest.approx(w) for w in want]
     assert led.batches == {"judge": 4}
+
+
+def test_add_batch_zero_call_entry_weighs_as_computed():
+    # an entry with no calls has no reused share to remove: it weighs its FLOPs in full (1.0)
+    # beside one whose 2 calls had 1 reused (1/2): 1 : 0.5 of 3 s
+    led = CostLedger()
+    led.add_batch("judge", ["a", "b"], seconds=3.0, flops=[1.0, 1.0], calls=[0, 2], reused=[0, 1])
+    assert [r.seconds for r in led.records] == pytest.approx([2.0, 1.0])
+
+
+class FakeCudaEvent:
+    """torch.cuda.Event stand-in (this machine has no GPU; bench/gpu_suite.py times real events)."""
+
+    log: list = []
+    made: list = []
+
+    def __init__(self, enable_timing=False):
+        self.enable_timing = enable_timing
+        self.recorded = False
+        FakeCudaEvent.log.append(("new", enable_timing))
+        FakeCudaEvent.made.append(self)
+
+    def record(self):
+        self.recorded = True
+        FakeCudaEvent.log.append(("record", id(self)))
+
+    def elapsed_time(self, end):
+        # torch reports milliseconds between two recorded events
+        assert self.recorded and end.recorded and self.enable_timing and end.enable_timing
+        FakeCudaEvent.log.append(("elapsed", id(self), id(end)))
+        return 1250.0
+
+
+def test_timer_on_cuda_reads_the_events_in_seconds(monkeypatch):
+    torch = pytest.importorskip("torch")
+    FakeCudaEvent.log, FakeCudaEvent.made = [], []
+    monkeypatch.setattr(torch.cuda, "Event", FakeCudaEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: FakeCudaEvent.log.append(("sync",)))
+    monkeypatch.setattr(cost.time, "perf_counter", FakeClock(1.0, 4.0))
+    t = Timer("cuda:0")
+    with t:
+        start, end = FakeCudaEvent.made
+        assert FakeCudaEvent.log == [("new", True), ("new", True), ("record", id(start))]
+    # end recorded, then the device synchronised, then start -> end read: 1250 ms = 1.25 s
+    assert FakeCudaEvent.log[3:] == [("record", id(end)), ("sync",), ("elapsed", id(start), id(end))]
+    assert t.device_seconds == 1.25 and t.seconds == 3.0
+    # a CPU timer touches no event
+    FakeCudaEvent.log, FakeCudaEvent.made = [], []
+    monkeypatch.setattr(cost.time, "perf_counter", FakeClock(0.0, 0.5))
+    with Timer("cpu") as c:
+        pass
+    assert FakeCudaEvent.made == [] and FakeCudaEvent.log == [] and c.device_seconds == 0.0 and c.seconds == 0.5

@@ -476,3 +476,140 @@ def test_teacher_labels_join_the_states_file(recorded_run, tmp_path):
     r = js["judges"]["encoder"]["teacher"]["test"]
     pairs = _pairs(back, "encoder", "teacher", "test")
     assert r["states"] == len(pairs) and _close(r["ap"], o_ap(pairs))
+
+
+# -- evaluate_lines' threshold branches and the system level's defaults, by hand ------------
+def _line2(q, split, state, S, score, label, em, nem=0.0):
+    """A line with two label sources (probe and gold, equal here)."""
+    x = _line(q, split, state, S, score, label, em, nem)
+    if state is not None:
+        x["labels"]["gold"] = label
+    return x
+
+
+# test: t0 is safe from state 0 and first crosses 0.5 at state 2 (delay 2: the first safe state,
+# not a later one); t1 crosses at state 0 (0.7: a tie at threshold 0.7), wrongly; t2 never; t3 no search
+_TEST = [_line2("t0", "test", 0, 3, 0.1, 1, 1.0), _line2("t0", "test", 1, 3, 0.2, 1, 1.0),
+         _line2("t0", "test", 2, 3, 0.6, 1, 1.0),
+         _line2("t1", "test", 0, 2, 0.7, 0, 0.0, nem=1.0), _line2("t1", "test", 1, 2, 0.9, 1, 1.0, nem=1.0),
+         _line2("t2", "test", 0, 1, 0.3, 1, 1.0), _line2("t3", "test", None, 0, None, None, None)]
+# validation, one state per question: 0.9(1) 0.8(1) 0.7(1) 0.6(0) 0.5(1) 0.4(0). At precision >= 0.9
+# with >= 2 stops, 0.8 (2 of 2) and 0.7 (3 of 3) qualify: 0.7, recall 3/4. With >= 10 stops none does.
+_VAL = [_line2(f"v{i}", "val", 0, 1, s, y, 0.0) for i, (s, y) in
+        enumerate([(0.9, 1), (0.8, 1), (0.7, 1), (0.6, 0), (0.5, 1), (0.4, 0)])]
+
+
+def test_system_level_delay_counts_from_the_first_safe_state_and_defaults():
+    from ragfast.stats import paired_bootstrap
+
+    a = study.state_arrays(_TEST)
+    r = study.system_metrics(a, "j", "probe", 0.5)
+    assert (r["early_stops"], r["safe_early_stops"], r["unsafe_early_stops"]) == (2, 1, 1)
+    assert r["first_safe_stop_delay"] == 2.0  # t0: stop at 2, first safe state 0
+    native, policy = np.array([3.0, 2.0, 1.0, 0.0]), np.array([2.0, 0.0, 1.0, 0.0])
+    assert r["searches_saved"] == pytest.approx(0.75)
+    # defaults: 10000 resamples, seed 0, the same draws as the paired bootstrap called with them
+    ci = r["searches_saved_ci"]
+    assert ci["n_resamples"] == 10000
+    want = paired_bootstrap(native, policy, n_resamples=10000, seed=0).to_dict()
+    assert (ci["low"], ci["high"]) == (want["low"], want["high"])
+    em, nem = np.array([1.0, 0.0, 0.0, 0.0]), np.array([0.0, 1.0, 0.0, 0.0])
+    want = paired_bootstrap(em, nem, n_resamples=10000, seed=0).to_dict()
+    assert (r["d_em_ci"]["low"], r["d_em_ci"]["high"]) == (want["low"], want["high"])
+
+
+def test_evaluate_lines_given_threshold_without_validation():
+    from ragfast.stats import paired_bootstrap
+
+    out = study.evaluate_lines(_TEST, given_threshold=0.5, n_resamples=37, seed=3)
+    for lab in ("gold", "probe"):
+        e = out["judges"]["j"][lab]
+        assert "error" not in e
+        rec = e["threshold"]
+        assert (rec["threshold"], rec["source"], rec["judge"], rec["labels"], rec["val_questions"]) == \
+            (0.5, "given", "j", lab, None)
+        assert "feasible" not in rec  # no validation figures for a given threshold
+        sysm = e["test"]["system"]
+        assert sysm["threshold"] == 0.5 and sysm["searches_saved"] == pytest.approx(0.75)
+        assert sysm["searches_saved_ci"]["n_resamples"] == 37
+        want = paired_bootstrap([3.0, 2.0, 1.0, 0.0], [2.0, 0.0, 1.0, 0.0], n_resamples=37, seed=3).to_dict()
+        assert (sysm["searches_saved_ci"]["low"], sysm["searches_saved_ci"]["high"]) == (want["low"], want["high"])
+        # first crossings at 0.5: t0 (right), t1 (wrong) -> 1/2
+        assert e["test"]["extra_first_crossing_precision_per_question"] == pytest.approx(0.5)
+    # neither validation states nor a given threshold: the reason, no system level
+    e = study.evaluate_lines(_TEST, n_resamples=37)["judges"]["j"]["probe"]
+    assert e["error"] == "no validation states and no given threshold"
+    assert "threshold" not in e and "system" not in e["test"] and "ap" in e["test"]
+
+
+def test_evaluate_lines_chooses_on_validation_with_its_bar():
+    out = study.evaluate_lines(_VAL + _TEST, min_stops=2, n_resamples=37, given_threshold=5.0)
+    assert (out["min_precision"], out["min_stops"]) == (0.90, 2)
+    assert out["questions"] == {"val": 6, "test": 4} and out["states"] == {"val": 6, "test": 6}
+    for lab in ("gold", "probe"):
+        e = out["judges"]["j"][lab]
+        rec = e["threshold"]  # chosen on validation: the given threshold is not used
+        assert (rec["threshold"], rec["source"], rec["judge"], rec["labels"], rec["val_questions"]) == \
+            (0.7, "selected", "j", lab, 6)
+        assert (rec["feasible"], rec["min_stops"], rec["val_stops"], rec["val_positives"]) == (True, 2, 3, 4)
+        assert rec["val_precision"] == 1.0 and rec["val_recall"] == pytest.approx(0.75)
+        # on test, 0.7 is reached only by t1's state 0 (a tie): one early, unsafe stop
+        sysm = e["test"]["system"]
+        assert sysm["threshold"] == 0.7 and (sysm["early_stops"], sysm["unsafe_early_stops"]) == (1, 1)
+        assert sysm["searches_saved"] == pytest.approx(2 / 4)
+    # the default bar (10 stops) is out of reach: never stop, threshold = highest score + 1
+    rec = study.evaluate_lines(_VAL + _TEST, n_resamples=37)["judges"]["j"]["probe"]["threshold"]
+    assert (rec["threshold"], rec["feasible"], rec["min_stops"]) == (pytest.approx(1.9), False, 10)
+
+
+def test_evaluate_lines_one_label_class_on_validation_is_an_error_not_a_threshold():
+    val = [_line2(f"v{i}", "val", 0, 1, 0.1 * i, 1, 1.0) for i in range(4)]  # every state right to stop
+    e = study.evaluate_lines(val + _TEST, given_threshold=0.5, n_resamples=37)["judges"]["j"]["probe"]
+    assert "one label class" in e["error"]
+    # the given threshold does not stand in for a refused choice
+    assert "threshold" not in e and "system" not in e["test"]
+    assert "extra_first_crossing_precision_per_question" not in e["test"]
+    assert e["val"]["states"] == 4 and e["test"]["states"] == 6  # the ranking figures stay
+
+
+def test_states_file_errors_name_the_line_and_the_missing_fields(tmp_path):
+    from ragfast.errors import DataError
+
+    p = tmp_path / "s2g_states.jsonl"
+    good = _line("q0", "test", 0, 1, 0.5, 1, 1.0)
+    study.write_state_lines(p, [good, {"question_id": "q1", "split": "test", "state": 0, "native_em": 0.0}])
+    with pytest.raises(DataError, match=rf"^{re.escape(str(p))}:2: missing labels, native_searches, probe_em, scores$"):
+        study.read_state_lines(p)
+    p.write_text(json.dumps(good) + "\n\n{not json\n")
+    with pytest.raises(DataError, match=rf"^{re.escape(str(p))}:3: not JSON \("):
+        study.read_state_lines(p)
+    p.write_text(json.dumps(good) + "\n\n")  # blank lines are skipped
+    assert study.read_state_lines(p) == [good]
+
+
+def test_json_clean_by_hand():
+    got = study.json_clean({"a": [1.0, float("nan"), [np.float32(2.5)], (np.int64(3), -math.inf)],
+                            "b": np.float32("nan"), "c": np.int64(7), "d": "text", "e": np.inf})
+    assert got == {"a": [1.0, None, [2.5], [3, "-inf"]], "b": None, "c": 7, "d": "text", "e": "inf"}
+    assert type(got["c"]) is int and type(got["a"][2][0]) is float  # numpy scalars become Python
+    assert json.dumps(got)  # and the result is JSON
+
+
+def test_threshold_record_states_its_definition():
+    rec = study.threshold_record(None, judge="j", given=0.25, source="given")
+    assert rec["definition"] == ("per validation state (states 0..S-1): highest recall at precision >= "
+                                 "min_precision with >= min_stops STOP states; none: highest score + 1")
+    assert (rec["threshold"], rec["labels"], rec["val_questions"]) == (0.25, "probe", None) and "reason" not in rec
+    assert study.threshold_record(None, judge="j", given=1.0, reason="why")["reason"] == "why"
+
+
+def test_frozen_threshold_infeasible_record_and_messages():
+    # 0.9(1) 0.8(0): no candidate reaches precision 0.9 with 10 stops -> never stop, by hand
+    ft = study.frozen_threshold([1, 0], [0.9, 0.8])
+    assert (ft.threshold, ft.feasible, ft.recall, ft.stops, ft.states, ft.positives) == (1.9, False, 0.0, 0, 2, 1)
+    assert isinstance(ft.precision, float) and math.isnan(ft.precision)  # nothing stops: undefined, not None
+    with pytest.raises(ValueError, match=r"^min_precision must be in \[0, 1\], got 1.5$"):
+        study.frozen_threshold([1, 0], [0.9, 0.8], min_precision=1.5)
+    with pytest.raises(ThresholdError, match=r"^no validation state to choose the STOP threshold on "
+                                             r"\(no validation question searched\)$"):
+        study.frozen_threshold([], [])
