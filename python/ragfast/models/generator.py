@@ -490,6 +490,16 @@ class HFGenerator(Generator):
                                                       add_generation_prompt=True, tokenize=False)
         return user_text
 
+    def format_chat(self, messages: Sequence[Mapping[str, str]]) -> str:
+        """A whole conversation (role/content dicts) through the chat template, ready for the reply.
+
+        Without a chat template: each message's text on its own line, then an empty line.
+        """
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template([dict(m) for m in messages], add_generation_prompt=True,
+                                                      tokenize=False)
+        return "".join(f"{m['content']}\n" + ("\n" if m["role"] == "assistant" else "") for m in messages)
+
     def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
         """Cut each text to its first ``max_tokens`` tokens of this model's tokenizer.
 
