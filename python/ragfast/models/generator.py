@@ -316,15 +316,6 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
-def buffered_cache_for(config: Any, capacity: int) -> Any:
-    """A buffered cache (:mod:`ragfast.models.kv_buffer`) or, for other layer kinds, transformers' own."""
-    from transformers import DynamicCache
-
-    from ragfast.models.kv_buffer import buffered_cache
-
-    return buffered_cache(config, capacity) or DynamicCache(config=config)
-
-
 def _resolve_dtype(dtype: Any):
     import torch
 
@@ -587,6 +578,7 @@ class HFGenerator(Generator):
         torch = self._torch
         from ragfast.cost import Timer
         from ragfast.flops import completion_flops, forward_flops_per_sequence
+        from ragfast.models.kv_buffer import cache_for
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
@@ -615,7 +607,7 @@ class HFGenerator(Generator):
         input_ids, mask, pos = input_ids.to(dev), mask.to(dev), pos.to(dev)
         # Sized for the whole turn, so decoding writes in place (kv_buffer.py: the per-step
         # torch.cat of DynamicCache was 40% of a batch-32 decode step).
-        cache = buffered_cache_for(self.config, P + F + max_new)
+        cache = cache_for(self.config, P + F + max_new)
         if P > 0:
             n_layers = len(sessions[next(b for b in range(B) if n_past[b] > 0)].kv)
             for layer in range(n_layers):
@@ -765,12 +757,9 @@ class HFGenerator(Generator):
             # Nothing shared inside this chunk: the first one's prompt becomes the kept prefix.
             n = len(first) - 1
         prefix = list(first[:n])
-        torch = self._torch
-        cache = buffered_cache_for(self.config, n)
-        with torch.inference_mode():
-            self.model(input_ids=torch.tensor([prefix], dtype=torch.long, device=self.device), cache=cache,
-                       use_cache=True, logits_to_keep=1)
-        self._template = (prefix, [(k[0], v[0]) for k, v in self._layers(cache)])
+        from ragfast.models.kv_buffer import extend_kv
+
+        self._template = (prefix, extend_kv(self.model, self.config, prefix, None, self.device))
         self.stats["prefix_tokens_computed"] += n
         for b in rest:
             self._seed(sessions[b], count=b != rest[0])

@@ -9,14 +9,15 @@ turn ahead (cache + prompt + new tokens), writes each step's keys/values into it
 attention a view of the filled part; it grows by doubling if a turn ever runs past the size.
 
 :func:`buffered_cache` builds a ``DynamicCache`` whose layers are buffered, or returns ``None``
-when the model's cache has other kinds of layers (sliding-window, linear attention), which the
-caller then handles with transformers' own cache.
+when the model's cache has other kinds of layers (sliding-window, linear attention);
+:func:`cache_for` then falls back to transformers' own cache. :func:`extend_kv` runs one
+session's tokens alone (batch 1, no padding) on top of its cached keys/values.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "extend_kv"]
 
 
 def _layer_class():
@@ -123,3 +124,31 @@ def buffered_cache(config: Any, capacity: int) -> Any:
     cls = __getattr__("BufferedLayer")
     cache.layers = [cls(capacity) for _ in cache.layers]
     return cache
+
+
+def cache_for(config: Any, capacity: int) -> Any:
+    """A buffered cache, or transformers' ``DynamicCache`` for models with other layer kinds."""
+    from transformers import DynamicCache
+
+    return buffered_cache(config, capacity) or DynamicCache(config=config)
+
+
+def extend_kv(model: Any, config: Any, ids: list[int], kv: list[tuple[Any, Any]] | None = None,
+              device: str = "cpu") -> list[tuple[Any, Any]]:
+    """Per-layer (keys, values) of ``kv`` followed by ``ids``, computed in one batch-1 forward pass.
+
+    ``kv`` holds one ``[kv_heads, n, head_dim]`` pair per layer (or ``None`` for an empty
+    cache); the new tokens take positions ``n, n + 1, ...``. Returns pairs of the same layout
+    (views of the pass's cache), ``n + len(ids)`` tokens long.
+    """
+    import torch
+
+    n = 0 if not kv else int(kv[0][0].shape[1])
+    cache = cache_for(config, n + len(ids))
+    for layer, (k, v) in enumerate(kv or []):
+        cache.update(k[None], v[None], layer)
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    pos = torch.arange(n, n + len(ids), dtype=torch.long, device=device)[None]
+    with torch.inference_mode():
+        model(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
