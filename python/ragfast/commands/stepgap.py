@@ -155,7 +155,8 @@ def run_stepgap_command(*, model: str, data: str, out: str, retriever: str = "de
 def stepgap_run_cmd(
     nli: Optional[str] = typer.Option(None, "--nli", help="NLI cross-encoder: a local directory (e.g. "
                                                            "nli-deberta-v3-large), 'tiny' (random weights, NOT "
-                                                           "meaningful; default) or 'none'."),
+                                                           "meaningful; default), 'none', or 'smollm2' / a causal-LM "
+                                                           "directory (an LLM-prompted scorer, torch)."),
     nli_backend: Optional[str] = typer.Option(None, "--nli-backend", help="auto (ONNX Runtime on CPU; default) | "
                                                                            "torch | onnx."),
     checker_llm: Optional[str] = typer.Option(None, "--checker-llm", help="LLM of stages A-C: reasoner (default) | "

@@ -22,7 +22,8 @@ judge
     ``encoder`` (bundled doc-set judge), ``head`` (bundled frozen-feature head), ``tiny``,
     ``heuristic`` (RELOOP's rule), ``none``, a URL of ``ragfast serve-judge`` or a local path.
 nli
-    ``tiny`` (random-weight DeBERTa-v2), ``none`` or a local directory.
+    ``tiny`` (random-weight DeBERTa-v2), ``none``, a local cross-encoder directory, or a
+    catalogue / causal-LM directory as an LLM-prompted scorer (``smollm2``).
 checker
     ``reasoner`` (reuse the reasoner when it is a language model), ``tiny``, ``none`` or a directory.
 head
@@ -309,18 +310,27 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
 
 def nli(spec: str | Mapping[str, Any], *, backend: str = "auto", device: str = "cpu", max_length: int = 512,
         token_budget: int = 8192) -> Any:
-    """The NLI cross-encoder (``tiny``, ``none`` or a local directory) on ``backend``; ``None`` for ``none``."""
+    """The NLI scorer on ``backend``; ``None`` for ``none``.
+
+    ``tiny`` (random-weight DeBERTa-v2) or a local cross-encoder directory: :class:`NLIScorer`.
+    A catalogue model (``smollm2``) or a local causal-LM directory: the LLM-prompted
+    :class:`~ragfast.models.llm_nli.LLMNLIScorer` (torch only, labelled as such).
+    """
     name, _ = split_spec(spec)
     if name == "none":
         return None
+    from ragfast.models.llm_nli import LLMNLIScorer, is_causal_lm_dir
     from ragfast.models.nli import NLIScorer
 
     if name == "tiny":
         from ragfast.models.tiny import tiny_path
 
         name = str(tiny_path("deberta-v2"))
-    elif not Path(name).is_dir():
-        raise ConfigError(f"nli {name!r} is not 'tiny', 'none' or a local model directory")
+    name = catalogued(name)
+    if not Path(name).is_dir():
+        raise ConfigError(f"nli {name!r} is not 'tiny', 'none', a catalogue model or a local model directory")
+    if is_causal_lm_dir(name):
+        return LLMNLIScorer(name, device=device, max_length=max_length, token_budget=token_budget)
     return on_backend(lambda b: NLIScorer(name, backend=b, device=device, max_length=max_length,
                                           token_budget=token_budget), backend, device, "NLI model")
 

@@ -11,6 +11,7 @@ import numpy as np
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.methods.reloop.config import ReloopConfig
+from ragfast.methods.reloop.head_prompt import evidence_span, head_messages
 from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
 from ragfast.methods.reloop.kg import run_kg_path
 from ragfast.methods.reloop.pack import canonicalise
@@ -54,15 +55,23 @@ def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger 
            max_new_tokens: int = 32) -> list[tuple[str, list[dict[str, Any]]]]:
     """Canonicalise each track's evidence and answer from the pack only (one batched call)."""
     packs = [canonicalise(t.ws, t.selected, t.context) for t in tracks]
-    prompts = [render_pack(t.ws.question, p, t.plan.answer_type) for t, p in zip(tracks, packs)]
-    # An instruction-tuned head reads the pack as a user message through its chat template (as
-    # the Search-R1 and StepGap prompts do); the extractive head and base LMs read it raw.
-    fmt = getattr(generator, "format_prompt", None)
-    if fmt is not None:
-        prompts = [fmt(x) for x in prompts]
+    chat = getattr(generator, "format_chat", None)
+    if chat is not None:
+        # A chat LLM head: the short-answer rule as the system turn, the answer cut to a span
+        # (head_prompt.py: smollm2 answered in sentences from the bare pack).
+        prompts = [chat(head_messages(t.ws.question, p, t.plan.answer_type)) for t, p in zip(tracks, packs)]
+    else:
+        prompts = [render_pack(t.ws.question, p, t.plan.answer_type) for t, p in zip(tracks, packs)]
+        # Other instruction-tuned heads read the pack as a user message through their chat
+        # template; the extractive head and base LMs read it raw.
+        fmt = getattr(generator, "format_prompt", None)
+        if fmt is not None:
+            prompts = [fmt(x) for x in prompts]
     outs = lm_complete(generator, prompts, [t.ws.qid for t in tracks], stop=["\n"], max_new_tokens=max_new_tokens,
                        ledger=ledger)
-    return [(o.strip(), p) for o, p in zip(outs, packs)]
+    if chat is None:
+        return [(o.strip(), p) for o, p in zip(outs, packs)]
+    return [(evidence_span(o, t.ws.question, p, t.plan.answer_type), p) for o, t, p in zip(outs, tracks, packs)]
 
 
 def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, generator: Generator,

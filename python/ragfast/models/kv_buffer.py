@@ -1,0 +1,154 @@
+"""A key/value cache for batched decoding that writes in place instead of concatenating.
+
+transformers' ``DynamicLayer`` grows its keys and values with ``torch.cat`` on every forward
+pass, so each decode step copies the whole cache of every layer once more. At batch 32 on
+SmolLM2-135M (30 layers, ~200 cached tokens) that copy was 40% of a decode step's CPU time in
+the torch profiler (1.56 s of 3.90 s over 5 steps, fp32, one thread; Intel Xeon, Emerald Rapids
+family, load 10 on 2 cores). :class:`BufferedLayer` keeps one buffer per layer, sized for the
+turn ahead (cache + prompt + new tokens), writes each step's keys/values into it and hands the
+attention a view of the filled part; it grows by doubling if a turn ever runs past the size.
+
+:func:`buffered_cache` builds a ``DynamicCache`` whose layers are buffered, or returns ``None``
+when the model's cache has other kinds of layers (sliding-window, linear attention);
+:func:`cache_for` then falls back to transformers' own cache. :func:`extend_kv` runs one
+session's tokens alone (batch 1, no padding) on top of its cached keys/values.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "extend_kv"]
+
+
+def _layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class BufferedLayer(DynamicLayer):
+        """A ``DynamicLayer`` backed by a preallocated ``[batch, heads, capacity, head_dim]`` buffer."""
+
+        def __init__(self, capacity: int):
+            super().__init__()
+            self.capacity = max(1, int(capacity))
+            self.n = 0
+            self.buf_k = self.buf_v = None
+
+        def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
+            b, h, t, d = key_states.shape
+            cap = max(self.capacity, t)
+            self.device = key_states.device
+            self.buf_k = key_states.new_empty((b, h, cap, d))
+            self.buf_v = value_states.new_empty((b, value_states.shape[1], cap, value_states.shape[3]))
+            self.n = 0
+            self.is_initialized = True
+
+        def _view(self) -> None:
+            self.keys = self.buf_k[:, :, :self.n]
+            self.values = self.buf_v[:, :, :self.n]
+
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            t = key_states.shape[-2]
+            if self.n + t > self.buf_k.shape[-2]:
+                import torch
+
+                cap = max(2 * self.buf_k.shape[-2], self.n + t)
+                grow = (lambda x: torch.cat([x[:, :, :self.n], x.new_empty(
+                    (x.shape[0], x.shape[1], cap - self.n, x.shape[3]))], dim=2))
+                self.buf_k, self.buf_v = grow(self.buf_k), grow(self.buf_v)
+            self.buf_k[:, :, self.n:self.n + t] = key_states
+            self.buf_v[:, :, self.n:self.n + t] = value_states
+            self.n += t
+            self._view()
+            return self.keys, self.values
+
+        def get_seq_length(self) -> int:
+            return self.n if self.is_initialized else 0
+
+        def reset(self) -> None:
+            self.buf_k = self.buf_v = None
+            self.n = 0
+            super().reset()
+
+        def crop(self, tokens_to_remove: int) -> None:
+            if tokens_to_remove > 0:
+                raise ValueError(f"BufferedLayer.crop takes a negative count, got {tokens_to_remove}")
+            if tokens_to_remove == 0 or not self.is_initialized:
+                return
+            self.n = max(0, self.n + tokens_to_remove)
+            self._view()
+
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            if self.is_initialized:
+                self.buf_k = self.buf_k.repeat_interleave(repeats, dim=0)
+                self.buf_v = self.buf_v.repeat_interleave(repeats, dim=0)
+                self._view()
+
+        def batch_select_indices(self, indices: Any) -> None:
+            if self.is_initialized:
+                self.buf_k = self.buf_k[indices]
+                self.buf_v = self.buf_v[indices]
+                self._view()
+
+        def reorder_cache(self, beam_idx: Any) -> None:
+            self.batch_select_indices(beam_idx)
+
+    return BufferedLayer
+
+
+_CLASS: list[Any] = []
+
+
+def __getattr__(name: str) -> Any:
+    # The class derives from a transformers class: built on first use, so importing this module
+    # does not import transformers.
+    if name == "BufferedLayer":
+        if not _CLASS:
+            _CLASS.append(_layer_class())
+        return _CLASS[0]
+    raise AttributeError(name)
+
+
+def buffered_cache(config: Any, capacity: int) -> Any:
+    """A ``DynamicCache`` for ``config`` whose layers write into ``capacity``-token buffers.
+
+    Returns ``None`` when any of the model's cache layers is not a plain full-attention
+    ``DynamicLayer`` (sliding-window, linear attention): those keep transformers' own layers.
+    """
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    cache = DynamicCache(config=config)
+    if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
+        return None
+    cls = __getattr__("BufferedLayer")
+    cache.layers = [cls(capacity) for _ in cache.layers]
+    return cache
+
+
+def cache_for(config: Any, capacity: int) -> Any:
+    """A buffered cache, or transformers' ``DynamicCache`` for models with other layer kinds."""
+    from transformers import DynamicCache
+
+    return buffered_cache(config, capacity) or DynamicCache(config=config)
+
+
+def extend_kv(model: Any, config: Any, ids: list[int], kv: list[tuple[Any, Any]] | None = None,
+              device: str = "cpu") -> list[tuple[Any, Any]]:
+    """Per-layer (keys, values) of ``kv`` followed by ``ids``, computed in one batch-1 forward pass.
+
+    ``kv`` holds one ``[kv_heads, n, head_dim]`` pair per layer (or ``None`` for an empty
+    cache); the new tokens take positions ``n, n + 1, ...``. Returns pairs of the same layout
+    (views of the pass's cache), ``n + len(ids)`` tokens long.
+    """
+    import torch
+
+    n = 0 if not kv else int(kv[0][0].shape[1])
+    cache = cache_for(config, n + len(ids))
+    for layer, (k, v) in enumerate(kv or []):
+        cache.update(k[None], v[None], layer)
+    x = torch.tensor([ids], dtype=torch.long, device=device)
+    pos = torch.arange(n, n + len(ids), dtype=torch.long, device=device)[None]
+    with torch.inference_mode():
+        model(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+    return [(layer.keys[0], layer.values[0]) for layer in cache.layers]

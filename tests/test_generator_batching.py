@@ -1,0 +1,168 @@
+"""HFGenerator's batching machinery: in-place KV buffers, shared prompt prefixes, left padding.
+
+Oracles: transformers' own ``DynamicLayer`` for the buffered cache layer, and transformers'
+``generate`` run one prompt at a time (no padding, no shared prefix, its own cache) for the
+greedy tokens of a tiny random-weight Llama shaped like SmolLM2 (tied embeddings, 3 KV heads
+for 9 query heads).
+"""
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from ragfast.cost import CostLedger
+from ragfast.methods.searchr1.loop import build_prompt
+
+torch = pytest.importorskip("torch")
+
+# Lengths differ (left padding) and all share the Search-R1 instruction (a shared prefix).
+QUESTIONS = ["who wrote hamlet", "x", "what is the capital of france and why is it there",
+             "which river runs through the city that hosted the 1900 olympics", "when"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    """A random-weight Llama with SmolLM2's layout, the tiny Qwen2's tokenizer and chat template."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+    from ragfast.models.tiny import tiny_path
+
+    src = tiny_path("qwen2")
+    out = tmp_path_factory.mktemp("llama")
+    tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=72, intermediate_size=96, num_hidden_layers=3,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=8, max_position_embeddings=2048,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
+    torch.manual_seed(11)
+    model = AutoModelForCausalLM.from_config(cfg)
+    with torch.no_grad():  # a wider spread than the init's: clear argmaxes, no near-ties
+        for p in model.parameters():
+            if p.ndim == 2:
+                p.normal_(0, 0.3)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    shutil.copy(src / "chat_template.jinja", out / "chat_template.jinja")
+    return out
+
+
+def _hf(path, **kw):
+    from ragfast.models.generator import HFGenerator
+
+    return HFGenerator(path, **kw)
+
+
+def _reference_ids(g, prompt, max_new):
+    """transformers' generate on one unpadded prompt: the greedy ids, cut after the first EOS."""
+    ids = torch.tensor([g.encode(prompt)])
+    with torch.inference_mode():
+        out = g.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new,
+                               do_sample=False, pad_token_id=g.pad_id, eos_token_id=g.eos_ids)
+    t = out[0, ids.shape[1]:].tolist()
+    cut = next((j for j, x in enumerate(t) if x in g.eos_ids), None)
+    return t if cut is None else t[:cut + 1]
+
+
+def test_batched_left_padded_shared_prefix_equals_generate_one_at_a_time(llama):
+    max_new = 12
+    batched = _hf(llama, max_batch=len(QUESTIONS), min_prefix=8)
+    prompts = [batched.format_prompt(build_prompt(q)) for q in QUESTIONS]
+    sids = [f"s{i}" for i in range(len(prompts))]
+    lens = {len(batched.encode(p)) for p in prompts}
+    assert len(lens) > 1  # the rows really are left-padded to different lengths
+    led = CostLedger()
+    batched.start(sids, prompts)
+    batched.generate(sids, stop=[], max_new_tokens=max_new, ledger=led)
+    got = [batched.last_generated[s] for s in sids]
+    want = [_reference_ids(batched, p, max_new) for p in prompts]
+    assert got == want
+    assert batched.stats["prefill_padding_tokens"] > 0
+    # The common prefix was computed once and reused by the other rows, and booked once.
+    n = batched.stats["prefix_tokens_computed"]
+    assert n > 20 and batched.stats["prefix_tokens_reused"] == n * (len(prompts) - 1)
+    tot = led.totals()["reasoner"]
+    assert tot["cached_tokens"] == n * (len(prompts) - 1)
+    assert tot["input_tokens"] + tot["cached_tokens"] == sum(len(batched.encode(p)) for p in prompts)
+
+    # One at a time: the first prompt (all but its last token) is kept and shared with the next.
+    single = _hf(llama, min_prefix=8)
+    for s, p in zip(sids, prompts):
+        single.start([s], [p])
+        single.generate([s], stop=[], max_new_tokens=max_new)
+        assert single.last_generated[s] == want[sids.index(s)]
+        single.end([s])
+    assert single.stats["prefix_tokens_reused"] > 0
+    # Sharing off and re-encoding: the same tokens again.
+    for kw in ({"share_prefix": False}, {"kv_reuse": False}):
+        g = _hf(llama, max_batch=2, **kw)
+        g.start(sids, prompts)
+        g.generate(sids, stop=[], max_new_tokens=max_new)
+        assert [g.last_generated[s] for s in sids] == want
+        assert g.stats["prefix_tokens_computed"] == 0
+
+
+def test_min_prefix_is_checked(llama):
+    from ragfast.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="min_prefix"):
+        _hf(llama, min_prefix=0)
+
+
+def test_buffered_layer_matches_dynamic_layer():
+    from transformers.cache_utils import DynamicLayer
+
+    from ragfast.models.kv_buffer import BufferedLayer
+
+    g = torch.Generator().manual_seed(3)
+    ref, buf = DynamicLayer(), BufferedLayer(capacity=6)
+
+    def kv(b, t):
+        return torch.randn(b, 3, t, 5, generator=g), torch.randn(b, 3, t, 5, generator=g)
+
+    def same():
+        assert buf.get_seq_length() == ref.get_seq_length()
+        assert torch.equal(buf.keys, ref.keys) and torch.equal(buf.values, ref.values)
+
+    for t in (4, 1, 1, 7, 1):  # the 7 runs past the capacity: the buffer grows
+        k, v = kv(4, t)
+        rk, rv = ref.update(k, v)
+        bk, bv = buf.update(k.clone(), v.clone())
+        assert torch.equal(rk, bk) and torch.equal(rv, bv)
+        same()
+    # Poison the unused tail: nothing past the filled length may ever be read.
+    buf.buf_k[:, :, buf.n:] = float("nan")
+    buf.buf_v[:, :, buf.n:] = float("nan")
+    ref.crop(-3)
+    buf.crop(-3)
+    same()
+    idx = torch.tensor([3, 0])
+    ref.batch_select_indices(idx)
+    buf.batch_select_indices(idx)
+    same()
+    k, v = kv(2, 2)
+    ref.update(k, v)
+    buf.update(k, v)
+    same()
+    assert not torch.isnan(buf.keys).any()
+    with pytest.raises(ValueError, match="negative"):
+        buf.crop(2)
+
+
+def test_buffered_cache_only_for_full_attention_layers(llama):
+    from transformers import AutoConfig, MistralConfig
+
+    from ragfast.models.kv_buffer import BufferedLayer, buffered_cache
+
+    cache = buffered_cache(AutoConfig.from_pretrained(llama), 10)
+    assert cache is not None and all(isinstance(x, BufferedLayer) for x in cache.layers)
+    sliding = MistralConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                            num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
+    assert buffered_cache(sliding, 10) is None
