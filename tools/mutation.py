@@ -33,8 +33,8 @@ fails if either run fails: such a test fails in every mutant's run and reads as 
 ``--survivors`` re-runs only the mutants the last run of a module in ``--work`` left alive (survived,
 no tests, timeout, suspicious), after copying ``tests/`` afresh, and keeps every other result: the
 score after tests were added, without running the killed mutants again (adding tests cannot
-revive them). mutmut traces the new tests first. The module's source must be unchanged since
-that run (checked), and so must its test list.
+revive them). mutmut traces the new tests first. The module's source and test list must be
+unchanged since that run (both checked; the same holds for ``--reuse``).
 
 """
 from __future__ import annotations
