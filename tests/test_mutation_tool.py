@@ -66,9 +66,23 @@ def test_unknown_module_and_bad_sample_exit_2(tool, capsys):
     assert "--sample must be a positive number" in capsys.readouterr().err
 
 
-def test_survivors_needs_a_previous_run(tool, tmp_path):
-    with pytest.raises(SystemExit, match=r"--survivors needs a previous run of merge in .* \(none there\)"):
-        tool.main(["--work", str(tmp_path), "--survivors", "merge"])
+def test_survivors_needs_a_previous_run(tool, tmp_path, capsys):
+    assert tool.main(["--work", str(tmp_path), "--survivors", "merge"]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"mutation: --survivors and --reuse need a previous run of merge in {tmp_path} (none there)")
+
+
+def test_survivors_refuses_a_changed_test_list(tool, tmp_path, capsys, monkeypatch):
+    # a tree as a run leaves it, whose config names other tests than the module's list now does
+    tree = tmp_path / "merge"
+    (tree / "mutants").mkdir(parents=True)
+    (tree / "src" / "ragfast" / "retrieval").mkdir(parents=True)
+    src = tool.ROOT / "python" / "ragfast" / "retrieval" / "merge.py"
+    (tree / "src" / "ragfast" / "retrieval" / "merge.py").write_bytes(src.read_bytes())
+    (tree / "pyproject.toml").write_text(tool.mutmut_config("merge"))
+    monkeypatch.setitem(tool.CORE, "merge", ("retrieval/merge.py", ["tests/test_merge.py", "tests/test_stats.py"]))
+    assert tool.main(["--work", str(tmp_path), "--survivors", "merge"]) == 2
+    assert "merge's test list changed since the run" in capsys.readouterr().err
 
 
 def test_check_tests_catches_a_test_that_fails_a_second_run(tool, tmp_path, monkeypatch, capsys):

@@ -122,9 +122,12 @@ def test_wrapper_messages_are_whole():
         ops.sweep(np.zeros((2, 3)), [0.0], [np.nan, 2.0])
     with pytest.raises(ValueError, match=r"^lengths\[0\]=-1 is outside \[0, 3\] \(T = number of state columns\)$"):
         ops.sweep(np.zeros((2, 3)), [0.0], [-1, 2])
-    # the first bad entry is named, not an empty trajectory (0 states) before it
+    # the first bad entry is named, not an empty trajectory (0 states) before it,
     with pytest.raises(ValueError, match=r"^lengths\[1\]=5 is outside \[0, 3\]"):
         ops.sweep(np.zeros((2, 3)), [0.0], [0, 5])
+    # nor a full one (T states) before it
+    with pytest.raises(ValueError, match=r"^lengths\[1\]=5 is outside \[0, 3\]"):
+        ops.sweep(np.zeros((2, 3)), [0.0], [3, 5])
     with pytest.raises(ValueError, match=r"^sweep: out must be a writeable C-contiguous int64 array of shape \(2, 1\)$"):
         ops.sweep(np.zeros((2, 3)), [0.0], out=np.zeros((2, 2), dtype=np.int64)[:, :1], backend="ref")
 

@@ -613,3 +613,43 @@ def test_frozen_threshold_infeasible_record_and_messages():
     with pytest.raises(ThresholdError, match=r"^no validation state to choose the STOP threshold on "
                                              r"\(no validation question searched\)$"):
         study.frozen_threshold([], [])
+
+
+def test_state_lines_gold_labels_follow_the_search_turns():
+    # one question, S = 2: state 0 holds no evidence, state 1 the first search's titles. Gold =
+    # every supporting title retrieved by that state (only search turns retrieve)
+    rec = SimpleNamespace(ids=["a"], native_searches=[2], split=["test"], native_em=[1.0], native_answers=["x"],
+                          scores=np.array([[0.25, np.nan]]), probe_em=np.array([[0.0, 1.0]]),
+                          probe_answers=[["p0", "p1"]])
+    turns = [SimpleNamespace(action="think", retrieved_titles=["T1"]),
+             SimpleNamespace(action="search", retrieved_titles=["T1"]),
+             SimpleNamespace(action="search", retrieved_titles=["T2"])]
+    tr = SimpleNamespace(id="a", turns=turns, supporting_titles=["T1"])
+    lines = study.state_lines(rec, "j", trajectories=[tr])
+    assert [(x["state"], x["labels"], x["scores"]) for x in lines] == [
+        (0, {"probe": 0, "gold": 0}, {"j": 0.25}), (1, {"probe": 1, "gold": 1}, {"j": None})]
+    assert [x["probe_answer"] for x in lines] == ["p0", "p1"]
+    # without trajectories there is no gold label
+    assert [x["labels"] for x in study.state_lines(rec, "j")] == [{"probe": 0}, {"probe": 1}]
+
+
+def test_ece_bins_and_a_split_without_questions():
+    ece, bins = study.ece10([1, 0], [0.0, 0.0])  # p = 0.5 twice: bin [0.5, 0.6)
+    assert ece == 0.0 and [(b["lo"], b["hi"]) for b in bins][:2] == [(0.0, 0.1), (0.1, 0.2)]
+    assert bins[5]["count"] == 2 and bins[5]["mean_prob"] == 0.5 and bins[5]["frac_positive"] == 0.5
+    assert math.isnan(study.ece10([], [])[0])  # no state: undefined, not 0
+    lines = [_line("t1", "test", 0, 1, 0.5, 1, 1.0), _line("t0", "test", 0, 1, 0.1, 0, 0.0)]
+    a = study.state_arrays(lines)
+    assert a["ids"] == ["t1", "t0"] and a["q"].tolist() == [0, 1] and a["questions"] == 2
+    # a split without questions (hand-built arrays, as a caller may pass): NaN means, no interval
+    e = study.state_arrays([])
+    assert e["q"].dtype == np.int64 and e["questions"] == 0 and e["ids"] == []
+    e["scores"]["j"], e["labels"]["probe"] = np.empty(0), np.empty(0)
+    r = study.system_metrics(e, "j", "probe", 0.5, n_resamples=10)
+    assert all(math.isnan(r[k]) for k in ("em", "native_em", "searches", "native_searches", "searches_saved"))
+    assert r["early_stops"] == 0 and "searches_saved_ci" not in r
+    # one question: its means, but no interval either (a bootstrap needs two)
+    r = study.system_metrics(study.state_arrays(lines[:1]), "j", "probe", 0.5, n_resamples=10)
+    assert r["searches_saved"] == 1.0 and "searches_saved_ci" not in r and "d_em_ci" not in r
+    two = study.system_metrics(a, "j", "probe", 0.5, n_resamples=10)
+    assert two["searches_saved_ci"]["n"] == 2 and "d_em_ci" in two

@@ -9,8 +9,8 @@ there. The repository itself is never modified.
 
 Usage (see docs/mutation.md)::
 
-    nice -n 10 python tools/mutation.py merge            # one module
-    nice -n 10 python tools/mutation.py metrics stats    # several, one after the other
+    nice -n 19 python tools/mutation.py merge            # one module
+    nice -n 19 python tools/mutation.py metrics stats    # several, one after the other
     python tools/mutation.py --list                      # the module -> tests map
     nice -n 19 python tools/mutation.py --sample 300 --seed 0 s2g_study   # a random sample
 
@@ -33,8 +33,8 @@ fails if either run fails: such a test fails in every mutant's run and reads as 
 ``--survivors`` re-runs only the mutants the last run of a module in ``--work`` left alive (survived,
 no tests, timeout, suspicious), after copying ``tests/`` afresh, and keeps every other result: the
 score after tests were added, without running the killed mutants again (adding tests cannot
-revive them). mutmut traces the new tests first. The module's source must be unchanged since
-that run (checked), and so must its test list.
+revive them). mutmut traces the new tests first. The module's source and test list must be
+unchanged since that run (both checked; the same holds for ``--reuse``).
 
 """
 from __future__ import annotations
@@ -84,7 +84,7 @@ DESELECT: dict[str, list[str]] = {
 }
 
 
-def _pyproject(module: str) -> str:
+def mutmut_config(module: str) -> str:
     """The repository's pyproject.toml with a ``[tool.mutmut]`` for one module and its tests."""
     src, tests = CORE[module]
     pyproject = (ROOT / "pyproject.toml").read_text()
@@ -111,22 +111,34 @@ def _stage(work: Path, module: str) -> Path:
     shutil.copytree(ROOT / "python" / "ragfast", tree / "src" / "ragfast", symlinks=False,
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    (tree / "pyproject.toml").write_text(_pyproject(module))
+    (tree / "pyproject.toml").write_text(mutmut_config(module))
     return tree
 
 
+class UsageError(Exception):
+    """A request the tool cannot serve as asked (exit code 2)."""
+
+
+def _selection(pyproject: str) -> list[str]:
+    return [ln for ln in pyproject.splitlines() if ln.startswith(("pytest_add_cli_args", "only_mutate"))]
+
+
 def _refresh_tests(work: Path, module: str) -> Path:
-    """Copy tests/ into the last run's tree; fail if that run's source differs from the repo's."""
+    """Copy tests/ into the last run's tree; refuse if its source or its test list has changed."""
     src, _ = CORE[module]
     tree = work / module
     if not (tree / "mutants").is_dir():
-        raise SystemExit(f"mutation: --survivors needs a previous run of {module} in {work} (none there)")
+        raise UsageError(f"--survivors and --reuse need a previous run of {module} in {work} (none there)")
     if (tree / "src" / "ragfast" / src).read_bytes() != (ROOT / "python" / "ragfast" / src).read_bytes():
-        raise SystemExit(f"mutation: python/ragfast/{src} changed since the run in {tree}: run it whole again")
+        raise UsageError(f"python/ragfast/{src} changed since the run in {tree}: run it whole again")
+    new = mutmut_config(module)
+    # mutmut drops every verdict when the test selection changes
+    if _selection((tree / "pyproject.toml").read_text()) != _selection(new):
+        raise UsageError(f"{module}'s test list changed since the run in {tree}: run it whole again")
     shutil.rmtree(tree / "tests")
     shutil.copytree(ROOT / "tests", tree / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    # the same test selection keeps every verdict; a changed timeout resets only the timeouts
-    (tree / "pyproject.toml").write_text(_pyproject(module))
+    # a changed timeout resets only the timeouts
+    (tree / "pyproject.toml").write_text(new)
     return tree
 
 
@@ -239,6 +251,14 @@ def main(argv=None) -> int:
     run = [sys.executable, "-m", "mutmut", "run", "--max-children", str(args.max_children)]
     if args.check_tests:
         return 0 if all([check_tests(m) for m in args.modules]) else 1
+    try:
+        return _run_modules(args, run, env)
+    except UsageError as e:
+        print(f"mutation: {e}", file=sys.stderr)
+        return 2
+
+
+def _run_modules(args, run: list[str], env: dict[str, str]) -> int:
     for m in args.modules:
         if args.survivors:
             tree = _refresh_tests(args.work, m)
