@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragfast.methods.s2g.policy import evaluate_policy, outcome_at, select_threshold, threshold_curve
+from ragfast.methods.s2g.policy import (evaluate_policy, outcome_at, select_threshold, stop_precision_recall,
+                                        threshold_curve)
 
 # three questions, T = 3 states. q0 stops at state 1 (probe wrong, native right: harmful),
 # q1 never stops, q2 stops at state 0 (probe right, native wrong)
@@ -68,3 +69,9 @@ def test_threshold_curve_records_its_settings_and_state_searches():
     # rows: ΔEM and Δsearches per threshold; 0.85's ΔEM, 2.0's ΔEM and 2.0's Δsearches are all
     # zero: 4 distinct of 6 (over 3 questions)
     assert m["rows"] == 6 and m["distinct_rows"] == 4
+
+
+def test_grouped_precision_recall_without_states():
+    # no state at all, grouped by question: nothing stops, precision and recall undefined
+    prec, rec, stops = stop_precision_recall([], [], [0.5, 1.0], groups=[])
+    assert np.isnan(prec).all() and np.isnan(rec).all() and stops.tolist() == [0, 0]
