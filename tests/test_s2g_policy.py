@@ -75,3 +75,29 @@ def test_grouped_precision_recall_without_states():
     # no state at all, grouped by question: nothing stops, precision and recall undefined
     prec, rec, stops = stop_precision_recall([], [], [0.5, 1.0], groups=[])
     assert np.isnan(prec).all() and np.isnan(rec).all() and stops.tolist() == [0, 0]
+
+
+def test_threshold_curve_defaults_backend_and_no_searches_interval():
+    scores = np.array([[0.2, 0.8, 0.9], [0.1, 0.1, 0.1], [0.8, 0.0, 0.0]])
+    kw = dict(n_resamples=200)
+    base = threshold_curve(scores, STATE_EM, NATIVE_EM, NATIVE_SEARCHES, [0.75], **kw)
+    seed0 = threshold_curve(scores, STATE_EM, NATIVE_EM, NATIVE_SEARCHES, [0.75], seed=0, **kw)
+    seed1 = threshold_curve(scores, STATE_EM, NATIVE_EM, NATIVE_SEARCHES, [0.75], seed=1, **kw)
+    assert base.meta["seed"] == 0 and base.meta["backend"] in ("ref", "cpp")
+    assert (base.d_em_low.tolist(), base.d_em_high.tolist()) == (seed0.d_em_low.tolist(), seed0.d_em_high.tolist())
+    assert (base.d_searches_low.tolist(), base.d_searches_high.tolist()) != \
+        (seed1.d_searches_low.tolist(), seed1.d_searches_high.tolist())  # the seed matters here
+    # without the searches interval: its bounds are NaN, the ΔEM interval is still there
+    cur = threshold_curve(scores, STATE_EM, NATIVE_EM, NATIVE_SEARCHES, [0.75], searches_ci=False, **kw)
+    assert np.isnan(cur.d_searches_low).all() and np.isnan(cur.d_searches_high).all()
+    # default searches = the state index: (1 - 3) + 0 + (0 - 1) over 3 questions
+    assert np.isfinite(cur.d_em_low).all() and cur.d_searches.tolist() == pytest.approx([-1.0])
+
+
+def test_policy_messages_and_boolean_scores():
+    with pytest.raises(ValueError, match=r"^state_em must be \[B, T\], got shape \(3,\)$"):
+        evaluate_policy([0, 0, 0], [1.0, 0.0, 1.0], NATIVE_EM, NATIVE_SEARCHES)
+    with pytest.raises(ValueError, match=r"^groups must give one question id per state \(2\), got shape \(3,\)$"):
+        select_threshold([0.9, 0.5], [1, 0], groups=["a", "b", "c"])
+    # a yes/no judge: True stops; every True state is right -> threshold 1.0
+    assert select_threshold(np.array([True, False, True]), [1, 0, 1], 0.9) == 1.0
