@@ -89,7 +89,9 @@ def test_threshold_curve_defaults_backend_and_no_searches_interval():
         (seed1.d_searches_low.tolist(), seed1.d_searches_high.tolist())  # the seed matters here
     # without the searches interval: its bounds are NaN, the ΔEM interval is still there
     cur = threshold_curve(scores, STATE_EM, NATIVE_EM, NATIVE_SEARCHES, [0.75], searches_ci=False, **kw)
+    assert cur.d_searches_low.shape == cur.d_searches_high.shape == (1,)
     assert np.isnan(cur.d_searches_low).all() and np.isnan(cur.d_searches_high).all()
+    assert np.isfinite(base.d_searches_low).all() and np.isfinite(base.d_searches_high).all()
     # default searches = the state index: (1 - 3) + 0 + (0 - 1) over 3 questions
     assert np.isfinite(cur.d_em_low).all() and cur.d_searches.tolist() == pytest.approx([-1.0])
 
