@@ -69,7 +69,7 @@ CORE: dict[str, tuple[str, list[str]]] = {
                          "tests/test_flops.py"]),
     # test_stats checks bootstrap_means against scipy and by hand
     "ops_policy": ("ops/policy.py", ["tests/test_ops_policy.py", "tests/test_policy.py", "tests/test_stats.py"]),
-    "s2g_policy": ("methods/s2g/policy.py", ["tests/test_policy.py", "tests/test_s2g.py"]),
+    "s2g_policy": ("methods/s2g/policy.py", ["tests/test_s2g_policy.py", "tests/test_policy.py", "tests/test_s2g.py"]),
     # the S2G study's definitions (AP, ECE, threshold ties, stop points): one implementation
     # (test_s2g checks the live loop against the study's system level on the same states)
     "s2g_study": ("methods/s2g/study.py", ["tests/test_s2g_definitions.py", "tests/test_s2g.py"]),
