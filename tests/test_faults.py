@@ -174,7 +174,7 @@ def test_killed_s2g_run_keeps_the_native_passes_costs(clean_run, tmp_path):
     # file), model and batch size: each finished question's records must be the clean run's.
     out = tmp_path / "s2g"
     args = [*run_args(out, limit=40)[2:], "--threshold", "0.5"]
-    done = _kill_after(["run", "s2g", *args], out / "native.jsonl", 4)
+    done = _kill_after(["study", "s2g", *args], out / "native.jsonl", 4)
     assert 4 <= done < 40
     ids = _finished_ids(out / "native.jsonl")
     got, clean = _ledger_by_question(out, "ledger-native.jsonl"), _ledger_by_question(clean_run)
