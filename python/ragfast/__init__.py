@@ -47,7 +47,7 @@ _LAZY: dict[str, str] = {
     "load_corpus": "ragfast.data",
     "sample": "ragfast.data",
     "Corpus": "ragfast.data",
-    "HSeq": "ragfast.hseq",
+    "HSeq": "ragfast.methods.reloop.hseq",
     # retrieval
     "Hit": "ragfast.retrieval.base",
     "Retriever": "ragfast.retrieval.base",

@@ -14,7 +14,7 @@ The loop, per question (batched over questions at every step):
    already-read rows excluded): the top ``window`` form the sliding window, the best ``k`` of
    the window (dense score plus guidance bonuses) are read, each one pulls in its structural
    context (the lead sentence of its paragraph; a cell's row-label cell, its headers being part
-   of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.hseq`; for
+   of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.methods.reloop.hseq`; for
    multi-hop plans the next query adds bridge names met in the evidence; a
    :class:`~ragfast.models.Judge` scores the state (``judge="auto"``: the trained EncoderJudge
    on text when its weights are installed, else :class:`~ragfast.models.sufficiency.HeuristicSufficiency`, a documented
@@ -31,7 +31,7 @@ The loop, per question (batched over questions at every step):
 
 For MetaQA the ``kg-path`` planner follows the parsed relation path from the topic entity by
 path-count propagation over the per-relation CSR adjacency (as
-:meth:`ragfast.hseq.KGraph.hop_counts`, one iterator step per hop); the answer set is every entity
+:meth:`ragfast.methods.reloop.hseq.KGraph.hop_counts`, one iterator step per hop); the answer set is every entity
 reached, and the single answer string is the first of them in a deterministic order (most
 supporting paths first, then earliest supporting triple in the KB file): EM is then Hits@1
 against the gold list, and set-level precision/recall/F1 against the gold set are reported too.
