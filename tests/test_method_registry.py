@@ -189,3 +189,25 @@ def test_every_setting_has_one_flag_and_help_and_the_old_spellings_work():
     # a bad value is one line naming the setting, before --out exists
     res = CliRunner().invoke(app, ["run", "s2g", "--topk", "0", "--out", "/nonexistent/x"])
     assert res.exit_code != 0 and "topk" in str(res.exception)
+
+
+def test_repeated_flags_are_lists_and_old_spellings_fill_the_one_setting():
+    import inspect
+
+    import typer
+
+    from ragfast.commands.methods import settings_parameters
+
+    app, got = typer.Typer(), {}
+
+    def probe(**kw):
+        got.update(kw)
+
+    probe.__signature__ = inspect.Signature(settings_parameters(with_methods=True))
+    app.command("probe")(probe)
+    app.command("other")(lambda: None)  # a group, so the command is named on the line
+    res = CliRunner().invoke(app, ["probe", "--method", "searchr1", "-m", "s2g", "--corpus", "contexts", "--corpus",
+                                   "wiki-sample", "--model", "tiny", "--max-turns", "2", "--retriever", "bm25"])
+    assert res.exit_code == 0, res.output
+    assert got["methods"] == ["searchr1", "s2g"] and got["corpus"] == ["contexts", "wiki-sample"]
+    assert (got["reasoner"], got["budget"], got["index"]) == ("tiny", 2, "bm25")

@@ -51,7 +51,7 @@ _LAZY: dict[str, str] = {
     # retrieval
     "Hit": "ragfast.retrieval.base",
     "Retriever": "ragfast.retrieval.base",
-    "Encoder": "ragfast.retrieval.encoder",
+    "Encoder": "ragfast.encoders.encoder",
     "DenseIndex": "ragfast.retrieval.dense",
     "ShardedIndex": "ragfast.retrieval.dense",
     "DenseRetriever": "ragfast.retrieval.dense",

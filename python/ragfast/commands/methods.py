@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import types
 import typing
 from typing import Any, Callable, List, Optional
 
 import typer
 
-__all__ = ["register", "add_run_command", "run_command", "run_one", "one_method_settings", "GENERATED"]
+__all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
+           "one_method_settings", "BENCH_HELP", "GENERATED"]
 
 #: The methods whose ``ragfast run`` command is generated here (the rest are hand-written and
 #: write their own layout: ``run searchr1``, ``run stepgap``, ``run reloop``).
@@ -31,23 +33,25 @@ _SLOT_DEVICES = ("reasoner", "encoder", "judge", "nli")
 
 def _annotation(hint: Any) -> Any:
     """The Optional[...] typer annotation of a settings field's type."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
-    base = args[0]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if union else hint
     if typing.get_origin(base) is list:
         return Optional[List[str]]
     return Optional[base]
 
 
-def one_method_settings(name: str, *, preset: str = "default", config: str | None = None,
+def one_method_settings(name: str | list[str] | None, *, preset: str = "default", config: str | None = None,
                         devices: dict[str, str] | None = None, **settings: Any) -> Any:
-    """The :class:`RunSettings` of ``ragfast run NAME``: the bench's, with the method ``name`` alone.
+    """The :class:`RunSettings` of ``ragfast run NAME``: the bench's, with the method ``name`` alone
+    (a list: those methods; None: the bench's, from ``config`` or the default).
 
     ``settings`` are :class:`RunSettings` fields (None = not given: ``config``, then the preset,
     then the default decide).
     """
     from ragfast.runner.settings import make_config
 
-    cfg = make_config(preset, config, methods=[name], devices=devices or None, **settings)
+    methods = [name] if isinstance(name, str) else name
+    cfg = make_config(preset, config, methods=methods, devices=devices or None, **settings)
     if settings.get("limit") is not None and settings.get("val_limit") is None and cfg.val_limit > settings["limit"]:
         # A quick look (--limit) should be quick everywhere, validation included (as in the bench).
         cfg = dataclasses.replace(cfg, val_limit=settings["limit"])
@@ -61,26 +65,13 @@ def run_one(name: str, *, resume: bool = False, console: Any = None, **kw: Any) 
     return run_bench(one_method_settings(name, **kw), resume=resume, console=console)
 
 
-def run_command(name: str) -> Callable[..., None]:
-    """The typer command of ``ragfast run NAME``, its flags generated from :class:`RunSettings`."""
-    from ragfast.methods.base import get
+def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
+    """The typer parameters of a running command: ``--resume``, ``--preset``, ``--config``, one
+    flag per :class:`RunSettings` field (its aliases from :func:`flag_names`, its help from
+    :data:`HELP`), and the four per-slot device overrides."""
     from ragfast.runner.settings import HELP, RunSettings, flag_names
 
-    method = get(name)
     hints = typing.get_type_hints(RunSettings)
-
-    def command(**kw: Any) -> None:
-        from ragfast.bench import run_bench
-        from ragfast.outdir import output_dir
-
-        resume = kw.pop("resume")
-        devices = {s: kw.pop(f"{s}_device") for s in _SLOT_DEVICES}
-        if kw.get("corpus"):
-            kw["corpus"] = list(kw["corpus"])
-        cfg = one_method_settings(name, devices={k: v for k, v in devices.items() if v}, **kw)
-        with output_dir(cfg.out):
-            run_bench(cfg, resume=resume)
-
     params = [
         inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
@@ -93,7 +84,7 @@ def run_command(name: str) -> Callable[..., None]:
                                    "win over it. ragfast bench and every ragfast run command read the same file.")),
     ]
     for f in dataclasses.fields(RunSettings):
-        if f.name in _NOT_FLAGS or not f.init:
+        if not f.init or f.name == "devices" or (f.name == "methods" and not with_methods):
             continue
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[f.name]),
                                         default=typer.Option(None, *flag_names(f.name), help=HELP[f.name])))
@@ -101,12 +92,57 @@ def run_command(name: str) -> Callable[..., None]:
         params.append(inspect.Parameter(f"{s}_device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                         default=typer.Option(None, f"--{s}-device",
                                                              help=f"Override --device for the {s}.")))
-    command.__signature__ = inspect.Signature(params)  # typer reads the signature
-    command.__name__ = f"run_{name}"
-    doc = (method.__doc__ or name).strip().splitlines()[0]
-    command.__doc__ = (f"{doc}\n\nThe same runner, files and summary as `ragfast bench --method {name}` "
-                       "(trajectories/, ledgers/, manifest.json, summary.json, report); --resume continues it.")
+    return params
+
+
+def _settings_from_flags(kw: dict[str, Any], methods: list[str] | None) -> Any:
+    """The :class:`RunSettings` of a running command's flags: ``methods`` when the command is one
+    method's, else the ``--method`` flags (none given: ``--config``'s, else the default)."""
+    devices = {s: kw.pop(f"{s}_device") for s in _SLOT_DEVICES}
+    kw = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in kw.items()}
+    given = kw.pop("methods", None)
+    return one_method_settings(methods if methods is not None else (given or None),
+                               devices={k: v for k, v in devices.items() if v}, **kw)
+
+
+def running_command(name: str | None) -> Callable[..., None]:
+    """The typer command of ``ragfast run NAME`` (or of ``ragfast bench`` for None), flags from :class:`RunSettings`."""
+
+    def command(**kw: Any) -> None:
+        from ragfast.bench import run_bench
+        from ragfast.outdir import output_dir
+
+        resume = kw.pop("resume")
+        cfg = _settings_from_flags(kw, [name] if name else None)
+        with output_dir(cfg.out):
+            run_bench(cfg, resume=resume)
+
+    command.__signature__ = inspect.Signature(settings_parameters(with_methods=name is None))  # typer reads it
+    if name is None:
+        command.__name__ = "bench"
+        command.__doc__ = BENCH_HELP
+    else:
+        from ragfast.methods.base import get
+
+        command.__name__ = f"run_{name}"
+        doc = (get(name).__doc__ or name).strip().splitlines()[0]
+        command.__doc__ = (f"{doc}\n\nThe same runner, files and summary as `ragfast bench --method {name}` "
+                           "(trajectories/, ledgers/, manifest.json, summary.json, report); --resume continues it.")
     return command
+
+
+def run_command(name: str) -> Callable[..., None]:
+    """The typer command of ``ragfast run NAME``."""
+    return running_command(name)
+
+
+#: ``ragfast bench --help``'s text.
+BENCH_HELP = ("Run native Search-R1, S2G stopping, StepGap and RELOOP on the same questions.\n\n"
+              "Prints a side-by-side table (EM, F1, searches, tokens/FLOPs/seconds per component, total cost, ΔEM "
+              "and Δcost against native with paired-bootstrap CIs) and writes trajectories, summary.json, "
+              "summary.csv, report.md, report.html and PNG plots to --out. With no arguments it runs offline on the "
+              "bundled HotpotQA dev sample, and says which model filled each slot and whether its answers mean "
+              "anything.")
 
 
 def add_run_command(run_app: typer.Typer, name: str) -> None:

@@ -25,7 +25,7 @@ __all__ = ["RunSettings", "PRESETS", "HELP", "make_config", "check_paths", "flag
 
 @dataclass
 class RunSettings:
-    """Every slot and setting of a bench run; the defaults are the bundled, offline ones.
+    """Every slot and setting of a run (`ragfast bench`, `ragfast run M`); the defaults are the bundled, offline ones.
 
     Parameters
     ----------

@@ -15,7 +15,7 @@ from ragfast.methods.reloop.planners import kg_path_plan, lm_complete
 from ragfast.metrics import exact_match, f1
 from ragfast.models.base import Generator
 from ragfast.models.extractive import ExtractiveHead, render_pack
-from ragfast.models.plan import Plan
+from ragfast.methods.reloop.plan import Plan
 from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 

@@ -56,14 +56,14 @@ class LabelledStates:
     question_ids: list[str]
 
     def n_docs(self) -> np.ndarray:
-        from ragfast.models.cross_judge import split_documents
+        from ragfast.protocol import split_documents
 
         return np.array([len({d for b in s.evidence for d in split_documents(b)}) for s in self.states], dtype=float)
 
 
 def document_text(p: Passage) -> str:
     """A passage as the judge reads it inside a Search-R1 observation (``"Title") text``)."""
-    from ragfast.models.cross_judge import split_documents
+    from ragfast.protocol import split_documents
     from ragfast.protocol import format_docs
 
     return split_documents("<information>" + format_docs([p.to_row()]).strip() + "</information>")[0]
@@ -242,7 +242,7 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
 
     from ragfast.data import load_qa
     from ragfast.models.cross_judge import CROSS_FORMAT, STATE_FEATURES, cross_encoder_inputs
-    from ragfast.retrieval.encoder import minilm_path
+    from ragfast.encoders.encoder import minilm_path
 
     if not (0 < head_fraction < 1 and 0 < val_fraction < 1 and head_fraction + val_fraction < 0.8):
         raise ConfigError(f"head_fraction ({head_fraction}) and val_fraction ({val_fraction}) must be in (0, 1) "
@@ -392,7 +392,7 @@ def split_questions(questions: Sequence[Question], head_fraction: float, val_fra
 
 
 def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
-    from ragfast.models.cross_judge import split_documents
+    from ragfast.protocol import split_documents
 
     per = []
     for s in ls.states:
@@ -503,7 +503,7 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
 
     import ragfast
     from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     t_start = time.perf_counter() if t_start is None else t_start
     weights = out / "cross_judge.safetensors"
@@ -585,7 +585,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     import ragfast
     from ragfast.data import load_qa
     from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     if threads:
         torch.set_num_threads(int(threads))
