@@ -25,7 +25,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from ragfast.data import load_corpus, load_qa
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     corpus = load_corpus("wiki-sample")
     passages = corpus.contents(range(min(args.passages, len(corpus))))

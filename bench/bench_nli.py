@@ -133,7 +133,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ragfast.models.export import export_onnx, ort_session, quantize_int8
+    from ragfast.encoders.export import export_onnx, ort_session, quantize_int8
     from ragfast.models.nli import NLIScorer
 
     torch.set_num_threads(args.threads)

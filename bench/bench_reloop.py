@@ -2,7 +2,7 @@
 
 Part 1, neighbour expansion throughput (rows/s), in this process on the same data:
 
-* ``hseq-vectorised``: :meth:`ragfast.hseq.HSeq.expand` (parent, children, siblings, same row,
+* ``hseq-vectorised``: :meth:`ragfast.methods.reloop.hseq.HSeq.expand` (parent, children, siblings, same row,
   same column) over a batch of segment rows of one big HSEQ (every bundled TAT-QA document and
   the HotpotQA dev contexts), as CSR index gathers;
 * ``python-dict`` (anchor): the same neighbours from plain Python dicts of lists (parent map,
@@ -45,7 +45,7 @@ from bench.harness import print_table, row, time_fn, write_csv  # noqa: E402
 # ------------------------------------------------------------------------------------ part 1
 def _big_hseq():
     from ragfast.data import load_qa, sample
-    from ragfast.hseq import HSeq, from_tatqa, from_text
+    from ragfast.methods.reloop.hseq import HSeq, from_tatqa, from_text
 
     docs = json.loads(sample("tatqa-dev").read_text(encoding="utf-8"))
     parts = [from_tatqa(d, f"tat{i}") for i, d in enumerate(docs)]
@@ -89,7 +89,7 @@ def _dict_expand(rows, parent, kids, is_cell, col, cols):
 
 def bench_neighbours(batch: int, reps: int, rows_out: list) -> None:
     from ragfast.data import load_triples, sample
-    from ragfast.hseq import METAQA_RELATIONS, from_triples
+    from ragfast.methods.reloop.hseq import METAQA_RELATIONS, from_triples
 
     seq = _big_hseq()
     tables = _dict_tables(seq)

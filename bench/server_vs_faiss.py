@@ -82,7 +82,7 @@ def serve_anchor(data: str, threads: int, port: int, ready) -> None:
     from pydantic import BaseModel
     from transformers import AutoModel, AutoTokenizer
 
-    from ragfast.retrieval.encoder import minilm_path
+    from ragfast.encoders.encoder import minilm_path
 
     _threads(threads)
     rows = [json.loads(line) for line in open(Path(data) / "corpus.jsonl")]

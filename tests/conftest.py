@@ -12,7 +12,7 @@ import pytest
 @pytest.fixture(scope="session")
 def minilm_encoder():
     """The bundled MiniLM encoder (torch), loaded once for every test that only reads from it."""
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     return Encoder("minilm", batch_size=16)
 

@@ -161,7 +161,7 @@ def test_remote_judge_books_the_servers_reused_calls(minilm_encoder):
 def test_reloop_judge_cost_does_not_depend_on_what_the_judge_scored_before(docset_judge):
     import ragfast.methods.reloop as rl
     from ragfast.data import load_qa
-    from ragfast.retrieval.hashing import HashingEncoder
+    from ragfast.encoders.hashing import HashingEncoder
 
     wss = [rl.text_workspace(q) for q in load_qa("hotpotqa-dev", limit=4)]
     cfg = rl.ReloopConfig(k=2, window=6, max_steps=3, max_tokens=400, batch_size=2, judge_threshold=50.0)

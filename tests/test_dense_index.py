@@ -200,7 +200,7 @@ def small_corpus():
 
 
 def test_dense_retriever_and_cached_builder(small_corpus, tmp_path, monkeypatch):
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     led = CostLedger()
     r = build_default_retriever(small_corpus, cache_dir=tmp_path, progress=False, chunk_size=16)

@@ -42,7 +42,7 @@ def test_a_missing_provider_is_an_error_not_a_fallback(tmp_path):
     assert deps.require_ort_providers(["CPUExecutionProvider"]) == ["CPUExecutionProvider"]
     with pytest.raises(ConfigError, match=r"lacks CUDAExecutionProvider.*ragfast\[gpu\]"):
         deps.require_ort_providers(["CUDAExecutionProvider", "CPUExecutionProvider"])
-    from ragfast.models.export import ort_session
+    from ragfast.encoders.export import ort_session
 
     with pytest.raises(ConfigError, match="lacks CUDAExecutionProvider"):
         ort_session(tmp_path / "x.onnx", providers=["CUDAExecutionProvider"])

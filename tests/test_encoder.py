@@ -7,7 +7,7 @@ import torch
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
-from ragfast.retrieval.encoder import PRESETS, Encoder, encode_corpus, load_embeddings, minilm_path
+from ragfast.encoders.encoder import PRESETS, Encoder, encode_corpus, load_embeddings, minilm_path
 
 TEXTS = [
     "A cat sits on the mat.",

@@ -1,4 +1,4 @@
-"""ONNX export (ragfast.models.export): parity with torch, inputs, errors, int8, the CLI."""
+"""ONNX export (ragfast.encoders.export): parity with torch, inputs, errors, int8, the CLI."""
 import json
 import subprocess
 import sys
@@ -25,13 +25,13 @@ def bert():
 
 @pytest.fixture(scope="module")
 def deberta_onnx(deberta, tmp_path_factory):
-    from ragfast.models.export import export_onnx
+    from ragfast.encoders.export import export_onnx
 
     return export_onnx(deberta, tmp_path_factory.mktemp("onnx") / "nli")
 
 
 def test_deberta_parity_fp32(deberta, deberta_onnx):
-    from ragfast.models.export import parity_check
+    from ragfast.encoders.export import parity_check
 
     assert deberta_onnx.name == "model.onnx" and deberta_onnx.is_file()
     side = deberta_onnx.parent
@@ -46,7 +46,7 @@ def test_deberta_parity_fp32(deberta, deberta_onnx):
 
 
 def test_bert_with_token_types_and_feature_extraction(bert, tmp_path):
-    from ragfast.models.export import export_onnx, ort_session, parity_check
+    from ragfast.encoders.export import export_onnx, ort_session, parity_check
 
     f = export_onnx(bert, tmp_path / "bert.onnx")
     assert f == tmp_path / "bert.onnx"
@@ -63,7 +63,7 @@ def test_bert_with_token_types_and_feature_extraction(bert, tmp_path):
 def test_int8_quantised_model_runs(deberta, deberta_onnx, tmp_path):
     from transformers import AutoTokenizer
 
-    from ragfast.models.export import ort_session, quantize_int8, session_feed
+    from ragfast.encoders.export import ort_session, quantize_int8, session_feed
 
     q = quantize_int8(deberta_onnx, tmp_path / "q")
     assert json.loads((q.parent / "ragfast_export.json").read_text())["quantized"] == "dynamic-int8"
@@ -80,7 +80,7 @@ def test_int8_quantised_model_runs(deberta, deberta_onnx, tmp_path):
 
 
 def test_bad_inputs_name_the_problem(tmp_path, deberta):
-    from ragfast.models.export import export_onnx, find_onnx
+    from ragfast.encoders.export import export_onnx, find_onnx
 
     with pytest.raises(ModelError, match="does not exist"):
         export_onnx(tmp_path / "nope", tmp_path / "o")

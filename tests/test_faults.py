@@ -174,7 +174,7 @@ def test_killed_s2g_run_keeps_the_native_passes_costs(clean_run, tmp_path):
     # file), model and batch size: each finished question's records must be the clean run's.
     out = tmp_path / "s2g"
     args = [*run_args(out, limit=40)[2:], "--threshold", "0.5"]
-    done = _kill_after(["run", "s2g", *args], out / "native.jsonl", 4)
+    done = _kill_after(["study", "s2g", *args], out / "native.jsonl", 4)
     assert 4 <= done < 40
     ids = _finished_ids(out / "native.jsonl")
     got, clean = _ledger_by_question(out, "ledger-native.jsonl"), _ledger_by_question(clean_run)
@@ -284,7 +284,7 @@ def test_index_build_resume_refuses_another_corpus(tmp_path):
     r = cli(*args, "--corpus", str(a), "--keep-chunks")
     assert r.returncode == 0, r.stderr[-2000:]
     from ragfast.data import load_corpus
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     want = Encoder("minilm").encode_passages(load_corpus(str(a)).contents(range(160))).numpy()
     got = np.load(out / "vectors.npy")
@@ -299,7 +299,7 @@ def test_index_build_resume_refuses_another_corpus(tmp_path):
 
 
 def test_embedding_chunks_refuse_another_corpus_of_the_same_size(minilm_encoder, tmp_path):
-    from ragfast.retrieval.encoder import encode_corpus
+    from ragfast.encoders.encoder import encode_corpus
 
     a = [f"apple passage {i}" for i in range(12)]
     b = [f"brick passage {i}" for i in range(12)]

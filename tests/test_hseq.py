@@ -7,10 +7,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragfast import hseq
+from ragfast.methods.reloop import hseq
 from ragfast.data import load_triples, sample
 from ragfast.errors import DataError
-from ragfast.hseq import HSeq, from_tatqa, from_text, from_triples, gather_csr, to_source
+from ragfast.methods.reloop.hseq import HSeq, from_tatqa, from_text, from_triples, gather_csr, to_source
 
 
 def _hotpot_contexts():

@@ -102,7 +102,7 @@ def test_permuted_id2label_gives_same_canonical_probs(deberta, scorer, tmp_path)
 
 
 def test_onnx_backend_parity(deberta, scorer, tmp_path):
-    from ragfast.models.export import export_onnx
+    from ragfast.encoders.export import export_onnx
 
     export_onnx(deberta, tmp_path / "onnx", max_length=128)
     onnx = NLIScorer(tmp_path / "onnx", backend="onnx", max_length=128, token_budget=512)

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ragfast.cost import CostLedger
 from ragfast.data import load_qa, sample
 from ragfast.errors import ConfigError, DataError
-from ragfast.hseq import from_triples, to_source
+from ragfast.methods.reloop.hseq import from_triples, to_source
 from ragfast.models.base import Generator
 import ragfast.methods.reloop as rl
 from ragfast.commands.reloop import run_reloop_command

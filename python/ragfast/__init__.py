@@ -47,11 +47,11 @@ _LAZY: dict[str, str] = {
     "load_corpus": "ragfast.data",
     "sample": "ragfast.data",
     "Corpus": "ragfast.data",
-    "HSeq": "ragfast.hseq",
+    "HSeq": "ragfast.methods.reloop.hseq",
     # retrieval
     "Hit": "ragfast.retrieval.base",
     "Retriever": "ragfast.retrieval.base",
-    "Encoder": "ragfast.retrieval.encoder",
+    "Encoder": "ragfast.encoders.encoder",
     "DenseIndex": "ragfast.retrieval.dense",
     "ShardedIndex": "ragfast.retrieval.dense",
     "DenseRetriever": "ragfast.retrieval.dense",

@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "ragfast.commands.cost",
     "ragfast.commands.models",
     "ragfast.commands.calibrate",
+    "ragfast.commands.methods",  # last: generates `run M` for the registered methods
 )
 
 

@@ -6,13 +6,14 @@ components and methods because generators, judges, training and the loop all spe
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 from ragfast.errors import DataError
 from ragfast.types import Question
 
 __all__ = ["PROMPT_TEMPLATE", "INVALID_OBSERVATION", "STOP", "build_prompt", "parse_action",
-           "format_docs", "format_observation"]
+           "format_docs", "format_observation", "ObservedDoc", "parse_observation", "split_documents"]
 
 # Byte-for-byte the prompt Search-R1 checkpoints were trained on (PeterGriffinJin/Search-R1,
 # scripts/data_process/nq_search.py, make_prefix, template_type "base"), typo "as your want"
@@ -111,3 +112,66 @@ def format_docs(docs: Sequence[Any]) -> str:
 def format_observation(docs: Sequence[Any]) -> str:
     """The observation appended after a search: ``\\n\\n<information>{docs.strip()}</information>\\n\\n``."""
     return f"\n\n<information>{format_docs(docs).strip()}</information>\n\n"
+
+
+# -- reading observations back ---------------------------------------------------------------
+# The one reader of the format format_docs writes: judges, StepGap's checker and training read
+# documents through it. A document starts at a line beginning "Doc {i}(Title: " and runs to
+# the next one; the closing </information> is optional (Search-R1 truncates observations to
+# 500 tokens, which can cut it).
+_DOC_HEAD = re.compile(r"(?:^|\n)\s*Doc (\d+)\(Title: ")
+_INFO_BLOCK = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
+_INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
+_TITLE_TEXT = re.compile(r"(.*?)\) (.*)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class ObservedDoc:
+    """One document of an observation, as the reasoner saw it.
+
+    Attributes
+    ----------
+    rank : int
+        Its ``Doc`` number (1-based).
+    title, text : str
+        The title (quotes stripped) and the text.
+    raw : str
+        Everything after ``Doc {i}(Title: `` (``Title) text``): what the judges embed.
+    """
+
+    rank: int
+    title: str
+    text: str
+    raw: str
+
+
+def _pieces(body: str) -> Iterator[tuple[int | None, str]]:
+    """(rank, raw) of each document of one block body; text before the first ``Doc`` has rank None."""
+    heads = list(_DOC_HEAD.finditer(body))
+    yield None, body[: heads[0].start()] if heads else body
+    for i, m in enumerate(heads):
+        yield int(m.group(1)), body[m.end(): heads[i + 1].start() if i + 1 < len(heads) else len(body)]
+
+
+def split_documents(block: str) -> list[str]:
+    """The documents of one evidence block as the judges read them: one ``Title) text`` string per
+    ``Doc`` of a Search-R1 observation (``<information>...</information>`` optional); text before
+    the first ``Doc``, or a block without any, is a document of its own."""
+    body = _INFO_TAGS.sub("", block.strip()).strip()
+    docs = [raw.strip() for _, raw in _pieces(body) if raw.strip()]
+    return docs if docs else ([body] if body else [])
+
+
+def parse_observation(observation: str) -> list[ObservedDoc]:
+    """The documents of every ``<information>`` block of a turn's observation, in order.
+
+    A block truncated before ``</information>`` still yields its documents (the last one cut
+    where the truncation cut it); a piece without ``Title) text`` is skipped.
+    """
+    out: list[ObservedDoc] = []
+    for block in _INFO_BLOCK.findall(observation or ""):
+        for rank, raw in _pieces(block.strip()):
+            m = _TITLE_TEXT.match(raw) if rank is not None else None
+            if m is not None:
+                out.append(ObservedDoc(rank, m.group(1).strip().strip('"'), m.group(2).strip(), raw.strip()))
+    return out

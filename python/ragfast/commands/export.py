@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
                              no_args_is_help=True)
 
     def _do(path: str, out: str, task: str, opset: int, max_length: int, parity: bool, int8: bool) -> None:
-        from ragfast.models.export import export_onnx, parity_check, quantize_int8
+        from ragfast.encoders.export import export_onnx, parity_check, quantize_int8
 
         # The names every other command takes for a model slot: ``tiny`` (random weights) and,
         # for encoders, the bundled ``minilm``.
@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
 
             path = str(tiny_path("deberta-v2" if task == "sequence-classification" else "bert"))
         elif path == "minilm" and task == "feature-extraction":
-            from ragfast.retrieval.encoder import minilm_path
+            from ragfast.encoders.encoder import minilm_path
 
             path = str(minilm_path())
         f = export_onnx(path, out, task=task, opset=opset, max_length=max_length)

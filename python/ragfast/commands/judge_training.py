@@ -86,7 +86,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
 def register(app: typer.Typer) -> None:
     @app.command("label-states")
     def label_states_cmd(
-        results_dir: Path = typer.Argument(..., help="A `ragfast run s2g` or `ragfast bench` results directory."),
+        results_dir: Path = typer.Argument(..., help="A `ragfast study s2g` or `ragfast bench` results directory."),
         source: List[str] = typer.Option(["probe"], "--source", help="probe | gold | teacher (repeatable)."),
         teacher: Optional[str] = typer.Option(None, "--teacher", help="Teacher LLM: an OpenAI-compatible URL or a "
                                                                       "causal-LM directory."),

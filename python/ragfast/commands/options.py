@@ -128,7 +128,7 @@ def with_flags(*names: str) -> Callable[[Callable[..., Any]], Callable[..., Any]
 def _known_elsewhere() -> set[str]:
     import dataclasses
 
-    from ragfast.bench import BenchConfig
+    from ragfast.runner.settings import RunSettings
 
     from ragfast.settings import BENCH_NAMES, RUN_ONLY
 
@@ -136,7 +136,7 @@ def _known_elsewhere() -> set[str]:
     others = {"judge", "nli", "nli_backend", "served_model", "tokenizer", "model_config", "threshold",
               "min_precision"}
     return (set(FLAGS) | set(ALIASES) | set(BENCH_NAMES) | set(RUN_ONLY) | others
-            | {f.name for f in dataclasses.fields(BenchConfig)})
+            | {f.name for f in dataclasses.fields(RunSettings)})
 
 
 def resolve(config: str | None, given: Mapping[str, Any], defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """``ragfast report ...``: evaluate finished runs from their results directories.
 
-``report s2g RESULTS_DIR`` recomputes the S2G report from a ``run s2g`` directory; other areas
+``report s2g RESULTS_DIR`` recomputes the S2G report from a ``study s2g`` directory; other areas
 add theirs to :data:`report_app` (``report cost`` in :mod:`ragfast.commands.cost`).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["report_app", "register", "report_s2g"]
 
 def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0,
                margin: float = 0.02) -> dict[str, Any]:
-    """Evaluate a ``run s2g`` directory; write ``s2g_report.md`` and ``s2g_report.json`` there.
+    """Evaluate a ``study s2g`` directory; write ``s2g_report.md`` and ``s2g_report.json`` there.
 
     The study's figures go to ``s2g_judges.json``, computed from ``s2g_states.jsonl`` (built from
     ``states.jsonl`` for a run that predates it).
@@ -44,7 +44,7 @@ def report_s2g(results_dir: str | Path, *, n_resamples: int = 10000, seed: int =
 
 @report_app.command("s2g")
 def s2g_report_cmd(
-    results_dir: str = typer.Argument(..., help="A directory written by `ragfast run s2g`."),
+    results_dir: str = typer.Argument(..., help="A directory written by `ragfast study s2g`."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
     seed: int = typer.Option(0, "--seed", help="Seed of the scripted reasoner, the bootstrap and sampling."),
     margin: float = typer.Option(0.02, "--margin", help="Non-inferiority margin on EM (0.02 = 2 points)."),

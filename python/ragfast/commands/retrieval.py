@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
                con) -> None:
         from ragfast.data import load_corpus
         from ragfast.errors import ConfigError
-        from ragfast.retrieval.encoder import corpus_fingerprint
+        from ragfast.encoders.encoder import corpus_fingerprint
 
         t0 = time.perf_counter()
         corp = load_corpus(corpus)
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
             report.update(encoder="bm25", build_s=round(time.perf_counter() - t1, 3))
         else:
             from ragfast.retrieval.dense import DenseIndex
-            from ragfast.retrieval.encoder import Encoder, encode_corpus, load_embeddings
+            from ragfast.encoders.encoder import Encoder, encode_corpus, load_embeddings
 
             be = backend or ("faiss" if factory else "flat")
             enc = Encoder(encoder, device=device, batch_size=batch_size)

@@ -1,6 +1,7 @@
-"""``ragfast run s2g``: the S2G stopping judge, run and evaluated (``ragfast report s2g`` re-evaluates).
+"""``ragfast study s2g``: the S2G stopping judge, run and evaluated (``ragfast report s2g`` re-evaluates).
 
-``run s2g`` writes, into ``--out``:
+``ragfast run s2g`` runs the registered method through the bench's runner; this study does more
+and writes its own files. ``study s2g`` writes, into ``--out``:
 
 - ``native.jsonl``: native Search-R1 trajectories (validation and test questions);
 - ``states.jsonl``: per state 0..S, the judge's score and the answer-only probe's answer and EM
@@ -27,7 +28,7 @@ from ragfast.commands import options as opt
 
 from ragfast.errors import ConfigError
 
-__all__ = ["register", "run_s2g_command"]
+__all__ = ["register", "run_s2g_command", "study_app"]
 
 
 def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", retriever: str = "default",
@@ -38,7 +39,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                     live: bool = True, n_resamples: int = 10000, corpus: str | Sequence[str] | None = None,
                     encoder: str = "minilm", device: str = "cpu", overwrite: bool = False,
                     progress: bool = True) -> dict[str, Any]:
-    """What ``ragfast run s2g`` does; returns the evaluation it reports.
+    """What ``ragfast study s2g`` does; returns the evaluation it reports.
 
     Raises
     ------
@@ -188,8 +189,13 @@ def s2g_run_cmd(
                         progress=not no_progress)
 
 
-def register(app: typer.Typer) -> None:
-    """Add ``run s2g`` to the shared run group."""
-    from ragfast.commands.run import run_app
+#: ``ragfast study ...``: the replay studies, whose layout is the study's own (``ragfast run s2g``
+#: is the registered method through the one runner, as ``ragfast bench --method s2g``).
+study_app = typer.Typer(help="Replay studies of a method (native run, every state scored and probed, frozen "
+                             "threshold, live run, report).", no_args_is_help=True)
 
-    run_app.command("s2g")(s2g_run_cmd)
+
+def register(app: typer.Typer) -> None:
+    """Add ``study s2g`` (the S2G replay study; it was ``run s2g`` before the method registry)."""
+    study_app.command("s2g")(s2g_run_cmd)
+    app.add_typer(study_app, name="study")

@@ -20,7 +20,7 @@ def __getattr__(name: str):
 
         return NLIScorer
     if name == "export_onnx":
-        from ragfast.models.export import export_onnx
+        from ragfast.encoders.export import export_onnx
 
         return export_onnx
     raise AttributeError(f"module 'ragfast.models' has no attribute {name!r}")

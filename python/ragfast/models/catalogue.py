@@ -108,7 +108,7 @@ def entry(name: str) -> CatalogueEntry:
 
 def models_root() -> Path:
     """``$RAGFAST_CACHE/models`` (default ``~/.cache/ragfast/models``)."""
-    from ragfast.retrieval.encoder import cache_root
+    from ragfast.encoders.encoder import cache_root
 
     return cache_root() / "models"
 

@@ -23,7 +23,6 @@ default judge is :class:`ragfast.models.doc_judge.DocSetJudge`.
 from __future__ import annotations
 
 import json
-import re
 import time
 from abc import abstractmethod
 from collections import OrderedDict
@@ -36,6 +35,7 @@ from ragfast.cache import text_key
 from ragfast.cost import CostLedger
 from ragfast.errors import DataError, ModelError
 from ragfast.models.base import Judge
+from ragfast.protocol import split_documents
 from ragfast.types import State
 
 __all__ = ["CROSS_FORMAT", "CrossEncoderJudge", "default_cross_judge_path", "split_documents",
@@ -48,24 +48,11 @@ STATE_FEATURES = ("top1", "top2", "top3", "logp_top2_needed", "expected_needed",
 #: Logit that stands in for a missing document (a state with fewer than three documents).
 MISSING_LOGIT = -8.0
 
-_DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+\(Title: ")
-_INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
 
 
 def default_cross_judge_path() -> Path:
     """Where an installed cross-encoder judge lives (``ragfast/models/weights/cross_judge.safetensors``; none ships)."""
     return Path(__file__).resolve().parent / "weights" / "cross_judge.safetensors"
-
-
-def split_documents(block: str) -> list[str]:
-    """The documents of one evidence block, as the cross-encoder reads them.
-
-    A Search-R1 observation (``<information>Doc 1(Title: T) text\\nDoc 2(...)...</information>``)
-    gives one string per document, ``T) text``; any other block is one document.
-    """
-    body = _INFO_TAGS.sub("", block.strip()).strip()
-    docs = [p.strip() for p in _DOC_SPLIT.split(body) if p.strip()]
-    return docs if docs else ([body] if body else [])
 
 
 def _log_sigmoid(x: np.ndarray) -> np.ndarray:
@@ -230,7 +217,7 @@ class CrossEncoderJudge(DocumentStateJudge):
         t = load_file(str(p))
         base = self.card.get("base", "minilm")
         if base == "minilm":
-            from ragfast.retrieval.encoder import minilm_path
+            from ragfast.encoders.encoder import minilm_path
 
             base_dir = minilm_path()
         else:

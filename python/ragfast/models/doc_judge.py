@@ -123,7 +123,7 @@ def set_features(question: str, docs: Sequence[str], doc_logits: Sequence[float]
     question : str
     docs : sequence of str
         The state's distinct documents, ``Title) text`` strings as
-        :func:`ragfast.models.cross_judge.split_documents` gives them.
+        :func:`ragfast.protocol.split_documents` gives them.
     doc_logits : sequence of float
         The judge's document logit per document.
 
@@ -175,7 +175,7 @@ def _words(text: str) -> set[str]:
 class DocFeatures:
     """Per (question, document) features on a frozen sentence encoder, with embedding caches.
 
-    The caches are LRU and capped in bytes (:class:`ragfast.retrieval.encoder.EmbeddingCache`):
+    The caches are LRU and capped in bytes (:class:`ragfast.encoders.encoder.EmbeddingCache`):
     a judge behind a server sees an unbounded stream of distinct texts. A text found in a cache
     is charged what embedding it costs (``reused`` counts only a text the same question read
     before on the same ledger), so a caller's recorded cost does not depend on what this judge
@@ -183,7 +183,7 @@ class DocFeatures:
     """
 
     def __init__(self, encoder: Any, max_bytes: int | None = None):
-        from ragfast.retrieval.encoder import EmbeddingCache
+        from ragfast.encoders.encoder import EmbeddingCache
 
         self.encoder = encoder
         self.dim = int(encoder.dim)
@@ -202,7 +202,7 @@ class DocFeatures:
     def __call__(self, pairs: Sequence[tuple[str, str]], *, ledger: CostLedger | None = None,
                  question_ids: Sequence[Any] | None = None) -> np.ndarray:
         """Features ``[len(pairs), n_features]`` (float32); new texts are embedded (cost to ``ledger``)."""
-        from ragfast.retrieval.encoder import record_embedded
+        from ragfast.encoders.encoder import record_embedded
 
         qids = list(question_ids) if question_ids is not None else [None] * len(pairs)
         qe = self._q.embed([q for q, _ in pairs], qids)
@@ -235,7 +235,7 @@ class DocSetJudge(DocumentStateJudge):
         them; default: the bundled judge (:func:`default_docset_judge_path`).
     device : str
         Encoder device.
-    encoder : ragfast.retrieval.encoder.Encoder, optional
+    encoder : ragfast.encoders.encoder.Encoder, optional
         Reuse an already loaded encoder (must match the card's encoder).
     """
 
@@ -260,7 +260,7 @@ class DocSetJudge(DocumentStateJudge):
             raise ModelError(f"{card_path}: state features differ from this ragfast's {list(DOCSET_STATE_FEATURES)}")
         t = load_file(str(p))
         if encoder is None:
-            from ragfast.retrieval.encoder import Encoder
+            from ragfast.encoders.encoder import Encoder
 
             encoder = Encoder(self.card.get("encoder", "minilm"), device=device)
         self.encoder = encoder

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -27,6 +26,7 @@ from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.base import Judge
 from ragfast.models.causal_judge import CausalJudge
 from ragfast.models.judge_prompt import as_states, context_blocks
+from ragfast.protocol import split_documents
 from ragfast.text import content_words
 from ragfast.types import State
 
@@ -38,21 +38,12 @@ __all__ = ["EncoderJudge", "load_judge", "default_encoder_judge_path", "build_tr
 # ---------------------------------------------------------------------------------------------
 #: Bumped when the feature layout changes; a head trained on another layout will not load.
 FEATURE_VERSION = 1
-_DOC_SPLIT = re.compile(r"(?:^|\n)\s*Doc \d+\(Title: ")
-_INFO_TAGS = re.compile(r"^\s*<information>|</information>\s*$")
 _N_SCALARS = 7
 
 
 def default_encoder_judge_path() -> Path:
     """The bundled EncoderJudge head (``ragfast/models/weights/encoder_judge.safetensors``)."""
     return Path(__file__).resolve().parent / "weights" / "encoder_judge.safetensors"
-
-
-def _split_docs(block: str) -> list[str]:
-    """The documents of one evidence block (Search-R1 ``Doc i(Title: ...) ...`` lines), else the block."""
-    body = _INFO_TAGS.sub("", block.strip()).strip()
-    docs = [p.strip() for p in _DOC_SPLIT.split(body) if p.strip()]
-    return docs if docs else ([body] if body else [])
 
 
 def _content_words(text: str) -> set[str]:
@@ -70,7 +61,7 @@ class _FeatureMaker:
     """
 
     def __init__(self, encoder: Any, cache_bytes: int | None = None):
-        from ragfast.retrieval.encoder import EmbeddingCache
+        from ragfast.encoders.encoder import EmbeddingCache
 
         self.encoder = encoder
         self.dim = int(encoder.dim)
@@ -93,10 +84,10 @@ class _FeatureMaker:
     def __call__(self, states: Sequence[State], question_ids: Sequence[Any] | None = None,
                  ledger: CostLedger | None = None) -> np.ndarray:
         """Features ``[len(states), n_features]``; the embeddings are charged to ``ledger`` as ``judge``."""
-        from ragfast.retrieval.encoder import record_embedded
+        from ragfast.encoders.encoder import record_embedded
 
         qids = list(question_ids) if question_ids is not None else [None] * len(states)
-        docs = [[d for b in context_blocks(s) for d in _split_docs(b)] for s in states]
+        docs = [[d for b in context_blocks(s) for d in split_documents(b)] for s in states]
         qe = self._q.embed([s.question for s in states], qids)
         flat = [(d, qid) for ds, qid in zip(docs, qids) for d in ds]
         de = self._d.embed([d for d, _ in flat], [q for _, q in flat])
@@ -138,7 +129,7 @@ class EncoderJudge(Judge):
         trained by ``ragfast train-judge`` on the bundled HotpotQA train sample.
     device : str
         Encoder device.
-    encoder : ragfast.retrieval.encoder.Encoder, optional
+    encoder : ragfast.encoders.encoder.Encoder, optional
         Reuse an already loaded encoder (must match the card's encoder).
 
     Notes
@@ -164,7 +155,7 @@ class EncoderJudge(Judge):
         self.weight = t["weight"].astype(np.float64).reshape(-1)
         self.bias = float(t["bias"].reshape(-1)[0])
         if encoder is None:
-            from ragfast.retrieval.encoder import Encoder
+            from ragfast.encoders.encoder import Encoder
 
             encoder = Encoder(self.card["encoder"], device=device)
         self.encoder = encoder
@@ -269,7 +260,7 @@ def build_training_states(questions: Sequence[Any], corpus: Any, features: "_Fea
     if n < k:
         raise DataError(f"corpus has {n} passages, fewer than k={k}")
     passages = [corpus.passage(i) for i in range(n)]
-    doc_texts = [_split_docs(_observation([p]))[0] for p in passages]
+    doc_texts = [split_documents(_observation([p]))[0] for p in passages]
     features.embed_documents(doc_texts)
     P = np.stack([features.doc_vector(t) for t in doc_texts])
     # Turn by turn over all questions, so each turn's queries are one batched encoder call.
@@ -351,7 +342,7 @@ def train_encoder_judge(data: str | Path, out_dir: str | Path, *, dev: str | Pat
 
     import ragfast
     from ragfast.data import corpus_from_contexts, load_qa
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     if not 0.0 < val_fraction < 0.9:
         raise ConfigError(f"val_fraction must be in (0, 0.9), got {val_fraction}")

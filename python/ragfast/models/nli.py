@@ -148,7 +148,7 @@ class NLIScorer:
     ----------
     path : str or Path
         A local Hugging Face sequence-classification directory (torch backend), or a
-        directory written by :func:`ragfast.models.export.export_onnx` (onnx backend). With
+        directory written by :func:`ragfast.encoders.export.export_onnx` (onnx backend). With
         ``backend="onnx"`` and a Hugging Face directory, the model is exported once into
         ``$RAGFAST_CACHE/onnx`` (default ``~/.cache/ragfast/onnx``).
     backend : {"torch", "onnx"}
@@ -204,7 +204,7 @@ class NLIScorer:
         self._session = None
         self._model = None
         if backend == "onnx":
-            from ragfast.models import export as _export
+            from ragfast.encoders import export as _export
 
             try:
                 onnx_file = _export.find_onnx(p)
@@ -230,7 +230,7 @@ class NLIScorer:
                     str(model_dir), local_files_only=True, dtype=torch.float32).to(device).eval()
             except Exception as exc:
                 raise ModelError(f"cannot load NLI model from {str(model_dir)!r}: {exc}") from exc
-            from ragfast.models.export import model_input_names
+            from ragfast.encoders.export import model_input_names
 
             self._inputs = model_input_names(self._model, self.tokenizer)
         self.model_dir = model_dir
@@ -256,7 +256,7 @@ class NLIScorer:
 
     # -- internals -----------------------------------------------------------------------------
     def _cached_export(self, model_dir: Path) -> Path:
-        from ragfast.models.export import export_onnx
+        from ragfast.encoders.export import export_onnx
 
         root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser() / "onnx"
         import hashlib

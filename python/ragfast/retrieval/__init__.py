@@ -12,9 +12,9 @@ from typing import Any
 from ragfast.retrieval.base import Hit, Retriever
 
 _LAZY = {
-    "Encoder": "ragfast.retrieval.encoder",
-    "encode_corpus": "ragfast.retrieval.encoder",
-    "load_embeddings": "ragfast.retrieval.encoder",
+    "Encoder": "ragfast.encoders.encoder",
+    "encode_corpus": "ragfast.encoders.encoder",
+    "load_embeddings": "ragfast.encoders.encoder",
     "DenseIndex": "ragfast.retrieval.dense",
     "ShardedIndex": "ragfast.retrieval.dense",
     "DenseRetriever": "ragfast.retrieval.dense",

@@ -11,7 +11,7 @@
   sees GPUs. A plain faiss file, e.g. Search-R1's ``e5_Flat.index``, loads as it is.
 
 ``ShardedIndex`` splits a flat index into row ranges and merges their top-k exactly.
-``DenseRetriever`` joins an :class:`~ragfast.retrieval.encoder.Encoder`, an index and a corpus
+``DenseRetriever`` joins an :class:`~ragfast.encoders.encoder.Encoder`, an index and a corpus
 into a :class:`~ragfast.retrieval.base.Retriever`.
 """
 from __future__ import annotations
@@ -706,7 +706,7 @@ def build_default_retriever(corpus: Any, encoder: Any = "minilm", cache_dir: str
         Default ``"minilm"`` (the bundled all-MiniLM-L6-v2).
     storage : {"fp32", "fp16", "bf16", "int8"}
     """
-    from ragfast.retrieval.encoder import Encoder, cache_root, corpus_fingerprint, encode_corpus, load_embeddings
+    from ragfast.encoders.encoder import Encoder, cache_root, corpus_fingerprint, encode_corpus, load_embeddings
 
     if isinstance(corpus, (str, os.PathLike)):
         from ragfast.data import load_corpus

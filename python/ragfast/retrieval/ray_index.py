@@ -289,7 +289,7 @@ def sharded_dense_retriever(corpus: Any, vectors: str | os.PathLike, num_shards:
 
         corpus = load_corpus(corpus)
     if isinstance(encoder, (str, os.PathLike)):
-        from ragfast.retrieval.encoder import Encoder
+        from ragfast.encoders.encoder import Encoder
 
         encoder = Encoder(str(encoder), device=device)
     index = RayShardedIndex(vectors, num_shards, storage=storage, kernel_backend=kernel_backend,

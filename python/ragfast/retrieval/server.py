@@ -345,7 +345,7 @@ def load_retriever(corpus: str | os.PathLike | Any, index: str | os.PathLike | N
             raise ConfigError("--encoder bm25 builds its own index; give a BM25 index directory or no --index")
         return BM25Retriever.build(corp)
     from ragfast.retrieval.dense import DenseIndex, DenseRetriever, build_default_retriever
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     if index is not None and Path(index, "sharded.json").exists():
         from ragfast.retrieval.dense import ShardedIndex

@@ -158,7 +158,7 @@ def build(encoder: Any, passages: Sequence[str], *, root: Path | None = None, no
 def main() -> None:
     """Rebuild the shipped MiniLM vectors of the bundled passages (HotpotQA dev contexts + wiki sample)."""
     from ragfast.data import corpus_from_contexts, load_corpus
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     passages: list[str] = []
     for corpus in (corpus_from_contexts("hotpotqa-dev"), load_corpus("wiki-sample")):

@@ -178,7 +178,7 @@ def encoder(spec: str = "minilm", *, backend: str = "auto", device: str = "cpu")
     back to torch, with a warning in the log, if the export fails.
     """
     if spec == "hashing":
-        from ragfast.retrieval.hashing import HashingEncoder
+        from ragfast.encoders.hashing import HashingEncoder
 
         return HashingEncoder()
     from ragfast.retrieval import Encoder
@@ -272,7 +272,7 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
     if name == "auto":
         name = "encoder" if kind == "text" else "heuristic"
     if name == "heuristic":
-        from ragfast.models.sufficiency import HeuristicSufficiency
+        from ragfast.methods.reloop.sufficiency import HeuristicSufficiency
 
         return HeuristicSufficiency(multi_doc=(kind == "text"))
     if is_url(name):

@@ -14,10 +14,10 @@ The loop, per question (batched over questions at every step):
    already-read rows excluded): the top ``window`` form the sliding window, the best ``k`` of
    the window (dense score plus guidance bonuses) are read, each one pulls in its structural
    context (the lead sentence of its paragraph; a cell's row-label cell, its headers being part
-   of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.hseq`; for
+   of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.methods.reloop.hseq`; for
    multi-hop plans the next query adds bridge names met in the evidence; a
    :class:`~ragfast.models.Judge` scores the state (``judge="auto"``: the trained EncoderJudge
-   on text when its weights are installed, else :class:`~ragfast.models.sufficiency.HeuristicSufficiency`, a documented
+   on text when its weights are installed, else :class:`~ragfast.methods.reloop.sufficiency.HeuristicSufficiency`, a documented
    rule). The loop stops at the first sufficient state, or when the step or token budget is
    spent, or when nothing is left to read. Budgets are hard: a segment that would cross the
    token budget is never added.
@@ -31,17 +31,17 @@ The loop, per question (batched over questions at every step):
 
 For MetaQA the ``kg-path`` planner follows the parsed relation path from the topic entity by
 path-count propagation over the per-relation CSR adjacency (as
-:meth:`ragfast.hseq.KGraph.hop_counts`, one iterator step per hop); the answer set is every entity
+:meth:`ragfast.methods.reloop.hseq.KGraph.hop_counts`, one iterator step per hop); the answer set is every entity
 reached, and the single answer string is the first of them in a deterministic order (most
 supporting paths first, then earliest supporting triple in the KB file): EM is then Hits@1
 against the gold list, and set-level precision/recall/F1 against the gold set are reported too.
 
 Modules: :mod:`.config` (settings), :mod:`.planners` (MetaQA path parser, LLM planner; the
-template planner is :mod:`ragfast.models.plan`), :mod:`.workspace` (candidates),
+template planner is :mod:`.plan`), :mod:`.sufficiency` (the rule judge), :mod:`.hseq` (the HSEQ format),
+:mod:`.workspace` (candidates),
 :mod:`.iterate` (the budgeted iterator), :mod:`.pack` (evidence pack and provenance), :mod:`.kg`
 (knowledge-graph runs), :mod:`.loop` (head, verifier, text/table runs, the end-to-end driver).
-The generic pieces live in components: :class:`~ragfast.retrieval.hashing.HashingEncoder`,
-:class:`~ragfast.models.sufficiency.HeuristicSufficiency`,
+The generic pieces live in components: :class:`~ragfast.encoders.hashing.HashingEncoder`,
 :class:`~ragfast.models.extractive.ExtractiveHead` and :func:`~ragfast.models.extractive.render_pack`.
 """
 from __future__ import annotations
@@ -55,9 +55,9 @@ from ragfast.methods.reloop.pack import canonicalise, item_view, resolve_provena
 from ragfast.methods.reloop.planners import LLM_PLAN_PROMPT, kg_path_plan, llm_plans, lm_complete
 from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_workspace, workspace_key
 from ragfast.models.extractive import ExtractiveHead, render_pack
-from ragfast.models.plan import Plan, answer_type_of, heuristic_plan
-from ragfast.models.sufficiency import HeuristicSufficiency
-from ragfast.retrieval.hashing import HashingEncoder, default_encoder
+from ragfast.methods.reloop.plan import Plan, answer_type_of, heuristic_plan
+from ragfast.methods.reloop.sufficiency import HeuristicSufficiency
+from ragfast.encoders.hashing import HashingEncoder, default_encoder
 
 __all__ = [
     "ReloopConfig",

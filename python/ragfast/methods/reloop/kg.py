@@ -9,13 +9,13 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import DataError
-from ragfast.hseq import METAQA_RELATIONS, HSeq, from_triples
+from ragfast.methods.reloop.hseq import METAQA_RELATIONS, HSeq, from_triples
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.planners import kg_path_plan, lm_complete
 from ragfast.metrics import exact_match, f1
 from ragfast.models.base import Generator
 from ragfast.models.extractive import ExtractiveHead, render_pack
-from ragfast.models.plan import Plan
+from ragfast.methods.reloop.plan import Plan
 from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 
@@ -106,7 +106,7 @@ def run_kg_path(questions: Sequence[Question], seq: HSeq, *, cfg: ReloopConfig, 
     which returns the entity the best-ranked triple reached).
     """
     if seq.kg is None:
-        raise DataError("run_kg_path needs a knowledge-graph HSEQ (from ragfast.hseq.from_triples)")
+        raise DataError("run_kg_path needs a knowledge-graph HSEQ (from ragfast.methods.reloop.hseq.from_triples)")
     ledger = ledger if ledger is not None else CostLedger()
     generator = generator or ExtractiveHead()
     rows = []

@@ -20,8 +20,8 @@ from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_wo
 from ragfast.metrics import exact_match, f1
 from ragfast.models.base import Generator, Judge
 from ragfast.models.extractive import render_pack
-from ragfast.models.plan import Plan, heuristic_plan
-from ragfast.models.sufficiency import HeuristicSufficiency
+from ragfast.methods.reloop.plan import Plan, heuristic_plan
+from ragfast.methods.reloop.sufficiency import HeuristicSufficiency
 from ragfast.text import YEAR_PATTERN, parse_number, words
 
 __all__ = ["verify", "answer", "run_text", "run_questions", "check_setup", "dataset_kind", "summarise_rows"]

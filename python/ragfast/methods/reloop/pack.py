@@ -51,7 +51,7 @@ def item_view(item: dict[str, Any]) -> str:
 
 
 def resolve_provenance(item: dict[str, Any], source: Any) -> str:
-    """Follow one pack item's pointer into its rebuilt source (:func:`ragfast.hseq.to_source`).
+    """Follow one pack item's pointer into its rebuilt source (:func:`ragfast.methods.reloop.hseq.to_source`).
 
     Returns the exact source text the pointer names; tests compare it with ``item["snippet"]``.
     """

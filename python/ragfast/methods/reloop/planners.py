@@ -8,7 +8,7 @@ from typing import Any, Sequence
 from ragfast.cost import CostLedger
 from ragfast.errors import DataError
 from ragfast.models.base import Generator
-from ragfast.models.plan import ANSWER_TYPES, Plan, heuristic_plan
+from ragfast.methods.reloop.plan import ANSWER_TYPES, Plan, heuristic_plan
 
 __all__ = ["kg_path_plan", "LLM_PLAN_PROMPT", "lm_complete", "llm_plans"]
 

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ragfast.errors import DataError
-from ragfast.hseq import HSeq, from_tatqa, from_text
+from ragfast.methods.reloop.hseq import HSeq, from_tatqa, from_text
 from ragfast.types import Question
 
 __all__ = ["Workspace", "text_workspace", "tatqa_workspace", "workspace_key"]

@@ -159,7 +159,7 @@ def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str,
 
 def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0,
              margin: float = NON_INFERIORITY_MARGIN) -> dict[str, Any]:
-    """The four-part S2G evaluation of a results directory written by ``ragfast run s2g``.
+    """The four-part S2G evaluation of a results directory written by ``ragfast study s2g``.
 
     Reads ``states.jsonl`` (recorded native states: scores and probe answers, split val/test),
     ``s2g_threshold.json``, and where present ``native.jsonl`` and ``s2g.jsonl`` (the live run)

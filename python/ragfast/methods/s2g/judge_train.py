@@ -27,7 +27,6 @@ cross-encoder and fits the state head of :class:`ragfast.models.cross_judge.Cros
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,65 +34,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
-from torch import nn
 
 from ragfast.errors import ConfigError, DataError
+from ragfast.methods.s2g.lora import LoRALinear, add_lora, lora_factors
 from ragfast.types import Passage, Question, State
 
 __all__ = ["LoRALinear", "add_lora", "lora_factors", "LabelledStates", "document_text", "subset_states",
            "trajectory_states", "state_set_metrics", "split_questions", "train_cross_judge", "finish_cross_judge",
            "fit_state_head", "CrossFittedScorer", "train_docset_judge", "render_card"]
-
-
-# ---------------------------------------------------------------------------------------------
-# LoRA
-# ---------------------------------------------------------------------------------------------
-class LoRALinear(nn.Module):
-    """``base(x) + scale * x A^T B^T`` with ``base`` frozen; B starts at zero (identity at init)."""
-
-    def __init__(self, base: nn.Linear, r: int, alpha: float, dropout: float = 0.0):
-        super().__init__()
-        self.base = base
-        for p in self.base.parameters():
-            p.requires_grad_(False)
-        self.r = int(r)
-        self.scale = float(alpha) / float(r)
-        self.lora_A = nn.Parameter(torch.randn(r, base.in_features) / math.sqrt(base.in_features))
-        self.lora_B = nn.Parameter(torch.zeros(base.out_features, r))
-        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-
-    def forward(self, x):
-        return self.base(x) + (self.dropout(x) @ self.lora_A.t() @ self.lora_B.t()) * self.scale
-
-
-def add_lora(model: Any, layer_ids: Sequence[int], r: int, alpha: float, dropout: float = 0.0) -> list[str]:
-    """Wrap every ``nn.Linear`` inside ``model.encoder.layer[i]`` (i in ``layer_ids``) with LoRA.
-
-    Returns
-    -------
-    list of str
-        The wrapped modules' names (as :func:`ragfast.models.cross_judge.merge_lora` expects them).
-    """
-    names = []
-    for i in layer_ids:
-        layer = model.encoder.layer[i]
-        for name, mod in list(layer.named_modules()):
-            if isinstance(mod, nn.Linear):
-                parent_name, _, child = name.rpartition(".")
-                parent = layer.get_submodule(parent_name) if parent_name else layer
-                setattr(parent, child, LoRALinear(mod, r, alpha, dropout))
-                names.append(f"encoder.layer.{i}.{name}")
-    return names
-
-
-def lora_factors(model: Any, names: Sequence[str]) -> dict[str, Any]:
-    """``{"lora.<name>.lora_A": A, "lora.<name>.lora_B": B}`` (float16 copies) of wrapped modules."""
-    out = {}
-    for n in names:
-        m = model.get_submodule(n)
-        out[f"lora.{n}.lora_A"] = m.lora_A.detach().to(torch.float16).contiguous()
-        out[f"lora.{n}.lora_B"] = m.lora_B.detach().to(torch.float16).contiguous()
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,14 +56,14 @@ class LabelledStates:
     question_ids: list[str]
 
     def n_docs(self) -> np.ndarray:
-        from ragfast.models.cross_judge import split_documents
+        from ragfast.protocol import split_documents
 
         return np.array([len({d for b in s.evidence for d in split_documents(b)}) for s in self.states], dtype=float)
 
 
 def document_text(p: Passage) -> str:
     """A passage as the judge reads it inside a Search-R1 observation (``"Title") text``)."""
-    from ragfast.models.cross_judge import split_documents
+    from ragfast.protocol import split_documents
     from ragfast.protocol import format_docs
 
     return split_documents("<information>" + format_docs([p.to_row()]).strip() + "</information>")[0]
@@ -294,7 +242,7 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
 
     from ragfast.data import load_qa
     from ragfast.models.cross_judge import CROSS_FORMAT, STATE_FEATURES, cross_encoder_inputs
-    from ragfast.retrieval.encoder import minilm_path
+    from ragfast.encoders.encoder import minilm_path
 
     if not (0 < head_fraction < 1 and 0 < val_fraction < 1 and head_fraction + val_fraction < 0.8):
         raise ConfigError(f"head_fraction ({head_fraction}) and val_fraction ({val_fraction}) must be in (0, 1) "
@@ -444,7 +392,7 @@ def split_questions(questions: Sequence[Question], head_fraction: float, val_fra
 
 
 def _features(judge: Any, ls: LabelledStates) -> np.ndarray:
-    from ragfast.models.cross_judge import split_documents
+    from ragfast.protocol import split_documents
 
     per = []
     for s in ls.states:
@@ -555,7 +503,7 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
 
     import ragfast
     from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     t_start = time.perf_counter() if t_start is None else t_start
     weights = out / "cross_judge.safetensors"
@@ -637,7 +585,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     import ragfast
     from ragfast.data import load_qa
     from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     if threads:
         torch.set_num_threads(int(threads))

@@ -1,7 +1,7 @@
 """Several S2G judges side by side on the same recorded states (the study's confirmatory table).
 
 :func:`compare_judges` scores the study's states (0..S-1, :mod:`ragfast.methods.s2g.study`) of the
-native trajectories of a ``ragfast run s2g`` directory with each judge, adds the scores to
+native trajectories of a ``ragfast study s2g`` directory with each judge, adds the scores to
 ``s2g_states.jsonl`` and computes ``s2g_judges.json`` from those lines: per judge and label
 source (``probe``, ``gold`` where the data has supporting facts), stop AP, Brier, ECE-10 with
 its bins, recall at STOP precision 0.90 and 0.95 with their thresholds, the threshold frozen on
@@ -51,7 +51,7 @@ def cluster_bootstrap_dap(labels: np.ndarray, a: np.ndarray, b: np.ndarray, grou
 def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, Any]], *, labels: str = "probe",
                    min_precision: float = 0.90, min_stops: int = 10, n_resamples: int = 2000, seed: int = 0,
                    log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
-    """Score the recorded states of a ``run s2g`` directory with each judge and compare them.
+    """Score the recorded states of a ``study s2g`` directory with each judge and compare them.
 
     Parameters
     ----------

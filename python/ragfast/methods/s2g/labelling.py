@@ -1,12 +1,12 @@
 """Label the recorded states of a native run: answer-only probe, gold support, a teacher LLM.
 
 ``ragfast label-states RESULTS_DIR`` reads the native trajectories of a finished run (a
-``ragfast run s2g`` directory: ``native.jsonl`` + ``states.jsonl``; or a ``ragfast bench``
+``ragfast study s2g`` directory: ``native.jsonl`` + ``states.jsonl``; or a ``ragfast bench``
 directory: ``trajectories/searchr1.jsonl``) and labels every state the live judge sees (states
 1..S of each trajectory) with each requested source:
 
 - ``probe``: the answer-only probe from the state is exactly right (``states.jsonl``'s
-  ``probe_em``, recorded by ``run s2g``);
+  ``probe_em``, recorded by ``study s2g``);
 - ``gold``: every supporting title of the question is among the passages retrieved so far
   (:func:`ragfast.metrics.sufficient`; needs data with supporting facts);
 - ``teacher``: an LLM asked for the judge's JSON verdict (the S2G prompt and schema of
@@ -59,7 +59,7 @@ class LabelledState:
 
 
 def native_trajectories(results_dir: str | Path) -> tuple[list[Trajectory], Path]:
-    """The native trajectories of a ``run s2g`` or ``bench`` results directory, and their file."""
+    """The native trajectories of a ``study s2g`` or ``bench`` results directory, and their file."""
     from ragfast.results import read_results
 
     d = Path(results_dir)
@@ -71,7 +71,7 @@ def native_trajectories(results_dir: str | Path) -> tuple[list[Trajectory], Path
             if not recs:
                 raise DataError(f"{cand} holds no trajectories")
             return [Trajectory.from_dict(r) for r in recs], cand
-    raise DataError(f"{d} has neither native.jsonl (ragfast run s2g) nor trajectories/searchr1.jsonl (ragfast bench)")
+    raise DataError(f"{d} has neither native.jsonl (ragfast study s2g) nor trajectories/searchr1.jsonl (ragfast bench)")
 
 
 def _states_of(trs: Sequence[Trajectory], split: dict[str, str]) -> list[LabelledState]:
@@ -111,10 +111,10 @@ def gold_labels(states: Sequence[LabelledState], trajectories: Sequence[Trajecto
 
 
 def probe_labels(states: Sequence[LabelledState], states_file: str | Path) -> int:
-    """Copy the answer-only probe's EM from a ``states.jsonl`` (``run s2g``); returns how many got a label."""
+    """Copy the answer-only probe's EM from a ``states.jsonl`` (``study s2g``); returns how many got a label."""
     p = Path(states_file)
     if not p.exists():
-        raise DataError(f"the probe source needs {p} (written by `ragfast run s2g`); a bench directory has no "
+        raise DataError(f"the probe source needs {p} (written by `ragfast study s2g`); a bench directory has no "
                         "recorded probes")
     rec = {}
     for line in p.read_text(encoding="utf-8").splitlines():
@@ -299,7 +299,7 @@ def label_states(results_dir: str | Path, sources: Sequence[str], *, teacher: st
     Parameters
     ----------
     results_dir : str or Path
-        A ``run s2g`` or ``bench`` results directory.
+        A ``study s2g`` or ``bench`` results directory.
     sources : sequence of {"probe", "gold", "teacher"}
     teacher : str, optional
         URL, catalogue model or causal-LM directory (required with the ``teacher`` source).

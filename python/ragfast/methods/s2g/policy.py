@@ -164,7 +164,7 @@ def select_threshold(scores, labels, min_precision: float = 0.90, groups=None, *
     (the most conservative one).
 
     This is a general selection rule (per state, or per question with ``groups``). The S2G
-    study's frozen threshold, which ``ragfast bench``, ``run s2g`` and ``report s2g`` use, is
+    study's frozen threshold, which ``ragfast bench``, ``study s2g`` and ``report s2g`` use, is
     :func:`ragfast.methods.s2g.study.frozen_threshold` (per state, states 0..S-1, at least 10
     STOP states, "never stop" = highest score + 1).
 

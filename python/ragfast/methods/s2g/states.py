@@ -291,7 +291,7 @@ class RecordedStates:
     def load(cls, path: str | Path) -> "RecordedStates":
         p = Path(path)
         if not p.exists():
-            raise DataError(f"{p} does not exist (record states with `ragfast run s2g` first)")
+            raise DataError(f"{p} does not exist (record states with `ragfast study s2g` first)")
         return cls.from_records([json.loads(x) for x in p.read_text(encoding="utf-8").splitlines() if x.strip()])
 
 

@@ -1,7 +1,7 @@
 """The S2G study's evaluation, one implementation: states, stop AP, Brier, ECE-10, recall at
 precision, the frozen threshold and the system-level metrics.
 
-Every S2G figure that ``ragfast bench``, ``ragfast run s2g`` and ``ragfast report s2g`` print
+Every S2G figure that ``ragfast bench``, ``ragfast run s2g``, ``ragfast study s2g`` and ``ragfast report s2g`` print
 comes from here, computed on the per-state export ``s2g_states.jsonl`` (:func:`state_lines`).
 
 Definitions
@@ -334,7 +334,7 @@ def write_state_lines(path: str | Path, lines: Iterable[Mapping[str, Any]]) -> P
 def read_state_lines(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)
     if not p.exists():
-        raise DataError(f"{p} does not exist (written by `ragfast run s2g` and `ragfast bench`)")
+        raise DataError(f"{p} does not exist (written by `ragfast study s2g`, `ragfast run s2g` and `ragfast bench`)")
     out = []
     for n, raw in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if not raw.strip():
@@ -402,7 +402,7 @@ def choose_threshold(lines: Sequence[Mapping[str, Any]], judge: str, label: str 
 def threshold_record(ft: FrozenThreshold | None, *, judge: str, label: str = "probe", source: str = "selected",
                      val_questions: int | None = None, reason: str | None = None, given: float | None = None
                      ) -> dict[str, Any]:
-    """``s2g_threshold.json``'s one schema (bench, ``run s2g`` and ``report s2g`` alike)."""
+    """``s2g_threshold.json``'s one schema (bench, ``run s2g``, ``study s2g`` and ``report s2g`` alike)."""
     rec: dict[str, Any] = {"threshold": float(given) if ft is None else ft.threshold, "source": source,
                            "judge": judge, "labels": label, "val_questions": val_questions,
                            "definition": "per validation state (states 0..S-1): highest recall at precision >= "

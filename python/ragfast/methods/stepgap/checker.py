@@ -81,6 +81,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
+from ragfast.protocol import parse_observation
 from ragfast.types import Trajectory
 
 __all__ = [
@@ -107,9 +108,6 @@ _INTENT = re.compile(r"^(?:(?:I|we)\s+(?:need|will|should|must|want|have to|am g
 _ABSTAIN = re.compile(r"\b(?:undeterminable|cannot be determined|can ?not determine|can't (?:be )?determine|"
                       r"not enough information|insufficient (?:information|evidence)|impossible to (?:tell|determine)|"
                       r"no information (?:about|on)|unable to determine|(?:is|remains) unknown)\b", re.IGNORECASE)
-_DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |\Z)", re.DOTALL)
-# The closing tag is optional: Search-R1 truncates observations to 500 tokens, which can cut it.
-_INFO = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -181,13 +179,7 @@ def parse_docs(observation: str, turn: int) -> list[Doc]:
     An observation truncated before ``</information>`` still yields its documents (the last one
     cut where the truncation cut it).
     """
-    blocks = _INFO.findall(observation or "")
-    out: list[Doc] = []
-    for b in blocks:
-        for m in _DOC.finditer(b.strip()):
-            out.append(Doc(title=m.group(2).strip().strip('"'), text=m.group(3).strip(), turn=turn,
-                           rank=int(m.group(1))))
-    return out
+    return [Doc(title=d.title, text=d.text, turn=turn, rank=d.rank) for d in parse_observation(observation)]
 
 
 def _think_text(generated: str) -> str:

@@ -1,6 +1,6 @@
 """Guidance plans: what a question asks for (entities, hops, answer type), from its wording alone.
 
-The plan is the stopping cue of a budgeted evidence loop: :class:`~ragfast.models.sufficiency.HeuristicSufficiency`
+The plan is the stopping cue of a budgeted evidence loop: :class:`~ragfast.methods.reloop.sufficiency.HeuristicSufficiency`
 judges a state against it, and RELOOP's planners (template, knowledge-graph path, LLM) produce it.
 """
 from __future__ import annotations

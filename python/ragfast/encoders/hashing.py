@@ -64,6 +64,6 @@ def default_encoder(name: str = "minilm") -> Any:
     """``"minilm"`` (the bundled all-MiniLM-L6-v2 through :class:`ragfast.retrieval.Encoder`) or ``"hashing"``."""
     if name == "hashing":
         return HashingEncoder()
-    from ragfast.retrieval.encoder import Encoder
+    from ragfast.encoders.encoder import Encoder
 
     return Encoder(name)

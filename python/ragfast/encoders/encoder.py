@@ -118,7 +118,7 @@ class Encoder:
     batch_size : int
         Texts per forward pass.
     backend : {"torch", "onnx"}
-        ``onnx`` exports the model once (:func:`ragfast.models.export.export_onnx`) and runs it
+        ``onnx`` exports the model once (:func:`ragfast.encoders.export.export_onnx`) and runs it
         with ONNX Runtime; a directory written by ``ragfast export encoder`` loads directly.
     onnx_path : str or Path, optional
         Where the ONNX export lives (default: under the ragfast cache, keyed by the checkpoint).
@@ -347,9 +347,9 @@ class Encoder:
 
     # -- ONNX Runtime path -------------------------------------------------------------------
     def _onnx_session(self, onnx_path):
-        # One exporter for every encoder-shaped model in ragfast (ragfast.models.export); the
+        # One exporter for every encoder-shaped model in ragfast (ragfast.encoders.export); the
         # graph outputs last_hidden_state and pooling stays here, so one export serves every preset.
-        from ragfast.models.export import export_onnx, find_onnx, ort_session
+        from ragfast.encoders.export import export_onnx, find_onnx, ort_session
 
         if onnx_path is None:
             try:  # a directory written by `ragfast export encoder` holds model.onnx already

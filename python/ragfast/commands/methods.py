@@ -1,0 +1,162 @@
+"""``ragfast run M`` for every registered method, generated from the registry and :class:`RunSettings`.
+
+Each generated command runs one method through the same runner as ``ragfast bench``
+(:func:`ragfast.runner.methods.run_methods`), so ``ragfast run s2g`` and ``ragfast bench
+--method s2g`` with the same settings write the same files: ``trajectories/``, ``ledgers/``,
+``manifest.json``, ``summary.json`` and the report. Its flags are the fields of
+:class:`~ragfast.runner.settings.RunSettings` (one name each, old spellings as aliases from
+:func:`~ragfast.runner.settings.flag_names`); a method with a hand-written command of its own
+keeps that one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+import typing
+from typing import Any, Callable, List, Optional
+
+import typer
+
+__all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
+           "one_method_settings", "BENCH_HELP", "GENERATED"]
+
+#: The methods whose ``ragfast run`` command is generated here (the rest are hand-written and
+#: write their own layout: ``run searchr1``, ``run stepgap``, ``run reloop``).
+GENERATED: tuple[str, ...] = ("s2g",)
+
+#: Settings a one-method run does not take as flags (the method is the command; per-slot devices
+#: have their own four flags).
+_NOT_FLAGS = ("methods", "devices")
+_SLOT_DEVICES = ("reasoner", "encoder", "judge", "nli")
+
+
+def _annotation(hint: Any) -> Any:
+    """The Optional[...] typer annotation of a settings field's type."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    base = next(a for a in typing.get_args(hint) if a is not type(None)) if union else hint
+    if typing.get_origin(base) is list:
+        return Optional[List[str]]
+    return Optional[base]
+
+
+def one_method_settings(name: str | list[str] | None, *, preset: str = "default", config: str | None = None,
+                        devices: dict[str, str] | None = None, **settings: Any) -> Any:
+    """The :class:`RunSettings` of ``ragfast run NAME``: the bench's, with the method ``name`` alone
+    (a list: those methods; None: the bench's, from ``config`` or the default).
+
+    ``settings`` are :class:`RunSettings` fields (None = not given: ``config``, then the preset,
+    then the default decide).
+    """
+    from ragfast.runner.settings import make_config
+
+    methods = [name] if isinstance(name, str) else name
+    cfg = make_config(preset, config, methods=methods, devices=devices or None, **settings)
+    if settings.get("limit") is not None and settings.get("val_limit") is None and cfg.val_limit > settings["limit"]:
+        # A quick look (--limit) should be quick everywhere, validation included (as in the bench).
+        cfg = dataclasses.replace(cfg, val_limit=settings["limit"])
+    return cfg
+
+
+def run_one(name: str, *, resume: bool = False, console: Any = None, **kw: Any) -> dict[str, Any]:
+    """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary."""
+    from ragfast.bench import run_bench
+
+    return run_bench(one_method_settings(name, **kw), resume=resume, console=console)
+
+
+def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
+    """The typer parameters of a running command: ``--resume``, ``--preset``, ``--config``, one
+    flag per :class:`RunSettings` field (its aliases from :func:`flag_names`, its help from
+    :data:`HELP`), and the four per-slot device overrides."""
+    from ragfast.runner.settings import HELP, RunSettings, flag_names
+
+    hints = typing.get_type_hints(RunSettings)
+    params = [
+        inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
+                                                "other data, questions, slots or settings are refused.")),
+        inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
+            "default", "--preset", help="'default' (bundled data and models, offline) or 'paper' (the S2G study's "
+                                        "setting; needs its models under $RAGFAST_MODELS).")),
+        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
+            None, "--config", help="A YAML file of settings (flag names, - or _); flags typed on the command line "
+                                   "win over it. ragfast bench and every ragfast run command read the same file.")),
+    ]
+    for f in dataclasses.fields(RunSettings):
+        if not f.init or f.name == "devices" or (f.name == "methods" and not with_methods):
+            continue
+        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[f.name]),
+                                        default=typer.Option(None, *flag_names(f.name), help=HELP[f.name])))
+    for s in _SLOT_DEVICES:
+        params.append(inspect.Parameter(f"{s}_device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
+                                        default=typer.Option(None, f"--{s}-device",
+                                                             help=f"Override --device for the {s}.")))
+    return params
+
+
+def _settings_from_flags(kw: dict[str, Any], methods: list[str] | None) -> Any:
+    """The :class:`RunSettings` of a running command's flags: ``methods`` when the command is one
+    method's, else the ``--method`` flags (none given: ``--config``'s, else the default)."""
+    devices = {s: kw.pop(f"{s}_device") for s in _SLOT_DEVICES}
+    kw = {k: list(v) if isinstance(v, (list, tuple)) else v for k, v in kw.items()}
+    given = kw.pop("methods", None)
+    return one_method_settings(methods if methods is not None else (given or None),
+                               devices={k: v for k, v in devices.items() if v}, **kw)
+
+
+def running_command(name: str | None) -> Callable[..., None]:
+    """The typer command of ``ragfast run NAME`` (or of ``ragfast bench`` for None), flags from :class:`RunSettings`."""
+
+    def command(**kw: Any) -> None:
+        from ragfast.bench import run_bench
+        from ragfast.outdir import output_dir
+
+        resume = kw.pop("resume")
+        cfg = _settings_from_flags(kw, [name] if name else None)
+        with output_dir(cfg.out):
+            run_bench(cfg, resume=resume)
+
+    command.__signature__ = inspect.Signature(settings_parameters(with_methods=name is None))  # typer reads it
+    if name is None:
+        command.__name__ = "bench"
+        command.__doc__ = BENCH_HELP
+    else:
+        from ragfast.methods.base import get
+
+        command.__name__ = f"run_{name}"
+        doc = (get(name).__doc__ or name).strip().splitlines()[0]
+        command.__doc__ = (f"{doc}\n\nThe same runner, files and summary as `ragfast bench --method {name}` "
+                           "(trajectories/, ledgers/, manifest.json, summary.json, report); --resume continues it.")
+    return command
+
+
+def run_command(name: str) -> Callable[..., None]:
+    """The typer command of ``ragfast run NAME``."""
+    return running_command(name)
+
+
+#: ``ragfast bench --help``'s text.
+BENCH_HELP = ("Run native Search-R1, S2G stopping, StepGap and RELOOP on the same questions.\n\n"
+              "Prints a side-by-side table (EM, F1, searches, tokens/FLOPs/seconds per component, total cost, ΔEM "
+              "and Δcost against native with paired-bootstrap CIs) and writes trajectories, summary.json, "
+              "summary.csv, report.md, report.html and PNG plots to --out. With no arguments it runs offline on the "
+              "bundled HotpotQA dev sample, and says which model filled each slot and whether its answers mean "
+              "anything.")
+
+
+def add_run_command(run_app: typer.Typer, name: str) -> None:
+    """Add ``ragfast run NAME`` (generated) to the ``run`` group, replacing a command of that name."""
+    run_app.registered_commands = [c for c in run_app.registered_commands if c.name != name]
+    run_app.command(name)(run_command(name))
+
+
+def register(app: typer.Typer) -> None:
+    """Generate ``ragfast run M`` for every registered method without a hand-written command, and for :data:`GENERATED`."""
+    from ragfast.commands.run import run_app
+    from ragfast.methods.base import names
+
+    hand_written = {c.name for c in run_app.registered_commands}
+    for name in names():
+        if name in GENERATED or name not in hand_written:
+            add_run_command(run_app, name)

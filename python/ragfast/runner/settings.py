@@ -1,0 +1,274 @@
+"""One :class:`RunSettings` for every command that runs methods: ``ragfast bench`` and ``ragfast run M``.
+
+Each setting has one name (a field); the flag is the field's name with ``-`` for ``_`` and the
+YAML key is the field's name. The run commands' older spellings of the same settings are
+accepted as aliases in one place (:data:`ragfast.settings.BENCH_NAMES`). Built once at the edge
+(:func:`make_config`), checked once (``__post_init__``), and handed down as it is: the method
+configs are made from it by each method (:meth:`ragfast.methods.base.Method.config`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from ragfast.devices import slot_devices
+from ragfast.errors import ConfigError
+from ragfast.http import is_url
+from ragfast.methods.base import BUILTIN_PACKAGES, get, names, unknown
+from ragfast.settings import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
+
+__all__ = ["RunSettings", "PRESETS", "HELP", "make_config", "check_paths", "flag_names"]
+
+
+@dataclass
+class RunSettings:
+    """Every slot and setting of a run (`ragfast bench`, `ragfast run M`); the defaults are the bundled, offline ones.
+
+    Parameters
+    ----------
+    data : str
+        QA file or sample name (default: the bundled HotpotQA dev sample).
+    corpus : list of str
+        Corpus parts: ``"contexts"`` (the data's own context paragraphs), a sample name
+        (``"wiki-sample"``) or a wiki-18 style jsonl path.
+    reasoner : str
+        ``scripted`` (the evidence oracle), ``tiny`` (a random-weight Qwen2), a local HF path,
+        or an OpenAI-compatible URL.
+    judge : str
+        ``encoder`` (the bundled trained EncoderJudge), a local causal-LM path, or ``tiny``.
+    nli : str
+        ``tiny`` (a random-weight DeBERTa-v2 cross-encoder) or a local path.
+    encoder : str
+        Retrieval encoder: ``minilm`` (bundled) or a local path (``e5``/``bge`` checkpoints).
+    encoder_backend : {"auto", "torch", "onnx"}
+        ``auto``: ONNX Runtime on the CPU (measured faster than torch for MiniLM queries, see
+        ``bench/bench_encoder_backends.py``; exported once and cached), torch elsewhere or when
+        the export fails. The ledger charges the same analytic FLOPs either way.
+    nli_backend : {"auto", "torch", "onnx"}
+        The same choice for the NLI cross-encoder (ONNX Runtime measured 4.8x faster than torch
+        on the tiny model, ``bench/bench_nli_backends.py``).
+    index : str
+        ``flat`` (ragfast's kernel), ``bm25``, ``faiss:<factory>`` (e.g. ``faiss:HNSW32``), a saved
+        index path, or a ``/retrieve`` URL.
+    budget, topk : int
+        Search turns per question and documents per search.
+    offset, limit : int
+        Test questions are ``data[offset:offset + limit]``. By default the first 100 dev
+        questions are the S2G validation split and the remaining 200 the test set (the S2G
+        study's layout: validation 100-199, test 200-999).
+    ray : str, optional
+        Run searchr1, s2g and stepgap on Ray: ``"local"`` starts a local cluster, else a
+        cluster address. Each worker actor holds its own reasoner (and judge / NLI); retrieval
+        is one shared actor. RELOOP and the S2G threshold selection run in this process.
+    threshold : float, optional
+        The S2G STOP threshold; None selects it on validation questions
+        (``val_data[val_offset:val_offset + val_limit]``) for STOP precision >= ``min_precision``
+        and freezes it.
+    device : str
+        Where the local models run: ``auto`` (the GPU when there is one), ``cpu``, ``cuda`` or
+        ``cuda:N``. ``devices`` overrides it per slot (``{"judge": "cpu"}``).
+    served_model, reasoner_tokenizer, reasoner_config : str, optional
+        For a URL reasoner: the served model's name (default: the server's only model), a local
+        tokenizer (chat template and token counts) and a config (analytic FLOPs).
+    """
+
+    data: str = "hotpotqa-dev"
+    corpus: list[str] = field(default_factory=lambda: ["contexts", "wiki-sample"])
+    limit: int | None = None
+    offset: int = 100
+    reasoner: str = "scripted"
+    judge: str = "encoder"
+    nli: str = "tiny"
+    encoder: str = "minilm"
+    encoder_backend: str = "auto"
+    nli_backend: str = "auto"
+    index: str = "flat"
+    budget: int = 4
+    topk: int = 3
+    threshold: float | None = None
+    min_precision: float = 0.90
+    val_data: str = "hotpotqa-dev"
+    val_limit: int = 100
+    val_offset: int = 0
+    methods: list[str] = field(default_factory=lambda: list(BUILTIN_PACKAGES))
+    batch_size: int = 64
+    seed: int = 0
+    n_resamples: int = 10000
+    out: str = "ragfast-bench"
+    ray: str | None = None
+    ray_workers: int = 2
+    device: str = "auto"
+    devices: dict[str, str] = field(default_factory=dict)
+    served_model: str | None = None
+    reasoner_tokenizer: str | None = None
+    reasoner_config: str | None = None
+
+    def __post_init__(self) -> None:
+        check_types(self)  # a YAML string for a number is one line here, not a TypeError deep inside
+        bad = unknown(self.methods)
+        if bad:
+            raise ConfigError(f"unknown method(s) {bad}; choose from {list(names())}")
+        if self.budget < 0 or self.topk < 1:
+            raise ConfigError(f"budget must be >= 0 and topk >= 1 (got budget={self.budget}, topk={self.topk})")
+        if self.limit is not None and self.limit < 1:
+            raise ConfigError(f"--limit must be >= 1, got {self.limit}")
+        # Checked before --out exists (--val-limit 0 used to run searchr1 first, then fail).
+        for name, lo in (("offset", 0), ("val_offset", 0), ("val_limit", 1), ("batch_size", 1), ("n_resamples", 1)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
+        if not 0 < self.min_precision <= 1:
+            raise ConfigError(f"min_precision must be in (0, 1], got {self.min_precision}")
+        for m in self.methods:  # each method refuses what it cannot run with (S2G without a judge)
+            get(m)(self).check()
+        for name in ("encoder_backend", "nli_backend"):
+            if getattr(self, name) not in ("auto", "torch", "onnx"):
+                raise ConfigError(f"--{name.replace('_', '-')} must be auto, torch or onnx, got {getattr(self, name)!r}")
+        if self.ray_workers < 1:
+            raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
+        self.slot_device = slot_devices(self.device, self.devices)
+
+
+# The S2G study's setting. Model and data files are the user's: they live under
+# $RAGFAST_MODELS (default ./models) with these names, and every missing one is named.
+PRESETS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "paper": {
+        "reasoner": "{models}/SearchR1-nq_hotpotqa_train-qwen2.5-7b-em-ppo-v0.2",
+        "encoder": "{models}/e5-base-v2",
+        "index": "{models}/e5_Flat.index",
+        "corpus": ["{models}/wiki-18.jsonl"],
+        "judge": "{models}/s2g-judge",
+        "data": "{models}/hotpotqa_dev.jsonl",
+        "val_data": "{models}/hotpotqa_dev.jsonl",
+        "val_offset": 100,
+        "val_limit": 100,
+        "offset": 200,
+        "limit": 800,
+        "budget": 4,
+        "topk": 3,
+        "min_precision": 0.90,
+    },
+}
+
+
+def make_config(preset: str = "default", yaml_path: str | None = None, **overrides: Any) -> RunSettings:
+    """Build a :class:`RunSettings` from a preset, then a YAML file, then explicit overrides.
+
+    Raises
+    ------
+    ConfigError
+        Unknown preset, unreadable YAML, unknown keys.
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose from {sorted(PRESETS)}")
+    values: dict[str, Any] = {}
+    models = os.environ.get("RAGFAST_MODELS", "models")
+    for k, v in PRESETS[preset].items():
+        if isinstance(v, str):
+            v = v.format(models=models)
+        elif isinstance(v, list):
+            v = [x.format(models=models) if isinstance(x, str) else x for x in v]
+        values[k] = v
+    # The same file the run commands read: their names for bench settings are accepted, and
+    # settings only they take (the loop's token caps) are left to them.
+    values.update({BENCH_NAMES.get(k, k): v for k, v in load_yaml(yaml_path).items() if k not in RUN_ONLY})
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    if isinstance(values.get("corpus"), str):  # one part, as a flag or YAML scalar gives it
+        values["corpus"] = [values["corpus"]]
+    known = {f.name for f in dataclasses.fields(RunSettings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ConfigError(f"unknown setting(s) {unknown}; known: {sorted(known)}")
+    return RunSettings(**values)
+
+
+def check_paths(cfg: RunSettings) -> None:
+    """Fail with one message naming every missing file or model directory of the config."""
+    from ragfast.data import SAMPLES
+
+    missing = []
+
+    def need(label: str, value: str, builtins: Sequence[str] = ()) -> None:
+        if value in builtins or value in SAMPLES or is_url(value):
+            return
+        v = value.split(":", 1)[1] if value.startswith("faiss:") else value
+        if value.startswith("faiss:") and not Path(v).suffix:
+            return  # a factory string, not a file
+        if not Path(v).exists():
+            missing.append(f"{label}: {v}")
+
+    need("data", cfg.data)
+    for c in cfg.corpus:
+        need("corpus", c, ("contexts",))
+    need("reasoner", cfg.reasoner, ("scripted", "tiny"))
+    need("judge", cfg.judge, ("encoder", "head", "tiny", "none"))
+    need("nli", cfg.nli, ("tiny",))
+    need("encoder", cfg.encoder, ("minilm",))
+    need("index", cfg.index, ("flat", "default", "bm25"))
+    if "s2g" in cfg.methods and cfg.threshold is None:
+        need("val_data", cfg.val_data)
+    if missing:
+        raise ConfigError("missing files for this bench configuration:\n  " + "\n  ".join(missing)
+                          + "\n(put them there, or point the slot elsewhere with a flag or --config YAML)")
+    from ragfast.retrieval.remote import check_reachable
+
+    # A server that is not there fails now, before --out exists, not after the slots are built.
+    if is_url(cfg.index):
+        check_reachable(cfg.index, "--index server")
+    if is_url(cfg.reasoner):
+        check_reachable(cfg.reasoner.partition("#")[0], "--reasoner server")
+
+
+#: One line of ``--help`` per setting; the flags of ``ragfast run M`` are generated from the
+#: fields of :class:`RunSettings` and these lines (``tests/test_method_registry.py`` checks every
+#: field has one).
+HELP: dict[str, str] = {
+    "data": "QA file (HotpotQA, FlashRAG, Search-R1 parquet, TAT-QA, MetaQA...) or a sample name (default "
+            "hotpotqa-dev).",
+    "corpus": "Corpus part; repeat for several: contexts (the data's own paragraphs), a sample name or a jsonl "
+              "path (default: contexts + wiki-sample).",
+    "limit": "Only N test questions (after --offset); also caps the S2G validation questions at N unless "
+             "--val-limit is given.",
+    "offset": "Skip the first N questions of --data (default 100: the first 100 are the S2G validation split).",
+    "reasoner": "scripted (default) | tiny | a catalogue model | a local model directory | an OpenAI-compatible "
+                "URL (URL#name names the served model).",
+    "judge": "encoder (bundled doc-set judge; default) | head | tiny | judge path | serve-judge URL | none.",
+    "nli": "tiny (default) | local cross-encoder path.",
+    "encoder": "minilm (bundled all-MiniLM-L6-v2; default) | a local encoder path.",
+    "encoder_backend": "auto (ONNX Runtime on CPU, measured faster; torch on GPU) | torch | onnx.",
+    "nli_backend": "auto (ONNX Runtime on CPU, measured faster; torch on GPU) | torch | onnx.",
+    "index": "flat (the encoder over --corpus, ragfast's kernel; default) | bm25 | faiss:<factory> | an index "
+             "path | an http(s) URL of a Search-R1 retrieval server.",
+    "budget": "Search-enabled turns per question (reference: 4).",
+    "topk": "Documents per search (reference: 3).",
+    "threshold": "S2G STOP threshold (default: selected on the validation questions).",
+    "min_precision": "STOP precision the selected S2G threshold must reach (default 0.90).",
+    "val_data": "Validation QA file or sample (S2G threshold selection; default hotpotqa-dev).",
+    "val_limit": "Validation questions used to choose the STOP threshold (default 100, or --limit when smaller).",
+    "val_offset": "Skip the first N validation questions (default 0).",
+    "methods": "Repeat to pick methods (default: the built-in four).",
+    "batch_size": "Questions run together (default 64).",
+    "seed": "Seed of the scripted reasoner, the bootstrap and sampling (default 0).",
+    "n_resamples": "Bootstrap resamples for the confidence intervals (default 10000).",
+    "out": "Results directory (default ./ragfast-bench).",
+    "ray": "Run on Ray (methods that have a Ray path): 'local' or a cluster address.",
+    "ray_workers": "Reasoner replicas (Ray worker actors); default 2.",
+    "device": "Where local models run: auto (the GPU when there is one; default) | cpu | cuda | cuda:N.",
+    "devices": "Per-slot device overrides (--reasoner-device, --encoder-device, --judge-device, --nli-device).",
+    "served_model": "URL reasoner: the served model name (default: the server's only model).",
+    "reasoner_tokenizer": "URL reasoner: local tokenizer dir (chat template, token counts).",
+    "reasoner_config": "URL reasoner: config.json or model dir, for analytic FLOPs.",
+}
+
+
+def flag_names(name: str) -> tuple[str, ...]:
+    """The flags of setting ``name``: its own spelling first, then the run commands' old one (one place: BENCH_NAMES)."""
+    own = "--" + name.replace("_", "-")
+    old = [k for k, v in BENCH_NAMES.items() if v == name]
+    short = {"limit": ("-n",), "out": ("-o",), "methods": ("--method", "-m")}.get(name, ())
+    if name == "methods":
+        return short
+    return (own, *("--" + k.replace("_", "-") for k in old), *short)
