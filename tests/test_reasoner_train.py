@@ -273,3 +273,38 @@ def test_unknown_reasoner_and_missing_base_are_one_clear_error(tmp_path):
         SearchR1Reasoner(str(tmp_path))
     with pytest.raises(ConfigError, match="needs its base"):
         merge_reasoner(str(tmp_path), tmp_path / "m")
+
+
+def _write_run(d, trajs):
+    d.mkdir()
+    (d / "results.jsonl").write_text("".join(json.dumps(t.to_dict()) + "\n" for t in trajs))
+
+
+def test_eval_reasoner_counts_valid_turns_and_pairs_em_by_question(tmp_path):
+    from ragfast.methods.searchr1.reasoner_eval import evaluate_reasoner
+
+    def traj(i, turns, em, stop="answer"):
+        tr = Trajectory(id=f"q{i}", question="?", golden_answers=["x"], em=em, stop_reason=stop, answer="x" if em else "y")
+        tr.turns = [Turn(index=k, generated=g, action=a, content=None) for k, (g, a) in enumerate(turns)]
+        return tr
+
+    s = [traj(0, [("<search> a </search>", "search"), ("<answer> x </answer>", "answer")], 1.0),
+         traj(1, [("prose", "invalid"), ("<answer> y </answer>", "answer")], 0.0),
+         traj(2, [("<search> b </search>", "search"), ("<answer> x </answer>", "answer")], 1.0, "max_turns")]
+    c = [traj(i, [("<answer> y </answer>", "answer")], float(i == 2), "max_turns") for i in range(4)]
+    _write_run(tmp_path / "s", s)
+    _write_run(tmp_path / "c", c)
+    ev = evaluate_reasoner(tmp_path / "s", tmp_path / "c", n_resamples=2000)
+    se = ev["search"]
+    assert se["turns"] == 6 and se["valid_action_fraction"] == pytest.approx(5 / 6)
+    # the last turn of a max_turns trajectory is the answer-only one: not a free turn
+    assert se["free_turns"] == 5 and se["valid_action_fraction_free_turns"] == pytest.approx(4 / 5)
+    assert se["searches_per_question"] == pytest.approx(2 / 3) and se["em"] == pytest.approx(2 / 3)
+    # paired on the search run's 3 questions (the closed run's 4th is left out): EM 2/3 vs 1/3
+    assert ev["closed_book"]["questions"] == 3 and ev["em_gain"]["delta"] == pytest.approx(1 / 3)
+    assert ev["em_gain"]["low"] <= 1 / 3 <= ev["em_gain"]["high"]
+    _write_run(tmp_path / "c2", c[:2])
+    from ragfast.errors import DataError
+
+    with pytest.raises(DataError, match="lacks 1 of the 3"):
+        evaluate_reasoner(tmp_path / "s", tmp_path / "c2")

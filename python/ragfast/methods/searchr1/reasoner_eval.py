@@ -66,37 +66,46 @@ def protocol_stats(trajs: Sequence[Trajectory]) -> dict[str, Any]:
             "sub_em": float(np.mean([float(tr.extra.get("sub_em", 0.0)) for tr in trajs]))}
 
 
-def _seconds_per_question(run_dir: Path, n: int) -> float | None:
+def _seconds_per_question(run_dir: Path, trajs: Sequence[Trajectory]) -> float | None:
     p = run_dir / "summary.json"
-    if not p.is_file():
-        return None
-    s = json.loads(p.read_text())
-    qps = s.get("questions_per_second")
-    return round(1.0 / qps, 3) if qps else None
+    if p.is_file():
+        qps = json.loads(p.read_text()).get("questions_per_second")
+        if qps:
+            return round(1.0 / qps, 3)
+    # No summary (a run stopped early): the seconds its ledger gave each question, all components.
+    per = [sum(float(c.get("seconds", 0.0)) for c in tr.cost.values() if isinstance(c, dict)) for tr in trajs]
+    return round(float(np.mean(per)), 3) if per and any(per) else None
 
 
 def evaluate_reasoner(search_dir: str | Path, closed_dir: str | Path, *, n_resamples: int = 10000,
                       seed: int = 0) -> dict[str, Any]:
     """Protocol and EM of the search run, the closed-book run, and the paired CI of the EM gain.
 
+    The closed-book run may hold more questions than the search run (a search run stopped
+    early): both are then read on the search run's questions only.
+
     Raises
     ------
     DataError
-        When the two runs do not hold the same questions.
+        When the closed-book run lacks a question of the search run.
     """
     from ragfast.stats import paired_bootstrap
 
     sd, cd = Path(search_dir), Path(closed_dir)
     s, c = load_trajectories(sd), load_trajectories(cd)
     cs = {t.id: t for t in c}
-    if sorted(cs) != sorted(t.id for t in s):
-        raise DataError(f"{sd} and {cd} do not hold the same questions ({len(s)} and {len(c)})")
+    missing = [t.id for t in s if t.id not in cs]
+    if missing:
+        raise DataError(f"{cd} lacks {len(missing)} of the {len(s)} questions of {sd} (e.g. {missing[0]}): run it "
+                        "closed-book on the same questions")
+    # A closed-book run over more questions (it is cheap) is paired on the search run's ones.
+    c = [cs[t.id] for t in s]
     em_s = np.array([t.em for t in s])
     em_c = np.array([cs[t.id].em for t in s])
     ci = paired_bootstrap(em_s, em_c, n_resamples=n_resamples, seed=seed)
-    return {"search": {**protocol_stats(s), "seconds_per_question": _seconds_per_question(sd, len(s)),
+    return {"search": {**protocol_stats(s), "seconds_per_question": _seconds_per_question(sd, s),
                        "dir": str(sd)},
-            "closed_book": {**protocol_stats(c), "seconds_per_question": _seconds_per_question(cd, len(c)),
+            "closed_book": {**protocol_stats(c), "seconds_per_question": _seconds_per_question(cd, c),
                             "dir": str(cd)},
             "em_gain": {"delta": float(ci.delta), "low": float(ci.low), "high": float(ci.high),
                         "excludes_0": bool(ci.low > 0 or ci.high < 0),
