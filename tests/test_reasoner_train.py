@@ -1,7 +1,7 @@
 """train-reasoner: the training trajectories, the loss mask, exact resume, the mix, the reasoner slot.
 
 Every model here is a tiny random one (a Llama built in the test, the cached tiny Qwen2's
-tokenizer), so the quick suite needs no real weights. About 40 s on 2 cores.
+tokenizer), so the quick suite needs no real weights. 57 s for the file on the shared 2-core box.
 """
 from __future__ import annotations
 
