@@ -52,7 +52,8 @@ def sample(name: str) -> Path:
     Parameters
     ----------
     name : str
-        One of :data:`SAMPLES`: hotpotqa-train, hotpotqa-dev, hotpotqa-train-extra, wiki-sample, tatqa-dev, metaqa-kb,
+        One of :data:`SAMPLES`: hotpotqa-train, hotpotqa-dev, hotpotqa-train-extra, wiki-sample,
+        tatqa-dev, metaqa-kb,
         metaqa-1hop, metaqa-2hop, metaqa-3hop.
 
     Raises

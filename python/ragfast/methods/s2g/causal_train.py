@@ -14,7 +14,8 @@ missing supporting title for gold labels, else one generic item.
 
 Training is :func:`ragfast.methods.lora_sft.lora_sft` (peft LoRA, the ``[train]`` extra):
 ``OUT/checkpoint/`` holds the adapter, the optimizer, the step and the random state after
-every ``save_every`` steps; ``resume=True`` continues from it with the same data order. At the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
+every ``save_every`` steps; ``resume=True`` continues from it with the same data order. At
+the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
 the merged weights with the tokenizer: a plain causal-LM directory for ``--judge``.
 """
 from __future__ import annotations
