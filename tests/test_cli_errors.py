@@ -59,6 +59,10 @@ CASES = {
                   "--no-progress"], "", "bad.jsonl:2"),
     "train-judge without scikit-learn": (["train-judge", "--out", "judge"], "sys.modules['sklearn'] = None",
                                          "pip install 'ragfast[train]'"),
+    "train-reasoner unknown base": (["train-reasoner", "--out", "new", "--base", "no-such-model"], "",
+                                    "'no-such-model' is neither a catalogue model nor a local model directory"),
+    "eval-reasoner not a run": (["eval-reasoner", "--search", "taken.txt", "--closed", "taken.txt"], "",
+                                "not a `ragfast run searchr1` output directory"),
     "missing extra": (["serve-retriever", "--corpus", "wiki-sample", "--encoder", "bm25"],
                       "sys.modules['uvicorn'] = None", "pip install 'ragfast[serve]'"),
 }

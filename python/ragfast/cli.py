@@ -44,6 +44,7 @@ COMMAND_MODULES = (
     "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
     "ragfast.commands.judge_training",
+    "ragfast.commands.reasoner",
     "ragfast.commands.report",
     "ragfast.commands.export",
     "ragfast.commands.cost",

@@ -36,6 +36,7 @@ __all__ = [
 SAMPLES: dict[str, str] = {
     "hotpotqa-train": "hotpotqa/train.jsonl",
     "hotpotqa-dev": "hotpotqa/dev.jsonl",
+    "hotpotqa-train-extra": "hotpotqa/train_extra.jsonl",
     "wiki-sample": "wiki_sample/passages.jsonl",
     "tatqa-dev": "tatqa/dev.json",
     "metaqa-kb": "metaqa/kb.txt",
@@ -51,7 +52,8 @@ def sample(name: str) -> Path:
     Parameters
     ----------
     name : str
-        One of :data:`SAMPLES`: hotpotqa-train, hotpotqa-dev, wiki-sample, tatqa-dev, metaqa-kb,
+        One of :data:`SAMPLES`: hotpotqa-train, hotpotqa-dev, hotpotqa-train-extra, wiki-sample,
+        tatqa-dev, metaqa-kb,
         metaqa-1hop, metaqa-2hop, metaqa-3hop.
 
     Raises

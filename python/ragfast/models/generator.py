@@ -132,6 +132,10 @@ class ScriptedGenerator(Generator):
         Picks the guess when nothing at all was retrieved (deterministic per question).
     max_searches : int
         Searches after which it answers its best guess even without :meth:`mark_final`.
+    min_searches : int
+        Searches it makes before it answers a gold answer it has found (default 1: it answers
+        at its first answerable state). Above 1 it searches past that state, as RL-trained
+        Search-R1 models over-search (``ragfast train-reasoner`` builds its data so).
     """
 
     name = "scripted evidence oracle"
@@ -139,11 +143,14 @@ class ScriptedGenerator(Generator):
     NOTE = "scripted evidence oracle: EM measures evidence reachability, not reasoning"
 
     def __init__(self, questions: Sequence[Any] | Mapping[str, Any] | None = None, *, seed: int = 0,
-                 max_searches: int = 4):
+                 max_searches: int = 4, min_searches: int = 1):
         if max_searches < 0:
             raise ConfigError(f"max_searches must be >= 0, got {max_searches}")
+        if min_searches < 0:
+            raise ConfigError(f"min_searches must be >= 0, got {min_searches}")
         self.seed = int(seed)
         self.max_searches = int(max_searches)
+        self.min_searches = int(min_searches)
         self._questions: dict[str, Any] = {}
         self._sessions: dict[str, _ScriptSession] = {}
         if questions is not None:
@@ -266,6 +273,12 @@ class ScriptedGenerator(Generator):
 
     def _step(self, qid: str, s: _ScriptSession) -> str:
         found = self._find_answer(s) if s.golds else None
+        if found is not None and s.searches < self.min_searches and not s.final and s.searches < self.max_searches:
+            # Found but held back: one more search, for the question with the answer's title.
+            gold, d, sent = found
+            s.queried_titles.append(d.title)
+            return (f"<think> Doc {d.rank} ({d.title}) says {_clip_words(sent, 40)} The answer may be {gold}, "
+                    f"but I will search once more to make sure. </think>\n<search> {s.question} {d.title} </search>")
         if found is not None:
             gold, d, sent = found
             return (f"<think> Doc {d.rank} ({d.title}) says {_clip_words(sent, 40)} "

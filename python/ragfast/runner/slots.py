@@ -8,7 +8,9 @@ Specs
 -----
 reasoner
     ``scripted`` (the evidence oracle), ``tiny`` (random-weight Qwen2), a catalogue model
-    (``smollm2``: ``ragfast models list``; so in every LLM slot below), a local model directory,
+    (``smollm2``: ``ragfast models list``; so in every LLM slot below), a trained Search-R1
+    reasoner (``smollm2-searchr1``: the catalogue base with the bundled LoRA adapter merged,
+    :mod:`ragfast.models.searchr1_reasoner`), a local model directory,
     or an OpenAI-compatible URL (``URL#served-name``, or ``served_model=``; default: the one
     model the server lists). A URL reasoner keeps the prompt budget (``max_context``) as the
     local backend does, and its slot entry (written again after the run) says which token
@@ -149,11 +151,15 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         return OpenAIGenerator(base, kw["served_model"] or served or None, api_key=kw["api_key"],
                                concurrency=kw["concurrency"], tokenizer=kw["tokenizer"],
                                model_config=kw["model_config"], seed=kw["seed"], max_context=kw["max_context"])
+    from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
+
+    if is_adapter(name):
+        return SearchR1Reasoner(name, **hf)
     name = catalogued(name)
     if Path(name).is_dir():
         return HFGenerator(name, **hf)
-    raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', a catalogue model (ragfast models list), an "
-                      "http(s) URL or a local model directory")
+    raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', a catalogue model (ragfast models list), a "
+                      "trained reasoner (smollm2-searchr1), an http(s) URL or a local model directory")
 
 
 def corpus(parts: str | Sequence[str] | None, questions: Sequence[Any]) -> Any:

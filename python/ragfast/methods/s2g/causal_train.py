@@ -12,27 +12,25 @@ A ``false`` target needs a non-empty ``gap_items`` list (the schema's consistenc
 the teacher's own gap items where the label came from a teacher, one ``evidence span`` item per
 missing supporting title for gold labels, else one generic item.
 
-Training uses peft LoRA (the ``[train]`` extra). ``OUT/checkpoint/`` holds the adapter, the
-optimizer and the step after every ``save_every`` steps; ``resume=True`` continues from it
-with the same data order. At the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
+Training is :func:`ragfast.methods.lora_sft.lora_sft` (peft LoRA, the ``[train]`` extra):
+``OUT/checkpoint/`` holds the adapter, the optimizer, the step and the random state after
+every ``save_every`` steps; ``resume=True`` continues from it with the same data order. At
+the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
 the merged weights with the tokenizer: a plain causal-LM directory for ``--judge``.
 """
 from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ragfast.errors import ConfigError, DataError, ModelError
+from ragfast.methods.lora_sft import DEFAULT_TARGET_MODULES, load_trainer_state
 
-__all__ = ["target_text", "sft_examples", "train_causal_judge", "DEFAULT_TARGET_MODULES"]
-
-DEFAULT_TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
+__all__ = ["target_text", "sft_examples", "train_causal_judge", "DEFAULT_TARGET_MODULES", "load_trainer_state"]
 
 def target_text(sufficient: bool, gap_items: Sequence[dict[str, str]] = ()) -> str:
     """The JSON continuation after ``{"sufficient":`` (starts with " true" or " false")."""
@@ -90,11 +88,6 @@ def sft_examples(judge: Any, labelled: Sequence[Any], source: str, max_length: i
             continue
         out.append({"input_ids": ids, "labels": [-100] * len(prompt) + tgt, "y": int(y), "first": tgt[0]})
     return out
-
-
-def _batches(n: int, batch_size: int, seed: int, epoch: int) -> list[np.ndarray]:
-    order = np.random.default_rng(seed * 1000 + epoch).permutation(n)
-    return [order[i:i + batch_size] for i in range(0, n, batch_size)]
 
 
 def _sft_loss(model: Any, ids: Any, att: Any, lab: Any, decision_weight: float) -> Any:
@@ -159,11 +152,10 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     """
     import torch
 
-    try:
-        from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-        from peft.utils import get_peft_model_state_dict
-    except ImportError as exc:
-        raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'") from exc
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is None:
+        raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'")
     from ragfast.models.causal_judge import CausalJudge
     from ragfast.methods.s2g.labelling import load_labelled_states
 
@@ -189,84 +181,18 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     n_lab = sum(1 for s in states if s.labels.get(source) is not None)
     if not examples:
         raise DataError(f"no state labelled by {source!r} fits max_length={max_length}")
-    model = judge.model
-    present = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
-    targets = [t for t in target_modules if t in present]
-    if not targets:
-        raise ConfigError(f"none of the LoRA target modules {list(target_modules)} is in {base}")
-    model.train()
-    model = get_peft_model(model, LoraConfig(r=r, lora_alpha=alpha, lora_dropout=dropout, target_modules=targets,
-                                             task_type="CAUSAL_LM"))
-    params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    per_epoch = len(_batches(len(examples), batch_size, seed, 0))
-    total = epochs * per_epoch if max_steps is None else min(epochs * per_epoch, int(max_steps))
-    step, losses, epoch_loss = 0, [], {}
-    if resume and ckpt.exists():
-        st = load_trainer_state(ckpt / "trainer_state.pt")
-        from safetensors.torch import load_file
+    from ragfast.methods.lora_sft import lora_sft
 
-        set_peft_model_state_dict(model, load_file(str(ckpt / "adapter_model.safetensors")))
-        opt.load_state_dict(st["optimizer"])
-        step, losses, epoch_loss = int(st["step"]), list(st["losses"]), dict(st["epoch_loss"])
-        if st.get("source") != source or st.get("n_examples") != len(examples):
-            raise ConfigError(f"{ckpt} was trained on other data ({st.get('n_examples')} {st.get('source')} examples, "
-                              f"now {len(examples)} {source})")
-        log(f"resumed at step {step}")
     pad = judge.tokenizer.pad_token_id if judge.tokenizer.pad_token_id is not None else 0
-
-    def save_checkpoint() -> None:
-        from safetensors.torch import save_file
-
-        tmp = out / "checkpoint.tmp"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in get_peft_model_state_dict(model).items()},
-                  str(tmp / "adapter_model.safetensors"))
-        torch.save({"optimizer": opt.state_dict(), "step": step, "losses": losses, "epoch_loss": epoch_loss,
-                    "source": source, "n_examples": len(examples)}, tmp / "trainer_state.pt")
-        if ckpt.exists():
-            shutil.rmtree(ckpt)
-        tmp.rename(ckpt)
-
-    t0 = time.perf_counter()
-    lr_at = lambda s: lr * max(0.05, 1.0 - s / max(1, epochs * per_epoch))  # noqa: E731 (linear decay)
-    done = step
-    for ep in range(epochs):
-        batches = _batches(len(examples), batch_size, seed, ep)
-        for bi, idx in enumerate(batches):
-            gstep = ep * per_epoch + bi
-            if gstep < done:
-                continue  # already trained before the resume
-            if step >= total:
-                break
-            W = max(len(examples[i]["input_ids"]) for i in idx)
-            ids = torch.full((len(idx), W), pad, dtype=torch.long)
-            lab = torch.full((len(idx), W), -100, dtype=torch.long)
-            att = torch.zeros((len(idx), W), dtype=torch.long)
-            for j, i in enumerate(idx):
-                e = examples[i]
-                n = len(e["input_ids"])
-                ids[j, :n] = torch.tensor(e["input_ids"])
-                lab[j, :n] = torch.tensor(e["labels"])
-                att[j, :n] = 1
-            for g in opt.param_groups:
-                g["lr"] = lr_at(step)
-            loss = _sft_loss(model, ids.to(device), att.to(device), lab.to(device), decision_weight)
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            step += 1
-            losses.append(float(loss.detach()))
-            epoch_loss.setdefault(str(ep), []).append(losses[-1])
-            if step % save_every == 0:
-                save_checkpoint()
-        if step >= total:
-            break
-    save_checkpoint()
-    finished = step >= epochs * per_epoch
+    try:
+        run = lora_sft(judge.model, examples, out, pad_id=pad, identity={"source": source, "n_examples": len(examples)},
+                       loss_fn=lambda m, i, a, y: _sft_loss(m, i, a, y, decision_weight), epochs=epochs, lr=lr, r=r,
+                       alpha=alpha, dropout=dropout, batch_size=batch_size, target_modules=target_modules,
+                       save_every=save_every, resume=resume, max_steps=max_steps, seed=seed, device=device, log=log)
+    except ConfigError as exc:
+        raise ConfigError(str(exc).replace("in the model", f"in {base}")) from None
+    model, step, losses, epoch_loss, targets = run.model, run.steps, run.losses, run.epoch_loss, run.targets
+    finished = run.finished
     card: dict[str, Any] = {
         "format": "ragfast-causal-judge-lora", "base": str(base), "label_source": source,
         "states_labelled": n_lab, "examples": len(examples), "skipped_too_long": n_lab - len(examples),
@@ -274,7 +200,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         "lora": {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": targets}, "lr": lr,
         "batch_size": batch_size, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "epoch_mean_loss": {k: float(np.mean(v)) for k, v in epoch_loss.items()},
-        "seconds_this_run": round(time.perf_counter() - t0, 1),
+        "seconds_this_run": round(run.seconds, 1),
         "target": 'JSON after {"sufficient": ; loss on the target tokens only',
     }
     if finished:
@@ -300,28 +226,3 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     log(f"train-judge --kind causal: {step} steps on {len(examples)} {source}-labelled states; "
         f"loss {fmt(card['loss_first'])} -> {fmt(card['loss_last'])}" + ("" if finished else " (stopped early; --resume)"))
     return card
-
-
-def load_trainer_state(path: Path) -> dict:
-    """A ``trainer_state.pt`` read with ``weights_only=True``: tensors and plain values only.
-
-    A checkpoint directory may come from anyone; a full unpickle would run whatever code the
-    file names. Anything but tensors, numbers, strings, lists and dicts is refused.
-
-    Raises
-    ------
-    ConfigError
-        The file is not a plain trainer state.
-    """
-    import pickle
-
-    import torch
-
-    try:
-        st = torch.load(path, weights_only=True, map_location="cpu")
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as exc:
-        raise ConfigError(f"{path}: not a plain trainer state (refused to unpickle anything but tensors and plain "
-                          f"values: {' '.join(str(exc).split())[:160]})") from None
-    if not isinstance(st, dict):
-        raise ConfigError(f"{path}: not a trainer state (a {type(st).__name__})")
-    return st

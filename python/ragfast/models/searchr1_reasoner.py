@@ -1,0 +1,170 @@
+"""Trained Search-R1 reasoners: a catalogue base plus a bundled LoRA adapter, merged in memory.
+
+``--reasoner smollm2-searchr1`` is SmolLM2-135M-Instruct (``ragfast models get smollm2``) with
+the adapter ``ragfast train-reasoner`` trained (``ragfast/adapters/smollm2_searchr1``; its card
+``ragfast_reasoner.json`` says on what data, how long, on which machine, and what it scored).
+The adapter is merged into the weights at load time (peft ``merge_and_unload``), so generation
+costs exactly what the base model costs. :func:`merge_reasoner` writes the merged weights as a
+plain Hugging Face directory, which an OpenAI-compatible server (vLLM, ``--reasoner URL``) can
+serve.
+
+The answer-only turn. A model trained on Search-R1 trajectories searches first; when the loop
+tells it that its next generation is the final one (``mark_final``: the search budget is spent,
+``--budget 0`` closed-book, S2G's stop and its answer-only probe), :class:`SearchR1Reasoner`
+opens that generation with ``<answer>``, so the model answers from what it has read instead of
+writing a search the loop will not run. The forced text is part of the returned turn.
+"""
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any, Sequence
+
+from ragfast.errors import ConfigError, ModelError
+from ragfast.models.generator import HFGenerator
+
+__all__ = ["ADAPTERS", "ANSWER_PREFIX", "SearchR1Reasoner", "adapter_dir", "is_adapter", "merge_reasoner",
+           "load_merged"]
+
+#: Bundled adapters: slot name -> (catalogue base, adapter directory inside the package).
+ADAPTERS: dict[str, tuple[str, str]] = {"smollm2-searchr1": ("smollm2", "adapters/smollm2_searchr1")}
+
+#: What opens a forced answer-only generation.
+ANSWER_PREFIX = "<answer>"
+
+
+def is_adapter(name: str) -> bool:
+    """Whether ``name`` is a bundled reasoner adapter (``smollm2-searchr1``)."""
+    return name in ADAPTERS
+
+
+def adapter_dir(name: str) -> Path:
+    """The bundled adapter directory of ``name``.
+
+    Raises
+    ------
+    ModelError
+        When the adapter is not in the installation.
+    """
+    if name not in ADAPTERS:
+        raise ConfigError(f"unknown reasoner adapter {name!r}; bundled: {', '.join(ADAPTERS)}")
+    p = Path(str(resources.files("ragfast") / ADAPTERS[name][1]))
+    if not (p / "adapter_model.safetensors").is_file():
+        raise ModelError(f"the bundled adapter {name!r} is missing from the installation: {p}")
+    return p
+
+
+def load_merged(base_dir: str | Path, adapter: str | Path, dtype: Any = None) -> tuple[Any, Any]:
+    """(model, tokenizer): ``base_dir`` with the LoRA ``adapter`` merged in."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise ConfigError("a reasoner adapter needs peft: pip install 'ragfast[train]'") from exc
+    kw = {"dtype": dtype} if dtype is not None else {"dtype": torch.float32}
+    model = AutoModelForCausalLM.from_pretrained(str(base_dir), local_files_only=True, **kw)
+    model = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    return model.eval(), AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
+
+
+class SearchR1Reasoner(HFGenerator):
+    """:class:`HFGenerator` over a catalogue base with a LoRA adapter merged in, and a forced answer turn.
+
+    Parameters
+    ----------
+    name : str
+        A bundled adapter (:data:`ADAPTERS`) or a directory holding ``adapter_model.safetensors``
+        and ``adapter_config.json`` (then ``base`` is required).
+    base : str, optional
+        The base model: a catalogue name or a local directory (default: the adapter's).
+    **kwargs
+        :class:`HFGenerator` options (``device``, ``dtype``, ``max_batch``, ``max_context``).
+    """
+
+    def __init__(self, name: str, base: str | None = None, **kwargs: Any):
+        from ragfast.models.catalogue import is_catalogued, resolve
+
+        if is_adapter(name):
+            adir, base = adapter_dir(name), base or ADAPTERS[name][0]
+        else:
+            adir = Path(name)
+            if not (adir / "adapter_config.json").is_file():
+                raise ConfigError(f"{name!r} is neither a bundled reasoner adapter ({', '.join(ADAPTERS)}) nor an "
+                                  "adapter directory")
+            if base is None:
+                raise ConfigError(f"the adapter {adir} needs its base model")
+        base_dir = resolve(base) if is_catalogued(base) else Path(base)
+        super().__init__(base_dir, **kwargs)
+        try:
+            from peft import PeftModel
+        except ImportError as exc:
+            raise ConfigError("a reasoner adapter needs peft: pip install 'ragfast[train]'") from exc
+        self.model = PeftModel.from_pretrained(self.model, str(adir)).merge_and_unload().eval()
+        self.adapter = adir
+        self.base_name = str(base)
+        self.name = name
+        card = adir / "ragfast_reasoner.json"
+        self.card = json.loads(card.read_text()) if card.is_file() else {}
+        self._final: set[str] = set()
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update({"name": self.name, "base": self.base_name, "adapter": str(self.adapter),
+                  "answer_turn": f"a final (answer-only) generation opens with {ANSWER_PREFIX!r}"})
+        ev = self.card.get("evaluation")
+        if ev:
+            d["card_evaluation"] = ev
+        return d
+
+    def mark_final(self, ids: Sequence[str]) -> None:
+        """The next generation of these sessions is the answer-only one: it opens with ``<answer>``."""
+        from ragfast.models.generator import check_sessions
+
+        check_sessions(self._sessions, ids, "SearchR1Reasoner.mark_final")
+        self._final.update(ids)
+
+    def end(self, ids: Sequence[str]) -> None:
+        self._final.difference_update(ids)
+        super().end(ids)
+
+    def generate(self, ids: Sequence[str], **kw: Any) -> list[str]:
+        forced = [i for i in ids if i in self._final]
+        if forced:
+            super().append(forced, [ANSWER_PREFIX] * len(forced))
+            self._final.difference_update(forced)
+        texts = super().generate(ids, **kw)
+        fs = set(forced)
+        return [ANSWER_PREFIX + t if i in fs else t for i, t in zip(ids, texts)]
+
+
+def merge_reasoner(name: str, out_dir: str | Path, *, base: str | None = None) -> Path:
+    """Write ``name`` (base + adapter, merged) as a plain Hugging Face directory at ``out_dir``.
+
+    The directory holds config, fp32 safetensors, the tokenizer with its chat template and the
+    adapter's card; any OpenAI-compatible server that loads Hugging Face directories serves it.
+    A server has no ``mark_final``: the answer-only turn is the plain one, as in the reference.
+    """
+    from ragfast.models.catalogue import is_catalogued, resolve
+
+    if is_adapter(name):
+        adir, base = adapter_dir(name), base or ADAPTERS[name][0]
+    else:
+        adir = Path(name)
+        if base is None:
+            raise ConfigError(f"the adapter {adir} needs its base model")
+    base_dir = resolve(base) if is_catalogued(base) else Path(base)
+    out = Path(out_dir).expanduser()
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"{out} exists and is not empty")
+    model, tok = load_merged(base_dir, adir)
+    model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    card = adir / "ragfast_reasoner.json"
+    if card.is_file():
+        (out / "ragfast_reasoner.json").write_text(card.read_text())
+    if not (out / "config.json").is_file():
+        raise ModelError(f"the merged model was not written to {out}")
+    return out
