@@ -18,7 +18,7 @@ ray = pytest.importorskip("ray")
 
 from ragfast.errors import ConfigError, DataError  # noqa: E402
 from ragfast.models.base import Generator  # noqa: E402
-from ragfast.models.generator import ScriptedGenerator  # noqa: E402
+from ragfast.models.scripted import ScriptedGenerator  # noqa: E402
 from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop  # noqa: E402
 from ragfast.results import ResultsWriter, read_results, strip_timing  # noqa: E402
 

@@ -210,7 +210,7 @@ class _Retriever:
 
 def test_oracle_with_min_searches_searches_past_the_first_answerable_state():
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
 
     ret = _Retriever(['"Emma"\nEmma is a novel written by Jane Austen.', '"Bath"\nBath is a city.',
                       '"Jane Austen"\nJane Austen lived in Bath.'])

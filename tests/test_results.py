@@ -69,7 +69,7 @@ def test_corrupt_line_is_named(tmp_path):
 
 
 def test_manifest_slots_and_resume_guard(tmp_path):
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
 
     gen = ScriptedGenerator()
     write_manifest(tmp_path, pipeline="searchr1", slots={"reasoner": gen, "judge": {"name": "j", "meaningful": True}},

@@ -15,7 +15,7 @@ from ragfast.runner.drive import check_resume, fingerprint
 
 
 def test_specs_mean_the_same_everywhere(tmp_path):
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
 
     g = build.reasoner("scripted", max_turns=2)
     assert isinstance(g, ScriptedGenerator)

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Judge
-from ragfast.models.generator import ScriptedGenerator
+from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.s2g.evaluation import evaluate, reachability, render_markdown
 from ragfast.methods.s2g.loop import JudgeStopHook, gap_query, run_s2g
 from ragfast.methods.s2g.states import RecordedStates, record_states, replay, state_prefixes

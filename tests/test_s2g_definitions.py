@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from ragfast.models.base import Judge
-from ragfast.models.generator import ScriptedGenerator
+from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.s2g import study
 from ragfast.methods.s2g.study import ThresholdError
 

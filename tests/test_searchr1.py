@@ -11,7 +11,7 @@ import pytest
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
-from ragfast.models.generator import ScriptedGenerator
+from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.searchr1.loop import (INVALID_OBSERVATION, SearchR1Config, SearchR1Loop, build_prompt,
                                         format_observation, parse_action, run_searchr1,
                                         truncate_whitespace_tokens)

@@ -404,7 +404,7 @@ def _hotpot(n):
 
 
 def _pipeline(nli, repair=True, max_repairs=2, max_turns=3, n=8):
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
     from ragfast.methods.searchr1.loop import SearchR1Config
     from ragfast.methods.stepgap.loop import StepGapConfig, StepGapPipeline
 

@@ -100,7 +100,7 @@ def test_judge_verdict_uses_the_stop_ap_and_needs_five_positives():
 
 
 def test_slot_labels_say_what_the_slot_is():
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
     from ragfast.results import answers_label, slot_entry
 
     assert slot_entry(ScriptedGenerator())["answers_meaningful"] == ORACLE_LABEL

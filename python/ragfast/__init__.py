@@ -64,7 +64,7 @@ _LAZY: dict[str, str] = {
     # models
     "Generator": "ragfast.models.base",
     "Judge": "ragfast.models.base",
-    "ScriptedGenerator": "ragfast.models.generator",
+    "ScriptedGenerator": "ragfast.models.scripted",
     "HFGenerator": "ragfast.models.generator",
     "OpenAIGenerator": "ragfast.models.openai_generator",
     # methods

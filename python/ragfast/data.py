@@ -53,8 +53,7 @@ def sample(name: str) -> Path:
     ----------
     name : str
         One of :data:`SAMPLES`: hotpotqa-train, hotpotqa-dev, hotpotqa-train-extra, wiki-sample,
-        tatqa-dev, metaqa-kb,
-        metaqa-1hop, metaqa-2hop, metaqa-3hop.
+        tatqa-dev, metaqa-kb, metaqa-1hop, metaqa-2hop, metaqa-3hop.
 
     Raises
     ------

@@ -68,17 +68,17 @@ def register(app: typer.Typer) -> None:
         limit: Optional[int] = typer.Option(None, "--limit", help="Use the first N training questions."),
         max_obs_tokens: int = typer.Option(128, "--max-obs-tokens", help="Observation cap (base tokens) of the "
                                            "training trajectories (the protocol's is 500; shorter trains faster)."),
-        epochs: int = typer.Option(1, "--epochs"),
-        lr: float = typer.Option(3e-4, "--lr"),
-        lora_r: int = typer.Option(16, "--lora-r"),
+        epochs: int = typer.Option(1, "--epochs", help="Passes over the training trajectories."),
+        lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the LoRA weights."),
+        lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha stays 32)."),
         batch_size: int = typer.Option(4, "--batch-size", help="Trajectories per optimizer step."),
         top_layers: Optional[int] = typer.Option(None, "--top-layers", help="LoRA on the last N decoder layers only "
                                                  "(backward stops there: faster steps)."),
         save_every: int = typer.Option(10, "--save-every", help="Checkpoint period in steps."),
-        resume: bool = typer.Option(False, "--resume", help="Continue OUT/checkpoint on OUT/data.jsonl."),
+        resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue OUT/checkpoint on OUT/data.jsonl."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="Stop after N steps in all (resumable)."),
         bf16: bool = typer.Option(False, "--bf16/--fp32", help="bf16 autocast for forward and backward."),
-        seed: int = typer.Option(0, "--seed"),
+        seed: int = typer.Option(0, "--seed", help="Seed of the behaviour mix and of training (order, LoRA init)."),
         retriever: str = typer.Option("default", "--retriever", help="Retriever of the trajectories over the default "
                                       "corpus of the training questions (default: the encoder, flat; bm25 needs no "
                                       "embedding of the corpus)."),

@@ -5,8 +5,9 @@ from ragfast.models.base import Generator, Judge
 from ragfast.models.tiny import make_tiny, tiny_path  # torch/transformers load on first call
 
 __all__ = ["Generator", "Judge", "make_tiny", "tiny_path"]
-from ragfast.models.generator import HFGenerator, ScriptedGenerator  # noqa: E402 (torch loads in HFGenerator())
+from ragfast.models.generator import HFGenerator  # noqa: E402 (torch loads in HFGenerator())
 from ragfast.models.openai_generator import OpenAIGenerator  # noqa: E402
+from ragfast.models.scripted import ScriptedGenerator  # noqa: E402
 __all__ += ["HFGenerator", "OpenAIGenerator", "ScriptedGenerator"]
 from ragfast.models.causal_judge import CausalJudge  # noqa: E402
 from ragfast.models.judge import EncoderJudge  # noqa: E402 (torch loads when a judge is built)

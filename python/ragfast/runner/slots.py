@@ -132,7 +132,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
               max_turns=max_turns, served_model=served_model, tokenizer=tokenizer, model_config=model_config,
               api_key=api_key, concurrency=concurrency)
     kw.update(opts)
-    from ragfast.models.generator import HFGenerator, ScriptedGenerator
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.scripted import ScriptedGenerator
     from ragfast.models.openai_generator import OpenAIGenerator
 
     if name == "scripted":
@@ -350,7 +351,8 @@ def checker(spec: str | Mapping[str, Any], reasoner: Any = None, *, device: str 
     name, _ = split_spec(spec)
     if name == "none":
         return None
-    from ragfast.models.generator import HFGenerator, ScriptedGenerator
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.scripted import ScriptedGenerator
 
     if name == "reasoner":
         return None if reasoner is None or isinstance(reasoner, ScriptedGenerator) else reasoner

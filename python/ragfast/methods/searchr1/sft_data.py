@@ -102,7 +102,7 @@ def oracle_trajectories(questions: Sequence[Question], retriever: Any, tokenizer
                         batch_size: int = 64) -> list[Trajectory]:
     """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches``."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
-    from ragfast.models.generator import ScriptedGenerator
+    from ragfast.models.scripted import ScriptedGenerator
 
     gen = TokenCapOracle(ScriptedGenerator(max_searches=max_turns, min_searches=min_searches), tokenizer)
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_obs_tokens=max_obs_tokens, batch_size=batch_size)

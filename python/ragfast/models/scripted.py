@@ -1,0 +1,259 @@
+"""The scripted evidence oracle: a deterministic reasoner that writes protocol-faithful Search-R1
+text from the gold answers and the documents it has retrieved. Its answers are NOT a model's
+answers (``meaningful = False``): its EM measures evidence reachability, the ceiling a real
+reasoner in the slot is compared with.
+"""
+from __future__ import annotations
+
+import re
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ragfast.cost import CostLedger
+from ragfast.errors import ConfigError
+from ragfast.models.base import Generator
+from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
+from ragfast.text import whitespace_tokens
+
+__all__ = ["ScriptedGenerator"]
+
+
+_DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |</information>|\Z)", re.DOTALL)
+_INFO = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
+_QUESTION = re.compile(r"Question: (.*)\n", re.DOTALL)
+_SENT = re.compile(r"(?<=[.!?])\s+")
+
+
+@dataclass
+class _Doc:
+    title: str
+    text: str
+    search: int  # which search returned it (1-based)
+    rank: int  # its Doc number in that observation
+
+
+@dataclass
+class _ScriptSession:
+    question: str
+    golds: list[str]
+    text: str  # the whole session text (prompt + everything generated and appended)
+    pending_tokens: int  # whitespace tokens appended since the last generation (fresh input)
+    docs: list[_Doc] = field(default_factory=list)
+    searches: int = 0
+    queried_titles: list[str] = field(default_factory=list)
+    final: bool = False
+    #: The question id the no-evidence guess is keyed by: a session restarted or probed under
+    #: another session id (S2G's answer-only probes) guesses as the question's own session.
+    key: str = ""
+
+
+def _clip_words(s: str, n: int) -> str:
+    w = s.split()
+    return " ".join(w[:n]) + (" ..." if len(w) > n else "")
+
+
+class ScriptedGenerator(Generator):
+    """A deterministic evidence oracle that writes Search-R1-formatted turns.
+
+    It is a test and demo agent, not a model: it knows the gold answers. Its script:
+
+    - the first search is the question itself;
+    - each later search is the question plus the most relevant title it has read and not yet
+      searched for (the best-ranked one of the latest observation);
+    - each ``<think>`` states one claim citing the document it came from
+      (``Doc 2 (Title) says ...``);
+    - it answers a gold answer as soon as that answer's normalised string appears in the
+      evidence it has read;
+    - once its searches are spent (``max_searches``, or the loop marks the final turn with
+      :meth:`mark_final`) it answers its best guess: the best-ranked title of the latest search
+      that the question does not already name.
+
+    Its EM therefore measures how reachable the evidence is, not how well a model reasons.
+    Token counts (for the ledger and observation truncation) are whitespace tokens.
+
+    Parameters
+    ----------
+    questions : sequence of Question or mapping id -> Question, optional
+        Gold answers per session id; more can be given later with :meth:`bind_questions` (the
+        Search-R1 loop calls it with each batch). A session without a bound question parses
+        its question out of the prompt and can only guess.
+    seed : int
+        Picks the guess when nothing at all was retrieved (deterministic per question).
+    max_searches : int
+        Searches after which it answers its best guess even without :meth:`mark_final`.
+    min_searches : int
+        Searches it makes before it answers a gold answer it has found (default 1: it answers
+        at its first answerable state). Above 1 it searches past that state, as RL-trained
+        Search-R1 models over-search (``ragfast train-reasoner`` builds its data so).
+    """
+
+    name = "scripted evidence oracle"
+    meaningful = False
+    NOTE = "scripted evidence oracle: EM measures evidence reachability, not reasoning"
+
+    def __init__(self, questions: Sequence[Any] | Mapping[str, Any] | None = None, *, seed: int = 0,
+                 max_searches: int = 4, min_searches: int = 1):
+        if max_searches < 0:
+            raise ConfigError(f"max_searches must be >= 0, got {max_searches}")
+        if min_searches < 0:
+            raise ConfigError(f"min_searches must be >= 0, got {min_searches}")
+        self.seed = int(seed)
+        self.max_searches = int(max_searches)
+        self.min_searches = int(min_searches)
+        self._questions: dict[str, Any] = {}
+        self._sessions: dict[str, _ScriptSession] = {}
+        if questions is not None:
+            self.bind_questions(questions)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "meaningful": False, "class": type(self).__name__, "note": self.NOTE,
+                "seed": self.seed, "tokens": "whitespace"}
+
+    # -- oracle inputs -----------------------------------------------------------------------
+    def bind_questions(self, questions: Sequence[Any] | Mapping[str, Any]) -> None:
+        """Give the oracle the gold answers: Questions (keyed by their id) or a mapping id -> Question."""
+        items = questions.items() if isinstance(questions, Mapping) else ((q.id, q) for q in questions)
+        for qid, q in items:
+            if not getattr(q, "golden_answers", None):
+                raise ValueError(f"ScriptedGenerator: question {qid!r} has no golden answers")
+            self._questions[str(qid)] = q
+
+    def mark_final(self, ids: Sequence[str]) -> None:
+        """The next generation of these sessions is the answer-only one: answer, do not search."""
+        check_sessions(self._sessions, ids, "ScriptedGenerator.mark_final")
+        for i in ids:
+            self._sessions[i].final = True
+
+    # -- Generator interface -----------------------------------------------------------------
+    def start(self, ids: Sequence[str], prompts: Sequence[str]) -> None:
+        check_new_sessions(self._sessions, ids, prompts, "ScriptedGenerator.start")
+        for i, p in zip(ids, prompts):
+            q = self._questions.get(i)
+            if q is not None:
+                question, golds = q.question.strip(), list(q.golden_answers)
+            else:
+                m = _QUESTION.search(p)
+                question, golds = (m.group(1).strip() if m else p.strip()), []
+            self._sessions[i] = _ScriptSession(question=question, golds=golds, text=p,
+                                               pending_tokens=whitespace_tokens(p),
+                                               key=str(getattr(q, "id", None) or i))
+
+    def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
+        check_sessions(self._sessions, ids, "ScriptedGenerator.append")
+        for i, t in zip(ids, texts):
+            s = self._sessions[i]
+            s.text += t
+            s.pending_tokens += whitespace_tokens(t)
+            self._read(s, t)
+
+    def end(self, ids: Sequence[str]) -> None:
+        for i in ids:
+            self._sessions.pop(i, None)
+
+    def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """Observation cap in whitespace tokens (this agent has no tokenizer)."""
+        from ragfast.text import truncate_whitespace_tokens
+
+        return [truncate_whitespace_tokens(t, max_tokens) for t in texts]
+
+    def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
+                 ledger: CostLedger | None = None) -> list[str]:
+        check_sessions(self._sessions, ids, "ScriptedGenerator.generate")
+        t0 = time.perf_counter()
+        outs, fresh, cached, produced = [], [], [], []
+        for i in ids:
+            s = self._sessions[i]
+            text = self._step(i, s)
+            # Honour the same limits a model would: the token budget, then the stop strings.
+            words = re.findall(r"\S+\s*", text)
+            if len(words) > max_new_tokens:
+                text = "".join(words[:max_new_tokens]).rstrip()
+            text, _ = cut_at_stop(text, stop)
+            fresh.append(s.pending_tokens)
+            cached.append(whitespace_tokens(s.text) - s.pending_tokens)
+            produced.append(whitespace_tokens(text))
+            s.text += text
+            s.pending_tokens = 0
+            s.final = False
+            outs.append(text)
+        if ledger is not None:
+            ledger.add_batch("reasoner", list(ids), seconds=time.perf_counter() - t0, input_tokens=fresh,
+                             cached_tokens=cached, output_tokens=produced)
+        return outs
+
+    # -- the script --------------------------------------------------------------------------
+    @staticmethod
+    def _read(s: _ScriptSession, appended: str) -> None:
+        blocks = _INFO.findall(appended)
+        for b in blocks:
+            s.searches += 1
+            for m in _DOC.finditer(b):
+                s.docs.append(_Doc(title=m.group(2).strip().strip('"'), text=m.group(3).strip(),
+                                   search=s.searches, rank=int(m.group(1))))
+
+    def _find_answer(self, s: _ScriptSession) -> tuple[str, _Doc, str] | None:
+        from ragfast.metrics import normalize_answer
+
+        golds = [(g, normalize_answer(g)) for g in s.golds]
+        golds = [(g, n) for g, n in golds if n]
+        for d in s.docs:
+            nd = f" {normalize_answer(d.title + ' ' + d.text)} "
+            for g, ng in golds:
+                if f" {ng} " in nd:
+                    sent = next((x for x in _SENT.split(d.text) if f" {ng} " in f" {normalize_answer(x)} "),
+                                d.text)
+                    return g, d, sent
+        return None
+
+    def _guess(self, qid: str, s: _ScriptSession) -> tuple[str, _Doc | None]:
+        from ragfast.metrics import normalize_answer
+
+        nq = f" {normalize_answer(s.question)} "
+        latest = [d for d in s.docs if d.search == s.searches]
+        for d in sorted(latest, key=lambda d: d.rank):
+            nt = normalize_answer(d.title)
+            if nt and f" {nt} " not in nq:
+                return d.title, d
+        if s.docs:
+            return s.docs[0].title, s.docs[0]
+        # Nothing retrieved at all: a question word, picked reproducibly from (seed, question id).
+        words = [w for w in re.findall(r"[A-Z][\w'-]+", s.question)] or s.question.split() or ["unknown"]
+        return words[zlib.crc32(f"{self.seed}:{s.key or qid}".encode()) % len(words)], None
+
+    def _step(self, qid: str, s: _ScriptSession) -> str:
+        found = self._find_answer(s) if s.golds else None
+        if found is not None and s.searches < self.min_searches and not s.final and s.searches < self.max_searches:
+            # Found but held back: one more search, for the question with the answer's title.
+            gold, d, sent = found
+            s.queried_titles.append(d.title)
+            return (f"<think> Doc {d.rank} ({d.title}) says {_clip_words(sent, 40)} The answer may be {gold}, "
+                    f"but I will search once more to make sure. </think>\n<search> {s.question} {d.title} </search>")
+        if found is not None:
+            gold, d, sent = found
+            return (f"<think> Doc {d.rank} ({d.title}) says {_clip_words(sent, 40)} "
+                    f"So the answer is {gold}. </think>\n<answer> {gold} </answer>")
+        if s.final or s.searches >= self.max_searches:
+            guess, d = self._guess(qid, s)
+            cite = (f"Doc {d.rank} ({d.title}) says {_clip_words(d.text, 25)} " if d is not None
+                    else "I found no useful documents. ")
+            return f"<think> {cite}My best guess is {guess}. </think>\n<answer> {guess} </answer>"
+        if not s.docs and s.searches == 0:
+            return (f"<think> I need to find out: {s.question} I will search for it. </think>\n"
+                    f"<search> {s.question} </search>")
+        latest = sorted((d for d in s.docs if d.search == s.searches), key=lambda d: d.rank)
+        new = [d for d in latest if d.title not in s.queried_titles]
+        if new:
+            d = new[0]
+            s.queried_titles.append(d.title)
+            query = f"{s.question} {d.title}"
+            claim = f"Doc {d.rank} ({d.title}) says {_clip_words(d.text, 25)}"
+        else:
+            # Nothing new came back: search for the question alone again, as a model might.
+            d = latest[0] if latest else None
+            query = s.question
+            claim = (f"Doc {d.rank} ({d.title}) says {_clip_words(d.text, 25)}" if d is not None
+                     else "The last search returned nothing.")
+        return (f"<think> {claim} The answer is not there yet, so I will search again. </think>\n"
+                f"<search> {query} </search>")
