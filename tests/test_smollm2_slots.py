@@ -64,6 +64,31 @@ def test_reasoner_and_closed_book(smollm2, tmp_path):
     assert cb["searches_per_question"] == 0.0  # closed book: not one retrieval
 
 
+def test_bundled_searchr1_adapter_runs_on_the_real_base(smollm2, tmp_path):
+    # The shipped adapter (ragfast/adapters/smollm2_searchr1) on the real SmolLM2 base: it must
+    # load from the installed package, change the weights (an adapter that merged to nothing would
+    # pass every tiny-model test), and run the Search-R1 loop; the closed-book run's answer-only
+    # turn opens with <answer>.
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ragfast.models.searchr1_reasoner import adapter_dir, load_merged
+
+    base = AutoModelForCausalLM.from_pretrained(str(smollm2), local_files_only=True, dtype=torch.float32)
+    merged, _ = load_merged(smollm2, adapter_dir("smollm2-searchr1"))
+    name = next(n for n, _ in merged.named_parameters() if n.endswith("layers.29.self_attn.q_proj.weight"))
+    delta = (dict(merged.named_parameters())[name] - dict(base.named_parameters())[name]).abs().max().item()
+    assert delta > 1e-6, delta
+    _cli("run", "searchr1", "--reasoner", "smollm2-searchr1", "--limit", 2, "--budget", 0, "--max-new-tokens", 16,
+         "--out", tmp_path / "cb")
+    man = json.loads((tmp_path / "cb" / "manifest.json").read_text())
+    assert man["slots"]["reasoner"]["name"] == "smollm2-searchr1"
+    assert man["slots"]["reasoner"]["adapter"].endswith("smollm2_searchr1")
+    turns = [json.loads(line) for line in (tmp_path / "cb" / "results.jsonl").read_text().splitlines()]
+    assert len(turns) == 2
+    assert all(t["turns"][-1]["generated"].startswith("<answer>") for t in turns), [t["turns"][-1] for t in turns]
+
+
 def test_zero_shot_judge_packed_equals_reference(smollm2):
     from ragfast.models.causal_judge import CausalJudge
     from ragfast.runner import slots
