@@ -111,7 +111,9 @@ def test_url_reasoner_costs_equal_the_local_model(served_tiny):
     qs = [Question(f"q{i}", q, ["Paris"]) for i, q in enumerate(QUESTIONS)]
     cfg = SearchR1Config(max_turns=2, max_new_tokens=12)
     local_led, remote_led = CostLedger(), CostLedger()
-    local = run_searchr1(qs, HFGenerator(path), _First(), cfg, ledger=local_led)
+    # share_prefix off: a prefix computed once for a batch is a split prefill whose analytic FLOPs
+    # (each chunk's attention over its own span) differ from one call's; parity per call is the point here.
+    local = run_searchr1(qs, HFGenerator(path, share_prefix=False), _First(), cfg, ledger=local_led)
     g = OpenAIGenerator(url, None, tokenizer=path, model_config=path, concurrency=1)
     assert g.model == "tiny-qwen2"  # found through /v1/models
     remote = run_searchr1(qs, g, _First(), cfg, ledger=remote_led)

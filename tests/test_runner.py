@@ -103,6 +103,7 @@ def test_every_running_command_takes_the_shared_flags(command):
         assert flag in res.output, (command, flag)
 
 
+@pytest.mark.slow  # two end-to-end commands (33 s of the quick suite)
 def test_run_searchr1_reuses_the_corpus_embeddings_bench_made(tmp_path):
     """The second of ``ragfast bench`` and ``ragfast run searchr1`` embeds nothing: same corpus, same cache key."""
     from ragfast.data import sample

@@ -468,6 +468,7 @@ def test_sigterm_drains_in_flight_requests(tmp_path):
             proc.wait(10)
 
 
+@pytest.mark.slow  # the whole fault script against a live server (26 s of the quick suite)
 def test_bounded_fault_script(tmp_path):
     """bench/bench_server.py --faults, short: valid clients see no errors, every malformed request a 4xx."""
     import csv

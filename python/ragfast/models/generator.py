@@ -474,11 +474,12 @@ class HFGenerator(Generator):
             n_dec = len(g) - 1
             chunks, pasts = [n_new[b]] + [1] * n_dec, [n_past[b]] + [n_past[b] + n_new[b] + j for j in range(n_dec)]
             fresh_b, cached_b = n_new[b], n_past[b]
+            f_b = 0.0
             if paid is not None and paid[0] == b:
-                # This row pays for the shared prefix computed once for the chunk.
-                chunks, pasts = [paid[1]] + chunks, [0] + pasts
+                # This row pays for the shared prefix computed once for the chunk (decoder only, no lm head).
+                f_b = forward_flops_per_sequence(self.config, [paid[1]], [0], head="none")[0]
                 fresh_b, cached_b = fresh_b + paid[1], cached_b - paid[1]
-            flops.append(sum(forward_flops_per_sequence(self.config, chunks, pasts, logits="last")))
+            flops.append(f_b + sum(forward_flops_per_sequence(self.config, chunks, pasts, logits="last")))
             # The same call with nothing cached: what the URL backend books as the cache-independent figure.
             uncached.append(completion_flops(self.config, n_past[b] + n_new[b], 0, len(g)))
             cached_tok.append(cached_b)

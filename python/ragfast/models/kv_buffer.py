@@ -149,6 +149,8 @@ def extend_kv(model: Any, config: Any, ids: list[int], kv: list[tuple[Any, Any]]
         cache.update(k[None], v[None], layer)
     x = torch.tensor([ids], dtype=torch.long, device=device)
     pos = torch.arange(n, n + len(ids), dtype=torch.long, device=device)[None]
+    # The decoder alone: only the keys/values are kept, so the lm head (a vocabulary-wide matmul
+    # for the last position) is neither computed nor booked.
     with torch.inference_mode():
-        model(input_ids=x, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1)
+        model.get_decoder()(input_ids=x, position_ids=pos, cache=cache, use_cache=True)
     return [(layer.keys[0], layer.values[0]) for layer in cache.layers]
