@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ragfast.errors import ConfigError, DataError
+from ragfast.ops.topk_ip_choice import cpu_model
 
 __all__ = ["REASONER_CARD", "train_reasoner", "data_digest"]
 
@@ -33,16 +33,6 @@ def data_digest(examples: Sequence[dict[str, Any]]) -> str:
     for e in examples:
         h.update(json.dumps([e["input_ids"], e["labels"]]).encode())
     return h.hexdigest()
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def _load_avg() -> list[float] | None:
@@ -212,7 +202,7 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
         "cpu_seconds_this_run": round(run.cpu_seconds, 1),
         "median_seconds_per_step": None if sps is None else round(sps, 2),
         "projected_seconds_all_steps": None if sps is None else round(sps * run.total, 0),
-        "machine": {"cpu": _cpu_model(), "threads": torch.get_num_threads(), "load_at_end": _load_avg()},
+        "machine": {"cpu": cpu_model(), "threads": torch.get_num_threads(), "load_at_end": _load_avg()},
         "loss": "mean cross-entropy over the generated turns' tokens; prompt and observations are -100",
     }
     if run.finished:
