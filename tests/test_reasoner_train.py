@@ -223,6 +223,29 @@ def test_oracle_with_min_searches_searches_past_the_first_answerable_state():
         ScriptedGenerator(min_searches=-1)
 
 
+def test_oracle_claims_quote_at_most_quote_words():
+    """train-reasoner's oracle (quote_words=0) names the document and the answer, and copies no text."""
+    from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
+    from ragfast.models.scripted import ScriptedGenerator
+
+    ret = _Retriever(['"Bath"\nBath is a city in Somerset, England, with Roman baths and Georgian houses.',
+                      '"Emma"\nEmma is a novel written by Jane Austen.'])
+    q = Question("q1", "Who wrote the novel Emma?", ["Jane Austen"])
+    cfg = SearchR1Config(max_turns=4, topk=1, batch_size=2)
+    turns = {}
+    for words in (None, 3, 0):
+        tr = SearchR1Loop(ScriptedGenerator(min_searches=2, quote_words=words), ret, cfg).run([q])[0]
+        assert tr.em == 1.0
+        turns[words] = [t.generated for t in tr.turns]
+    assert "says Emma is a novel written by Jane Austen." in turns[None][-1]
+    assert "says Emma is a ..." in turns[3][-1]
+    assert turns[0][-1] == ("<think> Doc 1 (Emma) names Jane Austen. So the answer is Jane Austen. </think>\n"
+                            "<answer> Jane Austen </answer>")
+    assert not any("says" in t for t in turns[0])
+    with pytest.raises(ConfigError, match="quote_words"):
+        ScriptedGenerator(quote_words=-1)
+
+
 def test_train_reasoner_command_end_to_end_and_the_reasoner_slot(llama_dir, tmp_path):
     """train-reasoner on 6 training questions (BM25), resume, merge, then the adapter as a reasoner."""
     from typer.testing import CliRunner
@@ -245,10 +268,19 @@ def test_train_reasoner_command_end_to_end_and_the_reasoner_slot(llama_dir, tmp_
     res = CliRunner().invoke(app, args + ["--resume", "--merge-out", str(tmp_path / "merged")])
     assert res.exit_code == 0, res.output
     card = json.loads((out / "adapter" / "ragfast_reasoner.json").read_text())
-    assert card["finished"] and card["steps"] == 3 and card["examples"] == 6
+    assert card["finished"] and card["steps"] == 3 and card["examples"] == 6 and card["data"]["quote_words"] == 0
     assert (tmp_path / "merged" / "config.json").exists()
-    # the adapter as a reasoner: a final turn opens with <answer>, other turns are free
-    gen = SearchR1Reasoner(str(out / "adapter"), base=str(llama_dir))
+    # the adapter as a reasoner, its base read from its card, through the slot factory too
+    from ragfast.runner import slots
+
+    assert isinstance(slots.reasoner(str(out / "adapter")), SearchR1Reasoner)
+    gen = SearchR1Reasoner(str(out / "adapter"))
+    # observations are cut at the training cap (40) under any longer loop cap, not under a shorter one
+    long = " ".join(f"word{i}" for i in range(300))
+    assert gen.max_obs_tokens == 40 and "40" in gen.describe()["observation_cap"]
+    assert len(gen.encode(gen.truncate_tokens([long], 500)[0])) == 40
+    assert len(gen.encode(gen.truncate_tokens([long], 7)[0])) == 7
+    # a final turn opens with <answer>, other turns are free
     gen.start(["a", "b"], ["Question: who?\n", "Question: who?\n"])
     gen.mark_final(["a"])
     ta, tb = gen.generate(["a", "b"], stop=["</answer>"], max_new_tokens=3)

@@ -77,7 +77,8 @@ class SearchR1Reasoner(HFGenerator):
     ----------
     name : str
         A bundled adapter (:data:`ADAPTERS`) or a directory holding ``adapter_model.safetensors``
-        and ``adapter_config.json`` (then ``base`` is required).
+        and ``adapter_config.json`` (``ragfast train-reasoner``'s ``OUT/adapter``; its card
+        ``ragfast_reasoner.json`` names the base, else ``base`` is required).
     base : str, optional
         The base model: a catalogue name or a local directory (default: the adapter's).
     **kwargs
@@ -94,8 +95,11 @@ class SearchR1Reasoner(HFGenerator):
             if not (adir / "adapter_config.json").is_file():
                 raise ConfigError(f"{name!r} is neither a bundled reasoner adapter ({', '.join(ADAPTERS)}) nor an "
                                   "adapter directory")
+            if base is None:  # a train-reasoner output names its base in its card
+                card = adir / "ragfast_reasoner.json"
+                base = json.loads(card.read_text(encoding="utf-8")).get("base") if card.is_file() else None
             if base is None:
-                raise ConfigError(f"the adapter {adir} needs its base model")
+                raise ConfigError(f"the adapter {adir} needs its base model (its card ragfast_reasoner.json names none)")
         base_dir = resolve(base) if is_catalogued(base) else Path(base)
         super().__init__(base_dir, **kwargs)
         try:
@@ -108,16 +112,29 @@ class SearchR1Reasoner(HFGenerator):
         self.name = name
         card = adir / "ragfast_reasoner.json"
         self.card = json.loads(card.read_text()) if card.is_file() else {}
+        #: The observation cap the adapter was trained with (its card's data.max_obs_tokens).
+        #: Its training observations were cut there, closing tag included, so under a longer cap
+        #: it never saw what follows; measured on dev 100-139 under the protocol's 500 it wrote
+        #: runaway turns after the first search. None: the loop's cap alone.
+        cap = self.card.get("data", {}).get("max_obs_tokens")
+        self.max_obs_tokens: int | None = int(cap) if cap else None
         self._final: set[str] = set()
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d.update({"name": self.name, "base": self.base_name, "adapter": str(self.adapter),
-                  "answer_turn": f"a final (answer-only) generation opens with {ANSWER_PREFIX!r}"})
+                  "answer_turn": f"a final (answer-only) generation opens with {ANSWER_PREFIX!r}",
+                  "observation_cap": (f"observations cut at min(the loop's cap, {self.max_obs_tokens}) tokens, the "
+                                      "adapter's training cap" if self.max_obs_tokens else "the loop's cap")})
         ev = self.card.get("evaluation")
         if ev:
             d["card_evaluation"] = ev
         return d
+
+    def truncate_tokens(self, texts: Sequence[str], max_tokens: int) -> list[str]:
+        """:meth:`HFGenerator.truncate_tokens` at the smaller of ``max_tokens`` and the training cap."""
+        cap = max_tokens if self.max_obs_tokens is None else min(max_tokens, self.max_obs_tokens)
+        return super().truncate_tokens(texts, cap)
 
     def mark_final(self, ids: Sequence[str]) -> None:
         """The next generation of these sessions is the answer-only one: it opens with ``<answer>``."""

@@ -203,9 +203,14 @@ def check_paths(cfg: RunSettings) -> None:
     need("data", cfg.data)
     for c in cfg.corpus:
         need("corpus", c, ("contexts",))
-    need("reasoner", cfg.reasoner, ("scripted", "tiny"))
-    need("judge", cfg.judge, ("encoder", "head", "tiny", "none"))
-    need("nli", cfg.nli, ("tiny",))
+    from ragfast.models.catalogue import CATALOGUE
+    from ragfast.models.searchr1_reasoner import ADAPTERS
+
+    # Catalogue models and bundled adapters are names, not paths; a missing one fails when its
+    # slot is built, in one line naming `ragfast models get`.
+    need("reasoner", cfg.reasoner, ("scripted", "tiny", *CATALOGUE, *ADAPTERS))
+    need("judge", cfg.judge, ("encoder", "head", "tiny", "none", *CATALOGUE))
+    need("nli", cfg.nli, ("tiny", *CATALOGUE))
     need("encoder", cfg.encoder, ("minilm",))
     need("index", cfg.index, ("flat", "default", "bm25"))
     if "s2g" in cfg.methods and cfg.threshold is None:

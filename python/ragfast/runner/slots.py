@@ -154,13 +154,14 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
                                model_config=kw["model_config"], seed=kw["seed"], max_context=kw["max_context"])
     from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
 
-    if is_adapter(name):
+    if is_adapter(name) or (Path(name) / "adapter_config.json").is_file():
         return SearchR1Reasoner(name, **hf)
     name = catalogued(name)
     if Path(name).is_dir():
         return HFGenerator(name, **hf)
     raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', a catalogue model (ragfast models list), a "
-                      "trained reasoner (smollm2-searchr1), an http(s) URL or a local model directory")
+                      "trained reasoner (smollm2-searchr1, or a train-reasoner OUT/adapter directory), an http(s) URL "
+                      "or a local model directory")
 
 
 def corpus(parts: str | Sequence[str] | None, questions: Sequence[Any]) -> Any:

@@ -99,12 +99,14 @@ def training_questions(parts: Sequence[str] = TRAIN_PARTS, limit: int | None = N
 
 def oracle_trajectories(questions: Sequence[Question], retriever: Any, tokenizer: Any, *, min_searches: int = 1,
                         max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
-                        batch_size: int = 64) -> list[Trajectory]:
-    """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches``."""
+                        batch_size: int = 64, quote_words: int | None = 0) -> list[Trajectory]:
+    """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches`` (claims
+    quote ``quote_words`` words at most: :class:`~ragfast.models.scripted.ScriptedGenerator`)."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.models.scripted import ScriptedGenerator
 
-    gen = TokenCapOracle(ScriptedGenerator(max_searches=max_turns, min_searches=min_searches), tokenizer)
+    gen = TokenCapOracle(ScriptedGenerator(max_searches=max_turns, min_searches=min_searches,
+                                             quote_words=quote_words), tokenizer)
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_obs_tokens=max_obs_tokens, batch_size=batch_size)
     return SearchR1Loop(gen, retriever, cfg).run(list(questions))
 
@@ -236,7 +238,7 @@ def sft_example(tokenizer: Any, traj: Trajectory, prompt: str, *, eos_id: int | 
 
 def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer: Any, format_prompt: Callable[[str], str],
                        *, eos_id: int | None, max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
-                       target: float = STUDY_SAFE_PREVALENCE, seed: int = 0,
+                       quote_words: int | None = 0, target: float = STUDY_SAFE_PREVALENCE, seed: int = 0,
                        log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], MixChoice, dict[str, Any]]:
     """Oracle runs at ``min_searches`` 1..max_turns, the mix, and one SFT example per question.
 
@@ -251,7 +253,7 @@ def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer:
     runs: dict[int, list[Trajectory]] = {}
     for m in range(1, max_turns + 1):
         runs[m] = oracle_trajectories(questions, retriever, tokenizer, min_searches=m, max_turns=max_turns, topk=topk,
-                                      max_obs_tokens=max_obs_tokens)
+                                      max_obs_tokens=max_obs_tokens, quote_words=quote_words)
         log(f"oracle min_searches={m}: {np.mean([t.searches for t in runs[m]]):.3f} searches/q, "
             f"EM {np.mean([t.em for t in runs[m]]):.3f}")
     # The first answerable state: where the min_searches=1 oracle answered a gold it had read.
