@@ -34,7 +34,6 @@ head
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -262,7 +261,8 @@ def retriever_over(spec: str | Mapping[str, Any], questions: Sequence[Any], *, c
 
 def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder: Any = None,
           encoder_device: str | None = None, kind: str = "text", check: bool = True) -> Any:
-    """The STOP / sufficiency judge; ``None`` for ``none``.
+    """The STOP / sufficiency judge; ``None`` for ``none``, RELOOP's rule for ``heuristic``, else
+    :func:`ragfast.judges.load` (the one factory from a judge spec to a judge).
 
     Parameters
     ----------
@@ -282,37 +282,9 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
         from ragfast.methods.reloop.sufficiency import HeuristicSufficiency
 
         return HeuristicSufficiency(multi_doc=(kind == "text"))
-    if is_url(name):
-        from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges import load
 
-        if check:
-            from ragfast.retrieval.remote import check_reachable
-
-            check_reachable(name, "judge server")
-        return RemoteJudge(name)
-    if name in ("encoder", "head"):
-        from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
-        from ragfast.models.judge import EncoderJudge, default_encoder_judge_path
-
-        if name == "encoder":
-            cls, card = DocSetJudge, default_docset_judge_path().with_suffix(".json")
-        else:
-            hp = default_encoder_judge_path()
-            cls, card = EncoderJudge, hp / "encoder_judge.json" if hp.is_dir() else hp.with_suffix(".json")
-        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder", "minilm") if card.exists() else None
-        same_device = (encoder_device or device) == device
-        if (shared_encoder is not None and wanted is not None and getattr(shared_encoder, "name", None) == wanted
-                and same_device):
-            return cls(encoder=shared_encoder)
-        return cls(device=device)
-    from ragfast.models.causal_judge import CausalJudge
-    from ragfast.models.judge import load_judge
-
-    if name == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return CausalJudge(tiny_path("qwen2"), device=device)
-    return load_judge(name, device=device)
+    return load(name, device=device, shared_encoder=shared_encoder, encoder_device=encoder_device, check=check)
 
 
 def nli(spec: str | Mapping[str, Any], *, backend: str = "auto", device: str = "cpu", max_length: int = 512,
