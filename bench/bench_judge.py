@@ -84,7 +84,7 @@ def main() -> None:
     import torch
 
     from ragfast.cost import CostLedger
-    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.judges.causal import CausalJudge
     from ragfast.models.tiny import tiny_path
 
     if args.threads:

@@ -39,7 +39,7 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ragfast.methods.lora_sft import lora_sft
+    from ragfast.models.lora_sft import lora_sft
     from ragfast.models.catalogue import is_catalogued, resolve
 
     torch.set_num_threads(a.threads)

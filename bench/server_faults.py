@@ -69,8 +69,8 @@ def serve_judge(port: int, threads: int | None, passage_chars: int, ready) -> No
     """Judge server process: the bundled EncoderJudge; passages may be as long as ``passage_chars``."""
     import uvicorn
 
-    from ragfast.commands.judge import JudgeLimits, make_app
-    from ragfast.models.judge import load_judge
+    from ragfast.judges import load as load_judge
+    from ragfast.judges.server import JudgeLimits, make_app
     from ragfast.retrieval.server import set_threads
 
     set_threads(threads)

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 
-from ragfast.models.causal_judge import CausalJudge
+from ragfast.judges.causal import CausalJudge
 from ragfast.types import State
 
 WORDS = "river album film born city capital singer novel treaty king league season".split()

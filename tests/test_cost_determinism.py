@@ -85,7 +85,7 @@ def _cold_vs_warm(make_judge, **kw):
 
 @pytest.fixture(scope="module")
 def docset_judge(minilm_encoder):
-    from ragfast.models.doc_judge import DocSetJudge
+    from ragfast.judges.docset import DocSetJudge
 
     return lambda: DocSetJudge(encoder=minilm_encoder)
 
@@ -99,7 +99,7 @@ def test_docset_judge_cost_does_not_depend_on_its_caches(docset_judge):
 
 
 def test_encoder_judge_cost_does_not_depend_on_its_caches(minilm_encoder):
-    from ragfast.models.judge import EncoderJudge
+    from ragfast.judges.head import EncoderJudge
 
     _cold_vs_warm(lambda: EncoderJudge(encoder=minilm_encoder))
 
@@ -107,7 +107,8 @@ def test_encoder_judge_cost_does_not_depend_on_its_caches(minilm_encoder):
 def test_cross_judge_cost_does_not_depend_on_its_cache(tmp_path):
     from safetensors.numpy import save_file
 
-    from ragfast.models.cross_judge import CROSS_FORMAT, STATE_FEATURES, CrossEncoderJudge
+    from ragfast.judges.base import STATE_FEATURES
+    from ragfast.judges.cross import CROSS_FORMAT, CrossEncoderJudge
 
     # Untrained heads and no LoRA factors: the compute path is the real one, which is all the
     # ledger sees.
@@ -122,7 +123,7 @@ def test_cross_judge_cost_does_not_depend_on_its_cache(tmp_path):
 
 
 def test_causal_judge_question_cost_does_not_depend_on_the_system_prefix_cache():
-    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.judges.causal import CausalJudge
     from ragfast.models.tiny import tiny_path
 
     judge = CausalJudge(tiny_path("qwen2"), attention="ref")
@@ -143,9 +144,9 @@ def test_causal_judge_question_cost_does_not_depend_on_the_system_prefix_cache()
 def test_remote_judge_books_the_servers_reused_calls(minilm_encoder):
     from fastapi.testclient import TestClient
 
-    from ragfast.commands.judge import make_app
-    from ragfast.models.doc_judge import DocSetJudge
-    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges.server import make_app
+    from ragfast.judges.docset import DocSetJudge
+    from ragfast.judges.remote import RemoteJudge
 
     states, qids = _states(4, n_q=2)
     with TestClient(make_app(DocSetJudge(encoder=minilm_encoder))) as cl:

@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from ragfast.models.doc_judge import (DOCSET_STATE_FEATURES, SET_FEATURES, comparison_sides, doc_body,
+from ragfast.judges.docset import (DOCSET_STATE_FEATURES, SET_FEATURES, comparison_sides, doc_body,
                                       question_entities, set_features)
 
 BRIDGE_Q = 'Which city was the director of the film "Moon Harbor" born in?'
@@ -58,7 +58,7 @@ def test_coverage_entities_and_logit_counts():
 
 def test_v1_card_is_refused_with_a_retrain_hint(tmp_path):
     from ragfast.errors import ModelError
-    from ragfast.models.doc_judge import DocSetJudge
+    from ragfast.judges.docset import DocSetJudge
 
     (tmp_path / "docset_judge.safetensors").write_bytes(b"")
     (tmp_path / "docset_judge.json").write_text(json.dumps({"format": "ragfast-docset-judge-v1"}))
@@ -67,7 +67,7 @@ def test_v1_card_is_refused_with_a_retrain_hint(tmp_path):
 
 
 def test_bundled_card_lists_the_set_features():
-    from ragfast.models.doc_judge import DOCSET_FORMAT, default_docset_judge_path
+    from ragfast.judges.docset import DOCSET_FORMAT, default_docset_judge_path
 
     card = json.loads(default_docset_judge_path().with_suffix(".json").read_text())
     assert card["format"] == DOCSET_FORMAT

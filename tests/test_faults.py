@@ -499,7 +499,7 @@ def test_trainer_state_is_loaded_weights_only(tmp_path):
 
     import torch
 
-    from ragfast.methods.s2g.causal_train import load_trainer_state
+    from ragfast.judges.train.causal import load_trainer_state
 
     marker = tmp_path / "ran"
 
@@ -522,7 +522,7 @@ def test_remote_judge_refuses_a_score_that_is_not_a_number_or_null(score):
     import httpx
 
     from ragfast.errors import ModelError
-    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges.remote import RemoteJudge
 
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
@@ -610,8 +610,8 @@ def test_server_needs_json_content_type_and_the_token(bm25_app_parts):
 def test_judge_server_needs_json_content_type(monkeypatch):
     from fastapi.testclient import TestClient
 
-    from ragfast.commands.judge import make_app
-    from ragfast.models.judge import load_judge
+    from ragfast.judges import load as load_judge
+    from ragfast.judges.server import make_app
 
     with TestClient(make_app(load_judge("head"), api_key="k")) as cl:
         body = json.dumps({"states": [{"question": "q", "evidence": ["e"]}]})

@@ -10,9 +10,9 @@ import torch
 
 from ragfast.cost import CostLedger
 from ragfast.errors import DataError, ModelError
-from ragfast.models.causal_judge import CausalJudge
-from ragfast.models.judge import EncoderJudge
-from ragfast.models.judge_prompt import ANSWER_PREFIX, NO_CONTEXT, group_states, parse_verdict, user_text
+from ragfast.judges.causal import CausalJudge
+from ragfast.judges.head import EncoderJudge
+from ragfast.judges.prompt import ANSWER_PREFIX, NO_CONTEXT, group_states, parse_verdict, user_text
 from ragfast.types import State
 
 WORDS = ("river mountain album film born played city capital director singer novel war treaty king queen "
@@ -253,7 +253,7 @@ def test_bundled_encoder_judge_card_and_scores(encoder_judge):
 
 def test_train_encoder_judge_small(tmp_path):
     from ragfast.data import sample
-    from ragfast.models.judge import train_encoder_judge
+    from ragfast.judges.train.head import train_encoder_judge
 
     src = sample("hotpotqa-train")
     small = tmp_path / "small.jsonl"
@@ -299,7 +299,7 @@ class _HoldOnce:
 def test_score_server(qwen2_judge):
     from fastapi.testclient import TestClient
 
-    from ragfast.commands.judge import make_app
+    from ragfast.judges.server import make_app
 
     states = _mixed_states(seed=6, n_traj=3)
     want = qwen2_judge.stop_scores(states, packed=False)

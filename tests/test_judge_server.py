@@ -8,7 +8,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from ragfast.cache import ByteLRU, set_default_max_bytes, text_key
-from ragfast.commands.judge import JudgeLimits, make_app
+from ragfast.judges.server import JudgeLimits, make_app
 from ragfast.types import State
 
 
@@ -143,7 +143,7 @@ def test_byte_lru_caps_bytes_and_evicts_least_recently_used():
 
 
 def test_encoder_judge_cache_stays_under_its_byte_cap():
-    from ragfast.models.judge import EncoderJudge
+    from ragfast.judges.head import EncoderJudge
 
     set_default_max_bytes(64 * 1024)  # ~30 passage vectors
     try:

@@ -116,7 +116,7 @@ def teacher_server():
 
 def test_label_states_teacher_url_counts_parse_failures(tmp_path, teacher_server):
     from ragfast.methods.s2g import labelling
-    from ragfast.models.judge_prompt import SYSTEM_PROMPT
+    from ragfast.judges.prompt import SYSTEM_PROMPT
 
     url, st = teacher_server
     _native_run(tmp_path / "run", n=3)
@@ -240,8 +240,8 @@ def _labelled(n=6):
 
 
 def test_target_text_is_a_strict_verdict():
-    from ragfast.methods.s2g.causal_train import target_text
-    from ragfast.models.judge_prompt import ANSWER_PREFIX, parse_verdict
+    from ragfast.judges.train.causal import target_text
+    from ragfast.judges.prompt import ANSWER_PREFIX, parse_verdict
 
     for y in (True, False):
         v = parse_verdict(ANSWER_PREFIX + target_text(y))
@@ -249,8 +249,8 @@ def test_target_text_is_a_strict_verdict():
 
 
 def test_causal_lora_sft_tiny_qwen2(tmp_path):
-    from ragfast.methods.s2g.causal_train import sft_examples, train_causal_judge
-    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.judges.train.causal import sft_examples, train_causal_judge
+    from ragfast.judges.causal import CausalJudge
     from ragfast.models.tiny import tiny_path
 
     base = tiny_path("qwen2")
@@ -287,14 +287,15 @@ def test_causal_lora_sft_tiny_qwen2(tmp_path):
 # -- the bundled doc-set judge (default) and the cross-encoder judge ---------------------------------
 @pytest.fixture(scope="module")
 def docset_judge():
-    from ragfast.models.doc_judge import DocSetJudge
+    from ragfast.judges.docset import DocSetJudge
 
     return DocSetJudge()
 
 
 def test_split_documents_and_state_features():
-    from ragfast.models.cross_judge import STATE_FEATURES, split_documents, state_features
-    from ragfast.models.doc_judge import doc_title
+    from ragfast.judges.base import STATE_FEATURES, state_features
+    from ragfast.protocol import split_documents
+    from ragfast.judges.docset import doc_title
 
     obs = '\n\n<information>Doc 1(Title: "A (film)") x y\nDoc 2(Title: B) z</information>\n\n'
     assert split_documents(obs) == ['"A (film)") x y', "B) z"]
@@ -321,7 +322,7 @@ def _gold_states(n=10):
 
 
 def test_bundled_docset_judge_scores_and_card(docset_judge):
-    from ragfast.models.doc_judge import default_docset_judge_path
+    from ragfast.judges.docset import default_docset_judge_path
 
     assert default_docset_judge_path().stat().st_size < 5_000_000
     assert default_docset_judge_path().with_suffix(".md").exists()
@@ -348,9 +349,10 @@ def test_bundled_docset_judge_scores_and_card(docset_judge):
 
 
 def test_load_judge_specs(tmp_path, docset_judge):
-    from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
-    from ragfast.models.judge import EncoderJudge, load_judge
+    from ragfast.judges.cross import CrossEncoderJudge
+    from ragfast.judges.docset import DocSetJudge, default_docset_judge_path
+    from ragfast.judges import load as load_judge
+    from ragfast.judges.head import EncoderJudge
 
     assert isinstance(load_judge("encoder"), DocSetJudge)
     assert isinstance(load_judge("head"), EncoderJudge)
@@ -366,8 +368,8 @@ def test_load_judge_specs(tmp_path, docset_judge):
 
 
 def test_train_cross_judge_small(tmp_path):
-    from ragfast.models.cross_judge import CrossEncoderJudge
-    from ragfast.methods.s2g.judge_train import train_cross_judge
+    from ragfast.judges.cross import CrossEncoderJudge
+    from ragfast.judges.train.documents import train_cross_judge
 
     card = train_cross_judge("hotpotqa-train", tmp_path / "cj", limit=14, epochs=1, n_subsets=4, log=lambda m: None)
     assert card["split"]["document_scorer"] + card["split"]["state_head"] + card["split"]["validation"] == 14
@@ -389,7 +391,7 @@ def test_train_cross_judge_small(tmp_path):
 
 
 def test_cross_fitted_scorer_uses_each_questions_held_out_head():
-    from ragfast.methods.s2g.judge_train import CrossFittedScorer
+    from ragfast.judges.train.documents import CrossFittedScorer
 
     class Feats:
         def __call__(self, pairs, ledger=None, question_ids=None):
@@ -411,8 +413,8 @@ def test_cross_fitted_scorer_uses_each_questions_held_out_head():
 
 
 def test_train_docset_judge_small(tmp_path):
-    from ragfast.methods.s2g.judge_train import train_docset_judge
-    from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocSetJudge
+    from ragfast.judges.train.documents import train_docset_judge
+    from ragfast.judges.docset import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocSetJudge
 
     card = train_docset_judge("hotpotqa-train", tmp_path / "dj", limit=16, n_subsets=4, threads=1,
                               log=lambda m: None)

@@ -57,7 +57,7 @@ def tiny_dir():
 
 
 def test_teacher_score_route_labels_by_true_false_logp(tiny_dir):
-    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.judges.causal import CausalJudge
 
     states = _labelled()
     counts = teacher_labels(states, str(tiny_dir), route="score")

@@ -76,7 +76,7 @@ def test_sft_example_masks_prompt_and_observations(tokenizer):
 def test_target_token_loss_matches_a_hand_computation(llama_dir, tokenizer):
     from transformers import AutoModelForCausalLM
 
-    from ragfast.methods.lora_sft import target_token_loss
+    from ragfast.models.lora_sft import target_token_loss
     from ragfast.methods.searchr1.sft_data import sft_example
 
     model = AutoModelForCausalLM.from_pretrained(str(llama_dir)).eval()
@@ -121,7 +121,7 @@ def _adapter(out):
 def test_lora_sft_stopped_and_resumed_ends_on_the_same_adapter(llama_dir, tokenizer, tmp_path, bf16):
     from transformers import AutoModelForCausalLM
 
-    from ragfast.methods.lora_sft import lora_sft
+    from ragfast.models.lora_sft import lora_sft
 
     ex = _examples(tokenizer)
     kw = dict(pad_id=tokenizer.pad_token_id, identity={"n": len(ex)}, epochs=2, lr=5e-2, r=4, batch_size=3,
@@ -148,7 +148,7 @@ def test_lora_sft_stopped_and_resumed_ends_on_the_same_adapter(llama_dir, tokeni
 def test_micro_batches_give_the_step_loss_of_one_padded_batch(llama_dir, tokenizer, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from ragfast.methods.lora_sft import lora_sft
+    from ragfast.models.lora_sft import lora_sft
 
     ex = _examples(tokenizer, 4)
     kw = dict(pad_id=tokenizer.pad_token_id, identity={}, epochs=1, lr=1e-2, r=4, batch_size=4, dropout=0.0,

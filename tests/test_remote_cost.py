@@ -24,7 +24,7 @@ def _states(n=6):
 
 
 def test_reported_cost_books_exactly_what_the_component_recorded_in_process():
-    from ragfast.models.judge import EncoderJudge
+    from ragfast.judges.head import EncoderJudge
 
     states = _states()
     keys = [str(i) for i in range(len(states))]
@@ -72,7 +72,7 @@ def _app(with_cost: bool):
 def test_remote_judge_books_reported_cost_or_unknown():
     from fastapi.testclient import TestClient
 
-    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges.remote import RemoteJudge
 
     states = [State("q?", [], "a"), State("q?", ["<information>x</information>"], "a"), State("r?", [], "b")]
     for with_cost in (True, False):
@@ -103,7 +103,7 @@ def test_remote_retriever_without_cost_is_unknown_not_free():
 
 def test_model_errors():
     from ragfast.errors import ConfigError, ModelError
-    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges.remote import RemoteJudge
 
     with pytest.raises(ConfigError, match="http"):
         RemoteJudge("localhost:1")
@@ -121,10 +121,10 @@ def test_served_components_cost_what_they_cost_in_process(minilm_encoder):
     what the same components record in-process (FLOPs within 1%)."""
     from fastapi.testclient import TestClient
 
-    from ragfast.commands.judge import make_app
+    from ragfast.judges.server import make_app
     from ragfast.data import corpus_from_contexts, load_qa, sample
-    from ragfast.models.judge import EncoderJudge
-    from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges.head import EncoderJudge
+    from ragfast.judges.remote import RemoteJudge
     from ragfast.retrieval import build_default_retriever
     from ragfast.retrieval.remote import RemoteRetriever
     from ragfast.retrieval.server import create_app

@@ -140,3 +140,50 @@ def test_run_searchr1_reuses_the_corpus_embeddings_bench_made(tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     assert entries() == made
     assert {p.name: p.stat().st_mtime_ns for p in emb.rglob("*")} == stamp  # read, never rewritten
+
+
+def test_a_new_retriever_backend_is_one_table_entry(monkeypatch, tmp_path):
+    """CONTRIBUTING.md's claim: a backend is its module plus one entry in ``slots.RETRIEVERS``;
+    then the spec works in the one factory, in ``check_paths`` and in a whole run."""
+    from ragfast.data import Corpus
+    from ragfast.retrieval.base import Hit, Retriever
+    from ragfast.runner.methods import run_methods
+    from ragfast.runner.settings import check_paths, make_config
+
+    calls = []
+
+    class WordOverlap(Retriever):  # the "new module": shared lowercase words, ties by corpus order
+        name = "word-overlap"
+
+        def __init__(self, corpus):
+            self.rows = [corpus.passage(i).to_row() for i in range(len(corpus))]
+            self.words = [set(r["contents"].lower().split()) for r in self.rows]
+
+        def search(self, queries, k, *, exclude=None, ledger=None, question_ids=None):
+            calls.extend(queries)
+            out = []
+            for j, q in enumerate(queries):
+                skip = set(exclude[j]) if exclude else set()
+                qw = set(q.lower().split())
+                scored = sorted(((-len(qw & w), i) for i, w in enumerate(self.words) if self.rows[i]["id"] not in skip))
+                out.append([Hit(self.rows[i]["id"], float(-s), self.rows[i]) for s, i in scored[:k]])
+            return out
+
+    monkeypatch.setitem(build.RETRIEVERS, "overlap",
+                        lambda corpus, *, make_encoder, device, progress: WordOverlap(corpus))
+    corpus = Corpus.from_rows([{"id": "a", "contents": '"A"\nthe red fox'}, {"id": "b", "contents": '"B"\nred wine'},
+                               {"id": "c", "contents": '"C"\nblue sky'}])
+    r = build.retriever("overlap", corpus)
+    assert isinstance(r, WordOverlap)
+    assert [h.id for h in r.search(["red fox"], 2)[0]] == ["a", "b"]  # hand-computed: 2 and 1 shared words
+    with pytest.raises(ConfigError, match="'overlap'"):  # the error lists the table's names
+        build.retriever("nowhere", corpus)
+    check_paths(make_config(index="overlap"))  # a name of the table is not a missing file
+    with pytest.raises(ConfigError, match="index: nowhere"):
+        check_paths(make_config(index="nowhere"))
+    calls.clear()
+    cfg = make_config(index="overlap", methods=["searchr1"], offset=0, limit=2, out=str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    recs = run_methods(cfg, ["searchr1"], tmp_path / "run").records["searchr1"]
+    searched = [t["content"] for r in recs for t in r["turns"] if t["action"] == "search"]
+    assert len(recs) == 2 and searched and sorted(searched) == sorted(calls)  # every search went to the new backend

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
-from ragfast.models.base import Judge
+from ragfast.judges.base import Judge
 from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.s2g.evaluation import evaluate, reachability, render_markdown
 from ragfast.methods.s2g.loop import JudgeStopHook, gap_query, run_s2g

@@ -16,7 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ragfast.models.base import Judge
+from ragfast.judges.base import Judge
 from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.s2g import study
 from ragfast.methods.s2g.study import ThresholdError

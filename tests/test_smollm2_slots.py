@@ -90,7 +90,7 @@ def test_bundled_searchr1_adapter_runs_on_the_real_base(smollm2, tmp_path):
 
 
 def test_zero_shot_judge_packed_equals_reference(smollm2):
-    from ragfast.models.causal_judge import CausalJudge
+    from ragfast.judges.causal import CausalJudge
     from ragfast.runner import slots
 
     judge = slots.judge("smollm2")

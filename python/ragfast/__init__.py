@@ -63,7 +63,7 @@ _LAZY: dict[str, str] = {
     "RemoteRetriever": "ragfast.retrieval.remote",
     # models
     "Generator": "ragfast.models.base",
-    "Judge": "ragfast.models.base",
+    "Judge": "ragfast.judges.base",
     "ScriptedGenerator": "ragfast.models.scripted",
     "HFGenerator": "ragfast.models.generator",
     "OpenAIGenerator": "ragfast.models.openai_generator",

@@ -13,7 +13,8 @@ from ragfast.errors import DataError
 from ragfast.types import Question
 
 __all__ = ["PROMPT_TEMPLATE", "INVALID_OBSERVATION", "STOP", "build_prompt", "parse_action",
-           "format_docs", "format_observation", "ObservedDoc", "parse_observation", "split_documents"]
+           "format_docs", "format_observation", "ObservedDoc", "observation_blocks", "parse_observation",
+           "split_documents"]
 
 # Byte-for-byte the prompt Search-R1 checkpoints were trained on (PeterGriffinJin/Search-R1,
 # scripts/data_process/nq_search.py, make_prefix, template_type "base"), typo "as your want"
@@ -162,16 +163,25 @@ def split_documents(block: str) -> list[str]:
     return docs if docs else ([body] if body else [])
 
 
-def parse_observation(observation: str) -> list[ObservedDoc]:
-    """The documents of every ``<information>`` block of a turn's observation, in order.
+def observation_blocks(observation: str) -> list[list[ObservedDoc]]:
+    """The documents of each ``<information>`` block of a turn's observation: one list per block
+    (one per search), in order.
 
     A block truncated before ``</information>`` still yields its documents (the last one cut
     where the truncation cut it); a piece without ``Title) text`` is skipped.
     """
-    out: list[ObservedDoc] = []
+    out: list[list[ObservedDoc]] = []
     for block in _INFO_BLOCK.findall(observation or ""):
+        docs = []
         for rank, raw in _pieces(block.strip()):
             m = _TITLE_TEXT.match(raw) if rank is not None else None
             if m is not None:
-                out.append(ObservedDoc(rank, m.group(1).strip().strip('"'), m.group(2).strip(), raw.strip()))
+                docs.append(ObservedDoc(rank, m.group(1).strip().strip('"'), m.group(2).strip(), raw.strip()))
+        out.append(docs)
     return out
+
+
+def parse_observation(observation: str) -> list[ObservedDoc]:
+    """The documents of every ``<information>`` block of a turn's observation, in order
+    (:func:`observation_blocks`, flattened)."""
+    return [d for block in observation_blocks(observation) for d in block]

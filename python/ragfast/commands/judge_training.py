@@ -1,10 +1,10 @@
 """What ``ragfast train-judge`` and ``ragfast label-states`` do (the judge-training commands).
 
 ``train-judge --kind docset`` (the default) retrains the bundled judge
-(:func:`ragfast.methods.s2g.judge_train.train_docset_judge`), ``--kind encoder`` fine-tunes MiniLM as a
-cross-encoder judge (:func:`ragfast.methods.s2g.judge_train.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
-LM on labelled states (:func:`ragfast.methods.s2g.causal_train.train_causal_judge`), ``--kind head``
-fits the frozen-feature head (:func:`ragfast.models.judge.train_encoder_judge`).
+(:func:`ragfast.judges.train.documents.train_docset_judge`), ``--kind encoder`` fine-tunes MiniLM as a
+cross-encoder judge (:func:`ragfast.judges.train.documents.train_cross_judge`), ``--kind causal`` LoRA-fine-tunes a causal
+LM on labelled states (:func:`ragfast.judges.train.causal.train_causal_judge`), ``--kind head``
+fits the frozen-feature head (:func:`ragfast.judges.train.head.train_encoder_judge`).
 ``label-states`` labels the states of a native run (:func:`ragfast.methods.s2g.labelling.label_states`).
 """
 from __future__ import annotations
@@ -44,13 +44,13 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                         encoder: str = "minilm", device: str = "cpu") -> dict[str, Any]:
     """Dispatch ``train-judge`` by ``kind``; prints one summary line; returns the card."""
     if kind == "docset":
-        from ragfast.methods.s2g.judge_train import train_docset_judge
+        from ragfast.judges.train.documents import train_docset_judge
 
         card = train_docset_judge(data, out, dev=dev, seed=seed, limit=limit, threads=threads, log=_echo)
         _echo_metrics(card, Path(out) / "docset_judge.safetensors")
         return card
     if kind == "encoder":
-        from ragfast.methods.s2g.judge_train import train_cross_judge
+        from ragfast.judges.train.documents import train_cross_judge
 
         card = train_cross_judge(data, out, dev=dev, seed=seed, r=lora_r, epochs=epochs or 3, lr=lr or 1e-3,
                                  limit=limit, threads=threads, log=_echo)
@@ -60,7 +60,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
         if not base or labels is None:
             raise ConfigError("train-judge --kind causal needs --base PATH (causal LM) and --labels FILE "
                               "(ragfast label-states)")
-        from ragfast.methods.s2g.causal_train import train_causal_judge
+        from ragfast.judges.train.causal import train_causal_judge
         from ragfast.runner.slots import catalogued
 
         base = catalogued(base)  # smollm2 -> its converted directory
@@ -71,7 +71,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                    f"{card['steps']} steps, loss {_f(card['loss_first'])} -> {_f(card['loss_last'])}")
         return card
     if kind == "head":
-        from ragfast.models.judge import train_encoder_judge
+        from ragfast.judges.train.head import train_encoder_judge
 
         card = train_encoder_judge(data, out, dev=dev, val_fraction=val_fraction, seed=seed, k=k, turns=turns,
                                    encoder=encoder, device=device, log=_echo)

@@ -1,17 +1,17 @@
-"""Model slots: generators (reasoners), judges, NLI scorers, tiny test models, ONNX export."""
+"""Model slots: generators (reasoners), NLI scorers, tiny test models, LoRA fine-tuning.
+
+The judges live in :mod:`ragfast.judges`.
+"""
 from __future__ import annotations
 
-from ragfast.models.base import Generator, Judge
+from ragfast.models.base import Generator
 from ragfast.models.tiny import make_tiny, tiny_path  # torch/transformers load on first call
 
-__all__ = ["Generator", "Judge", "make_tiny", "tiny_path"]
+__all__ = ["Generator", "make_tiny", "tiny_path"]
 from ragfast.models.generator import HFGenerator  # noqa: E402 (torch loads in HFGenerator())
 from ragfast.models.openai_generator import OpenAIGenerator  # noqa: E402
 from ragfast.models.scripted import ScriptedGenerator  # noqa: E402
 __all__ += ["HFGenerator", "OpenAIGenerator", "ScriptedGenerator"]
-from ragfast.models.causal_judge import CausalJudge  # noqa: E402
-from ragfast.models.judge import EncoderJudge  # noqa: E402 (torch loads when a judge is built)
-__all__ += ["CausalJudge", "EncoderJudge"]
 
 
 def __getattr__(name: str):

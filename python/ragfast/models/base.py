@@ -1,4 +1,5 @@
-"""The two model interfaces every pipeline talks to: :class:`Generator` and :class:`Judge`.
+"""The generator interface every pipeline talks to: :class:`Generator` (the judge's is
+:class:`ragfast.judges.base.Judge`).
 
 Each concrete model says what fills its slot (``describe()``) and whether its outputs mean
 anything (``meaningful``): a scripted agent or a random-weight model only exercises the compute
@@ -9,10 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
-import numpy as np
-
 from ragfast.cost import CostLedger
-from ragfast.types import State
 
 
 class Generator(ABC):
@@ -63,19 +61,3 @@ class Generator(ABC):
             return self.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)
         finally:
             self.end(ids)
-
-
-class Judge(ABC):
-    """Scores retrieval states: higher means "stop now, the evidence is sufficient"."""
-
-    name: str = "judge"
-    meaningful: bool = True
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__}
-
-    @abstractmethod
-    def stop_scores(self, states: Sequence[State | tuple[str, list[str]]], *,
-                    ledger: CostLedger | None = None,
-                    question_ids: Sequence[str] | None = None) -> np.ndarray:
-        """One STOP score per state (float64; NaN where a state cannot be scored)."""

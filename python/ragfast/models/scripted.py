@@ -15,13 +15,12 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
+from ragfast.protocol import observation_blocks
 from ragfast.text import whitespace_tokens
 
 __all__ = ["ScriptedGenerator"]
 
 
-_DOC = re.compile(r"Doc (\d+)\(Title: (.*?)\) (.*?)(?=\nDoc \d+\(Title: |</information>|\Z)", re.DOTALL)
-_INFO = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)
 _QUESTION = re.compile(r"Question: (.*)\n", re.DOTALL)
 _SENT = re.compile(r"(?<=[.!?])\s+")
 
@@ -194,12 +193,9 @@ class ScriptedGenerator(Generator):
     # -- the script --------------------------------------------------------------------------
     @staticmethod
     def _read(s: _ScriptSession, appended: str) -> None:
-        blocks = _INFO.findall(appended)
-        for b in blocks:
+        for block in observation_blocks(appended):  # one block per search
             s.searches += 1
-            for m in _DOC.finditer(b):
-                s.docs.append(_Doc(title=m.group(2).strip().strip('"'), text=m.group(3).strip(),
-                                   search=s.searches, rank=int(m.group(1))))
+            s.docs += [_Doc(title=d.title, text=d.text, search=s.searches, rank=d.rank) for d in block]
 
     def _find_answer(self, s: _ScriptSession) -> tuple[str, _Doc, str] | None:
         from ragfast.metrics import normalize_answer

@@ -188,6 +188,7 @@ def make_config(preset: str = "default", yaml_path: str | None = None, **overrid
 def check_paths(cfg: RunSettings) -> None:
     """Fail with one message naming every missing file or model directory of the config."""
     from ragfast.data import SAMPLES
+    from ragfast.runner.slots import RETRIEVERS
 
     missing = []
 
@@ -212,7 +213,7 @@ def check_paths(cfg: RunSettings) -> None:
     need("judge", cfg.judge, ("encoder", "head", "tiny", "none", *CATALOGUE))
     need("nli", cfg.nli, ("tiny", *CATALOGUE))
     need("encoder", cfg.encoder, ("minilm",))
-    need("index", cfg.index, ("flat", "default", "bm25"))
+    need("index", cfg.index, tuple(RETRIEVERS))
     if "s2g" in cfg.methods and cfg.threshold is None:
         need("val_data", cfg.val_data)
     if missing:

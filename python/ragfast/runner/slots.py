@@ -34,7 +34,6 @@ head
 from __future__ import annotations
 
 import importlib.util
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -45,7 +44,7 @@ from ragfast.http import is_url
 log = logging.getLogger(__name__)
 
 __all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner", "corpus", "encoder", "retriever",
-           "judge", "nli", "checker", "head", "on_backend", "absolute", "retriever_over"]
+           "judge", "nli", "checker", "head", "on_backend", "absolute", "retriever_over", "RETRIEVERS"]
 
 #: The corpus every command searches by default: the questions' own paragraphs plus the bundled
 #: wiki sample. One default means the second command reuses the first one's cached embeddings.
@@ -194,10 +193,30 @@ def encoder(spec: str = "minilm", *, backend: str = "auto", device: str = "cpu")
     return on_backend(lambda b: Encoder(spec, device=device, backend=b), backend, device, "encoder")
 
 
+def _flat(corpus: Any, *, make_encoder: Callable[[], Any], device: str, progress: bool) -> Any:
+    from ragfast.retrieval import build_default_retriever
+
+    return build_default_retriever(corpus, encoder=make_encoder(), device=device, progress=progress)
+
+
+def _bm25(corpus: Any, *, make_encoder: Callable[[], Any], device: str, progress: bool) -> Any:
+    from ragfast.retrieval.server import load_retriever
+
+    return load_retriever(corpus, None, "bm25", device=device, progress=progress)
+
+
+#: The retriever backends a spec names (not a file, not a URL): name -> builder
+#: ``(corpus, make_encoder=, device=, progress=)``, ``make_encoder()`` giving the run's (shared)
+#: encoder. A new backend is its module in ``retrieval/`` plus one entry here (CONTRIBUTING.md);
+#: ``check_paths`` and the error below read the names from this table.
+RETRIEVERS: dict[str, Callable[..., Any]] = {"default": _flat, "flat": _flat, "bm25": _bm25}
+
+
 def retriever(spec: str | Mapping[str, Any], corpus: Any = None, *, shared_encoder: Any = None,
               encoder_spec: str = "minilm", encoder_backend: str = "auto", device: str = "cpu",
               progress: bool = True, check: bool = True) -> Any:
-    """The retriever: ``default``/``flat``, ``bm25``, ``faiss:<factory>``, an index path or a URL.
+    """The retriever: a name of :data:`RETRIEVERS` (``default``/``flat``, ``bm25``), ``faiss:<factory>``, an
+    index path or a URL.
 
     Parameters
     ----------
@@ -223,18 +242,14 @@ def retriever(spec: str | Mapping[str, Any], corpus: Any = None, *, shared_encod
         return RemoteRetriever(name, **opts)
     if corpus is None:
         raise ConfigError(f"retriever {name!r} needs a corpus")
-    if name == "bm25":
-        from ragfast.retrieval.server import load_retriever
-
-        return load_retriever(corpus, None, "bm25", device=device, progress=progress)
     from ragfast.retrieval import DenseIndex, DenseRetriever, build_default_retriever
 
     def enc() -> Any:
         return shared_encoder if shared_encoder is not None else encoder(encoder_spec, backend=encoder_backend,
                                                                                 device=device)
 
-    if name in ("default", "flat"):
-        return build_default_retriever(corpus, encoder=enc(), device=device, progress=progress)
+    if name in RETRIEVERS:
+        return RETRIEVERS[name](corpus, make_encoder=enc, device=device, progress=progress)
     if name.startswith("faiss:") and not Path(name[6:]).exists():
         base = build_default_retriever(corpus, encoder=enc(), device=device, progress=progress)
         import numpy as np
@@ -248,8 +263,8 @@ def retriever(spec: str | Mapping[str, Any], corpus: Any = None, *, shared_encod
         if p.is_dir():
             return load_retriever(corpus, p, device=device, progress=progress)
         return DenseRetriever(enc(), DenseIndex.load(p), corpus)
-    raise ConfigError(f"retriever {name!r} is not 'default', 'bm25', 'faiss:<factory>', an existing index path "
-                      "or an http(s) URL")
+    raise ConfigError(f"retriever {name!r} is not {', '.join(repr(n) for n in RETRIEVERS)}, 'faiss:<factory>', an "
+                      "existing index path or an http(s) URL")
 
 
 def retriever_over(spec: str | Mapping[str, Any], questions: Sequence[Any], *, corpus_parts: Any = None,
@@ -263,7 +278,8 @@ def retriever_over(spec: str | Mapping[str, Any], questions: Sequence[Any], *, c
 
 def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder: Any = None,
           encoder_device: str | None = None, kind: str = "text", check: bool = True) -> Any:
-    """The STOP / sufficiency judge; ``None`` for ``none``.
+    """The STOP / sufficiency judge; ``None`` for ``none``, RELOOP's rule for ``heuristic``, else
+    :func:`ragfast.judges.load` (the one factory from a judge spec to a judge).
 
     Parameters
     ----------
@@ -283,37 +299,9 @@ def judge(spec: str | Mapping[str, Any], *, device: str = "cpu", shared_encoder:
         from ragfast.methods.reloop.sufficiency import HeuristicSufficiency
 
         return HeuristicSufficiency(multi_doc=(kind == "text"))
-    if is_url(name):
-        from ragfast.models.remote_judge import RemoteJudge
+    from ragfast.judges import load
 
-        if check:
-            from ragfast.retrieval.remote import check_reachable
-
-            check_reachable(name, "judge server")
-        return RemoteJudge(name)
-    if name in ("encoder", "head"):
-        from ragfast.models.doc_judge import DocSetJudge, default_docset_judge_path
-        from ragfast.models.judge import EncoderJudge, default_encoder_judge_path
-
-        if name == "encoder":
-            cls, card = DocSetJudge, default_docset_judge_path().with_suffix(".json")
-        else:
-            hp = default_encoder_judge_path()
-            cls, card = EncoderJudge, hp / "encoder_judge.json" if hp.is_dir() else hp.with_suffix(".json")
-        wanted = json.loads(card.read_text(encoding="utf-8")).get("encoder", "minilm") if card.exists() else None
-        same_device = (encoder_device or device) == device
-        if (shared_encoder is not None and wanted is not None and getattr(shared_encoder, "name", None) == wanted
-                and same_device):
-            return cls(encoder=shared_encoder)
-        return cls(device=device)
-    from ragfast.models.causal_judge import CausalJudge
-    from ragfast.models.judge import load_judge
-
-    if name == "tiny":
-        from ragfast.models.tiny import tiny_path
-
-        return CausalJudge(tiny_path("qwen2"), device=device)
-    return load_judge(name, device=device)
+    return load(name, device=device, shared_encoder=shared_encoder, encoder_device=encoder_device, check=check)
 
 
 def nli(spec: str | Mapping[str, Any], *, backend: str = "auto", device: str = "cpu", max_length: int = 512,

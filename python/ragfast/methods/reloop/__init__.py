@@ -16,7 +16,7 @@ The loop, per question (batched over questions at every step):
    context (the lead sentence of its paragraph; a cell's row-label cell, its headers being part
    of the cell's view) through the vectorised neighbour operations of :mod:`ragfast.methods.reloop.hseq`; for
    multi-hop plans the next query adds bridge names met in the evidence; a
-   :class:`~ragfast.models.Judge` scores the state (``judge="auto"``: the trained EncoderJudge
+   :class:`~ragfast.judges.base.Judge` scores the state (``judge="auto"``: the trained EncoderJudge
    on text when its weights are installed, else :class:`~ragfast.methods.reloop.sufficiency.HeuristicSufficiency`, a documented
    rule). The loop stops at the first sufficient state, or when the step or token budget is
    spent, or when nothing is left to read. Budgets are hard: a segment that would cross the

@@ -12,7 +12,7 @@ import numpy as np
 from ragfast.cost import CostLedger, CostRecord
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.workspace import Workspace
-from ragfast.models.base import Judge
+from ragfast.judges.base import Judge
 from ragfast.methods.reloop.plan import Plan
 from ragfast.text import EXTENDED_STOPWORDS, NAME_SPAN_PATTERN, content_words, whitespace_tokens, words
 from ragfast.types import State

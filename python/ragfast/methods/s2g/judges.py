@@ -58,7 +58,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
     results_dir : str or Path
         Holds ``native.jsonl`` and ``states.jsonl`` / ``s2g_states.jsonl`` (split ``val``/``test``).
     judges : sequence of str or (name, judge)
-        Judge specs for :func:`ragfast.models.judge.load_judge` (``encoder``, ``head``, a path),
+        Judge specs for :func:`ragfast.judges.load` (``encoder``, ``head``, a path),
         ``recorded`` (the scores already recorded), or (name, judge object) pairs.
     labels : {"probe", "gold"}
         The label source of the ΔAP intervals and of the rendered tables (``s2g_judges.json``
@@ -71,7 +71,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
         ``s2g_judges.json``'s content plus ``labels``, ``order`` (the judges as given) and
         ``delta_ap`` (``"<judge> - <first>"``).
     """
-    from ragfast.models.judge import load_judge
+    from ragfast.judges import load as load_judge
     from ragfast.methods.s2g.labelling import native_trajectories
     from ragfast.methods.s2g.states import RecordedStates, score_states
     from ragfast.methods.s2g.study import STATES_FILE, state_arrays, write_state_lines

@@ -10,7 +10,7 @@ directory: ``trajectories/searchr1.jsonl``) and labels every state the live judg
 - ``gold``: every supporting title of the question is among the passages retrieved so far
   (:func:`ragfast.metrics.sufficient`; needs data with supporting facts);
 - ``teacher``: an LLM asked for the judge's JSON verdict (the S2G prompt and schema of
-  :mod:`ragfast.models.causal_judge`): a local causal-LM directory (greedy, forced ``{"sufficient":``
+  :mod:`ragfast.judges.causal`): a local causal-LM directory (greedy, forced ``{"sufficient":``
   prefix) or an OpenAI-compatible ``/v1/chat/completions`` URL. Unparseable verdicts are
   counted and left unlabelled (``null``), never guessed.
 
@@ -23,39 +23,19 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ragfast.errors import ConfigError, DataError, ModelError
+from ragfast.judges.train.labelled import LabelledState, load_labelled_states
 from ragfast.types import State, Trajectory
 
 __all__ = ["LabelledState", "native_trajectories", "gold_labels", "probe_labels", "ChatTeacher", "teacher_labels",
            "agreement", "label_states", "load_labelled_states", "SOURCES"]
 
 SOURCES = ("probe", "gold", "teacher")
-
-
-@dataclass
-class LabelledState:
-    """One state of a native trajectory with its labels (1/0, or None = not labelled) and provenance."""
-
-    id: str
-    state: int
-    question: str
-    evidence: list[str]
-    retrieved_titles: list[str]
-    split: str = "test"
-    labels: dict[str, int | None] = field(default_factory=dict)
-    provenance: dict[str, Any] = field(default_factory=dict)
-
-    def to_state(self) -> State:
-        return State(self.question, list(self.evidence), self.id, self.state)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def native_trajectories(results_dir: str | Path) -> tuple[list[Trajectory], Path]:
@@ -170,7 +150,7 @@ class ChatTeacher:
         self.name = f"{model} @ {self.base_url}"
 
     def _ask(self, state: State) -> str:
-        from ragfast.models.judge_prompt import SYSTEM_PROMPT, user_text
+        from ragfast.judges.prompt import SYSTEM_PROMPT, user_text
 
         body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(state)}]}
@@ -210,7 +190,7 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
         causal-LM directory.
     route : {"auto", "generate", "score"}
         How a local model gives its verdict. ``generate``: the full JSON verdict, greedy
-        (:meth:`~ragfast.models.causal_judge.CausalJudge.verdicts`); a failed parse leaves the
+        (:meth:`~ragfast.judges.causal.CausalJudge.verdicts`); a failed parse leaves the
         state unlabelled. ``score``: the verdict token alone, constrained to true/false: the
         label is ``log P(true) > log P(false)`` after the forced ``{"sufficient":`` prefix (one
         packed forward per trajectory, nothing to parse). ``auto``: generate, then score the
@@ -218,8 +198,8 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
         parse failures stay counted. A URL teacher always generates.
     """
     from ragfast.models.catalogue import is_catalogued, resolve
-    from ragfast.models.causal_judge import CausalJudge
-    from ragfast.models.judge_prompt import ANSWER_PREFIX, parse_verdict
+    from ragfast.judges.causal import CausalJudge
+    from ragfast.judges.prompt import ANSWER_PREFIX, parse_verdict
 
     if route not in TEACHER_ROUTES:
         raise ConfigError(f"teacher route must be one of {', '.join(TEACHER_ROUTES)}; got {route!r}")
@@ -364,19 +344,3 @@ def label_states(results_dir: str | Path, sources: Sequence[str], *, teacher: st
     summary["file"] = str(path)
     path.with_name(path.stem + ".summary.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     return summary
-
-
-def load_labelled_states(path: str | Path) -> list[LabelledState]:
-    """Read a ``labelled_states.jsonl``."""
-    p = Path(path)
-    if not p.exists():
-        raise DataError(f"{p} does not exist (write it with `ragfast label-states`)")
-    out = []
-    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
-        if not line.strip():
-            continue
-        try:
-            out.append(LabelledState(**json.loads(line)))
-        except (TypeError, ValueError) as exc:
-            raise DataError(f"{p}:{i + 1}: not a labelled state ({exc})") from None
-    return out

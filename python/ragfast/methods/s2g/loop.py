@@ -13,7 +13,7 @@ A stop at state ``s`` therefore means ``s`` searches, exactly as
 :func:`ragfast.methods.s2g.states.replay` computes from ``s2g_states.jsonl``.
 
 With ``gap_queries`` a judge that writes verdicts (``verdicts()``, e.g.
-:class:`~ragfast.models.causal_judge.CausalJudge`) also steers: after each turn, for
+:class:`~ragfast.judges.causal.CausalJudge`) also steers: after each turn, for
 trajectories it did not stop, the first three gap items (``"target slot"``, else the
 description) are appended to the question and searched at once (an injected search, counted
 against the budget). The state an injected search leads to is judged when the reasoner next
@@ -54,7 +54,7 @@ class JudgeStopHook:
 
     Parameters
     ----------
-    judge : ragfast.models.Judge
+    judge : ragfast.judges.base.Judge
     threshold : float
         Frozen STOP threshold (a state stops when ``score >= threshold``; NaN never stops).
     gap_queries : bool
@@ -134,7 +134,7 @@ def run_s2g(questions: Sequence[Question], generator: Any, retriever: Any, judge
     ----------
     questions : sequence of Question
     generator, retriever : the reasoner and retrieval slots (as for Search-R1)
-    judge : ragfast.models.Judge
+    judge : ragfast.judges.base.Judge
     threshold : float
         The frozen STOP threshold.
     config : SearchR1Config, optional

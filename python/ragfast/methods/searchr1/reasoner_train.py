@@ -3,7 +3,7 @@
 The data are :mod:`ragfast.methods.searchr1.sft_data`'s oracle trajectories (real retrieval,
 exact prompt and protocol, an over-searching behaviour mix chosen on the training questions);
 the loss covers the generated ``<think>``/``<search>``/``<answer>`` turns and never the
-observations. Training is :func:`ragfast.methods.lora_sft.lora_sft` (checkpoints, exact
+observations. Training is :func:`ragfast.models.lora_sft.lora_sft` (checkpoints, exact
 ``--resume``). ``OUT/`` gets ``data.jsonl`` (the token ids and labels, so a resume trains on the
 very same data), ``data_card.json``, ``checkpoint/`` and, when every step is done, ``adapter/``
 (``adapter_model.safetensors``, ``adapter_config.json`` and the card ``ragfast_reasoner.json``).
@@ -116,7 +116,7 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
         Words the oracle's claims quote from a document (0: none; ``Doc 1 (Title) names X.``).
         0 because an adapter trained on 25-40-word quotes copied them into runaway turns.
     epochs, lr, r, alpha, dropout, batch_size, save_every, max_steps, seed
-        :func:`ragfast.methods.lora_sft.lora_sft` settings (one example per forward pass).
+        :func:`ragfast.models.lora_sft.lora_sft` settings (one example per forward pass).
     top_layers : int, optional
         LoRA on the last ``top_layers`` decoder layers only (backward stops there; faster).
     resume : bool
@@ -137,7 +137,7 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ragfast.methods.lora_sft import lora_sft
+    from ragfast.models.lora_sft import lora_sft
     from ragfast.methods.searchr1.sft_data import TRAIN_PARTS
     from ragfast.models.catalogue import is_catalogued, resolve
 

@@ -1,7 +1,7 @@
 """The causal-LM stopping judge (S2G protocol, see ``shared/PROTOCOLS.md``).
 
 The STOP score of a state is ``log P("true") - log P("false")`` for the next token after the
-chat-templated prompt (:mod:`ragfast.models.judge_prompt`) followed by the assistant prefix
+chat-templated prompt (:mod:`ragfast.judges.prompt`) followed by the assistant prefix
 ``{"sufficient":``. By default the states of one trajectory (nested prefixes of each other) are
 scored in ONE forward pass with a prefix/segment attention mask, on top of a system-prompt KV
 cache computed once per judge.
@@ -19,8 +19,8 @@ import numpy as np
 from ragfast.cache import ByteLRU, text_key
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
-from ragfast.models.base import Judge
-from ragfast.models.judge_prompt import (ANSWER_PREFIX, BLOCK_SEP, NO_CONTEXT, SYSTEM_PROMPT, Verdict, as_states,
+from ragfast.judges.base import Judge
+from ragfast.judges.prompt import (ANSWER_PREFIX, BLOCK_SEP, NO_CONTEXT, SYSTEM_PROMPT, Verdict, as_states,
                                          context_blocks, group_states, parse_verdict, user_text)
 from ragfast.types import State
 

@@ -1,4 +1,4 @@
-"""LoRA adapters for the cross-encoder judge's top layers (:func:`ragfast.methods.s2g.judge_train.train_cross_judge`)."""
+"""LoRA adapters for the cross-encoder judge's top layers (:func:`ragfast.judges.train.documents.train_cross_judge`)."""
 from __future__ import annotations
 
 import math
@@ -37,7 +37,7 @@ def add_lora(model: Any, layer_ids: Sequence[int], r: int, alpha: float, dropout
     Returns
     -------
     list of str
-        The wrapped modules' names (as :func:`ragfast.models.cross_judge.merge_lora` expects them).
+        The wrapped modules' names (as :func:`ragfast.judges.cross.merge_lora` expects them).
     """
     names = []
     for i in layer_ids:

@@ -1,14 +1,14 @@
 """The bundled default judge: per-document "needed?" logits on MiniLM, then a state head.
 
 :class:`DocSetJudge` scores a retrieval state in two steps, like
-:class:`ragfast.models.cross_judge.CrossEncoderJudge`, but reads each document with the bundled
+:class:`ragfast.judges.cross.CrossEncoderJudge`, but reads each document with the bundled
 all-MiniLM-L6-v2 as a bi-encoder (question and document embedded apart, each once):
 
 1. document logit = a logistic head over ``[q*d, |q-d|, cos(q, d), title named in the question,
    share of the question's content words in the document]`` (trained on HotpotQA supporting
    paragraphs: "this document is one the answer needs");
 2. STOP logit = the state head over the state's sorted document logits
-   (:func:`ragfast.models.cross_judge.state_features`) AND set features of the state as a whole
+   (:func:`ragfast.judges.cross.state_features`) AND set features of the state as a whole
    (:func:`set_features`: how much of the question the union of its documents covers, whether
    one document names another's title (a bridge), whether both sides of an "X or Y" question
    are there, how many documents have a positive logit).
@@ -18,13 +18,13 @@ from one holding the first hop and look-alikes of the second: each document is s
 The set features read the documents together, cheaply and deterministically (string matching,
 no model).
 
-Unlike the older :class:`ragfast.models.judge.EncoderJudge` (one head over the MEAN document
+Unlike the older :class:`ragfast.judges.head.EncoderJudge` (one head over the MEAN document
 vector), each document keeps its own score, so a state with both needed documents stands out
 from one with many near misses. Question and document vectors are cached (each text is
 embedded once), so the states of one trajectory share them; a cached text is still charged
 what embedding it costs (``reused`` counts a text its question read before), so a question's recorded cost does not depend
 on what the judge scored before. Trained by
-:func:`ragfast.methods.s2g.judge_train.train_docset_judge` (``ragfast train-judge --kind docset``).
+:func:`ragfast.judges.train.documents.train_docset_judge` (``ragfast train-judge --kind docset``).
 """
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ import numpy as np
 
 from ragfast.cost import CostLedger
 from ragfast.errors import ModelError
-from ragfast.models.cross_judge import STATE_FEATURES, DocumentStateJudge, state_features
+from ragfast.judges.base import STATE_FEATURES, DocumentStateJudge, state_features
 from ragfast.text import content_words
 
 __all__ = ["DOCSET_FORMAT", "DocSetJudge", "default_docset_judge_path", "doc_title", "doc_body", "DocFeatures",
@@ -63,7 +63,7 @@ _COMPARISON = re.compile(r",?\s*([^,?]+?)\s+or\s+([^,?]+?)\s*\??$")
 
 
 def default_docset_judge_path() -> Path:
-    """The bundled judge (``ragfast/models/weights/docset_judge.safetensors``)."""
+    """The bundled judge (``ragfast/judges/weights/docset_judge.safetensors``)."""
     return Path(__file__).resolve().parent / "weights" / "docset_judge.safetensors"
 
 

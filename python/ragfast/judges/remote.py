@@ -15,7 +15,7 @@ import numpy as np
 from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, ModelError
 from ragfast.http import auth_headers, post_json
-from ragfast.models.base import Judge
+from ragfast.judges.base import Judge
 from ragfast.remote_cost import book
 from ragfast.types import State
 
@@ -23,7 +23,7 @@ __all__ = ["RemoteJudge"]
 
 
 class RemoteJudge(Judge):
-    """A :class:`~ragfast.models.base.Judge` that asks a ``serve-judge`` server for STOP scores.
+    """A :class:`~ragfast.judges.base.Judge` that asks a ``serve-judge`` server for STOP scores.
 
     Parameters
     ----------

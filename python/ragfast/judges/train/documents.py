@@ -1,11 +1,11 @@
 """Training the sufficiency judges: the bundled doc-set judge and the LoRA cross-encoder.
 
 :func:`train_docset_judge` (``ragfast train-judge --kind docset``) trains the bundled default
-:class:`ragfast.models.doc_judge.DocSetJudge`: a logistic document head on frozen MiniLM features,
+:class:`ragfast.judges.docset.DocSetJudge`: a logistic document head on frozen MiniLM features,
 then the state head below (steps 4-5).
 
 :func:`train_cross_judge` (``ragfast train-judge --kind encoder``) fine-tunes the bundled all-MiniLM-L6-v2 as a (question, document)
-cross-encoder and fits the state head of :class:`ragfast.models.cross_judge.CrossEncoderJudge`:
+cross-encoder and fits the state head of :class:`ragfast.judges.cross.CrossEncoderJudge`:
 
 1. the questions (HotpotQA layout, with supporting facts and context paragraphs) are split,
    grouped by question, into a document-scorer part, a state-head part and a validation part;
@@ -15,13 +15,13 @@ cross-encoder and fits the state head of :class:`ragfast.models.cross_judge.Cros
 3. the lower encoder layers are frozen and run ONCE over all pairs (their outputs are cached);
    only LoRA adapters on the top layers and a linear head on the mean-pooled output train, so
    an epoch costs the top layers only;
-4. the state head (a logistic regression on :func:`ragfast.models.cross_judge.state_features`)
+4. the state head (a logistic regression on :func:`ragfast.judges.cross.state_features`)
    is fitted on states of the state-head questions, scored by the trained cross-encoder: many
    random evidence subsets per question (its paragraphs plus corpus distractors), each
    labelled gold-sufficient when every supporting title is in it;
 5. validation (held-out train questions) and, optionally, dev questions (never trained on) are
    scored on two state sets: random evidence subsets, and the states of dense-retrieval
-   trajectories (an empty state, then top-k turns, like :func:`ragfast.models.judge.build_training_states`).
+   trajectories (an empty state, then top-k turns, like :func:`ragfast.judges.train.head.build_training_states`).
    Each set reports stop AP, Brier and the AP of counting the state's documents.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from ragfast.errors import ConfigError, DataError
-from ragfast.methods.s2g.lora import LoRALinear, add_lora, lora_factors
+from ragfast.judges.train.lora import LoRALinear, add_lora, lora_factors
 from ragfast.types import Passage, Question, State
 
 __all__ = ["LoRALinear", "add_lora", "lora_factors", "LabelledStates", "document_text", "subset_states",
@@ -241,7 +241,8 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
     from transformers import AutoModel, AutoTokenizer
 
     from ragfast.data import load_qa
-    from ragfast.models.cross_judge import CROSS_FORMAT, STATE_FEATURES, cross_encoder_inputs
+    from ragfast.judges.base import STATE_FEATURES
+    from ragfast.judges.cross import CROSS_FORMAT, cross_encoder_inputs
     from ragfast.encoders.encoder import minilm_path
 
     if not (0 < head_fraction < 1 and 0 < val_fraction < 1 and head_fraction + val_fraction < 0.8):
@@ -414,7 +415,7 @@ def fit_state_head(judge: Any, head_q: Sequence[Question], val_q: Sequence[Quest
                    ) -> tuple[np.ndarray, float, dict[str, Any], dict[str, Any]]:
     """Fit a judge's state head and measure it on held-out questions.
 
-    The head (logistic regression on ``judge.state_inputs``: :func:`ragfast.models.cross_judge.state_features`
+    The head (logistic regression on ``judge.state_inputs``: :func:`ragfast.judges.cross.state_features`
     of the judge's document logits, plus whatever else the judge reads of a state) is fitted on
     two kinds of states of the head questions: random
     evidence subsets (:func:`subset_states`) and dense-retrieval trajectories
@@ -502,7 +503,7 @@ def finish_cross_judge(out: Path, card: dict[str, Any], tensors: dict[str, Any],
     from safetensors.torch import save_file
 
     import ragfast
-    from ragfast.models.cross_judge import CrossEncoderJudge
+    from ragfast.judges.cross import CrossEncoderJudge
     from ragfast.encoders.encoder import Encoder
 
     t_start = time.perf_counter() if t_start is None else t_start
@@ -568,7 +569,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
                        head_fraction: float = 0.25, val_fraction: float = 0.15, seed: int = 0, n_distractors: int = 2,
                        n_subsets: int = 16, limit: int | None = None, threads: int | None = None,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train the bundled :class:`ragfast.models.doc_judge.DocSetJudge`; write weights, JSON and markdown cards.
+    """Train the bundled :class:`ragfast.judges.docset.DocSetJudge`; write weights, JSON and markdown cards.
 
     Document head: logistic regression (standardised features, C by question-grouped CV) on
     (question, paragraph) pairs of the document questions: each question's context paragraphs
@@ -584,7 +585,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
 
     import ragfast
     from ragfast.data import load_qa
-    from ragfast.models.doc_judge import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
+    from ragfast.judges.docset import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
     from ragfast.encoders.encoder import Encoder
 
     if threads:

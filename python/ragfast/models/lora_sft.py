@@ -1,6 +1,6 @@
 """LoRA supervised fine-tuning of a causal LM with checkpoints and exact resume.
 
-Shared by ``train-judge --kind causal`` (:mod:`ragfast.methods.s2g.causal_train`) and
+Shared by ``train-judge --kind causal`` (:mod:`ragfast.judges.train.causal`) and
 ``train-reasoner`` (:mod:`ragfast.methods.searchr1.reasoner_train`). Each example is a dict with
 ``input_ids`` and ``labels`` (-100 = out of the loss). An optimizer step takes ``batch_size``
 examples in a fixed per-epoch order (seeded permutation) and runs them ``micro_batch`` at a

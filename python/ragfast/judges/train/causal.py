@@ -1,7 +1,7 @@
 """LoRA SFT of a causal-LM judge on labelled states (``ragfast train-judge --kind causal``).
 
 Each labelled state becomes one example in the judge's exact format: the token ids
-:meth:`ragfast.models.causal_judge.CausalJudge.prompt_ids` builds (chat-templated system prompt and
+:meth:`ragfast.judges.causal.CausalJudge.prompt_ids` builds (chat-templated system prompt and
 ``QUESTION/CONTEXT`` user message, then the forced ``{"sufficient":`` prefix), followed by the
 JSON target ``" true, "gap_items": []}"`` or ``" false, "gap_items": [...]}"`` and EOS. The
 loss covers the target tokens only. So the first target token is exactly the token the STOP
@@ -12,7 +12,7 @@ A ``false`` target needs a non-empty ``gap_items`` list (the schema's consistenc
 the teacher's own gap items where the label came from a teacher, one ``evidence span`` item per
 missing supporting title for gold labels, else one generic item.
 
-Training is :func:`ragfast.methods.lora_sft.lora_sft` (peft LoRA, the ``[train]`` extra):
+Training is :func:`ragfast.models.lora_sft.lora_sft` (peft LoRA, the ``[train]`` extra):
 ``OUT/checkpoint/`` holds the adapter, the optimizer, the step and the random state after
 every ``save_every`` steps; ``resume=True`` continues from it with the same data order. At
 the end ``OUT/adapter/`` holds the adapter and ``OUT/merged/``
@@ -28,7 +28,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ragfast.errors import ConfigError, DataError, ModelError
-from ragfast.methods.lora_sft import DEFAULT_TARGET_MODULES, load_trainer_state
+from ragfast.models.lora_sft import DEFAULT_TARGET_MODULES, load_trainer_state
 
 __all__ = ["target_text", "sft_examples", "train_causal_judge", "DEFAULT_TARGET_MODULES", "load_trainer_state"]
 
@@ -62,7 +62,7 @@ def sft_examples(judge: Any, labelled: Sequence[Any], source: str, max_length: i
 
     Parameters
     ----------
-    judge : ragfast.models.causal_judge.CausalJudge
+    judge : ragfast.judges.causal.CausalJudge
         Supplies the prompt layout and tokenizer (the base model).
     labelled : sequence of LabelledState
     source : str
@@ -156,8 +156,8 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
 
     if importlib.util.find_spec("peft") is None:
         raise ConfigError("train-judge --kind causal needs peft: pip install 'ragfast[train]'")
-    from ragfast.models.causal_judge import CausalJudge
-    from ragfast.methods.s2g.labelling import load_labelled_states
+    from ragfast.judges.causal import CausalJudge
+    from ragfast.judges.train.labelled import load_labelled_states
 
     if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:
         raise ConfigError("epochs, batch_size, r and save_every must be >= 1")
@@ -181,7 +181,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     n_lab = sum(1 for s in states if s.labels.get(source) is not None)
     if not examples:
         raise DataError(f"no state labelled by {source!r} fits max_length={max_length}")
-    from ragfast.methods.lora_sft import lora_sft
+    from ragfast.models.lora_sft import lora_sft
 
     pad = judge.tokenizer.pad_token_id if judge.tokenizer.pad_token_id is not None else 0
     try:
