@@ -201,3 +201,25 @@ def test_resume_with_other_settings_exits_2_naming_the_difference(tmp_path, flag
     err = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(err) == 1 and err[0].startswith("error: --resume: " + named), r.stderr
     assert (out / "results.jsonl").read_bytes() == before  # finished work untouched
+
+
+def test_readers_take_both_run_layouts(tmp_path):
+    """eval-reasoner and stepgap check read a run directory of either layout: the hand-written run
+    commands' results.jsonl and the bench's (and generated run M's) trajectories/<m>.jsonl."""
+    from ragfast.methods.searchr1.reasoner_eval import load_trajectories
+    from ragfast.results import trajectories_path
+
+    line = '{"id": "q1", "question": "Q?", "answer": "a", "golden_answers": ["a"], "em": 1.0, "turns": []}\n'
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    (new / "trajectories").mkdir(parents=True)
+    (old / "results.jsonl").write_text(line)
+    (new / "trajectories" / "searchr1.jsonl").write_text(line)
+    (new / "trajectories" / "stepgap.jsonl").write_text("")
+    assert trajectories_path(old) == old / "results.jsonl"
+    assert trajectories_path(new) == new / "trajectories" / "searchr1.jsonl"
+    assert trajectories_path(new, "stepgap") == new / "trajectories" / "stepgap.jsonl"
+    assert trajectories_path(old / "results.jsonl") == old / "results.jsonl"
+    assert [t.id for t in load_trajectories(old)] == [t.id for t in load_trajectories(new)] == ["q1"]
+    with pytest.raises(DataError, match="not a `ragfast run reloop` output directory"):
+        trajectories_path(new, "reloop")

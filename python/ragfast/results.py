@@ -22,6 +22,7 @@ __all__ = [
     "ResultsWriter",
     "read_results",
     "finished_ids",
+    "trajectories_path",
     "repair_tail",
     "write_manifest",
     "read_manifest",
@@ -128,6 +129,36 @@ def finished_ids(path: str | Path) -> set[str]:
     if not path.exists():
         return set()
     return {str(r["id"]) for r in read_results(path)}
+
+
+def trajectories_path(run_dir: str | Path, method: str = "searchr1") -> Path:
+    """The file of ``method``'s trajectories in a run directory, in either layout.
+
+    ``ragfast bench`` and the ``ragfast run M`` commands generated from the registry write
+    ``trajectories/<method>.jsonl``; the older hand-written run commands write ``results.jsonl``.
+    A reader takes a directory of either kind, so moving a command to the bench's layout does
+    not break the commands that read its output.
+
+    Parameters
+    ----------
+    run_dir : str or Path
+        A run directory (or a trajectories file itself, returned as it is).
+    method : str
+        Which method's trajectories, in the bench's layout.
+
+    Raises
+    ------
+    DataError
+        Neither file is there.
+    """
+    d = Path(run_dir)
+    if d.is_file() and d.suffix == ".jsonl":
+        return d
+    for p in (d / "trajectories" / f"{method}.jsonl", d / "results.jsonl"):
+        if p.is_file():
+            return p
+    raise DataError(f"{d / 'results.jsonl'} does not exist: not a `ragfast run {method}` output directory "
+                    f"(nor trajectories/{method}.jsonl of `ragfast bench`)")
 
 
 class ResultsWriter:

@@ -18,10 +18,10 @@ import typer
 
 from ragfast.errors import ConfigError
 from ragfast.runner.slots import DEFAULTS as SLOT_DEFAULTS
-from ragfast.settings import RUN_NAMES, load_yaml
+from ragfast.settings import BENCH_NAMES, RUN_NAMES, load_yaml
 
-__all__ = ["FLAGS", "LOOP_FLAGS", "DEFAULTS", "ALIASES", "CONFIG", "VAL_DATA", "VAL_OFFSET", "VAL_LIMIT", "BATCH_SIZE", "CORPUS",
-           "with_flags", "load_yaml", "resolve", "require"]
+__all__ = ["FLAGS", "LOOP_FLAGS", "spellings", "DEFAULTS", "ALIASES", "CONFIG", "VAL_DATA", "VAL_OFFSET", "VAL_LIMIT",
+           "BATCH_SIZE", "CORPUS", "with_flags", "load_yaml", "resolve", "require"]
 
 #: Defaults of every shared setting (the slots' from :mod:`ragfast.runner.slots`; the loop's are
 #: the Search-R1 reference evaluation's).
@@ -31,6 +31,16 @@ DEFAULTS: dict[str, Any] = {**SLOT_DEFAULTS, "model": "scripted", "data": "hotpo
 
 #: ``ragfast bench``'s names for settings the run commands name otherwise (YAML keys and flags).
 ALIASES: dict[str, str] = RUN_NAMES
+
+
+def spellings(name: str) -> tuple[str, ...]:
+    """The flags of a run command's setting ``name``: its own, then the bench's spelling of the same
+    setting as an alias (``--model`` and ``--reasoner``), from the one table of old spellings,
+    :data:`ragfast.settings.BENCH_NAMES` (:func:`ragfast.runner.settings.flag_names` reads it the
+    other way)."""
+    own = "--" + name.replace("_", "-")
+    return (own, "--" + BENCH_NAMES[name].replace("_", "-")) if name in BENCH_NAMES else (own,)
+
 
 CONFIG = typer.Option(None, "--config", help="A YAML file of settings (flag names, - or _); flags typed on the "
                                              "command line win over it. ragfast bench and every ragfast run command "
@@ -63,7 +73,7 @@ LOOP_FLAGS = ("model", "data", "out", "retriever", "config", "limit", "offset", 
 #: Every shared flag: name -> (annotation, typer option). Declared once, used by every command.
 FLAGS: dict[str, tuple[Any, Any]] = {
     "model": (Optional[str], typer.Option(
-        None, "--model", "--reasoner", help="Reasoner: scripted (default) | tiny | a local model directory | an "
+        None, *spellings("model"), help="Reasoner: scripted (default) | tiny | a local model directory | an "
                                             "http(s) URL of an OpenAI-compatible server (vLLM, SGLang); URL#name "
                                             "names the served model.")),
     "data": (Optional[str], typer.Option(
@@ -72,7 +82,7 @@ FLAGS: dict[str, tuple[Any, Any]] = {
     "out": (Optional[str], typer.Option(None, "--out", "-o", help="Output directory (results, manifest.json, "
                                                                   "summary.json).")),
     "retriever": (Optional[str], typer.Option(
-        None, "--retriever", "--index", help="default (the encoder over --corpus, flat kernel) | bm25 | "
+        None, *spellings("retriever"), help="default (the encoder over --corpus, flat kernel) | bm25 | "
                                              "faiss:<factory> | an index path | an http(s) URL of a Search-R1 "
                                              "retrieval server.")),
     "config": (Optional[str], CONFIG),
@@ -88,7 +98,7 @@ FLAGS: dict[str, tuple[Any, Any]] = {
     "val_data": (Optional[str], VAL_DATA),
     "val_offset": (Optional[int], VAL_OFFSET),
     "val_limit": (Optional[int], VAL_LIMIT),
-    "max_turns": (Optional[int], typer.Option(None, "--max-turns", "--budget", help="Search-enabled turns "
+    "max_turns": (Optional[int], typer.Option(None, *spellings("max_turns"), help="Search-enabled turns "
                                                                                     "(reference: 4; injected searches "
                                                                                     "count).")),
     "topk": (Optional[int], typer.Option(None, "--topk", help="Documents per search (reference: 3).")),

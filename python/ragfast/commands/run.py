@@ -374,10 +374,11 @@ def searchr1_cmd(
                                                                      "settings differ."),
     served_model: Optional[str] = typer.Option(None, "--served-model", help="URL model: the served model name "
                                                                             "(default: the server's only model)."),
-    tokenizer: Optional[str] = typer.Option(None, "--tokenizer", help="Local tokenizer of a served model "
-                                                                      "(chat template, token-exact truncation)."),
-    model_config: Optional[str] = typer.Option(None, "--model-config", help="URL model: config.json or model dir, "
-                                                                            "for analytic FLOPs."),
+    tokenizer: Optional[str] = typer.Option(None, *opt.spellings("tokenizer"),
+                                            help="Local tokenizer of a served model (chat template, token-exact "
+                                                 "truncation)."),
+    model_config: Optional[str] = typer.Option(None, *opt.spellings("model_config"),
+                                               help="URL model: config.json or model dir, for analytic FLOPs."),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="float32 | bfloat16 | float16 (default: checkpoint's)."),
     threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
     refill: bool = typer.Option(False, "--refill", help="Continuous batching: start a queued question as soon as "

@@ -22,12 +22,12 @@ STEPGAP_LEDGER = "ledger-stepgap.jsonl"
 
 
 def _read_trajectories(path: str) -> list[Any]:
-    from ragfast.results import read_results
+    """A results file, or a run directory of either layout (``results.jsonl``, or ``ragfast
+    bench``'s ``trajectories/searchr1.jsonl``)."""
+    from ragfast.results import read_results, trajectories_path
     from ragfast.types import Trajectory
 
-    p = Path(path)
-    if p.is_dir():
-        p = p / "results.jsonl"
+    p = trajectories_path(path, "searchr1") if Path(path).is_dir() else Path(path)
     if not p.is_file():
         raise ConfigError(f"--results {path!r}: no such results file")
     return [Trajectory.from_dict(r) for r in read_results(p)]
@@ -198,7 +198,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                      no_args_is_help=True)
 
     @sg.command("check")
-    def check_cmd(results: str = typer.Option(..., "--results", help="results.jsonl (or its run directory)."),
+    def check_cmd(results: str = typer.Option(..., "--results", help="results.jsonl (or a run or bench directory)."),
                   out: str = typer.Option(..., "--out", help="Labels JSONL (one record per step)."),
                   rewards: Optional[str] = typer.Option(None, "--rewards", help="Also write process rewards here."),
                   nli: str = typer.Option("tiny", "--nli", help="Local NLI directory | tiny | none."),
@@ -228,7 +228,7 @@ def _register_stepgap(app: typer.Typer) -> None:
         print(json.dumps({k: v for k, v in summ.items() if k != "slots"}, indent=2, default=str))
 
     @sg.command("ablate")
-    def ablate_cmd(results: str = typer.Option(..., "--results", help="results.jsonl (or its run directory)."),
+    def ablate_cmd(results: str = typer.Option(..., "--results", help="results.jsonl (or a run or bench directory)."),
                    annotations: Optional[str] = typer.Option(None, "--annotations",
                                                              help="Human step labels (JSONL: question_id, step, label)."),
                    nli: str = typer.Option("tiny", "--nli", help="NLI cross-encoder: local directory | tiny (random weights, not meaningful) | none."),

@@ -37,11 +37,13 @@ import torch
 
 from ragfast.errors import ConfigError, DataError
 from ragfast.judges.train.lora import LoRALinear, add_lora, lora_factors
+from ragfast.judges.train.states import dense_turns, document_text
 from ragfast.types import Passage, Question, State
 
 __all__ = ["LoRALinear", "add_lora", "lora_factors", "LabelledStates", "document_text", "subset_states",
-           "trajectory_states", "state_set_metrics", "split_questions", "train_cross_judge", "finish_cross_judge",
-           "fit_state_head", "CrossFittedScorer", "train_docset_judge", "render_card"]
+           "trajectory_states", "state_set_metrics", "labelled_questions", "training_split", "split_questions",
+           "train_cross_judge", "finish_cross_judge", "fit_state_head", "CrossFittedScorer", "train_docset_judge",
+           "render_card"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -59,14 +61,6 @@ class LabelledStates:
         from ragfast.protocol import split_documents
 
         return np.array([len({d for b in s.evidence for d in split_documents(b)}) for s in self.states], dtype=float)
-
-
-def document_text(p: Passage) -> str:
-    """A passage as the judge reads it inside a Search-R1 observation (``"Title") text``)."""
-    from ragfast.protocol import split_documents
-    from ragfast.protocol import format_docs
-
-    return split_documents("<information>" + format_docs([p.to_row()]).strip() + "</information>")[0]
 
 
 def _observation(ps: Sequence[Passage]) -> str:
@@ -131,36 +125,17 @@ def trajectory_states(questions: Sequence[Question], encoder: Any, *, k: int = 3
     to reuse a judge's embedding cache.
     """
     from ragfast.data import corpus_from_contexts
-    from ragfast.metrics import normalize_title, sufficient
 
     corpus = corpus_from_contexts(list(questions))
     passages = [corpus.passage(i) for i in range(len(corpus))]
     texts = [document_text(p) for p in passages]
     P = embed_documents(texts) if embed_documents is not None else encoder.encode(texts, kind="passage").numpy()
+    per = dense_turns(questions, passages, P, lambda t: encoder.encode(t, kind="query").numpy(), k=k, turns=turns)
     states, labels, qids = [], [], []
-    per = [[State(q.question, [], q.id, 0)] for q in questions]
-    lab = [[0] for _ in questions]
-    seen: list[set[int]] = [set() for _ in questions]
-    titles: list[list[str]] = [[] for _ in questions]
-    ev: list[list[str]] = [[] for _ in questions]
-    best = [""] * len(questions)
-    for t in range(turns):
-        texts = [q.question if t == 0 else f"{q.question} {normalize_title(best[i])}" for i, q in enumerate(questions)]
-        sims = encoder.encode(texts, kind="query").numpy() @ P.T
-        for i, q in enumerate(questions):
-            s = sims[i]
-            s[list(seen[i])] = -np.inf
-            hits = [int(j) for j in np.argsort(-s, kind="stable")[:k]]
-            seen[i].update(hits)
-            best[i] = passages[hits[0]].title
-            titles[i] += [passages[j].title for j in hits]
-            ev[i] = ev[i] + [_observation([passages[j] for j in hits])]
-            per[i].append(State(q.question, list(ev[i]), q.id, t + 1))
-            lab[i].append(int(sufficient(titles[i], q.supporting_titles)))
-    for i, q in enumerate(questions):
-        states += per[i]
-        labels += lab[i]
-        qids += [q.id] * len(per[i])
+    for q, rows in zip(questions, per):
+        states += [st for st, _ in rows]
+        labels += [lab for _, lab in rows]
+        qids += [q.id] * len(rows)
     return LabelledStates(states, np.asarray(labels, dtype=np.int8), qids)
 
 
@@ -240,7 +215,6 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
     from safetensors.torch import save_file
     from transformers import AutoModel, AutoTokenizer
 
-    from ragfast.data import load_qa
     from ragfast.judges.base import STATE_FEATURES
     from ragfast.judges.cross import CROSS_FORMAT, cross_encoder_inputs
     from ragfast.encoders.encoder import minilm_path
@@ -257,13 +231,8 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
         torch.set_num_threads(int(threads))
     t_start = time.perf_counter()
     torch.manual_seed(seed)
-    questions = [q for q in load_qa(data, limit=limit) if q.supporting_titles and q.metadata.get("context")]
-    if len(questions) < 10:
-        raise DataError(f"{data}: {len(questions)} questions with supporting facts and context paragraphs; need >= 10")
-    doc_q, head_q, val_q = split_questions(questions, head_fraction, val_fraction, seed)
-    pool = [p for q in questions for p in _context_passages(q)]
-    log(f"train-judge --kind encoder: {len(questions)} questions of {data}: {len(doc_q)} document scorer, "
-        f"{len(head_q)} state head, {len(val_q)} validation")
+    doc_q, head_q, val_q, pool = training_split(data, limit, head_fraction, val_fraction, seed,
+                                                "train-judge --kind encoder", "document scorer", log)
 
     base_dir = minilm_path()
     tok = AutoTokenizer.from_pretrained(base_dir, local_files_only=True)
@@ -374,10 +343,32 @@ def train_cross_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path 
     # 3-4. the state head (on questions the document scorer never saw) and the held-out metrics
     dq = None
     if dev is not None:
-        dq = [q for q in load_qa(dev, limit=limit) if q.supporting_titles and q.metadata.get("context")]
+        dq = labelled_questions(dev, limit)
     card["seconds_document_scorer"] = round(time.perf_counter() - t_start, 1)
     return finish_cross_judge(out, card, tensors, head_q, val_q, pool, dev_questions=dq, dev_source=dev,
                               n_subsets=n_subsets, n_distractors=n_distractors, seed=seed, t_start=t_start, log=log)
+
+
+def labelled_questions(data: str | Path, limit: int | None = None) -> list[Question]:
+    """The questions of ``data`` (the first ``limit``) that have supporting facts and context paragraphs."""
+    from ragfast.data import load_qa
+
+    return [q for q in load_qa(data, limit=limit) if q.supporting_titles and q.metadata.get("context")]
+
+
+def training_split(data: str | Path, limit: int | None, head_fraction: float, val_fraction: float, seed: int,
+                   who: str, doc_part: str, log: Callable[[str], None]
+                   ) -> tuple[list[Question], list[Question], list[Question], list[Passage]]:
+    """(document part, state head, validation) questions of ``data`` (:func:`split_questions`) and
+    the pool of their context paragraphs; at least 10 labelled questions are needed."""
+    questions = labelled_questions(data, limit)
+    if len(questions) < 10:
+        raise DataError(f"{data}: {len(questions)} questions with supporting facts and context paragraphs; need >= 10")
+    doc_q, head_q, val_q = split_questions(questions, head_fraction, val_fraction, seed)
+    pool = [p for q in questions for p in _context_passages(q)]
+    log(f"{who}: {len(questions)} questions of {data}: {len(doc_q)} {doc_part}, {len(head_q)} state head, "
+        f"{len(val_q)} validation")
+    return doc_q, head_q, val_q, pool
 
 
 def split_questions(questions: Sequence[Question], head_fraction: float, val_fraction: float, seed: int
@@ -584,20 +575,14 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     from sklearn.model_selection import GroupKFold
 
     import ragfast
-    from ragfast.data import load_qa
     from ragfast.judges.docset import DOCSET_FORMAT, DOCSET_STATE_FEATURES, DocFeatures, DocSetJudge
     from ragfast.encoders.encoder import Encoder
 
     if threads:
         torch.set_num_threads(int(threads))
     t_start = time.perf_counter()
-    questions = [q for q in load_qa(data, limit=limit) if q.supporting_titles and q.metadata.get("context")]
-    if len(questions) < 10:
-        raise DataError(f"{data}: {len(questions)} questions with supporting facts and context paragraphs; need >= 10")
-    doc_q, head_q, val_q = split_questions(questions, head_fraction, val_fraction, seed)
-    pool = [p for q in questions for p in _context_passages(q)]
-    log(f"train-judge --kind docset: {len(questions)} questions of {data}: {len(doc_q)} document head, "
-        f"{len(head_q)} state head, {len(val_q)} validation")
+    doc_q, head_q, val_q, pool = training_split(data, limit, head_fraction, val_fraction, seed,
+                                                "train-judge --kind docset", "document head", log)
     enc = Encoder("minilm")
     feats = DocFeatures(enc)
     qs, ds, ys = _pairs_for(doc_q, pool, n_distractors, seed)
@@ -658,7 +643,7 @@ def train_docset_judge(data: str | Path, out_dir: str | Path, *, dev: str | Path
     judge.features = feats  # share the embedding caches
     dq = None
     if dev is not None:
-        dq = [q for q in load_qa(dev, limit=limit) if q.supporting_titles and q.metadata.get("context")]
+        dq = labelled_questions(dev, limit)
     def save(w: np.ndarray, b: float) -> None:
         tensors["state_head.weight"] = np.asarray(w, dtype=np.float64)
         tensors["state_head.bias"] = np.asarray([b], dtype=np.float64)

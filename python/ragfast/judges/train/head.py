@@ -16,15 +16,9 @@ import numpy as np
 
 from ragfast.errors import ConfigError, DataError
 from ragfast.judges.head import FEATURE_VERSION, FeatureMaker
-from ragfast.protocol import split_documents
 from ragfast.types import State
 
 __all__ = ["build_training_states", "train_encoder_judge"]
-
-
-def _observation(passages: Sequence[Any]) -> str:
-    docs = "".join(f"Doc {i + 1}(Title: {p.title}) {p.text}\n" for i, p in enumerate(passages))
-    return f"<information>{docs.strip()}</information>"
 
 
 def build_training_states(questions: Sequence[Any], corpus: Any, features: "FeatureMaker", *, k: int = 3,
@@ -39,13 +33,14 @@ def build_training_states(questions: Sequence[Any], corpus: Any, features: "Feat
     stored in the judge's feature cache, so building the states costs one corpus pass. Each
     evidence block is a Search-R1 observation (``<information>Doc i(Title: ...) ...</information>``).
     A state is labelled 1 when every supporting title has been retrieved
-    (:func:`ragfast.metrics.sufficient`).
+    (:func:`ragfast.metrics.sufficient`). The turns are :func:`ragfast.judges.train.states.dense_turns`,
+    as for the doc-set and cross-encoder judges' trajectory states.
 
     Returns
     -------
     states, labels (int8), question ids (one per state)
     """
-    from ragfast.metrics import normalize_title, sufficient
+    from ragfast.judges.train.states import dense_turns, document_text
 
     qs = [q for q in questions if q.supporting_titles]
     if not qs:
@@ -54,28 +49,10 @@ def build_training_states(questions: Sequence[Any], corpus: Any, features: "Feat
     if n < k:
         raise DataError(f"corpus has {n} passages, fewer than k={k}")
     passages = [corpus.passage(i) for i in range(n)]
-    doc_texts = [split_documents(_observation([p]))[0] for p in passages]
+    doc_texts = [document_text(p) for p in passages]
     features.embed_documents(doc_texts)
     P = np.stack([features.doc_vector(t) for t in doc_texts])
-    # Turn by turn over all questions, so each turn's queries are one batched encoder call.
-    per_q: list[list[tuple[State, int]]] = [[(State(q.question, [], q.id, 0), 0)] for q in qs]
-    seen: list[set[int]] = [set() for _ in qs]
-    evs: list[list[str]] = [[] for _ in qs]
-    titles: list[list[str]] = [[] for _ in qs]
-    best: list[str] = [""] * len(qs)
-    for t in range(turns):
-        texts = [q.question if t == 0 else f"{q.question} {normalize_title(best[i])}" for i, q in enumerate(qs)]
-        sims = features.encoder.encode_queries(texts).numpy() @ P.T
-        for i, q in enumerate(qs):
-            s = sims[i]
-            s[list(seen[i])] = -np.inf
-            hits = [int(j) for j in np.argsort(-s, kind="stable")[:k]]
-            seen[i].update(hits)
-            best[i] = passages[hits[0]].title
-            titles[i] += [passages[j].title for j in hits]
-            evs[i] = evs[i] + [_observation([passages[j] for j in hits])]
-            per_q[i].append((State(q.question, list(evs[i]), q.id, t + 1),
-                             int(sufficient(titles[i], q.supporting_titles))))
+    per_q = dense_turns(qs, passages, P, lambda t: features.encoder.encode_queries(t).numpy(), k=k, turns=turns)
     states = [st for rows in per_q for st, _ in rows]
     labels = [lab for rows in per_q for _, lab in rows]
     qids = [st.trajectory_id for st in states]

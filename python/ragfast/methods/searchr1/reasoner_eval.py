@@ -27,10 +27,11 @@ __all__ = ["load_trajectories", "protocol_stats", "evaluate_reasoner"]
 
 
 def load_trajectories(run_dir: str | Path) -> list[Trajectory]:
-    """The trajectories of a ``run searchr1`` output directory (``results.jsonl``)."""
-    p = Path(run_dir) / "results.jsonl"
-    if not p.is_file():
-        raise DataError(f"{p} does not exist: not a `ragfast run searchr1` output directory")
+    """The Search-R1 trajectories of a run directory: ``results.jsonl`` of ``run searchr1``, or
+    ``trajectories/searchr1.jsonl`` of ``ragfast bench`` (:func:`ragfast.results.trajectories_path`)."""
+    from ragfast.results import trajectories_path
+
+    p = trajectories_path(run_dir, "searchr1")
     out = []
     for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1):
         if line.strip():
