@@ -95,9 +95,10 @@ class SearchR1Reasoner(HFGenerator):
             if not (adir / "adapter_config.json").is_file():
                 raise ConfigError(f"{name!r} is neither a bundled reasoner adapter ({', '.join(ADAPTERS)}) nor an "
                                   "adapter directory")
-            if base is None:  # a train-reasoner output names its base in its card
-                card = adir / "ragfast_reasoner.json"
-                base = json.loads(card.read_text(encoding="utf-8")).get("base") if card.is_file() else None
+        card_file = adir / "ragfast_reasoner.json"
+        card = json.loads(card_file.read_text(encoding="utf-8")) if card_file.is_file() else {}
+        if base is None:  # a train-reasoner output names its base in its card
+            base = card.get("base")
             if base is None:
                 raise ConfigError(f"the adapter {adir} needs its base model (its card ragfast_reasoner.json names none)")
         base_dir = resolve(base) if is_catalogued(base) else Path(base)
@@ -110,8 +111,7 @@ class SearchR1Reasoner(HFGenerator):
         self.adapter = adir
         self.base_name = str(base)
         self.name = name
-        card = adir / "ragfast_reasoner.json"
-        self.card = json.loads(card.read_text()) if card.is_file() else {}
+        self.card = card
         #: The observation cap the adapter was trained with (its card's data.max_obs_tokens).
         #: Its training observations were cut there, closing tag included, so under a longer cap
         #: it never saw what follows; measured on dev 100-139 under the protocol's 500 it wrote
