@@ -45,7 +45,7 @@ def test_saved_codes_load_mapped_and_search_identically(tmp_path, storage, resco
     path = mem.save(tmp_path / "idx")  # no fp32 vectors behind it: the codes themselves are written
     assert is_quantized_dir(path) and not (path / "vectors.npy").exists()
     loaded = DenseIndex.load(path)
-    st = loaded._stored
+    st = loaded.stored
     assert loaded.vectors is None and loaded.storage == storage and len(loaded) == 3001
     # the tensors are the read-only file maps, not private copies
     assert _maps_file(st.data)
@@ -55,7 +55,7 @@ def test_saved_codes_load_mapped_and_search_identically(tmp_path, storage, resco
         if rescore:
             assert _maps_file(st.rescore)
     # byte-identical storage
-    ref = mem._stored
+    ref = mem.stored
     assert torch.equal(st.data.view(torch.int8 if storage == "int8" else torch.int16),
                        ref.data.view(torch.int8 if storage == "int8" else torch.int16))
     from ragfast.ops.topk_ip import topk_ip_ref

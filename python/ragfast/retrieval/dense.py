@@ -208,6 +208,11 @@ class DenseIndex:
     def __len__(self) -> int:
         return self.ntotal
 
+    @property
+    def stored(self) -> Any:
+        """What the flat kernel scans: the fp32 tensor or a ``QuantizedCorpus`` (None for faiss)."""
+        return getattr(self, "_stored", None)
+
     def bytes_per_search(self) -> int:
         """Bytes one query's search reads from the stored vectors (flat: the whole corpus; IVF: its lists)."""
         if self.backend == "flat":
