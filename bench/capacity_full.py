@@ -249,11 +249,16 @@ def passage_store(workdir: Path, rows: int, log: Callable[[str], None] = print) 
         return path
     t0 = time.perf_counter()
 
-    def batches():
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def batches():  # built by Arrow kernels: 21M rows as Python strings took minutes
         for s in range(0, rows, 1 << 20):
-            r = range(s, min(rows, s + (1 << 20)))
-            yield ([f"syn-{i}" for i in r], [f'"Synthetic passage {i}"\nfiller text of synthetic passage number {i}.'
-                                             for i in r])
+            n = pc.cast(pa.array(np.arange(s, min(rows, s + (1 << 20)))), pa.string())
+            ids = pc.binary_join_element_wise("syn-", n, "")
+            cont = pc.binary_join_element_wise('"Synthetic passage ', n, '"\nfiller text of synthetic passage number ',
+                                               n, ".", "")
+            yield pa.record_batch([ids, cont], names=["id", "contents"])
 
     write_arrow_corpus(path, batches())
     log(f"passages: wrote {rows:,} to {path} in {time.perf_counter() - t0:.0f} s")
@@ -349,7 +354,7 @@ def _anchor_process(arrow: str, rows: int, seed: int, dim: int, model: str, thre
 
 def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed: int, dim: int, anchor_rows: int,
                     anchor_arrow: Path, clients: int = 8, window_s: float = 30.0, reps: int = 2, threads: int = 2,
-                    log: Callable[[str], None] = print) -> dict[str, Any]:
+                    max_wait_ms: float = 50.0, log: Callable[[str], None] = print) -> dict[str, Any]:
     """queries/s of ``ragfast serve-retriever`` over the index, then of the faiss anchor at ``anchor_rows``."""
     from bench.bench_server import server_time_split
     from ragfast.data import load_qa
@@ -360,7 +365,8 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, "-m", "ragfast.cli", "serve-retriever", "--corpus", str(arrow), "--index", str(index),
-           "--encoder", str(encoder), "--threads", str(threads), "--port", str(port), "--device", "cpu"]
+           "--encoder", str(encoder), "--threads", str(threads), "--port", str(port), "--device", "cpu",
+           "--max-wait-ms", f"{max_wait_ms:g}"]
     log("serve: " + " ".join(cmd))
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -371,6 +377,8 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
 
         out["ragfast_health"] = httpx.get(url + "/health", timeout=30).json()
         out["ragfast_qps"] = _windows(url, bodies, clients, window_s, reps, log, "ragfast serve-retriever")
+        out["ragfast_stats"] = httpx.get(url + "/health", timeout=30).json()["stats"]
+        out["max_wait_ms"] = max_wait_ms
         batch = [{"queries": questions[i:i + clients], "topk": 3, "return_scores": True} for i in (0, clients)]
         out["ragfast_split"] = server_time_split(url, batch)  # seconds per query: encoder, search, server
     finally:
@@ -434,7 +442,8 @@ def default_workdir() -> Path:
     return cache_root() / "capacity"
 
 
-def _machine() -> dict[str, str]:
+def machine_facts() -> dict[str, str]:
+    """CPU model (lscpu), vCPUs, load averages and the UTC time: what every figure is reported beside."""
     model = "unknown"
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout.splitlines():
@@ -449,7 +458,7 @@ def _machine() -> dict[str, str]:
 def run_full(args, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Build, search and (unless ``args.no_serve``) serve; returns every figure and each phase's wall time."""
     workdir = Path(args.workdir) if args.workdir else default_workdir()
-    res: dict[str, Any] = {"machine_start": _machine(), "phases_s": {}, "rows": args.rows, "dim": args.dim,
+    res: dict[str, Any] = {"machine_start": machine_facts(), "phases_s": {}, "rows": args.rows, "dim": args.dim,
                            "seed": args.seed}
     t = time.perf_counter()
     built = build_index(workdir, args.rows, args.dim, args.seed, rescore=None if args.rescore == "none" else "fp16",
@@ -457,10 +466,11 @@ def run_full(args, log: Callable[[str], None] = print) -> dict[str, Any]:
     res["phases_s"]["build"] = time.perf_counter() - t
     res["build"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in built.items()}
     res["disk_bytes"] = sum(f.stat().st_size for f in Path(built["path"]).glob("*.npy"))
-    t = time.perf_counter()
-    res["search"] = measure_search(built["path"], batches=args.batches, reps=args.reps, threads=args.threads,
-                                   seed=args.seed, log=log)
-    res["phases_s"]["search_and_recall"] = time.perf_counter() - t
+    if not args.no_search:
+        t = time.perf_counter()
+        res["search"] = measure_search(built["path"], batches=args.batches, reps=args.reps, threads=args.threads,
+                                       seed=args.seed, log=log)
+        res["phases_s"]["search_and_recall"] = time.perf_counter() - t
     if not args.no_serve:
         t = time.perf_counter()
         arrow = passage_store(workdir, args.rows, log)
@@ -470,21 +480,19 @@ def run_full(args, log: Callable[[str], None] = print) -> dict[str, Any]:
         res["serve"] = measure_serving(built["path"], arrow, enc, rows=args.rows, seed=args.seed, dim=args.dim,
                                        anchor_rows=min(args.anchor_rows, args.rows), anchor_arrow=arrow,
                                        clients=args.clients, window_s=args.serve_window, reps=args.serve_reps,
-                                       threads=args.threads, log=log)
+                                       threads=args.threads, max_wait_ms=args.serve_max_wait_ms, log=log)
         res["phases_s"]["serve"] = time.perf_counter() - t
-    res["machine_end"] = _machine()
+    res["machine_end"] = machine_facts()
     return res
 
 
 def report_markdown(res: dict[str, Any]) -> str:
     """The measured paper-scale section of docs/capacity.md."""
-    s = res["search"]
     m0, m1 = res["machine_start"], res["machine_end"]
     L = [f"Measured {m0['date']} on {m0['cpu']} ({m0['cores']} vCPUs), 1-minute load {m0['load'].split()[0]} at "
-         f"the start and {m1['load'].split()[0]} at the end; {s['rows']:,} x {s['dim']} random unit vectors "
-         f"(seed {res['seed']}), int8 codes {'+ fp16 re-score copy ' if s['rescore_copy'] else ''}memory-mapped "
-         f"({res['disk_bytes'] / 1e9:.1f} GB on disk, {s['scan_bytes'] / 1e9:.2f} GB scanned per search), "
-         f"k = {K}, {s['threads']} threads.\n"]
+         f"the start and {m1['load'].split()[0]} at the end; {res['rows']:,} x {res['dim']} random unit vectors "
+         f"(seed {res['seed']}), int8 codes memory-mapped ({res['disk_bytes'] / 1e9:.1f} GB of index files on "
+         f"disk), k = {K}.\n"]
     L.append("| phase | wall time |")
     L.append("|---|---|")
     b = res["build"]
@@ -492,6 +500,15 @@ def report_markdown(res: dict[str, Any]) -> str:
         extra = " (reused: built before)" if name == "build" and b["reused"] else ""
         L.append(f"| {name.replace('_', ' ')} | {sec:,.0f} s{extra} |")
     L.append("")
+    if "search" in res:
+        L += _search_markdown(res["search"])
+    if "serve" in res:
+        L += _serve_markdown(res)
+    return "\n".join(L) + "\n"
+
+
+def _search_markdown(s: dict[str, Any]) -> list[str]:
+    L = []
     floor = float(np.median(s["floor_s"]))
     L.append(f"Read floor: one pass over the {s['scan_bytes'] / 1e9:.2f} GB scanned (codes, scales, row sums; "
              f"median of {len(s['floor_s'])}, same run) took {floor:.2f} s = {s['scan_bytes'] / floor / 1e9:.1f} GB/s. "
@@ -511,25 +528,32 @@ def report_markdown(res: dict[str, Any]) -> str:
              f"while the build generated every chunk): **{s['recall_rescore']:.4f}** with the "
              f"{'fp16 re-score copy' if s['rescore_copy'] else 'dequantised codes'}, "
              f"{s['recall_int8_alone']:.4f} with int8 alone (candidates re-scored against the dequantised codes).\n")
-    if "serve" in res:
-        v = res["serve"]
-        rq, aq, asc = (float(np.median(v[k])) for k in ("ragfast_qps", "anchor_qps", "anchor_qps_scaled"))
-        sp = v["ragfast_split"]
-        parts = ", ".join(f"{k} {sp[k] * 1e3:,.0f} ms ({sp[k] / sp['server'] * 100:.0f}%)"
-                          for k in sp if k != "server")
-        L.append(f"Serving ({v['clients']} closed-loop clients, one question per request, topk 3, "
-                 f"{v['reps']} windows of {v['window_s']:.0f} s each, {v['threads']} threads per server; the "
-                 f"encoder is BERT-base-shaped with random weights):\n")
-        L.append("| server | rows | queries/s (median) | windows |")
-        L.append("|---|---|---|---|")
-        L.append(f"| ragfast serve-retriever, int8 mapped | {res['rows']:,} | **{rq:.2f}** | "
-                 f"{', '.join(f'{x:.2f}' for x in v['ragfast_qps'])} |")
-        L.append(f"| Search-R1-shaped faiss IndexFlatIP fp32 (measured) | {v['anchor_rows']:,} | {aq:.2f} | "
-                 f"{', '.join(f'{x:.2f}' for x in v['anchor_qps'])} |")
-        L.append(f"| the same, scaled x{res['rows'] / v['anchor_rows']:.2f} linearly in rows (not measured) | "
-                 f"{res['rows']:,} | {asc:.3f} | |")
-        L.append("")
-        L.append(f"ragfast / scaled anchor = **{rq / asc:.1f}x** queries/s. ragfast's time per query with "
-                 f"{v['clients']} questions per request, one request at a time (its `return_cost` answers): "
-                 f"{parts}, of {sp['server'] * 1e3:,.0f} ms in the server.\n")
-    return "\n".join(L) + "\n"
+    return L
+
+
+def _serve_markdown(res: dict[str, Any]) -> list[str]:
+    L = []
+    v = res["serve"]
+    rq, aq, asc = (float(np.median(v[k])) for k in ("ragfast_qps", "anchor_qps", "anchor_qps_scaled"))
+    sp = v["ragfast_split"]
+    parts = ", ".join(f"{k} {sp[k] * 1e3:,.0f} ms ({sp[k] / sp['server'] * 100:.0f}%)"
+                      for k in sp if k != "server")
+    st = v.get("ragfast_stats", {})
+    L.append(f"Serving ({v['clients']} closed-loop clients, one question per request, topk 3, "
+             f"{v['reps']} windows of {v['window_s']:.0f} s each, {v['threads']} threads per server; the "
+             f"encoder is BERT-base-shaped with random weights; ragfast gathers requests for up to "
+             f"{v.get('max_wait_ms', 2):g} ms, mean batch {st.get('mean_batch_queries', float('nan')):.1f} "
+             f"queries over {st.get('batches', 0)} batches):\n")
+    L.append("| server | rows | queries/s (median) | windows |")
+    L.append("|---|---|---|---|")
+    L.append(f"| ragfast serve-retriever, int8 mapped | {res['rows']:,} | **{rq:.2f}** | "
+             f"{', '.join(f'{x:.2f}' for x in v['ragfast_qps'])} |")
+    L.append(f"| Search-R1-shaped faiss IndexFlatIP fp32 (measured) | {v['anchor_rows']:,} | {aq:.2f} | "
+             f"{', '.join(f'{x:.2f}' for x in v['anchor_qps'])} |")
+    L.append(f"| the same, scaled x{res['rows'] / v['anchor_rows']:.2f} linearly in rows (not measured) | "
+             f"{res['rows']:,} | {asc:.3f} | |")
+    L.append("")
+    L.append(f"ragfast / scaled anchor = **{rq / asc:.1f}x** queries/s. ragfast's time per query with "
+             f"{v['clients']} questions per request, one request at a time (its `return_cost` answers): "
+             f"{parts}, of {sp['server'] * 1e3:,.0f} ms in the server.\n")
+    return L

@@ -88,6 +88,22 @@ def test_search_recall_and_memory_against_brute_force(built, corpus):
     assert out["recall_rescore"] >= 0.95  # 20k random rows: near-ties are rare at k=10
     assert 0 < out["recall_int8_alone"] <= 1
     assert out["rss_after_search"]["RssAnon"] > 0
+    # the report names every measured figure
+    res = {"machine_start": cf.machine_facts(), "machine_end": cf.machine_facts(), "rows": ROWS, "dim": DIM,
+           "seed": SEED, "phases_s": {"build": 1.0, "search_and_recall": 2.0}, "build": {"reused": False},
+           "disk_bytes": 1, "search": out}
+    md = cf.report_markdown(res)
+    assert f"**{out['recall_rescore']:.4f}**" in md and "| 7 |" in md and "search and recall" in md
+
+
+def test_measure_full_refuses_bad_arguments_in_one_line(capsys):
+    from bench import bench_capacity
+
+    for argv, msg in ((["--dim", "60", "--no-serve"], "multiple of 8"), (["--dim", "64"], "--no-serve"),
+                      (["--batches", "1,x"], "--batches"), (["--rows", "0"], "positive")):
+        with pytest.raises(SystemExit) as exc:
+            bench_capacity.main(["--measure-full", *argv])
+        assert exc.value.code == 2 and msg in capsys.readouterr().err
 
 
 def test_interrupted_build_resumes_to_the_same_index(tmp_path, small_chunks, corpus, monkeypatch):

@@ -175,9 +175,8 @@ class QuantizedWriter:
 def save_quantized(stored: Any, path: str | os.PathLike, extra_meta: dict[str, Any] | None = None) -> Path:
     """Write an in-memory :class:`~ragfast.ops.topk_ip.QuantizedCorpus` in the quantised layout."""
     n, d = stored.shape
-    rescore = None
-    if stored.rescore is not None:
-        rescore = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}[str(stored.rescore.dtype)]
+    names = {"torch.float16": "fp16", "torch.bfloat16": "bf16", "torch.float32": "fp32"}
+    rescore = None if stored.rescore is None else names[str(stored.rescore.dtype)]
     w = QuantizedWriter(path, n, d, storage=stored.dtype, rescore=rescore, oversample=stored.oversample,
                         extra_meta=extra_meta)
     w._maps["codes"][:] = _to_np(stored.data)
