@@ -17,7 +17,8 @@ H200's NOMINAL HBM bandwidth and peak FLOP rates, not measured), and cores/GPUs 
 target QPS. Rows go to bench/results/bench_capacity.csv in the harness schema.
 
 Run ``python bench/bench_capacity.py --quick`` (~1 minute on 2 cores) or without ``--quick``
-for more repetitions.
+for more repetitions. ``--measure-full`` measures the paper-scale index itself instead of scaling
+(bench/capacity_full.py: build once, search, recall@10, serve; ``--rows`` runs it smaller).
 """
 from __future__ import annotations
 
@@ -254,12 +255,42 @@ def capacity_markdown(facts: dict, bw: dict, bw_cpu: dict, rows_n: int, threads_
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 repetitions per point (~1 minute on 2 cores)")
-    ap.add_argument("--rows", type=int, default=200_000, help="rows of the measured index (default 200000)")
+    ap.add_argument("--rows", type=int, default=None,
+                    help="rows of the measured index (default 200000; with --measure-full 21015324)")
+    full = ap.add_argument_group("--measure-full: the paper-scale int8 index built, searched and served "
+                                 "(bench/capacity_full.py)")
+    full.add_argument("--measure-full", action="store_true", help="build (or reuse) the memory-mapped int8 index of "
+                      "--rows x --dim random unit vectors, time exact search, recall@10, and serve it")
+    full.add_argument("--dim", type=int, default=DIM, help="--measure-full: vector dimension (default 768)")
+    full.add_argument("--seed", type=int, default=0, help="--measure-full: seed of the vectors and queries")
+    full.add_argument("--workdir", default=None, help="--measure-full: where the index, passages and encoder live "
+                      "(default $RAGFAST_CACHE/capacity; 48 GB at paper scale with the fp16 re-score copy)")
+    full.add_argument("--rescore", choices=("fp16", "none"), default="fp16",
+                      help="--measure-full: keep an fp16 re-score copy (default) or int8 codes only")
+    full.add_argument("--batches", default="1,64,512", help="--measure-full: timed batch sizes")
+    full.add_argument("--reps", type=int, default=3, help="--measure-full: timed repetitions per batch size")
+    full.add_argument("--threads", type=int, default=2, help="--measure-full: threads for search and servers")
+    full.add_argument("--recall-queries", type=int, default=64, help="--measure-full: random queries for recall@10")
+    full.add_argument("--no-serve", action="store_true", help="--measure-full: skip the serving measurement")
+    full.add_argument("--no-search", action="store_true",
+                      help="--measure-full: skip the search timing and recall (e.g. to serve a built index again)")
+    full.add_argument("--anchor-rows", type=int, default=2_000_000,
+                      help="--measure-full: rows of the faiss fp32 anchor server (6.1 GB at 2M x 768)")
+    full.add_argument("--clients", type=int, default=8, help="--measure-full: concurrent closed-loop clients")
+    full.add_argument("--serve-window", type=float, default=30.0, help="--measure-full: seconds per load window")
+    full.add_argument("--serve-reps", type=int, default=2, help="--measure-full: load windows per server")
+    full.add_argument("--serve-max-wait-ms", type=float, default=50.0,
+                      help="--measure-full: serve-retriever --max-wait-ms (a scan costs seconds at paper scale: "
+                           "waiting 50 ms gathers all clients' requests into one scan)")
+    full.add_argument("--json", default=None, help="--measure-full: also write every figure to this JSON file")
     ap.add_argument("--target-qps", type=float, default=100.0, help="target QPS for the sizing tables")
     ap.add_argument("--ram-per-node-gb", type=float, default=256.0, help="RAM per node for the sizing table")
     ap.add_argument("--csv", default=str(Path(__file__).resolve().parent / "results" / "bench_capacity.csv"))
     ap.add_argument("--markdown", default=None, help="also write the capacity tables to this file")
     args = ap.parse_args(argv)
+    if args.measure_full:
+        return _measure_full(ap, args)
+    args.rows = 200_000 if args.rows is None else args.rows
     if args.rows < 10_000:
         ap.error("--rows must be >= 10000 (smaller indexes sit in cache and say nothing about bandwidth)")
     import torch
@@ -283,6 +314,54 @@ def main(argv: list[str] | None = None) -> int:
     print(md)
     if args.markdown:
         Path(args.markdown).write_text(md)
+    return 0
+
+
+def _measure_full(ap: argparse.ArgumentParser, args) -> int:
+    import json
+
+    from bench import capacity_full as cf
+
+    args.rows = PAPER_ROWS if args.rows is None else args.rows
+    try:
+        args.batches = [int(b) for b in args.batches.split(",")]
+    except ValueError:
+        ap.error(f"--batches must be integers separated by commas, got {args.batches!r}")
+    if min(args.rows, args.dim, args.reps, args.threads, args.recall_queries, args.anchor_rows, args.clients,
+           args.serve_reps, *args.batches) < 1 or args.serve_window <= 0:
+        ap.error("--rows, --dim, --batches, --reps, --threads, --recall-queries, --anchor-rows, --clients, "
+                 "--serve-reps and --serve-window must be positive")
+    if args.dim % 8:
+        ap.error(f"--dim must be a multiple of 8 (the read floor sums the codes as 8-byte words), got {args.dim}")
+    if not args.no_serve and args.dim != DIM:
+        ap.error(f"serving needs --dim {DIM} (the BERT-base-shaped encoder emits {DIM}-d vectors); add --no-serve")
+    if K > args.rows:
+        ap.error(f"--rows must be at least k={K}")
+    t0 = time.perf_counter()
+    res = cf.run_full(args, log=lambda m: print(f"[{time.perf_counter() - t0:7.0f} s] {m}", flush=True))
+    md = cf.report_markdown(res)
+    print(md)
+    if args.markdown:
+        Path(args.markdown).write_text(md)
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    params = f"storage=int8,N={args.rows},d={args.dim},k={K},threads={args.threads}"
+    rows = []
+    if "search" in res:
+        s = res["search"]
+        rows += [row("capacity_full", "read-floor", params, "seconds", "s", s["floor_s"]),
+                 row("capacity_full", "ragfast-int8-mapped", params, "recall@10", "fraction", [s["recall_rescore"]]),
+                 row("capacity_full", "ragfast-int8-alone", params, "recall@10", "fraction", [s["recall_int8_alone"]])]
+        rows += [row("capacity_full", "ragfast-int8-mapped", params + f",B={b}", "seconds", "s", v)
+                 for b, v in s["search_s"].items()]
+    if "serve" in res:
+        v = res["serve"]
+        p2 = params + f",clients={v['clients']}"
+        rows += [row("capacity_full", "ragfast-serve-retriever", p2, "throughput", "queries/s", v["ragfast_qps"]),
+                 row("capacity_full", f"faiss-anchor@{v['anchor_rows']}", p2, "throughput", "queries/s",
+                     v["anchor_qps"]),
+                 row("capacity_full", "faiss-anchor-scaled", p2, "throughput", "queries/s", v["anchor_qps_scaled"])]
+    write_csv(rows, args.csv)
     return 0
 
 

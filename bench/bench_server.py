@@ -174,7 +174,7 @@ def run_faults_mode(args) -> None:
     print(f"all goals met: {'yes' if ok else 'NO'}; csv: {args.csv}")
 
 
-async def _qps_window(url: str, bodies: list[dict], clients: int, seconds: float) -> dict:
+async def qps_window(url: str, bodies: list[dict], clients: int, seconds: float) -> dict:
     """Closed-loop clients posting ``bodies`` for ``seconds``: answered queries per second, errors."""
     import httpx
 
@@ -205,7 +205,7 @@ async def _qps_window(url: str, bodies: list[dict], clients: int, seconds: float
     return {"qps": done / wall, "errors": errors}
 
 
-def _server_time_split(url: str, bodies: list[dict]) -> dict[str, float]:
+def server_time_split(url: str, bodies: list[dict]) -> dict[str, float]:
     """Seconds per query the ragfast server spent in each component (the query encoder, the
     search), from its ``return_cost`` answers, beside its whole time per query (``server``:
     from the request's arrival at the batcher to its answer), one request at a time."""
@@ -267,11 +267,11 @@ def run_vs_faiss_mode(args, counts: list[int]) -> None:
         for c in counts:
             for rep in range(args.reps):
                 for m in (("ragfast", "faiss-anchor") if rep % 2 == 0 else ("faiss-anchor", "ragfast")):
-                    w = asyncio.run(_qps_window(urls[m], bodies, c, win))
+                    w = asyncio.run(qps_window(urls[m], bodies, c, win))
                     res[(m, c)].append(w)
                     print(f"  clients {c} window {rep} {m:12s} {w['qps']:8.1f} queries/s  errors {w['errors']}",
                           flush=True)
-        split = _server_time_split(urls["ragfast"], bodies[:8])
+        split = server_time_split(urls["ragfast"], bodies[:8])
         print("ragfast server time per query, one client (" + ", ".join(
             f"{name} {v * 1e3:.2f} ms ({v / split['server'] * 100:.0f}%)" for name, v in split.items()
             if name != "server") + f", of {split['server'] * 1e3:.2f} ms in the server)", flush=True)

@@ -58,8 +58,6 @@ def _threads(threads: int) -> None:
 
 
 def serve_ragfast(data: str, threads: int, port: int, ready) -> None:
-    import uvicorn
-
     from ragfast.retrieval.server import create_app, load_retriever
 
     _threads(threads)
@@ -68,30 +66,58 @@ def serve_ragfast(data: str, threads: int, port: int, ready) -> None:
     app = create_app(r, default_topk=3)
     ready.send("ready")
     ready.close()
-    uvicorn.run(app, host=LOOPBACK, port=port, log_level="warning", access_log=False)
+    serve_app(app, port)
 
 
 def serve_anchor(data: str, threads: int, port: int, ready) -> None:
-    """The Search-R1-shaped server: sync handler, padded batch encode, faiss IndexFlatIP."""
-    from typing import List, Optional
-
-    import faiss
-    import torch
-    import uvicorn
-    from fastapi import FastAPI
-    from pydantic import BaseModel
-    from transformers import AutoModel, AutoTokenizer
-
+    """The Search-R1-shaped server over ``data``'s corpus and vectors, with the MiniLM encoder."""
     from ragfast.encoders.encoder import minilm_path
 
     _threads(threads)
     rows = [json.loads(line) for line in open(Path(data) / "corpus.jsonl")]
-    vecs = np.load(Path(data) / "vectors.npy")
-    index = faiss.IndexFlatIP(vecs.shape[1])
-    index.add(vecs)
-    path = str(minilm_path())
-    tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path).eval()
+    app = anchor_app(rows, np.load(Path(data) / "vectors.npy"), str(minilm_path()))
+    ready.send("ready")
+    ready.close()
+    serve_app(app, port)
+
+
+def serve_app(app, port: int) -> None:
+    """Run ``app`` with uvicorn on loopback (blocks)."""
+    import uvicorn
+
+    uvicorn.run(app, host=LOOPBACK, port=port, log_level="warning", access_log=False)
+
+
+def anchor_app(rows, vectors, model_path: str):
+    """The Search-R1-shaped app: sync handler, padded batch encode, faiss IndexFlatIP.
+
+    Parameters
+    ----------
+    rows : sequence
+        ``rows[j]`` is corpus row ``j`` as a dict (a list, or any lazy sequence such as a
+        memory-mapped corpus: Search-R1 reads its corpus through a memory-mapped HF dataset).
+    vectors : np.ndarray or iterable of np.ndarray
+        float32 ``[N, d]`` unit rows, or chunks of them in row order (added chunk by chunk, so
+        the index holds the only full copy).
+    model_path : str
+        A Hugging Face encoder directory (mean pooling, L2 norm).
+    """
+    from typing import List, Optional
+
+    import faiss
+    import torch
+    from fastapi import FastAPI
+    from pydantic import BaseModel
+    from transformers import AutoModel, AutoTokenizer
+
+    index = None
+    for chunk in ([vectors] if isinstance(vectors, np.ndarray) else vectors):
+        chunk = np.ascontiguousarray(chunk, dtype=np.float32)
+        if index is None:
+            index = faiss.IndexFlatIP(chunk.shape[1])
+        index.add(chunk)
+    tok = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModel.from_pretrained(model_path).eval()
 
     @torch.no_grad()
     def encode(queries: list[str]) -> np.ndarray:
@@ -131,9 +157,7 @@ def serve_anchor(data: str, threads: int, port: int, ready) -> None:
     retrieve.__annotations__["request"] = QueryRequest  # this module's annotations are strings
     app.post("/retrieve")(retrieve)
     encode(["warm-up query"])
-    ready.send("ready")
-    ready.close()
-    uvicorn.run(app, host=LOOPBACK, port=port, log_level="warning", access_log=False)
+    return app
 
 
 def agree(a: list[list[dict]], b: list[list[dict]], tol: float = 1e-4) -> tuple[int, int, int]:

@@ -192,6 +192,28 @@ def test_corpus_roundtrip_concat_and_errors(tmp_path):
         c.save(tmp_path / "c.csv")
 
 
+def test_arrow_corpus_is_memory_mapped_and_streams(tmp_path):
+    from ragfast.passage_store import write_arrow_corpus
+
+    c = Corpus.from_rows([{"id": 1, "contents": '"T1"\none'}, {"id": "b", "contents": "T2\ntwo"}])
+    back = load_corpus(c.save(tmp_path / "c.arrow"))
+    assert back.ids == c.ids and back.contents([1, 0]) == ["T2\ntwo", '"T1"\none'] and back.titles() == ["T1", "T2"]
+    # streamed in batches: 3 batches of 1000 rows, never all rows as Python objects at once
+    batches = (([f"p{i}" for i in range(s, s + 1000)], [f"text {i}" for i in range(s, s + 1000)])
+               for s in range(0, 3000, 1000))
+    big = load_corpus(write_arrow_corpus(tmp_path / "big.arrow", batches))
+    assert len(big) == 3000 and big.row(2345) == {"id": "p2345", "contents": "text 2345"}
+    assert big.index_of("p1999") == 1999
+    # the contents buffer is the file's mapping, not a copy (Arrow's memory pool holds nothing)
+    import pyarrow as pa
+
+    assert pa.total_allocated_bytes() < 3000 * 8
+    with pytest.raises(DataError, match="not an Arrow IPC"):
+        load_corpus(_write_jsonl(tmp_path / "x.arrow", [{"id": "a", "contents": "b"}]))
+    with pytest.raises(DataError, match="duplicate corpus id 'p0'"):
+        load_corpus(write_arrow_corpus(tmp_path / "dup.arrow", [(["p0", "p0"], ["a", "b"])]))
+
+
 def test_corpus_from_contexts_covers_every_supporting_paragraph():
     qs = load_qa("hotpotqa-dev")
     c = corpus_from_contexts(qs)

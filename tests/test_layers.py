@@ -25,7 +25,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                  "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
                  "ragfast.ray_support")),
     ("components", ("ragfast.data", "ragfast.encoders", "ragfast.retrieval", "ragfast.models", "ragfast.judges",
-                    "ragfast.serving")),
+                    "ragfast.serving", "ragfast.passage_store")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
     ("top", ("ragfast.bench", "ragfast.report", "ragfast.projection", "ragfast.commands",

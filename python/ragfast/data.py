@@ -16,8 +16,10 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from ragfast.errors import ConfigError, DataError
+from ragfast.passage_store import map_arrow_table, write_arrow_corpus
 from ragfast.types import Passage, Question
 
 __all__ = [
@@ -153,8 +155,6 @@ def detect_layout(path: str | Path) -> str:
     p = _resolve(path)
     suffix = p.suffix.lower()
     if suffix == ".parquet":
-        import pyarrow.parquet as pq
-
         try:
             names = set(pq.read_schema(p).names)
         except pa.ArrowException as exc:
@@ -231,7 +231,6 @@ def set_length_caps(question_chars: int | None = None, passage_chars: int | None
 
 
 def _check_passage_lengths(table: pa.Table, where: str) -> pa.Table:
-    import pyarrow.compute as pc
     if max_passage_chars is None or table.num_rows == 0:
         return table
     lengths = pc.utf8_length(table.column("contents"))
@@ -365,8 +364,6 @@ def _prompt_question(prompt: Any) -> str:
 
 
 def _searchr1(p: Path) -> list[Question]:
-    import pyarrow.parquet as pq
-
     table = pq.read_table(p)
     out = []
     for i, rec in enumerate(table.to_pylist()):
@@ -431,8 +428,6 @@ def load_qa(path: str | Path, limit: int | None = None) -> list[Question]:
             recs = data if isinstance(data, list) else data["data"]
             qs = [_convert(conv, r, f"{p}: record {i}") for i, r in enumerate(recs)]
         elif p.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
-
             qs = [_convert(conv, r, f"{p}: row {i}") for i, r in enumerate(pq.read_table(p).to_pylist())]
         else:
             qs = []
@@ -642,21 +637,21 @@ class Corpus:
         p = Path(path)
         p.parent.mkdir(parents=True, exist_ok=True)
         if p.suffix.lower() == ".parquet":
-            import pyarrow.parquet as pq
-
             pq.write_table(self._table, p)
+        elif p.suffix.lower() == ".arrow":  # memory-mapped by load_corpus
+            write_arrow_corpus(p, self._table.to_batches(max_chunksize=1 << 20))
         elif p.suffix.lower() in (".jsonl", ".ndjson"):
             with open(p, "w", encoding="utf-8") as f:
                 for batch in self._table.to_batches(max_chunksize=65536):
                     for i, c in zip(batch.column(0).to_pylist(), batch.column(1).to_pylist()):
                         f.write(json.dumps({"id": i, "contents": c}, ensure_ascii=False) + "\n")
         else:
-            raise DataError(f"Corpus.save: unknown file type {p.suffix!r}; use .jsonl or .parquet")
+            raise DataError(f"Corpus.save: unknown file type {p.suffix!r}; use .jsonl, .parquet or .arrow")
         return p
 
 
 def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
-    """Read a wiki-18-style corpus (``{"id", "contents"}`` jsonl, or parquet) into a :class:`Corpus`.
+    """Read a wiki-18-style corpus (``{"id", "contents"}`` jsonl, parquet or Arrow IPC) into a :class:`Corpus`.
 
     Rows are parsed by Arrow's multithreaded JSON reader in blocks of ``block_size`` bytes
     straight into Arrow buffers; no per-row Python object is created. A file Arrow cannot
@@ -665,7 +660,7 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
     Parameters
     ----------
     path : str or Path
-        A ``.jsonl`` or ``.parquet`` file, or a sample name (``"wiki-sample"``).
+        A ``.jsonl``, ``.parquet`` or ``.arrow`` (memory-mapped) file, or a sample name.
     block_size : int
         Bytes per JSON parsing block (must exceed the longest line).
 
@@ -675,9 +670,9 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         Missing file, missing fields, a line that does not parse, duplicate ids.
     """
     p = _resolve(path)
+    if p.suffix.lower() == ".arrow":  # zero-copy memory map (ragfast.passage_store)
+        return Corpus(_check_passage_lengths(map_arrow_table(p), str(p)), str(p))
     if p.suffix.lower() == ".parquet":
-        import pyarrow.parquet as pq
-
         try:
             return Corpus(_check_passage_lengths(pq.read_table(p, columns=["id", "contents"]), str(p)), str(p))
         except (pa.ArrowInvalid, KeyError) as exc:

@@ -52,6 +52,10 @@ class DenseIndex:
     backend : {"flat", "faiss"}
     vectors : np.ndarray, optional
         float32 ``[N, d]`` (flat backend; may be a memory map).
+    stored : QuantizedCorpus, optional
+        Flat backend without fp32 vectors: search this quantised corpus as it is (what
+        :meth:`load` gives for a directory saved with ``save(..., codes=True)``; ``vectors`` is
+        then None).
     faiss_index : faiss.Index, optional
         (faiss backend).
     storage : {"fp32", "fp16", "bf16", "int8"}
@@ -62,7 +66,7 @@ class DenseIndex:
 
     def __init__(self, backend: str, *, vectors: np.ndarray | None = None, faiss_index: Any = None,
                  storage: str = "fp32", kernel_backend: str | None = None, factory: str | None = None,
-                 search_params: dict[str, Any] | None = None, gpus: bool | str = "auto"):
+                 search_params: dict[str, Any] | None = None, gpus: bool | str = "auto", stored: Any = None):
         if backend not in ("flat", "faiss"):
             raise ConfigError(f"unknown index backend {backend!r}; expected 'flat' or 'faiss'")
         self.backend = backend
@@ -72,6 +76,14 @@ class DenseIndex:
         if backend == "flat":
             if storage not in STORAGE_BYTES:
                 raise ConfigError(f"unknown storage {storage!r}; expected one of {', '.join(STORAGE_BYTES)}")
+            if stored is not None:
+                # an already quantised corpus (a mapped saved index): searched as it is; there
+                # are no fp32 vectors behind it
+                self.storage, self.vectors = stored.dtype, None
+                self.ntotal, self.dim = stored.shape
+                self.factory = "flat"
+                self._stored = stored
+                return
             if vectors is None:
                 raise ValueError("the flat backend needs vectors")
             self.storage = storage
@@ -196,6 +208,11 @@ class DenseIndex:
     def __len__(self) -> int:
         return self.ntotal
 
+    @property
+    def stored(self) -> Any:
+        """What the flat kernel scans: the fp32 tensor or a ``QuantizedCorpus`` (None for faiss)."""
+        return getattr(self, "_stored", None)
+
     def bytes_per_search(self) -> int:
         """Bytes one query's search reads from the stored vectors (flat: the whole corpus; IVF: its lists)."""
         if self.backend == "flat":
@@ -307,12 +324,22 @@ class DenseIndex:
         return torch.from_numpy(np.ascontiguousarray(D)), torch.from_numpy(np.ascontiguousarray(I))
 
     # -- persistence -------------------------------------------------------------------------
-    def save(self, path: str | os.PathLike) -> Path:
+    def save(self, path: str | os.PathLike, *, codes: bool = False) -> Path:
         """Write the index.
 
-        flat: a directory with ``vectors.npy`` (fp32, memory-mappable) and ``meta.json``.
+        flat: a directory with ``vectors.npy`` (fp32, memory-mappable) and ``meta.json``; with
+        ``codes=True`` (or when there are no fp32 vectors) the quantised storage itself
+        (:mod:`ragfast.retrieval.quantized_store`: codes, scales, row sums, re-score copy), which
+        :meth:`load` maps without quantising or copying anything.
         faiss: a directory with ``index.faiss`` and ``meta.json`` (the CPU copy is written).
         """
+        if self.backend == "flat" and self.storage != "fp32" and (codes or self.vectors is None):
+            from ragfast.retrieval.quantized_store import save_quantized
+
+            return save_quantized(self._stored, path)
+        if codes:
+            raise ConfigError(f"save(codes=True) needs a quantised flat index; this one is {self.backend} "
+                              f"{self.storage}")
         faiss = load_faiss()
 
         out = Path(path)
@@ -340,8 +367,8 @@ class DenseIndex:
             A directory written by :meth:`save`, a faiss file such as Search-R1's
             ``e5_Flat.index``, or a ``.npy`` matrix (indexed flat).
         mmap : bool
-            Memory-map the vectors (flat) or the codes (faiss ``IO_FLAG_MMAP``) instead of
-            reading them into private memory.
+            Memory-map the vectors (flat), the saved quantised storage, or the codes (faiss
+            ``IO_FLAG_MMAP``) instead of reading them into private memory.
         storage : str, optional
             Override the saved flat storage dtype (fp32 / fp16 / bf16 / int8).
         """
@@ -350,6 +377,14 @@ class DenseIndex:
             raise DataError(f"no index at {p}")
         if p.is_dir():
             meta = read_index_meta(p, _FORMAT, "index directory")
+            if meta.get("layout") == "quantized":
+                from ragfast.retrieval.quantized_store import open_quantized
+
+                if storage not in (None, meta["storage"]):
+                    raise ConfigError(f"{p} holds {meta['storage']} codes; it cannot be loaded as {storage} "
+                                      "(re-quantising needs the fp32 vectors)")
+                stored, _ = open_quantized(p, mmap)
+                return cls("flat", stored=stored, kernel_backend=kernel_backend)
             if meta["backend"] == "flat":
                 vec = load_npy(p / "vectors.npy", mmap)
                 return cls("flat", vectors=vec, storage=storage or meta["storage"], kernel_backend=kernel_backend)
@@ -511,6 +546,8 @@ class ShardedIndex:
             if embeddings.backend != "flat":
                 raise ConfigError("only flat indexes can be split; faiss shards over GPUs itself")
             storage = embeddings.storage if storage == "fp32" else storage
+            if embeddings.vectors is None:
+                raise ConfigError("a saved quantised index has no fp32 vectors to split; save it in shards")
             embeddings = embeddings.vectors
         emb = as_matrix(embeddings)
         n = emb.shape[0]
