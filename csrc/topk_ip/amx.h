@@ -10,9 +10,9 @@
 //  * A is the corpus read in place, row-major (tileloadd takes the row stride), so the corpus
 //    is never packed: bf16 storage 32 depth elements per tile row, int8 64, and fp32 or fp16
 //    rows converted to bf16 16 rows at a time (the bf16 first pass of their exact search);
-//  * B is the queries in VNNI layout ([depth pair or quad][Bp queries], 32-bit words), made
-//    once per call by the dispatcher (Problem::qt): for 16 queries, a 64-byte slice of 16
-//    depth rows;
+//  * B is the queries in VNNI layout (32-bit words of a depth pair or quad), made once per call
+//    by the dispatcher (Problem::qt) and packed per tile: the tile of query block j and depth
+//    chunk c is the 1 KB at qt + (j * nchunks + c) * 256 words, rows 64 bytes apart;
 //  * int8 multiplies signed codes by signed codes (tdpbssd: exact int32, no +128 offset and
 //    row-sum correction), scaled as pk_i8 does;
 //  * the running top-k is fed from each 16 x 16 result: one vector compare per corpus row
@@ -160,18 +160,19 @@ inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t c
       if constexpr (NQ > 1) _tile_loadd(3, o + 3072, 64);
     }
   }
-  const int64_t qstride = p.Bp * 4;
-  const char* qb = reinterpret_cast<const char*>(p.qt + b0);
+  const int64_t nchunks = amx_rowbytes(p) / 64;
+  const char* qb = reinterpret_cast<const char*>(p.qt + (b0 / 16) * nchunks * 256);
+  const int64_t qnext = nchunks * 1024;  // the next query block's tile of the same chunk
   for (int64_t c = c0; c < c1; ++c) {
     int64_t s0, s1 = 0;
     const char* a0 = amx_a(src[0], c, s0);
     const char* a1 = NG > 1 ? amx_a(src[1], c, s1) : nullptr;
-    const char* bq = qb + c * 16 * qstride;
+    const char* bq = qb + c * 1024;
     if (pf)  // the next group's chunk c, one line per row
       for (int r = 0; r < pf_rows; ++r) _mm_prefetch(pf + r * p.rs * p.esize + c * 64, _MM_HINT_T0);
     _tile_loadd(4, a0, s0);
-    _tile_loadd(6, bq, qstride);
-    if constexpr (NQ > 1) _tile_loadd(7, bq + 64, qstride);
+    _tile_loadd(6, bq, 64);
+    if constexpr (NQ > 1) _tile_loadd(7, bq + qnext, 64);
     if constexpr (NG > 1) _tile_loadd(5, a1, s1);
     if constexpr (I8) {
       _tile_dpbssd(0, 4, 6);
