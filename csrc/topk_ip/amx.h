@@ -10,9 +10,9 @@
 //  * A is the corpus read in place, row-major (tileloadd takes the row stride), so the corpus
 //    is never packed: bf16 storage 32 depth elements per tile row, int8 64, and fp32 or fp16
 //    rows converted to bf16 16 rows at a time (the bf16 first pass of their exact search);
-//  * B is the queries in VNNI layout ([depth pair or quad][Bp queries], 32-bit words), made
-//    once per call by the dispatcher (Problem::qt): for 16 queries, a 64-byte slice of 16
-//    depth rows;
+//  * B is the queries in VNNI layout (32-bit words of a depth pair or quad), made once per call
+//    by the dispatcher (Problem::qt) and packed per tile: the tile of query block j and depth
+//    chunk c is the 1 KB at qt + (j * nchunks + c) * 256 words, rows 64 bytes apart;
 //  * int8 multiplies signed codes by signed codes (tdpbssd: exact int32, no +128 offset and
 //    row-sum correction), scaled as pk_i8 does;
 //  * the running top-k is fed from each 16 x 16 result: one vector compare per corpus row
@@ -139,8 +139,8 @@ inline const char* amx_a(const AmxSrc& s, int64_t c, int64_t& stride) {
 
 // NG row groups x NQ query blocks from query b0; C results into out[g * 2 + q][16][16].
 // Depth chunks [c0, c1) of NG row groups x NQ query blocks from query b0, accumulated onto
-// `out` ([g * 2 + q][16][16]) unless `fresh`. pf: the next 32 rows to prefetch (the first
-// query block of a group only), else nullptr.
+// `out` ([g * 2 + q][16][16]) unless `fresh`. pf: the first of `pf_rows` rows of the next
+// group pair to prefetch, else nullptr.
 template <int NG, int NQ, bool I8>
 inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t c0, int64_t c1, bool fresh, void* out,
                       const char* pf, int pf_rows) {
@@ -160,18 +160,19 @@ inline void amx_block(const Problem& p, const AmxSrc* src, int64_t b0, int64_t c
       if constexpr (NQ > 1) _tile_loadd(3, o + 3072, 64);
     }
   }
-  const int64_t qstride = p.Bp * 4;
-  const char* qb = reinterpret_cast<const char*>(p.qt + b0);
+  const int64_t nchunks = amx_rowbytes(p) / 64;
+  const char* qb = reinterpret_cast<const char*>(p.qt + (b0 / 16) * nchunks * 256);
+  const int64_t qnext = nchunks * 1024;  // the next query block's tile of the same chunk
   for (int64_t c = c0; c < c1; ++c) {
     int64_t s0, s1 = 0;
     const char* a0 = amx_a(src[0], c, s0);
     const char* a1 = NG > 1 ? amx_a(src[1], c, s1) : nullptr;
-    const char* bq = qb + c * 16 * qstride;
-    if (pf)  // the next group's chunk c, one line per row
-      for (int r = 0; r < pf_rows; ++r) _mm_prefetch(pf + r * p.rs * p.esize + c * 64, _MM_HINT_T0);
+    const char* bq = qb + c * 1024;
+    if (pf)  // the next group's chunk c, one line per row, into L2 (see scan_amx)
+      for (int r = 0; r < pf_rows; ++r) _mm_prefetch(pf + r * p.rs * p.esize + c * 64, _MM_HINT_T2);
     _tile_loadd(4, a0, s0);
-    _tile_loadd(6, bq, qstride);
-    if constexpr (NQ > 1) _tile_loadd(7, bq + 64, qstride);
+    _tile_loadd(6, bq, 64);
+    if constexpr (NQ > 1) _tile_loadd(7, bq + qnext, 64);
     if constexpr (NG > 1) _tile_loadd(5, a1, s1);
     if constexpr (I8) {
       _tile_dpbssd(0, 4, 6);
@@ -255,17 +256,32 @@ void scan_amx(const Problem& p, int64_t r0, int64_t r1, TopK* tk, float* scratch
     src[0] = amx_group(p, t0, rows0, buf[0], tail[0], sumsq);
     const int ng = rows1 > 0 ? 2 : 1;
     if (ng == 2) src[1] = amx_group(p, t0 + 16, rows1, buf[1], tail[1], sumsq);
-    // Prefetch the next 32 rows while the first query block works on these: the tile loads read
-    // 16 rows side by side, which the hardware prefetchers follow poorly. fp32 and fp16 groups
-    // are converted row by row (sequential reads), so they need none.
-    const int pf_rows = int(imin(32, imax(0, r1 - t0 - 32)));
-    const char* pf = pf_rows > 0 && !amx_converted(p.kind) ? row_of(p, t0 + 32) : nullptr;
+    // Prefetch the next 32 rows while these are scored: the tile loads read 16 rows side by
+    // side, which the hardware prefetchers follow poorly. fp32 and fp16 groups are converted row
+    // by row (sequential reads), so they need none. The prefetches go to L2 and, from B = 33,
+    // half of them ride on each of the first two query pairs: 32 L1 prefetches in a row filled
+    // the line-fill buffers and stalled the tile loads behind them (36% of the cycles in
+    // `perf`). Against 32 L1 prefetches in the first query pair, 2 x 16 into L2 took bf16
+    // 31-38 against 38-46 ms at B = 64 and int8 18-23 against 19-25 ms (200,000 x 768, k = 10,
+    // 2 threads, in-process round-robin, Intel Xeon with AMX, load 3).
+    const int pf_all = int(imin(32, imax(0, r1 - t0 - 32)));
+    const char* pf = pf_all > 0 && !amx_converted(p.kind) ? row_of(p, t0 + 32) : nullptr;
+    const bool pf_split = p.B > 32;
+    const int pf_half = pf_all / 2;
     for (int64_t c0 = 0; c0 < nchunks; c0 += kAmxDepthBlock) {
       const int64_t c1 = imin(nchunks, c0 + kAmxDepthBlock);
       const bool fresh = c0 == 0, last = c1 == nchunks;
       for (int64_t b0 = 0; b0 < p.B; b0 += 32) {
         const int nq = p.B - b0 > 16 ? 2 : 1;
-        const char* f = b0 == 0 ? pf : nullptr;
+        const char* f = nullptr;
+        int pf_rows = 0;
+        if (pf && b0 == 0) {
+          f = pf;
+          pf_rows = pf_split ? pf_half : pf_all;
+        } else if (pf && pf_split && b0 == 32) {
+          f = pf + int64_t(pf_half) * p.rs * p.esize;
+          pf_rows = pf_all - pf_half;
+        }
         char* Cb = C + (b0 / 32) * 4096;
         if (ng == 2 && nq == 2) i8 ? amx_block<2, 2, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<2, 2, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
         else if (ng == 2) i8 ? amx_block<2, 1, true>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows) : amx_block<2, 1, false>(p, src, b0, c0, c1, fresh, Cb, f, pf_rows);
