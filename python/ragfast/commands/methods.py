@@ -21,9 +21,8 @@ import typer
 __all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
            "one_method_settings", "BENCH_HELP", "GENERATED"]
 
-#: The methods whose ``ragfast run`` command is generated here even though a hand-written one
-#: is on ``run_app`` (the rest still are: ``run stepgap``, ``run reloop``, which write their own
-#: layout).
+#: The built-in methods whose ``ragfast run`` command is generated here (``run stepgap`` and
+#: ``run reloop`` are still hand-written and write their own layout).
 GENERATED: tuple[str, ...] = ("searchr1", "s2g")
 
 #: Settings a one-method run does not take as flags (the method is the command; per-slot devices
