@@ -36,6 +36,9 @@ __all__ = ["RunOutcome", "run_methods", "check_resumable", "build_slots", "run_f
 TRAJECTORIES = "trajectories"
 LEDGERS = "ledgers"
 
+#: The settings that name a slot's component (the fingerprint compares them as slots).
+SLOT_SPECS = ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")
+
 #: How a run executes (Ray or not, where it writes, which backend) is not part of what it computes.
 NOT_IN_CONFIG = ("ray", "ray_workers", "out", "encoder_backend", "nli_backend", "threads")
 
@@ -125,7 +128,7 @@ def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, A
     data = {"test": data_identity(cfg.data)}
     if cfg.threshold is None:  # the validation split decides the S2G threshold (whichever methods run now)
         data["val"] = data_identity(cfg.val_data)
-    specs = {k: run_cfg[k] for k in ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")}
+    specs = {k: run_cfg[k] for k in SLOT_SPECS}
     # limit/offset are in the question ids; data files in their hashes; methods may be added on resume.
     config = {k: v for k, v in run_cfg.items()
               if k not in specs and k not in ("data", "val_data", "methods", "limit", "offset")}
@@ -238,10 +241,12 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         setup.update(total=1, completed=1)
         setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus)} passages")
         slot_info = slot_entries(cfg, slots)
-        # --limit is beside the config, not in it: a resume may add questions (the fingerprint's
-        # question ids say which); every other setting must be the same.
-        man_cfg = {k: v for k, v in run_cfg.items() if k != "limit"}
-        extra = {"data": cfg.data, "limit": cfg.limit, "n_questions": len(slots.questions),
+        # --limit and the slot specs are beside the config, not in it: a resume may add questions,
+        # and a URL may be spelt another way (localhost, 127.0.0.1); the fingerprint, checked
+        # above, says which questions and which slots are the same. Every other setting must be.
+        beside = ("limit", *SLOT_SPECS)
+        man_cfg = {k: v for k, v in run_cfg.items() if k not in beside}
+        extra = {"data": cfg.data, **{k: run_cfg[k] for k in beside}, "n_questions": len(slots.questions),
                  "corpus_size": len(slots.corpus), "fingerprint": fp}
         write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         for k, v in slot_info.items():
