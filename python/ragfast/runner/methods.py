@@ -30,8 +30,8 @@ from ragfast.runner.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunOutcome", "run_methods", "check_resumable", "build_slots", "run_fingerprint", "run_config", "slot_entries",
-           "reasoner_kwargs", "in_question_order", "TRAJECTORIES", "LEDGERS"]
+__all__ = ["RunOutcome", "run_methods", "check_resumable", "build_slots", "run_fingerprint", "run_config",
+           "slot_entries", "reasoner_kwargs", "in_question_order", "TRAJECTORIES", "LEDGERS", "SLOT_SPECS"]
 
 TRAJECTORIES = "trajectories"
 LEDGERS = "ledgers"
