@@ -21,6 +21,8 @@ from ragfast.errors import ConfigError, DataError
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 # Wall time differs between any two runs; everything else in a cost must not.
 TIMING = {"seconds", "device_seconds"}
+# Where `ragfast run searchr1` writes (the bench's layout).
+TRAJ, LEDGER = Path("trajectories") / "searchr1.jsonl", Path("ledgers") / "searchr1.jsonl"
 
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
@@ -30,7 +32,7 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
 
 def run_args(out: Path, *extra: str, limit: int = 10) -> list[str]:
     return ["run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--data", "hotpotqa-dev",
-            "--limit", str(limit), "--batch-size", "1", "--no-progress", "--out", str(out), *extra]
+            "--offset", "0", "--limit", str(limit), "--batch-size", "1", "--no-progress", "--out", str(out), *extra]
 
 
 def one_error_line(r: subprocess.CompletedProcess) -> str:
@@ -100,7 +102,7 @@ def test_two_concurrent_runs_never_mix(tmp_path):
     res = [p.communicate(timeout=300) for p in procs]
     codes = sorted(p.returncode for p in procs)
     assert codes == [0, 2], res
-    lines = (out / "results.jsonl").read_text().splitlines()
+    lines = (out / TRAJ).read_text().splitlines()
     assert len(lines) == 10 and len({json.loads(x)["id"] for x in lines}) == 10
 
 
@@ -124,7 +126,7 @@ def _kill_after(args: list[str], path: Path, lines: int) -> int:
     return path.read_bytes().count(b"\n")
 
 
-def _ledger_by_question(out: Path, name: str = "ledger-searchr1.jsonl") -> dict[str, dict]:
+def _ledger_by_question(out: Path, name: str | Path = LEDGER) -> dict[str, dict]:
     from ragfast.cost import CostLedger
     from ragfast.runner.drive import load_ledger
 
@@ -148,20 +150,25 @@ def clean_run(tmp_path_factory):
                                      pytest.param(36, marks=pytest.mark.slow)])
 def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean_run, tmp_path, kill_at):
     out = tmp_path / "killed"
-    done = _kill_after(run_args(out, limit=40), out / "results.jsonl", kill_at)
+    done = _kill_after(run_args(out, limit=40), out / TRAJ, kill_at)
     assert kill_at <= done < 40
     # the ledger was written as questions finished: every finished question has its records
-    ids = {json.loads(x)["id"] for x in (out / "results.jsonl").read_text().splitlines() if x.endswith("}")}
+    ids = {json.loads(x)["id"] for x in (out / TRAJ).read_text().splitlines() if x.endswith("}")}
     assert ids <= set(_ledger_by_question(out))
     r = cli(*run_args(out, "--resume", limit=40))
     assert r.returncode == 0, r.stderr[-2000:]
-    clean = json.loads((clean_run / "summary.json").read_text())
-    resumed = json.loads((out / "summary.json").read_text())
-    # a clean run's ledger file holds every record it made: the file's totals are the process's
-    for comp, row in clean["this_run_cost"].items():
-        assert {k: v for k, v in row.items() if k != "batches"} == pytest.approx(clean["cost"][comp]), comp
+    from ragfast.runner.drive import load_ledger
+
+    clean_s = json.loads((clean_run / "summary.json").read_text())
+    resumed_s = json.loads((out / "summary.json").read_text())
+    clean, resumed = clean_s["methods"]["searchr1"], resumed_s["methods"]["searchr1"]
+    # a clean run's ledger file holds every record it made: the file's totals are the summary's
+    for comp, row in load_ledger(clean_run / LEDGER, None).totals().items():
+        want = clean["cost"][comp]
+        assert {k: row[k] for k in ("calls", "flops")} == pytest.approx({k: want[k] for k in ("calls", "flops")}), comp
     # the summary's cost covers every question, as its EM does (issue 24 #7) ...
-    assert resumed["questions"] == clean["questions"] == 40 and resumed["this_run_questions"] < 40
+    assert resumed["n_questions"] == clean["n_questions"] == 40
+    assert resumed_s["run"]["this_run_questions"]["searchr1"] < 40
     for comp in clean["cost"]:
         assert no_timing(resumed["cost"][comp]) == no_timing(clean["cost"][comp]), comp
     assert resumed["em"] == clean["em"]
@@ -207,7 +214,7 @@ def test_corrupt_ledger_line_is_refused_not_dropped(clean_run, tmp_path):
 
     out = tmp_path / "corrupt"
     shutil.copytree(clean_run, out)
-    led = out / "ledger-searchr1.jsonl"
+    led = out / LEDGER
     lines = led.read_text().splitlines(keepends=True)
     lines[len(lines) // 2] = '{"component": "search", "question_id": "x", "calls": 1, "byt\n'
     led.write_text("".join(lines))
@@ -237,7 +244,7 @@ def test_resume_without_manifest_but_with_results_is_refused(clean_run, tmp_path
     (out / "manifest.json").unlink()
     before = files_under(out)
     err = one_error_line(cli(*run_args(out, "--resume", "--topk", "5", limit=40)))
-    assert "manifest.json is missing" in err and "results.jsonl" in err
+    assert "manifest.json is missing" in err and "searchr1.jsonl" in err
     assert files_under(out) == before
 
 
@@ -377,11 +384,11 @@ def test_bad_timeout_flag_is_one_line(value, tmp_path):
 def test_hung_retriever_ends_the_run_with_one_line_naming_the_url(hung_server, tmp_path):
     out = tmp_path / "run"
     r = cli("--call-timeout", "2", "--total-timeout", "6", "run", "searchr1", "--model", "scripted", "--retriever",
-            hung_server, "--data", "hotpotqa-dev", "--limit", "3", "--no-progress", "--out", str(out), timeout=120)
+            hung_server, "--data", "hotpotqa-dev", "--offset", "0", "--limit", "3", "--no-progress", "--out", str(out), timeout=120)
     assert r.returncode == 2, r.stderr[-2000:]
     err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and hung_server in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert not out.exists() or not files_under(out).get("results.jsonl")
+    assert not out.exists() or not files_under(out).get(str(TRAJ))
 
 
 # -- validation at the edge: one line, exit 2, no new files -------------------------------------
@@ -413,7 +420,8 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
                        ("dup", "topk: 3\nseed: 1\ntopk: 5\n"), ("nan", "threshold: .nan\n")):
         cfg[name] = tmp / f"{name}.yaml"
         cfg[name].write_text(text, encoding="utf-8")
-    run = ["run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--no-progress", "--limit", "2"]
+    run = ["run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--no-progress", "--offset", "0", "--limit",
+           "2"]
     bench = ["bench", "--limit", "2", "--val-limit", "2"]
     return {
         "xff in --data": (run + ["--data", str(ff)], "ff.jsonl:2: not UTF-8 text (byte 0xff"),
@@ -425,7 +433,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "passage too long": (["index", "build", "--encoder", "bm25", "--corpus", str(long_p)],
                              "passage 1 (id '1') has 200000 characters, over the limit of 100000"),
         "YAML budget: '4'": (bench + ["--config", str(cfg["budget_str"])], "--budget must be an integer, got str '4'"),
-        "YAML budget: '4' (run)": (run + ["--config", str(cfg["budget_str"])], "max_turns must be an integer"),
+        "YAML budget: '4' (run)": (run + ["--config", str(cfg["budget_str"])], "--budget must be an integer, got str '4'"),
         "YAML syntax": (run + ["--config", str(cfg["syntax"])], "syntax.yaml:2:5: not valid YAML"),
         "YAML duplicate key": (run + ["--config", str(cfg["dup"])], "duplicate key 'topk' (first on line 1)"),
         "YAML threshold NaN": (bench + ["--config", str(cfg["nan"])], "--threshold must be a number (not NaN)"),
@@ -572,7 +580,8 @@ def test_full_disk_is_one_line_and_resume_completes_the_run(clean_run, tmp_path,
     assert r.returncode == 0 and "cut a partial last line" in r.stderr, r.stderr[-2000:]
     clean = json.loads((clean_run / "summary.json").read_text())
     got = json.loads((out / "summary.json").read_text())
-    assert got["questions"] == 40 and got["em"] == clean["em"]
+    got, clean = got["methods"]["searchr1"], clean["methods"]["searchr1"]
+    assert got["n_questions"] == 40 and got["em"] == clean["em"]
     assert no_timing(got["cost"]["total"]) == no_timing(clean["cost"]["total"])
     assert _ledger_by_question(out) == _ledger_by_question(clean_run)
 

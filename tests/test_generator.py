@@ -272,23 +272,24 @@ def test_openai_generator_errors(fake_server):
 def test_run_command_with_the_tiny_model(tmp_path):
     import json
 
-    from ragfast.commands.run import run_searchr1_command
+    from ragfast.commands.methods import run_one
 
-    s = run_searchr1_command(model="tiny", retriever="bm25", data="hotpotqa-dev", limit=3, max_turns=1,
-                             max_new_tokens=6, out=str(tmp_path), progress=False)
-    assert s["questions"] == 3 and s["answers_meaningful"] is False
+    s = run_one("searchr1", reasoner="tiny", index="bm25", data="hotpotqa-dev", offset=0, limit=3, budget=1,
+                max_new_tokens=6, out=str(tmp_path), progress=False)
+    assert s["methods"]["searchr1"]["n_questions"] == 3
+    assert not all(s["slots"][k]["meaningful"] for k in ("reasoner", "retriever"))
     m = json.loads((tmp_path / "manifest.json").read_text())
     assert m["slots"]["reasoner"]["class"] == "HFGenerator" and m["slots"]["reasoner"]["meaningful"] is False
-    assert m["config"]["max_turns"] == 1 and m["config"]["max_new_tokens"] == 6
-    recs = [json.loads(x) for x in (tmp_path / "results.jsonl").read_text().splitlines()]
+    assert m["config"]["budget"] == 1 and m["config"]["max_new_tokens"] == 6
+    recs = [json.loads(x) for x in (tmp_path / "trajectories" / "searchr1.jsonl").read_text().splitlines()]
     for r in recs:
         assert {"id", "question", "golden_answers", "answer", "em", "f1", "searches", "stop_reason", "turns",
                 "cost"} <= set(r)
         assert len(r["turns"]) == 2 and r["cost"]["reasoner"]["flops"] > 0
-    with pytest.raises(ConfigError, match="not 'scripted', 'tiny'"):
-        run_searchr1_command(model=str(tmp_path / "nope"), retriever="bm25", data="hotpotqa-dev", limit=1,
-                             out=str(tmp_path / "o2"), progress=False)
+    with pytest.raises(ConfigError, match=r"missing files .*\n  reasoner: .*nope"):  # named before anything loads
+        run_one("searchr1", reasoner=str(tmp_path / "nope"), index="bm25", data="hotpotqa-dev", offset=0, limit=1,
+                out=str(tmp_path / "o2"), progress=False)
     # A URL without a served name is fine (the server's only model is used), but it must answer.
     with pytest.raises(ConfigError, match="cannot reach the reasoner server"):
-        run_searchr1_command(model="http://127.0.0.1:9", retriever="bm25", data="hotpotqa-dev", limit=1,
-                             out=str(tmp_path / "o3"), progress=False)
+        run_one("searchr1", reasoner="http://127.0.0.1:9", index="bm25", data="hotpotqa-dev", offset=0, limit=1,
+                out=str(tmp_path / "o3"), progress=False)

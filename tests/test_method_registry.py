@@ -102,6 +102,36 @@ def test_run_s2g_resume_finishes_what_a_crash_left(s2g_both, tmp_path):
     assert res.exit_code != 0 and "topk" in str(res.exception) + res.output
 
 
+def same_run(run: Path, bench: Path, method: str) -> None:
+    """``run`` (``ragfast run METHOD``) and ``bench`` (``ragfast bench --method METHOD``) hold the same results."""
+    for name in (f"trajectories/{method}.jsonl", f"ledgers/{method}.jsonl"):
+        assert (run / name).exists() and (bench / name).exists(), name
+    traj = lines(run / "trajectories" / f"{method}.jsonl")
+    assert traj and traj == lines(bench / "trajectories" / f"{method}.jsonl")
+    assert lines(run / "ledgers" / f"{method}.jsonl") == lines(bench / "ledgers" / f"{method}.jsonl")
+    assert summary(run) == summary(bench) and set(summary(run)["methods"]) == {method}
+    mr, mb = (json.loads((p / "manifest.json").read_text()) for p in (run, bench))
+    assert mr["fingerprint"] == mb["fingerprint"] and mr["config"] == mb["config"]
+
+
+#: Settings the hand-written ``run searchr1`` took and the bench dropped: both must pass them on.
+LOOP = ["--max-new-tokens", "300", "--max-obs-tokens", "200", "--prompt-budget", "2048", "--refill"]
+
+
+def test_run_searchr1_and_bench_method_searchr1_write_the_same_results(tmp_path):
+    # the old spellings (--model, --retriever, --max-turns) and the new ones name the same settings
+    invoke("run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--max-turns", "3", "--limit", "4",
+           *LOOP, "--no-progress", "--out", str(tmp_path / "run"))
+    invoke("bench", "--method", "searchr1", "--reasoner", "scripted", "--index", "bm25", "--budget", "3",
+           "--limit", "4", *LOOP, "--out", str(tmp_path / "bench"))
+    same_run(tmp_path / "run", tmp_path / "bench", "searchr1")
+    cfg = json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]
+    assert (cfg["max_new_tokens"], cfg["max_obs_tokens"], cfg["prompt_budget"], cfg["refill"], cfg["budget"],
+            cfg["offset"]) == (300, 200, 2048, True, 3, 100)  # the bench's offset: 0-99 are S2G's validation
+    traj = lines(tmp_path / "run" / "trajectories" / "searchr1.jsonl")
+    assert len(traj) == 4 and all(t["searches"] <= 3 for t in traj)
+
+
 # -- a fifth method: one class and its registration ------------------------------------------------
 from ragfast.methods.base import Method, register  # noqa: E402
 from ragfast.methods.searchr1.loop import SearchR1Loop  # noqa: E402

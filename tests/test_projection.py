@@ -55,11 +55,11 @@ def test_report_cost_command_on_a_real_run(tmp_path):
     from typer.testing import CliRunner
 
     from ragfast.cli import app
-    from ragfast.commands.run import run_searchr1_command
+    from ragfast.commands.methods import run_one
 
     out = tmp_path / "run"
-    run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=4, out=str(out),
-                         progress=False)
+    run_one("searchr1", reasoner="scripted", index="bm25", data="hotpotqa-dev", offset=0, limit=4, out=str(out),
+            progress=False)
     res = CliRunner().invoke(app, ["report", "cost", str(out), "--reasoner-config", "qwen2.5-7b",
                                    "--device-profile", "a100"])
     assert res.exit_code == 0, res.output

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,11 +95,15 @@ def test_strip_timing():
                                  "turns": [{"extra": {"cost": {"search": {"calls": 1}}}}]}
 
 
+TRAJ = Path("trajectories") / "searchr1.jsonl"
+
+
 def _cli(out, *extra):
     # The scripted oracle with BM25 keeps torch out of the subprocesses (start-up dominates on a
     # loaded machine); one question per batch makes the run long enough to kill mid-way.
     return [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
-            "--data", "hotpotqa-dev", "--limit", "80", "--batch-size", "1", "--no-progress", "--out", str(out),
+            "--data", "hotpotqa-dev", "--offset", "0", "--limit", "80", "--batch-size", "1", "--no-progress", "--out",
+            str(out),
             *extra]
 
 
@@ -122,7 +127,7 @@ runpy.run_module("ragfast.cli", run_name="__main__")
 
 
 def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
-    from ragfast.commands.run import run_searchr1_command
+    from ragfast.commands.methods import run_one
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     killed = tmp_path / "killed"
@@ -131,7 +136,7 @@ def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
     err = tmp_path / "stderr.txt"
     with open(err, "wb") as errf:  # a file, not a pipe: a full pipe would block the child
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errf, env=env)
-    res = killed / "results.jsonl"
+    res = killed / TRAJ
     deadline = time.monotonic() + 300  # a liveness guard only: the kill waits for the flag, not a time
     try:
         while not flag.exists():
@@ -149,37 +154,39 @@ def test_kill_mid_run_then_resume_matches_uninterrupted_run(tmp_path):
     r = subprocess.run(_cli(killed, "--resume"), capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resume: {n_before} of 80 questions already done" in r.stderr
-    assert "EM" in r.stdout and "q/s" in r.stdout and "searches/q" in r.stdout
-    assert "NOT meaningful" in r.stdout and "evidence reachability" in r.stdout
+    said = " ".join(r.stdout.split())  # rich wraps long lines
+    assert "EM" in said and "ms/q" in said and "search/q" in said
+    assert "answers meaningful: NO" in said and "evidence reachability" in said
 
     # The same run, uninterrupted (in-process: same code path as the CLI).
     full = tmp_path / "full"
-    run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=80, batch_size=1,
-                         out=str(full), progress=False)
+    run_one("searchr1", reasoner="scripted", index="bm25", data="hotpotqa-dev", offset=0, limit=80, batch_size=1,
+            out=str(full), progress=False)
 
     def content(path):
-        return {x["id"]: strip_timing(x) for x in read_results(path / "results.jsonl", allow_partial_tail=False)}
+        return {x["id"]: strip_timing(x) for x in read_results(path / TRAJ, allow_partial_tail=False)}
 
     a, b = content(full), content(killed)
     assert len(a) == 80 and a == b
-    lines = (killed / "results.jsonl").read_text().splitlines()
+    lines = (killed / TRAJ).read_text().splitlines()
     assert len(lines) == 80 and len({json.loads(x)["id"] for x in lines}) == 80
     summary = json.loads((killed / "summary.json").read_text())
-    assert summary["questions"] == 80 and summary["this_run_questions"] == 80 - n_before
+    s1 = summary["methods"]["searchr1"]
+    assert s1["n_questions"] == 80 and summary["run"]["this_run_questions"] == {"searchr1": 80 - n_before}
     assert summary["slots"]["reasoner"]["meaningful"] is False
-    assert summary["em"] == pytest.approx(sum(x["em"] for x in a.values()) / 80)
+    assert s1["em"] == pytest.approx(sum(x["em"] for x in a.values()) / 80)
 
     # Resuming with another configuration would mix two runs in one file: refused by name.
     from ragfast.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"config\.topk: 3 in the run on disk, 5 now"):
-        run_searchr1_command(model="scripted", retriever="bm25", data="hotpotqa-dev", limit=80, batch_size=1,
-                             topk=5, out=str(killed), resume=True, progress=False)
+        run_one("searchr1", reasoner="scripted", index="bm25", data="hotpotqa-dev", offset=0, limit=80, batch_size=1,
+                topk=5, out=str(killed), resume=True, progress=False)
 
 
 @pytest.mark.parametrize("flag, value, named", [
     ("--data", "hotpotqa-train", "data.test"),   # another file: its content hash differs
-    ("--retriever", "default", "slots.retriever"),
+    ("--retriever", "default", "slots.index"),
     ("--offset", "1", "questions"),             # another slice of the same file (a larger --limit is fine)
     ("--corpus", "contexts", "slots.corpus"),
 ])
@@ -187,10 +194,10 @@ def test_resume_with_other_settings_exits_2_naming_the_difference(tmp_path, flag
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = tmp_path / "run"
     first = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",
-             "--data", "hotpotqa-dev", "--limit", "3", "--no-progress", "--out", str(out)]
+             "--data", "hotpotqa-dev", "--offset", "0", "--limit", "3", "--no-progress", "--out", str(out)]
     r = subprocess.run(first, capture_output=True, text=True, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    before = (out / "results.jsonl").read_bytes()
+    before = (out / TRAJ).read_bytes()
     again = list(first)
     if flag in again:
         again[again.index(flag) + 1] = value
@@ -200,7 +207,7 @@ def test_resume_with_other_settings_exits_2_naming_the_difference(tmp_path, flag
     assert r.returncode == 2, r.stderr[-2000:]
     err = [x for x in r.stderr.splitlines() if x.strip()]
     assert len(err) == 1 and err[0].startswith("error: --resume: " + named), r.stderr
-    assert (out / "results.jsonl").read_bytes() == before  # finished work untouched
+    assert (out / TRAJ).read_bytes() == before  # finished work untouched
 
 
 def test_readers_take_both_run_layouts(tmp_path):

@@ -135,7 +135,7 @@ def test_run_searchr1_reuses_the_corpus_embeddings_bench_made(tmp_path):
     assert made, "bench embedded nothing: the test no longer exercises the cache"
     stamp = {p.name: p.stat().st_mtime_ns for p in emb.rglob("*")}
     r = subprocess.run([sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--data",
-                        str(data), "--limit", "2", "--no-progress", "--out", str(tmp_path / "r")],
+                        str(data), "--offset", "0", "--limit", "2", "--no-progress", "--out", str(tmp_path / "r")],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert entries() == made

@@ -53,14 +53,14 @@ def _states():
 def test_reasoner_and_closed_book(smollm2, tmp_path):
     # Short turns keep this to minutes on a loaded 2-core machine: the untrained model writes prose
     # (no tags), so every turn runs to the token cap.
-    _cli("run", "searchr1", "--reasoner", "smollm2", "--limit", 2, "--budget", 1, "--max-new-tokens", 16,
+    _cli("run", "searchr1", "--reasoner", "smollm2", "--offset", 0, "--limit", 2, "--budget", 1, "--max-new-tokens", 16,
          "--out", tmp_path / "rag")
-    _cli("run", "searchr1", "--reasoner", "smollm2", "--budget", 0, "--limit", 2, "--max-new-tokens", 16,
+    _cli("run", "searchr1", "--reasoner", "smollm2", "--budget", 0, "--offset", 0, "--limit", 2, "--max-new-tokens", 16,
          "--out", tmp_path / "cb")
-    rag, cb = _summary(tmp_path / "rag"), _summary(tmp_path / "cb")
+    rag, cb = (_summary(tmp_path / d)["methods"]["searchr1"] for d in ("rag", "cb"))
     man = json.loads((tmp_path / "rag" / "manifest.json").read_text())
     assert "smollm2" in man["slots"]["reasoner"]["name"] and man["slots"]["reasoner"]["meaningful"]
-    assert rag["questions"] == cb["questions"] == 2
+    assert rag["n_questions"] == cb["n_questions"] == 2
     assert cb["searches_per_question"] == 0.0  # closed book: not one retrieval
 
 
@@ -79,12 +79,12 @@ def test_bundled_searchr1_adapter_runs_on_the_real_base(smollm2, tmp_path):
     name = next(n for n, _ in merged.named_parameters() if n.endswith("layers.29.self_attn.q_proj.weight"))
     delta = (dict(merged.named_parameters())[name] - dict(base.named_parameters())[name]).abs().max().item()
     assert delta > 1e-6, delta
-    _cli("run", "searchr1", "--reasoner", "smollm2-searchr1", "--limit", 2, "--budget", 0, "--max-new-tokens", 16,
+    _cli("run", "searchr1", "--reasoner", "smollm2-searchr1", "--offset", 0, "--limit", 2, "--budget", 0, "--max-new-tokens", 16,
          "--out", tmp_path / "cb")
     man = json.loads((tmp_path / "cb" / "manifest.json").read_text())
     assert man["slots"]["reasoner"]["name"] == "smollm2-searchr1"
     assert man["slots"]["reasoner"]["adapter"].endswith("smollm2_searchr1")
-    turns = [json.loads(line) for line in (tmp_path / "cb" / "results.jsonl").read_text().splitlines()]
+    turns = [json.loads(line) for line in (tmp_path / "cb" / "trajectories" / "searchr1.jsonl").read_text().splitlines()]
     assert len(turns) == 2
     assert all(t["turns"][-1]["generated"].startswith("<answer>") for t in turns), [t["turns"][-1] for t in turns]
 

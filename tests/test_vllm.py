@@ -136,8 +136,11 @@ def tiny_served_dir() -> Path:
     return tiny_path("qwen2-served")
 
 
+TRAJ = Path("trajectories") / "searchr1.jsonl"  # where `ragfast run searchr1` writes (the bench's layout)
+
+
 def _ledger_reasoner(out: Path) -> dict:
-    rows = [json.loads(x) for p in sorted(out.glob("ledger-*.jsonl")) for x in p.read_text().splitlines() if x]
+    rows = [json.loads(x) for p in sorted((out / "ledgers").glob("*.jsonl")) for x in p.read_text().splitlines() if x]
     rs = [r for r in rows if r["component"] == "reasoner"]
     return {k: sum(r[k] for r in rs) for k in ("calls", "input_tokens", "cached_tokens", "output_tokens")}
 
@@ -149,7 +152,7 @@ def test_run_bench_tokens_prompt_budget_and_resume_against_vllm(vllm_python, tin
     tok = AutoTokenizer.from_pretrained(str(tiny_served_dir), local_files_only=True)
     d = str(tiny_served_dir)
     common = ["--tokenizer", d, "--model-config", d, "--retriever", "bm25", "--corpus", "contexts",
-              "--data", "hotpotqa-dev", "--max-turns", "2", "--max-new-tokens", "24", "--no-progress"]
+              "--data", "hotpotqa-dev", "--offset", "0", "--max-turns", "2", "--max-new-tokens", "24", "--no-progress"]
     log = tmp_path / "vllm.log"
     out = tmp_path / "run"
     with served(vllm_python, tiny_served_dir, log) as (url, proc):
@@ -184,7 +187,7 @@ def test_run_bench_tokens_prompt_budget_and_resume_against_vllm(vllm_python, tin
     assert r.returncode == 2, r.stderr[-3000:]
     err = [x for x in r.stderr.strip().splitlines() if x.startswith("error")]
     assert len(err) == 1 and "cannot reach" in err[0], r.stderr[-2000:]
-    done = (out / "results.jsonl").read_text().splitlines()
+    done = (out / TRAJ).read_text().splitlines()
     assert len(done) == 2
 
     first = [json.loads(x) for x in done]
@@ -192,7 +195,7 @@ def test_run_bench_tokens_prompt_budget_and_resume_against_vllm(vllm_python, tin
         # the same server restarted: --resume (spelt 127.0.0.1 now, localhost before) completes the run
         r = _ragfast("run", "searchr1", "--reasoner", url2, *common, "--limit", "4", "--out", str(out), "--resume")
         assert r.returncode == 0, r.stderr[-3000:]
-        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        rows = [json.loads(x) for x in (out / TRAJ).read_text().splitlines()]
         assert len(rows) == 4 and rows[:2] == first  # what finished before the crash is kept as it was
         budget = tmp_path / "budget"
         # a prompt budget below what the sessions grow to: cut like the local backend, never a 400
@@ -200,7 +203,7 @@ def test_run_bench_tokens_prompt_budget_and_resume_against_vllm(vllm_python, tin
                      "--prompt-budget", "300")
         assert r.returncode == 0, r.stderr[-3000:]
         m = json.loads((budget / "manifest.json").read_text())["slots"]["reasoner"]
-        assert m["prompt_truncations"] > 0 and len((budget / "results.jsonl").read_text().splitlines()) == 3
+        assert m["prompt_truncations"] > 0 and len((budget / TRAJ).read_text().splitlines()) == 3
         b = _ragfast("bench", "--reasoner", url2, "--reasoner-tokenizer", d, "--reasoner-config", d,
                      "-m", "searchr1", "--limit", "3", "--budget", "1", "--corpus", "contexts", "--retriever", "bm25",
                      "--out", str(tmp_path / "bench"))

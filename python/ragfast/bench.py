@@ -30,7 +30,8 @@ from ragfast.methods.base import BUILTIN_PACKAGES, Slots
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
 from ragfast.outdir import LOCK_FILE
 from ragfast.runner.drive import load_ledger
-from ragfast.runner.methods import build_slots, in_question_order, run_fingerprint, run_methods
+from ragfast.runner.methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
+                                    run_methods)
 from ragfast.runner.settings import PRESETS, RunSettings, check_paths, make_config
 from ragfast.results import dumps as json_dumps
 
@@ -145,7 +146,7 @@ def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: R
 
 
 # -- the main job ----------------------------------------------------------------------------
-def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None) -> dict[str, Any]:
+def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, progress: bool = True) -> dict[str, Any]:
     """Run every method of ``cfg`` on the same questions and write the report.
 
     Parameters
@@ -154,6 +155,8 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None) ->
     resume : bool
         Continue the run in ``cfg.out``: finished questions are read back, not run again.
     console : rich.console.Console, optional
+    progress : bool
+        Show progress bars (False: messages only; ``--no-progress``).
 
     Returns
     -------
@@ -170,20 +173,28 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None) ->
     # The log of a run that failed before doing any work does not make the directory a run.
     if out.exists() and any(p.name not in ("ragfast.log", LOCK_FILE) for p in out.iterdir()) and not resume:
         raise DataError(f"{out} already holds a bench run; pass --resume to continue it, or choose another --out")
+    fp = run_fingerprint(cfg, run_config(cfg))
+    if resume:  # refused before the log opens: a refused resume leaves every file as it was
+        check_resumable(out, fp, cfg.methods)
     out.mkdir(parents=True, exist_ok=True)
     with run_log(out):
         log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
-        return _run_bench(cfg, out, resume, console)
+        return _run_bench(cfg, out, resume, console, progress, fp)
 
 
-def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any) -> dict[str, Any]:
+def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress: bool,
+               fp: Mapping[str, Any]) -> dict[str, Any]:
     from rich.console import Console
 
     t0 = time.perf_counter()
-    done = run_methods(cfg, cfg.methods, out, resume=resume, console=console)
+    done = run_methods(cfg, cfg.methods, out, resume=resume, console=console, progress=progress, fingerprint=fp)
     judge_verdict(done.slot_info, out)
     summary = summarise(cfg, done.records, done.slot_info, out)
     summary["run"] = run_info(cfg, done.slots, time.perf_counter() - t0)
+    # What this process ran (the rest was read back on --resume) and, on Ray, how.
+    summary["run"]["this_run_questions"] = done.this_run
+    if done.ray:
+        summary["run"]["ray"] = done.ray
     write_outputs(summary, out, done.records)
     from ragfast import report
 

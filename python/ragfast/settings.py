@@ -22,8 +22,7 @@ ALIASES_OF_KEYS: dict[str, str] = {"method": "methods"}
 BENCH_NAMES: dict[str, str] = {"model": "reasoner", "retriever": "index", "max_turns": "budget",
                                "tokenizer": "reasoner_tokenizer", "model_config": "reasoner_config"}
 #: Settings only the run commands take; the bench leaves them to those commands.
-RUN_ONLY: frozenset[str] = frozenset({"max_new_tokens", "max_obs_tokens", "prompt_budget", "checker_llm",
-                                      "no_progress"})
+RUN_ONLY: frozenset[str] = frozenset({"checker_llm", "no_progress"})
 #: bench name -> run-command name.
 RUN_NAMES: dict[str, str] = {v: k for k, v in BENCH_NAMES.items()}
 

@@ -21,9 +21,9 @@ import typer
 __all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
            "one_method_settings", "BENCH_HELP", "GENERATED"]
 
-#: The methods whose ``ragfast run`` command is generated here (the rest are hand-written and
-#: write their own layout: ``run searchr1``, ``run stepgap``, ``run reloop``).
-GENERATED: tuple[str, ...] = ("s2g",)
+#: The built-in methods whose ``ragfast run`` command is generated here (``run stepgap`` and
+#: ``run reloop`` are still hand-written and write their own layout).
+GENERATED: tuple[str, ...] = ("searchr1", "s2g")
 
 #: Settings a one-method run does not take as flags (the method is the command; per-slot devices
 #: have their own four flags).
@@ -48,31 +48,37 @@ def one_method_settings(name: str | list[str] | None, *, preset: str = "default"
     ``settings`` are :class:`RunSettings` fields (None = not given: ``config``, then the preset,
     then the default decide).
     """
+    from ragfast.methods.base import get
     from ragfast.runner.settings import make_config
 
     methods = [name] if isinstance(name, str) else name
     cfg = make_config(preset, config, methods=methods, devices=devices or None, **settings)
-    if settings.get("limit") is not None and settings.get("val_limit") is None and cfg.val_limit > settings["limit"]:
-        # A quick look (--limit) should be quick everywhere, validation included (as in the bench).
+    if (settings.get("limit") is not None and settings.get("val_limit") is None and cfg.val_limit > settings["limit"]
+            and any(get(m).validation for m in cfg.methods)):
+        # A quick look (--limit) should be quick everywhere, validation included (as in the bench);
+        # a run without validation questions keeps the setting as it is, so --resume may add questions.
         cfg = dataclasses.replace(cfg, val_limit=settings["limit"])
     return cfg
 
 
-def run_one(name: str, *, resume: bool = False, console: Any = None, **kw: Any) -> dict[str, Any]:
+def run_one(name: str, *, resume: bool = False, console: Any = None, progress: bool = True,
+            **kw: Any) -> dict[str, Any]:
     """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary."""
     from ragfast.bench import run_bench
 
-    return run_bench(one_method_settings(name, **kw), resume=resume, console=console)
+    return run_bench(one_method_settings(name, **kw), resume=resume, console=console, progress=progress)
 
 
 def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
-    """The typer parameters of a running command: ``--resume``, ``--preset``, ``--config``, one
+    """The typer parameters of a running command: ``--no-progress``, ``--resume``, ``--preset``, ``--config``, one
     flag per :class:`RunSettings` field (its aliases from :func:`flag_names`, its help from
     :data:`HELP`), and the four per-slot device overrides."""
     from ragfast.runner.settings import HELP, RunSettings, flag_names
 
     hints = typing.get_type_hints(RunSettings)
     params = [
+        inspect.Parameter("no_progress", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--no-progress", help="No progress bars (messages and the summary still print).")),
         inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
                                                 "other data, questions, slots or settings are refused.")),
@@ -112,10 +118,10 @@ def running_command(name: str | None) -> Callable[..., None]:
         from ragfast.bench import run_bench
         from ragfast.outdir import output_dir
 
-        resume = kw.pop("resume")
+        resume, progress = kw.pop("resume"), not kw.pop("no_progress")
         cfg = _settings_from_flags(kw, [name] if name else None)
         with output_dir(cfg.out):
-            run_bench(cfg, resume=resume)
+            run_bench(cfg, resume=resume, progress=progress)
 
     command.__signature__ = inspect.Signature(settings_parameters(with_methods=name is None))  # typer reads it
     if name is None:

@@ -1,7 +1,7 @@
 """The flags every command that runs methods shares, and the ``--config`` YAML they all read.
 
 Each shared flag is declared once, in :data:`FLAGS`; :func:`with_flags` adds the ones a command
-takes to its signature, so ``ragfast run searchr1|s2g|stepgap|reloop`` spell, document and
+takes to its signature, so ``ragfast run stepgap|reloop`` and ``ragfast study s2g`` spell, document and
 default them identically. A shared flag defaults to ``None`` on the command line, so
 :func:`resolve` can tell a flag the user typed (it wins) from one a ``--config`` file sets (it
 comes next) from the shared default (:data:`DEFAULTS`, last). The same YAML therefore means the
@@ -65,7 +65,7 @@ CORPUS = typer.Option(None, "--corpus", help="Corpus part; repeat for several: c
                                              + " + ".join(DEFAULTS["corpus"]) + ", the same for every command, "
                                              "so their cached embeddings are shared).")
 
-#: The flags of every command that runs the Search-R1 loop (searchr1, s2g, stepgap), in --help order.
+#: The flags of every hand-written command that runs the Search-R1 loop (study s2g, run stepgap), in --help order.
 LOOP_FLAGS = ("model", "data", "out", "retriever", "config", "limit", "offset", "batch_size", "corpus", "encoder",
               "device", "val_data", "val_offset", "max_turns", "topk", "seed", "max_new_tokens", "max_obs_tokens",
               "prompt_budget", "no_progress")

@@ -109,11 +109,15 @@ class Method:
         The slots it needs, from :data:`SLOT_NAMES`.
     config_type : type or None
         Its config dataclass (documentation and ``--help``; :meth:`config` builds it).
+    validation : bool
+        Its :meth:`prepare` runs the validation questions (``val_data``...), so ``--limit``
+        caps them too (S2G); a method that never reads them keeps them out of its run's settings.
     """
 
     name: ClassVar[str] = ""
     slots: ClassVar[tuple[str, ...]] = ("reasoner", "retriever")
     config_type: ClassVar[type | None] = None
+    validation: ClassVar[bool] = False
 
     def __init__(self, settings: Any):
         self.settings = settings

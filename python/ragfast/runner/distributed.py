@@ -251,7 +251,7 @@ def run_on_ray(
         Picklable factory of the reasoner (a :class:`~ragfast.models.Generator`), called once in
         each worker actor as ``make_generator(device=...)`` when it takes ``device``, else
         ``make_generator()``. ``device`` is ``"cuda"`` when the actor holds a GPU, else ``"cpu"``.
-        E.g. ``functools.partial(ragfast.commands.run.make_generator, "scripted", max_turns=4)``.
+        E.g. ``functools.partial(ragfast.runner.slots.reasoner, "scripted", max_turns=4)``.
     make_retriever : callable
         Picklable factory of the retriever, called once, in the shared retriever actor.
     out_path : path

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -31,14 +30,17 @@ from ragfast.runner.settings import RunSettings
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunOutcome", "run_methods", "build_slots", "run_fingerprint", "run_config", "slot_entries",
-           "reasoner_kwargs", "in_question_order", "TRAJECTORIES", "LEDGERS"]
+__all__ = ["RunOutcome", "run_methods", "check_resumable", "build_slots", "run_fingerprint", "run_config",
+           "slot_entries", "reasoner_kwargs", "in_question_order", "TRAJECTORIES", "LEDGERS", "SLOT_SPECS"]
 
 TRAJECTORIES = "trajectories"
 LEDGERS = "ledgers"
 
+#: The settings that name a slot's component (the fingerprint compares them as slots).
+SLOT_SPECS = ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")
+
 #: How a run executes (Ray or not, where it writes, which backend) is not part of what it computes.
-NOT_IN_CONFIG = ("ray", "ray_workers", "out", "encoder_backend", "nli_backend")
+NOT_IN_CONFIG = ("ray", "ray_workers", "out", "encoder_backend", "nli_backend", "threads")
 
 
 @dataclass
@@ -53,18 +55,26 @@ class RunOutcome:
         slot -> its manifest entry (with the device it ran on).
     slots : Slots
     fingerprint : dict
+    this_run : dict
+        method -> questions this process finished (the rest were read back on resume).
+    ray : dict
+        method -> what its Ray run did (address, workers, batches run and resubmitted); empty
+        without ``ray``.
     """
 
     records: dict[str, list[Mapping[str, Any]]]
     slot_info: dict[str, Any]
     slots: Slots
     fingerprint: dict[str, Any]
+    this_run: dict[str, int] = dataclasses.field(default_factory=dict)
+    ray: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def reasoner_kwargs(cfg: RunSettings) -> dict[str, Any]:
     """The reasoner factory's keyword arguments for the run's settings."""
-    return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"],
-                served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
+    return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"], dtype=cfg.dtype,
+                batch_size=cfg.batch_size, max_context=cfg.prompt_budget, served_model=cfg.served_model,
+                tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
 
 
 def _generator_factory(cfg: RunSettings) -> tuple[Callable[[], Any], dict[str, Any]]:
@@ -118,7 +128,7 @@ def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, A
     data = {"test": data_identity(cfg.data)}
     if cfg.threshold is None:  # the validation split decides the S2G threshold (whichever methods run now)
         data["val"] = data_identity(cfg.val_data)
-    specs = {k: run_cfg[k] for k in ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")}
+    specs = {k: run_cfg[k] for k in SLOT_SPECS}
     # limit/offset are in the question ids; data files in their hashes; methods may be added on resume.
     config = {k: v for k, v in run_cfg.items()
               if k not in specs and k not in ("data", "val_data", "methods", "limit", "offset")}
@@ -177,8 +187,18 @@ def in_question_order(records: Sequence[Mapping[str, Any]], questions: Sequence[
     return sorted(records, key=lambda r: pos.get(r["id"], len(pos)))
 
 
+def check_resumable(out: Path, fp: Mapping[str, Any], methods: Sequence[str]) -> None:
+    """Refuse a ``--resume`` of ``out`` (one :class:`ConfigError` line) whose fingerprint is not
+    ``fp`` (:func:`run_fingerprint`) or whose ledger of a method has a corrupt line."""
+    check_resume(out, fp)
+    for m in methods:
+        if (out / LEDGERS / f"{m}.jsonl").exists():
+            load_ledger(out / LEDGERS / f"{m}.jsonl", None, allow_partial_tail=True)
+
+
 def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: bool = False,
-                console: Any = None) -> RunOutcome:
+                console: Any = None, progress: bool = True, fingerprint: Mapping[str, Any] | None = None
+                ) -> RunOutcome:
     """Run ``methods`` (registered names) on the questions of ``cfg`` into ``out``.
 
     Parameters
@@ -192,6 +212,11 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         Read back what is on disk and run only the questions each method has not finished; a
         fingerprint other than the one on disk is refused before any model loads.
     console : rich.console.Console, optional
+    progress : bool
+        Show progress (False: messages only).
+    fingerprint : mapping, optional
+        The run's :func:`run_fingerprint` when the caller computed it already (the bench checks a
+        ``resume`` before it opens the run's log, so a refused one leaves the directory as it was).
 
     Returns
     -------
@@ -199,22 +224,31 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         Every method's records in question order, the slots and their manifest entries.
     """
     from ragfast.progress import RunProgress
-    from ragfast.results import finished_ids, read_results, slot_entry, write_manifest
+    from ragfast.results import read_results, slot_entry, write_manifest
 
     out = Path(out)
     run_cfg = run_config(cfg)
-    fp = run_fingerprint(cfg, run_cfg)
+    fp = fingerprint if fingerprint is not None else run_fingerprint(cfg, run_cfg)
     if resume:
-        check_resume(out, fp)  # before any model loads
-    with RunProgress(console) as prog:
+        check_resumable(out, fp, methods)  # before any model loads
+    if cfg.threads is not None:
+        import torch
+
+        torch.set_num_threads(cfg.threads)
+    with RunProgress(console, enabled=progress) as prog:
         setup = prog.task("loading slots", None)
         slots = build_slots(cfg)
         setup.update(total=1, completed=1)
         setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus)} passages")
         slot_info = slot_entries(cfg, slots)
-        write_manifest(out, pipeline="bench", slots=slot_info, config=run_cfg, seed=cfg.seed,
-                       extra={"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
-                              "fingerprint": fp})
+        # --limit and the slot specs are beside the config, not in it: a resume may add questions,
+        # and a URL may be spelt another way (localhost, 127.0.0.1); the fingerprint, checked
+        # above, says which questions and which slots are the same. Every other setting must be.
+        beside = ("limit", *SLOT_SPECS)
+        man_cfg = {k: v for k, v in run_cfg.items() if k not in beside}
+        extra = {"data": cfg.data, **{k: run_cfg[k] for k in beside}, "n_questions": len(slots.questions),
+                 "corpus_size": len(slots.corpus), "fingerprint": fp}
+        write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         for k, v in slot_info.items():
             label = v.get("answers_meaningful", v.get("meaningful"))
             if k == "judge" and label == "yes" and "s2g" in methods and cfg.threshold is None:
@@ -222,20 +256,23 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
             prog.print(f"slot [bold]{k}[/]: {v.get('name')} on {v['device']}  (answers meaningful: {label})")
             log.debug("slot %s: %s", k, v)
         instances = {m: get(m)(cfg) for m in methods}
+        this_run: dict[str, int] = {}
+        ray_info: dict[str, Any] = {}
         for m, method in instances.items():
             pipeline = method.ray_pipeline() if cfg.ray else None
             if cfg.ray and pipeline is not None:
-                done = finished_ids(out / TRAJECTORIES / f"{m}.jsonl") if resume else set()
                 method.prepare(slots, out, prog)
-                task = prog.task(m, len(slots.questions), completed=len(done & {q.id for q in slots.questions}),
-                                 unit="questions")
-                _run_on_ray(cfg, method, slots, out, resume, task.advance)
-                task.done()
+                ray_info[m] = _run_on_ray(cfg, method, slots, out, resume, prog, slot_info, man_cfg, extra)
+                this_run[m] = ray_info[m].pop("questions_done")
+                if "manifest" in ray_info[m]:  # absent when nothing was left to run
+                    extra["ray"] = ray_info[m].pop("manifest")
                 continue
             # Prepared before the method's recorder opens, so a failed preparation leaves no empty files.
             method.prepare(slots, out, prog)
             rec = MethodRecorder(out / TRAJECTORIES / f"{m}.jsonl", out / LEDGERS / f"{m}.jsonl", resume)
             todo = [q for q in slots.questions if q.id not in rec.done]
+            _say_resumed(prog, m, resume, rec.writer.repaired_bytes, len(slots.questions) - len(todo),
+                         len(slots.questions))
             task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
             t_m = time.perf_counter()
             ok = False
@@ -246,38 +283,62 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                     method.run(todo, gen_slots, _ProgressRecorder(rec, task.advance))
                 ok = True
             finally:
+                this_run[m] = rec.written
                 rec.close()
                 task.set_status("")
                 task.done(failed=not ok)  # an error is never printed as "done"
             log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
         if cfg.reasoner != "scripted":
-            # the shared reasoner's entry after its calls (a URL one counts its calls and token sources)
+            # the shared reasoner's entry after its calls (a URL one counts its calls and token sources),
+            # in the manifest too: the entry written before the first call cannot say what the calls used
             slot_info["reasoner"].update(slot_entry(slots.make_generator()))
+            write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         records = {m: in_question_order(read_results(out / TRAJECTORIES / f"{m}.jsonl"), slots.questions)
                    for m in methods}
         for method in instances.values():
             method.after_run(slots, records, out, prog)
-    return RunOutcome(records, slot_info, slots, fp)
+    return RunOutcome(records, slot_info, slots, fp, this_run, ray_info)
 
 
-def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resume: bool,
-                progress: Callable[[int], None]) -> None:
-    """One method on Ray: the driver writes trajectories (question order) and ledger records."""
+def _say_resumed(prog: Any, m: str, resume: bool, cut: int, done: int, total: int) -> None:
+    """Say what a resume found: a torn last line cut off, and how many questions were already done."""
+    if cut:
+        prog.print(f"[yellow]{m}: cut a partial last line ({cut} bytes) left by an interrupted run[/]")
+    if resume:
+        prog.print(f"{m}: resume: {done} of {total} questions already done")
+
+
+def _actor_slot(driver: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, Any]:
+    """A slot's manifest entry: the driver's, updated with its Ray actor's ``describe()`` (without
+    the pid, which changes from run to run)."""
+    return {**driver, **{k: v for k, v in info.items() if k != "pid"}}
+
+
+def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resume: bool, prog: Any,
+                slot_info: dict[str, Any], manifest_cfg: dict[str, Any], manifest_extra: dict[str, Any]
+                ) -> dict[str, Any]:
+    """One method on Ray: the driver writes trajectories (question order) and each batch's ledger
+    records as the batch comes back, before its results, so a killed run keeps the costs of what
+    it finished. The actors' slot entries replace the driver's in the manifest once they are up.
+
+    Returns what the Ray run did (``address``, ``workers``, ``batches_run``, ...) and
+    ``questions_done`` (this run's).
+    """
+    import warnings
+
     from ragfast.data import load_qa
-    from ragfast.results import finished_ids, repair_tail
+    from ragfast.results import finished_ids, repair_tail, write_manifest
     from ragfast.runner.distributed import GENERATOR, PipelineLoop, run_on_ray
+    from ragfast.runner.drive import LedgerFile
 
     m = method.name
     traj = out / TRAJECTORIES / f"{m}.jsonl"
-    ledger_path = out / LEDGERS / f"{m}.jsonl"
-    ledger_path.parent.mkdir(parents=True, exist_ok=True)
-    if resume and ledger_path.exists():
-        repair_tail(ledger_path)
-        done = finished_ids(traj) if traj.exists() else set()
-        kept = load_ledger(ledger_path, done)
-        with open(ledger_path, "w", encoding="utf-8") as f:
-            for r in kept.records:
-                f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    traj.parent.mkdir(parents=True, exist_ok=True)
+    cut = repair_tail(traj) if resume and traj.exists() else 0
+    done = (finished_ids(traj) if traj.exists() else set()) if resume else set()
+    n_done = len(done & {q.id for q in slots.questions})
+    _say_resumed(prog, m, resume, cut, n_done, len(slots.questions))
+    task = prog.task(m, len(slots.questions), completed=n_done, unit="questions")
     pipe = method.ray_pipeline()
     make_loop = None
     if pipe.fn is not None:
@@ -287,17 +348,48 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
                        for k, v in pipe.slots.items()}
         make_loop = PipelineLoop(pipe.fn, slots=actor_slots, **pipe.kwargs)
     # one unit of work per worker at least, else workers sit idle
-    bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.ray_workers)))
+    bs = max(1, min(cfg.batch_size, -(-len(slots.questions) // cfg.workers)))
     kw = {k: v for k, v in reasoner_kwargs(cfg).items() if k != "device"}  # each actor picks its device
+    kw.update(tokenizer=build.absolute(cfg.reasoner_tokenizer), model_config=build.absolute(cfg.reasoner_config))
     make_gen = functools.partial(build.reasoner, build.absolute(cfg.reasoner), **kw)
     # The retriever actor builds from the on-disk embedding cache the driver already filled.
     make_ret = functools.partial(build.retriever_over, "default" if cfg.index == "flat" else build.absolute(cfg.index),
                                  load_qa(cfg.data), corpus_parts=[build.absolute(c) for c in cfg.corpus],
                                  encoder_spec=build.absolute(cfg.encoder), encoder_backend=cfg.encoder_backend,
                                  progress=False, check=False)
-    res = run_on_ray(slots.questions, make_generator=make_gen, make_retriever=make_ret, config=pipe.config,
-                     out_path=traj, address=cfg.ray, num_workers=cfg.ray_workers, resume=resume,
-                     make_loop=make_loop, batch_size=bs, on_result=lambda r: progress(1))
-    with open(ledger_path, "a", encoding="utf-8") as f:
-        for r in res.ledger.records:
-            f.write(json.dumps(dataclasses.asdict(r)) + "\n")
+    info: dict[str, Any] = {"address": cfg.ray, "workers_requested": cfg.workers}
+
+    def on_start(actors: dict[str, Any]) -> None:
+        slot_info.update(reasoner=_actor_slot(slot_info["reasoner"], actors["reasoner"]),
+                         retriever=_actor_slot(slot_info["retriever"], actors["retriever"]))
+        info.update(workers=actors["workers"], worker_gpus=actors["worker_gpus"], batches=actors["batches"])
+        # The actors are up: the manifest says which slots they hold before any batch runs.
+        info["manifest"] = {k: info[k] for k in ("address", "workers", "worker_gpus")}
+        write_manifest(out, pipeline="bench", slots=slot_info, config=manifest_cfg, seed=cfg.seed,
+                       extra={**manifest_extra, "ray": info["manifest"]})
+        prog.print(f"ray: {actors['workers']} worker(s) at {cfg.ray!r}, {actors['batches']} batch(es) of up to {bs} "
+                   "questions")
+
+    def show_warning(message, category, filename, lineno, file=None, line=None):
+        prog.print(f"[yellow]warning:[/] {str(message).replace('config.batch_size', '--batch-size')}")
+
+    ok = False
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always", RuntimeWarning)  # run_on_ray's (idle workers...) as one line each
+            warnings.showwarning = show_warning
+            with LedgerFile(out / LEDGERS / f"{m}.jsonl", resume, done) as lf:
+                res = run_on_ray(slots.questions, make_generator=make_gen, make_retriever=make_ret, config=pipe.config,
+                                 out_path=traj, address=cfg.ray, num_workers=cfg.workers, resume=resume,
+                                 make_loop=make_loop, batch_size=bs, on_result=lambda r: task.advance(1),
+                                 on_start=on_start, on_records=lf.append)
+        ok = True
+    finally:
+        task.done(failed=not ok)
+    info.update(batches_run=res.batches, retried_batches=res.retried_batches, restarted_batches=res.restarted_batches,
+                rpc_seconds=res.rpc_seconds, seconds_with_startup=res.seconds, questions_done=res.questions_done)
+    if res.batches:
+        prog.print(f"ray: {res.batches} batch(es) on {info.get('workers')} worker(s), {res.retried_batches} "
+                   f"resubmitted after a lost actor, {res.restarted_batches} finished by an actor Ray restarted; "
+                   f"{res.seconds:.1f}s with actor start-up")
+    return info

@@ -20,7 +20,10 @@ from ragfast.http import is_url
 from ragfast.methods.base import BUILTIN_PACKAGES, get, names, unknown
 from ragfast.settings import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
 
-__all__ = ["RunSettings", "PRESETS", "HELP", "make_config", "check_paths", "flag_names"]
+#: The weight dtypes a local reasoner may be loaded in (``--dtype``).
+DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+
+__all__ = ["RunSettings", "DTYPES", "PRESETS", "HELP", "make_config", "check_paths", "flag_names"]
 
 
 @dataclass
@@ -73,6 +76,18 @@ class RunSettings:
     served_model, reasoner_tokenizer, reasoner_config : str, optional
         For a URL reasoner: the served model's name (default: the server's only model), a local
         tokenizer (chat template and token counts) and a config (analytic FLOPs).
+    max_new_tokens, max_obs_tokens, prompt_budget : int
+        The Search-R1 loop's caps in reasoner tokens: new tokens per turn, observation length and
+        context (the reference's 500, 500 and 4096); every method built on the loop reads them.
+    dtype : str, optional
+        A local reasoner's weights: ``float32``, ``bfloat16`` or ``float16`` (default: the
+        checkpoint's).
+    threads : int, optional
+        torch CPU threads of this process (default: torch's). Not with ``ray``: an actor's
+        threads follow the CPUs Ray gives it.
+    refill : bool
+        Continuous batching: a queued question starts as soon as one finishes (the same
+        trajectories, fuller batches).
     """
 
     data: str = "hotpotqa-dev"
@@ -99,12 +114,18 @@ class RunSettings:
     n_resamples: int = 10000
     out: str = "ragfast-bench"
     ray: str | None = None
-    ray_workers: int = 2
+    ray_workers: int | None = None
     device: str = "auto"
     devices: dict[str, str] = field(default_factory=dict)
     served_model: str | None = None
     reasoner_tokenizer: str | None = None
     reasoner_config: str | None = None
+    max_new_tokens: int = 500
+    max_obs_tokens: int = 500
+    prompt_budget: int = 4096
+    dtype: str | None = None
+    threads: int | None = None
+    refill: bool = False
 
     def __post_init__(self) -> None:
         check_types(self)  # a YAML string for a number is one line here, not a TypeError deep inside
@@ -126,9 +147,33 @@ class RunSettings:
         for name in ("encoder_backend", "nli_backend"):
             if getattr(self, name) not in ("auto", "torch", "onnx"):
                 raise ConfigError(f"--{name.replace('_', '-')} must be auto, torch or onnx, got {getattr(self, name)!r}")
-        if self.ray_workers < 1:
-            raise ConfigError(f"--ray-workers must be >= 1, got {self.ray_workers}")
+        if self.ray is None and self.ray_workers is not None:
+            raise ConfigError("--ray-workers needs --ray ADDRESS ('local' or a Ray cluster address)")
+        if self.ray_workers is not None and self.ray_workers < 1:
+            raise ConfigError(f"--ray-workers must be an integer >= 1, got {self.ray_workers}")
+        for name in ("max_new_tokens", "max_obs_tokens", "prompt_budget"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.dtype not in (None, *DTYPES):
+            raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if self.ray is not None:
+            if not self.ray.strip():
+                raise ConfigError(f"--ray must be 'local' or a Ray cluster address, got {self.ray!r}")
+            # Ray places each actor: one that holds a GPU runs on cuda, any other on cpu.
+            if self.device != "auto" or self.devices:
+                raise ConfigError("--device cannot be used with --ray: Ray places each actor, and an actor that "
+                                  "holds a GPU runs on cuda, any other on cpu")
+            if self.threads is not None:
+                raise ConfigError("--threads cannot be used with --ray: each Ray actor's torch threads follow the "
+                                  "CPUs Ray gives it")
         self.slot_device = slot_devices(self.device, self.devices)
+
+    @property
+    def workers(self) -> int:
+        """Ray worker actors of the run (``ray_workers``, default 2)."""
+        return 2 if self.ray_workers is None else self.ray_workers
 
 
 # The S2G study's setting. Model and data files are the user's: they live under
@@ -223,9 +268,9 @@ def check_paths(cfg: RunSettings) -> None:
 
     # A server that is not there fails now, before --out exists, not after the slots are built.
     if is_url(cfg.index):
-        check_reachable(cfg.index, "--index server")
+        check_reachable(cfg.index, "retriever server (--index)")
     if is_url(cfg.reasoner):
-        check_reachable(cfg.reasoner.partition("#")[0], "--reasoner server")
+        check_reachable(cfg.reasoner.partition("#")[0], "reasoner server (--reasoner)")
 
 
 #: One line of ``--help`` per setting; the flags of ``ragfast run M`` are generated from the
@@ -261,12 +306,19 @@ HELP: dict[str, str] = {
     "n_resamples": "Bootstrap resamples for the confidence intervals (default 10000).",
     "out": "Results directory (default ./ragfast-bench).",
     "ray": "Run on Ray (methods that have a Ray path): 'local' or a cluster address.",
-    "ray_workers": "Reasoner replicas (Ray worker actors); default 2.",
+    "ray_workers": "Reasoner replicas (Ray worker actors) with --ray; default 2.",
     "device": "Where local models run: auto (the GPU when there is one; default) | cpu | cuda | cuda:N.",
     "devices": "Per-slot device overrides (--reasoner-device, --encoder-device, --judge-device, --nli-device).",
     "served_model": "URL reasoner: the served model name (default: the server's only model).",
     "reasoner_tokenizer": "URL reasoner: local tokenizer dir (chat template, token counts).",
     "reasoner_config": "URL reasoner: config.json or model dir, for analytic FLOPs.",
+    "max_new_tokens": "New tokens per turn (reference: 500).",
+    "max_obs_tokens": "Observation cap in tokens (reference: 500).",
+    "prompt_budget": "Context cap in tokens (reference: 4096).",
+    "dtype": "Local reasoner weights: float32 | bfloat16 | float16 (default: the checkpoint's).",
+    "threads": "torch CPU threads of this process (not with --ray).",
+    "refill": "Continuous batching: start a queued question as soon as one finishes (same trajectories, fuller "
+              "batches).",
 }
 
 

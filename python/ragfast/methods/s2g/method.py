@@ -109,6 +109,7 @@ class S2GMethod(Method):
 
     name = "s2g"
     slots = ("reasoner", "retriever", "judge")
+    validation = True  # the threshold is chosen on the validation questions
 
     def __init__(self, settings: Any):
         super().__init__(settings)

@@ -12,8 +12,9 @@ __all__ = ["SearchR1Method", "searchr1_config"]
 
 def searchr1_config(settings: Any) -> SearchR1Config:
     """The Search-R1 loop's config from a run's settings (the base loop of S2G and StepGap too)."""
-    return SearchR1Config(max_turns=settings.budget, topk=settings.topk, batch_size=settings.batch_size,
-                          seed=settings.seed)
+    return SearchR1Config(max_turns=settings.budget, topk=settings.topk, max_new_tokens=settings.max_new_tokens,
+                          max_obs_tokens=settings.max_obs_tokens, prompt_budget=settings.prompt_budget,
+                          batch_size=settings.batch_size, seed=settings.seed, refill=settings.refill)
 
 
 @register
