@@ -132,12 +132,13 @@ def _start(target, args: tuple, what: str, ctx) -> tuple[Any, str]:
     return p, url
 
 
-def _stop(procs) -> None:
+def stop_servers(procs, grace_s: float = 15) -> None:
+    """Stop server processes: SIGINT lets uvicorn shut down cleanly (its semaphores are
+    released), then, after ``grace_s``, make sure."""
     for p in procs:
-        # SIGINT lets uvicorn shut down cleanly (its semaphores are released); then make sure.
         if p.is_alive():
             os.kill(p.pid, signal.SIGINT)
-        p.join(15)
+        p.join(grace_s)
         if p.is_alive():
             p.terminate()
             p.join(5)
@@ -163,7 +164,7 @@ def run_faults_mode(args) -> None:
                                         phase_s=args.phase_s, max_requests=args.max_requests,
                                         burst_mb=args.judge_burst_mb, passage_chars=args.judge_passage_chars))
     finally:
-        _stop(procs)
+        stop_servers(procs)
     out, lines, ok = sf.summarise(res)
     params = (f"retriever={args.retriever},corpus={args.corpus},clients={args.clients},phase_s={args.phase_s:g},"
               f"threads={args.threads or 'default'},judge_burst_mb={args.judge_burst_mb:g}")
@@ -276,7 +277,7 @@ def run_vs_faiss_mode(args, counts: list[int]) -> None:
             f"{name} {v * 1e3:.2f} ms ({v / split['server'] * 100:.0f}%)" for name, v in split.items()
             if name != "server") + f", of {split['server'] * 1e3:.2f} ms in the server)", flush=True)
     finally:
-        _stop(procs)
+        stop_servers(procs)
         shutil.rmtree(data, ignore_errors=True)
     params = (f"passages={args.passages}(real={made['real']},random={made['synthetic']}),batch={B},topk=3,"
               f"threads={threads},window_s={win:g}")
@@ -401,14 +402,7 @@ def main() -> None:
                       f"p50 {np.median(w['lat']) * 1e3 if len(w['lat']) else float('nan'):7.1f} ms  "
                       f"errors {w['errors']}  mean batch {w['batch']:.1f}", flush=True)
     finally:
-        for p in procs.values():
-            # SIGINT lets uvicorn shut down cleanly (its semaphores are released); then make sure.
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGINT)
-            p.join(15)
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
+        stop_servers(procs.values())
 
     params = (f"retriever={args.retriever},passages={n_passages},clients={args.clients},window_s={win:g},"
               f"threads={args.threads or 'default'},max_wait_ms={args.max_wait_ms:g}")

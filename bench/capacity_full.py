@@ -356,7 +356,7 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
                     anchor_arrow: Path, clients: int = 8, window_s: float = 30.0, reps: int = 2, threads: int = 2,
                     max_wait_ms: float = 50.0, log: Callable[[str], None] = print) -> dict[str, Any]:
     """queries/s of ``ragfast serve-retriever`` over the index, then of the faiss anchor at ``anchor_rows``."""
-    from bench.bench_server import server_time_split
+    from bench.bench_server import server_time_split, stop_servers
     from ragfast.data import load_qa
 
     questions = [q.question for q in load_qa("hotpotqa-dev")]
@@ -406,12 +406,7 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
         out["anchor_start_s"] = time.perf_counter() - t0
         out["anchor_qps"] = _windows(url, bodies, clients, window_s, reps, log, f"faiss anchor at {anchor_rows:,}")
     finally:
-        if p.is_alive():
-            os.kill(p.pid, signal.SIGINT)
-        p.join(30)
-        if p.is_alive():
-            p.terminate()
-            p.join(5)
+        stop_servers([p], grace_s=30)
     out["anchor_rows"] = anchor_rows
     out["anchor_qps_scaled"] = [v * anchor_rows / rows for v in out["anchor_qps"]]
     return out
