@@ -223,6 +223,30 @@ def test_oracle_with_min_searches_searches_past_the_first_answerable_state():
         ScriptedGenerator(min_searches=-1)
 
 
+def test_distinct_queries_oracle_never_repeats_a_search():
+    """train-reasoner's oracle searches no query twice: with every title read already searched it
+    answers (found answer or best guess); the default oracle repeats (the data a model looped on)."""
+    from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
+    from ragfast.methods.searchr1.sft_data import repeated_queries
+    from ragfast.models.scripted import ScriptedGenerator
+
+    ret = _Retriever(['"Emma"\nEmma is a novel written by Jane Austen.', '"Bath"\nBath is a city.',
+                      '"Jane Austen"\nJane Austen lived in Bath.'])
+    found = Question("q1", "Who wrote the novel Emma?", ["Jane Austen"])
+    missing = Question("q2", "Which novel is set in Bath?", ["Persuasion"])
+    cfg = SearchR1Config(max_turns=4, topk=1, batch_size=2)
+    old = SearchR1Loop(ScriptedGenerator(min_searches=4), ret, cfg).run([found, missing])
+    new = SearchR1Loop(ScriptedGenerator(min_searches=4, distinct_queries=True), ret, cfg).run([found, missing])
+    assert repeated_queries(old) > 0 and repeated_queries(new) == 0
+    assert [t.searches for t in old] == [4, 4]
+    # Jane Austen: the question, then the question with "Emma"; both brought only "Emma" back.
+    assert new[0].searches == 2 and new[0].em == 1.0 and new[0].turns[-1].action == "answer"
+    assert [t.content for t in new[0].turns[:2]] == ["Who wrote the novel Emma?", "Who wrote the novel Emma? Emma"]
+    # No answer anywhere: it stops searching when no unsearched title is left and guesses.
+    assert new[1].turns[-1].action == "answer" and "My best guess is" in new[1].turns[-1].generated
+    assert new[1].searches < 4 and new[1].em == 0.0
+
+
 def test_oracle_claims_quote_at_most_quote_words():
     """train-reasoner's oracle (quote_words=0) names the document and the answer, and copies no text."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop

@@ -35,7 +35,7 @@ from ragfast.types import Question, Trajectory
 
 __all__ = ["TRAIN_PARTS", "STUDY_SEARCHES_PER_QUESTION", "STUDY_SAFE_PREVALENCE", "TokenCapOracle", "MixChoice",
            "training_questions", "oracle_trajectories", "safe_eligible", "choose_mix", "assign_min_searches",
-           "sft_example", "build_training_set"]
+           "repeated_queries", "sft_example", "build_training_set"]
 
 #: The bundled training questions: HotpotQA train sample (300) and train-split extra (315).
 TRAIN_PARTS: tuple[str, ...] = ("hotpotqa-train", "hotpotqa-train-extra")
@@ -99,14 +99,16 @@ def training_questions(parts: Sequence[str] = TRAIN_PARTS, limit: int | None = N
 
 def oracle_trajectories(questions: Sequence[Question], retriever: Any, tokenizer: Any, *, min_searches: int = 1,
                         max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
-                        batch_size: int = 64, quote_words: int | None = 0) -> list[Trajectory]:
+                        batch_size: int = 64, quote_words: int | None = 0,
+                        distinct_queries: bool = True) -> list[Trajectory]:
     """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches`` (claims
-    quote ``quote_words`` words at most: :class:`~ragfast.models.scripted.ScriptedGenerator`)."""
+    quote ``quote_words`` words at most; no query searched twice with ``distinct_queries``:
+    :class:`~ragfast.models.scripted.ScriptedGenerator`)."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.models.scripted import ScriptedGenerator
 
     gen = TokenCapOracle(ScriptedGenerator(max_searches=max_turns, min_searches=min_searches,
-                                             quote_words=quote_words), tokenizer)
+                                             quote_words=quote_words, distinct_queries=distinct_queries), tokenizer)
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_obs_tokens=max_obs_tokens, batch_size=batch_size)
     return SearchR1Loop(gen, retriever, cfg).run(list(questions))
 
@@ -196,6 +198,18 @@ def choose_mix(runs: dict[int, tuple[Sequence[float], Sequence[float]]], qids: S
     return best
 
 
+def repeated_queries(trajs: Sequence[Trajectory]) -> int:
+    """Searches that repeat an earlier query of the same trajectory (the card's loop check)."""
+    n = 0
+    for t in trajs:
+        seen: set[str] = set()
+        for x in t.turns:
+            if x.action == "search":
+                n += x.content in seen
+                seen.add(x.content)
+    return n
+
+
 def sft_example(tokenizer: Any, traj: Trajectory, prompt: str, *, eos_id: int | None) -> dict[str, Any]:
     """Token ids and labels of one trajectory: generated turns in the loss, prompt and observations not.
 
@@ -271,6 +285,7 @@ def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer:
              "answerable_questions": int(sum(f is not None for f in first)),
              "past_first_answerable": int(sum(1 for t, f in zip(trajs, first) if f is not None and t.searches > f)),
              "oracle_em": float(np.mean([t.em for t in trajs])),
+             "distinct_queries": True, "repeated_queries": repeated_queries(trajs),
              "min_searches": {str(m): int(sum(1 for c in chosen if c == m)) for m in sorted(set(chosen))},
              "tokens": int(sum(len(e["input_ids"]) for e in examples)),
              "target_tokens": int(sum(e["n_target"] for e in examples)),
