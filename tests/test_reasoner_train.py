@@ -247,6 +247,24 @@ def test_distinct_queries_oracle_never_repeats_a_search():
     assert new[1].searches < 4 and new[1].em == 0.0
 
 
+def test_final_answer_only_oracle_writes_the_forced_turn_as_the_reasoner_opens_it():
+    """The turn the loop forces (budget spent) is `<answer> X </answer>` alone, as SearchR1Reasoner
+    prefixes `<answer>`; other answers keep their <think>; the default oracle thinks first."""
+    from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
+    from ragfast.models.scripted import ScriptedGenerator
+
+    ret = _Retriever(['"Emma"\nEmma is a novel written by Jane Austen.', '"Bath"\nBath is a city.'])
+    qs = [Question("q1", "Who wrote the novel Emma?", ["Jane Austen"]), Question("q2", "Where is Bath?", ["Somerset"])]
+    cfg = SearchR1Config(max_turns=1, topk=1, batch_size=2)
+    forced = SearchR1Loop(ScriptedGenerator(min_searches=2, final_answer_only=True), ret, cfg).run(qs)
+    plain = SearchR1Loop(ScriptedGenerator(min_searches=2), ret, cfg).run(qs)
+    assert [t.stop_reason for t in forced] == ["max_turns", "max_turns"]
+    assert forced[0].turns[-1].generated == "<answer> Jane Austen </answer>" and forced[0].em == 1.0
+    assert forced[1].turns[-1].generated == "<answer> Emma </answer>"  # its best guess: the one title read
+    assert all(t.turns[-1].generated.startswith("<think> ") for t in plain)
+    assert [t.answer for t in plain] == [t.answer for t in forced]
+
+
 def test_oracle_claims_quote_at_most_quote_words():
     """train-reasoner's oracle (quote_words=0) names the document and the answer, and copies no text."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop

@@ -100,6 +100,12 @@ class ScriptedGenerator(Generator):
         it, each later search takes the best-ranked title read and not yet searched (latest
         search first); a held-back turn cites the latest search's top document; and with no title
         left it answers (a found answer, or its best guess) instead of repeating itself.
+    final_answer_only : bool
+        Write the turn the loop marks final (:meth:`mark_final`) as ``<answer> X </answer>``
+        alone, as :class:`~ragfast.models.searchr1_reasoner.SearchR1Reasoner` opens it with
+        ``<answer>`` (``ragfast train-reasoner``'s data). The adapter trained on think-first
+        final turns, given the forced ``<answer>``, wrote runaway text instead of an answer on
+        53 of 100 held-out questions and on 48 of 100 closed-book.
     """
 
     name = "scripted evidence oracle"
@@ -108,7 +114,7 @@ class ScriptedGenerator(Generator):
 
     def __init__(self, questions: Sequence[Any] | Mapping[str, Any] | None = None, *, seed: int = 0,
                  max_searches: int = 4, min_searches: int = 1, quote_words: int | None = None,
-                 distinct_queries: bool = False):
+                 distinct_queries: bool = False, final_answer_only: bool = False):
         if max_searches < 0:
             raise ConfigError(f"max_searches must be >= 0, got {max_searches}")
         if min_searches < 0:
@@ -120,6 +126,7 @@ class ScriptedGenerator(Generator):
             raise ConfigError(f"quote_words must be >= 0, got {quote_words}")
         self.quote_words = quote_words
         self.distinct_queries = bool(distinct_queries)
+        self.final_answer_only = bool(final_answer_only)
         self._questions: dict[str, Any] = {}
         self._sessions: dict[str, _ScriptSession] = {}
         if questions is not None:
@@ -280,6 +287,8 @@ class ScriptedGenerator(Generator):
             s.queried_titles.append(d.title)
             return (f"<think> {self._claim(d, sent, 40, f'names {gold}.')} The answer may be {gold}, "
                     f"but I will search once more to make sure. </think>\n<search> {s.question} {d.title} </search>")
+        if s.final and self.final_answer_only:
+            return f"<answer> {found[0] if found is not None else self._guess(qid, s)[0]} </answer>"
         if found is not None:
             gold, d, sent = found
             return (f"<think> {self._claim(d, sent, 40, f'names {gold}.')} "

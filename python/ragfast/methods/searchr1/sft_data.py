@@ -100,15 +100,17 @@ def training_questions(parts: Sequence[str] = TRAIN_PARTS, limit: int | None = N
 def oracle_trajectories(questions: Sequence[Question], retriever: Any, tokenizer: Any, *, min_searches: int = 1,
                         max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
                         batch_size: int = 64, quote_words: int | None = 0,
-                        distinct_queries: bool = True) -> list[Trajectory]:
+                        distinct_queries: bool = True, final_answer_only: bool = True) -> list[Trajectory]:
     """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches`` (claims
-    quote ``quote_words`` words at most; no query searched twice with ``distinct_queries``:
+    quote ``quote_words`` words at most; ``distinct_queries``: no query searched twice;
+    ``final_answer_only``: the turn the loop forces written as ``<answer> X </answer>``:
     :class:`~ragfast.models.scripted.ScriptedGenerator`)."""
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.models.scripted import ScriptedGenerator
 
     gen = TokenCapOracle(ScriptedGenerator(max_searches=max_turns, min_searches=min_searches,
-                                             quote_words=quote_words, distinct_queries=distinct_queries), tokenizer)
+                                             quote_words=quote_words, distinct_queries=distinct_queries,
+                                             final_answer_only=final_answer_only), tokenizer)
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_obs_tokens=max_obs_tokens, batch_size=batch_size)
     return SearchR1Loop(gen, retriever, cfg).run(list(questions))
 
@@ -285,7 +287,7 @@ def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer:
              "answerable_questions": int(sum(f is not None for f in first)),
              "past_first_answerable": int(sum(1 for t, f in zip(trajs, first) if f is not None and t.searches > f)),
              "oracle_em": float(np.mean([t.em for t in trajs])),
-             "distinct_queries": True, "repeated_queries": repeated_queries(trajs),
+             "distinct_queries": True, "final_answer_only": True, "repeated_queries": repeated_queries(trajs),
              "min_searches": {str(m): int(sum(1 for c in chosen if c == m)) for m in sorted(set(chosen))},
              "tokens": int(sum(len(e["input_ids"]) for e in examples)),
              "target_tokens": int(sum(e["n_target"] for e in examples)),
