@@ -97,8 +97,8 @@ class ScriptedGenerator(Generator):
         held-back search repeats the answer's title, and a search that brought nothing new is
         followed by the question alone again: on the 615 training questions that repeated 805
         queries and 459 whole turns at ``min_searches`` 3, and a model trained on it looped. With
-        it, each later search takes the best-ranked title read and not yet searched (latest
-        search first); a held-back turn cites the latest search's top document; and with no title
+        it, each later search is the best-ranked title read and not yet searched (latest
+        search first), then the question; a held-back turn cites the latest search's top document; and with no title
         left it answers (a found answer, or its best guess) instead of repeating itself.
     final_answer_only : bool
         Write the turn the loop marks final (:meth:`mark_final`) as ``<answer> X </answer>``
@@ -279,7 +279,7 @@ class ScriptedGenerator(Generator):
                                         else "does not change it.")
                 s.held += 1
                 return (f"<think> {claim} The answer may be {gold}, but I will search once more to make "
-                        f"sure. </think>\n<search> {s.question} {nxt.title} </search>")
+                        f"sure. </think>\n<search> {nxt.title} {s.question} </search>")
             hold = False  # every title read was searched: answer now rather than repeat a search
         if hold:
             # Found but held back: one more search, for the question with the answer's title.
@@ -304,7 +304,10 @@ class ScriptedGenerator(Generator):
             return f"<think> {cite}My best guess is {guess}. </think>\n<answer> {guess} </answer>"
         if d is not None:
             s.queried_titles.append(d.title)
-            query = f"{s.question} {d.title}"
+            # Title first with distinct_queries: a model copying the question then meets the
+            # question's earlier continuation, `</search>`. Title last, the adapter copied the
+            # question and ran on into its <think> text (82 of 232 held-out turns).
+            query = f"{d.title} {s.question}" if self.distinct_queries else f"{s.question} {d.title}"
             claim = self._claim(d, d.text, 25, "does not answer it.")
         else:
             # Nothing new came back: search for the question alone again, as a model might.
