@@ -297,7 +297,8 @@ def test_train_reasoner_command_end_to_end_and_the_reasoner_slot(llama_dir, tmp_
 
     out = tmp_path / "r"
     args = ["train-reasoner", "--out", str(out), "--base", str(llama_dir), "--limit", "6", "--retriever", "bm25",
-            "--batch-size", "2", "--lora-r", "4", "--save-every", "1", "--max-obs-tokens", "40"]
+            "--batch-size", "2", "--lora-r", "4", "--save-every", "1", "--max-obs-tokens", "40",
+            "--distinct-queries", "--final-answer-only"]
     res = CliRunner().invoke(app, args + ["--max-steps", "2"])
     assert res.exit_code == 0, res.output
     part = json.loads((out / "train_reasoner.json").read_text())
@@ -305,6 +306,7 @@ def test_train_reasoner_command_end_to_end_and_the_reasoner_slot(llama_dir, tmp_
     dc = part["data"]
     assert dc["questions"] == 6 and dc["mix"]["target_safe_prevalence"] == pytest.approx(0.251)
     assert 1.0 <= dc["searches_per_question"] <= 4.0 and dc["target_tokens"] < dc["tokens"]
+    assert dc["distinct_queries"] and dc["final_answer_only"] and dc["repeated_queries"] == 0
     res = CliRunner().invoke(app, args)  # a second run over a checkpoint is refused (main() prints it, exit 2)
     assert isinstance(res.exception, ConfigError) and "--resume" in str(res.exception)
     res = CliRunner().invoke(app, args + ["--resume", "--merge-out", str(tmp_path / "merged")])

@@ -23,7 +23,8 @@ def _echo(m: str) -> None:
 
 
 def train_reasoner_command(*, out: Path, base: str = "smollm2", data: Optional[List[str]] = None,
-                           limit: Optional[int] = None, max_obs_tokens: int = 128, quote_words: int = 0, epochs: int = 1, lr: float = 3e-4,
+                           limit: Optional[int] = None, max_obs_tokens: int = 128, quote_words: int = 0,
+                           distinct_queries: bool = False, final_answer_only: bool = False, epochs: int = 1, lr: float = 3e-4,
                            lora_r: int = 16, batch_size: int = 4, top_layers: Optional[int] = None, save_every: int = 10, resume: bool = False,
                            max_steps: Optional[int] = None, bf16: bool = False, seed: int = 0, retriever: str = "default",
                            encoder: str = "minilm",
@@ -42,8 +43,8 @@ def train_reasoner_command(*, out: Path, base: str = "smollm2", data: Optional[L
         return slots.retriever_over(retriever, questions, encoder_spec=encoder, progress=False)
 
     card = train_reasoner(out, base=base, parts=data or None, limit=limit, max_obs_tokens=max_obs_tokens,
-                          quote_words=quote_words,
-                          epochs=epochs, lr=lr, r=lora_r, batch_size=batch_size, top_layers=top_layers, save_every=save_every,
+                          quote_words=quote_words, distinct_queries=distinct_queries,
+                          final_answer_only=final_answer_only, epochs=epochs, lr=lr, r=lora_r, batch_size=batch_size, top_layers=top_layers, save_every=save_every,
                           resume=resume,
                           max_steps=max_steps, bf16=bf16, seed=seed, make_retriever=make_retriever, threads=threads,
                           log=_echo)
@@ -72,6 +73,13 @@ def register(app: typer.Typer) -> None:
         quote_words: int = typer.Option(0, "--quote-words", help="Words the oracle's <think> claims quote from a "
                                         "document (0: none, 'Doc 1 (Title) names X.'; quoting made SmolLM2 copy "
                                         "into runaway turns)."),
+        distinct_queries: bool = typer.Option(False, "--distinct-queries/--repeat-queries", help="The oracle never "
+                                              "searches a query twice (later queries: an unsearched title read, then "
+                                              "the question) and answers when no title is left. Default: the bundled "
+                                              "adapter's data, which repeats."),
+        final_answer_only: bool = typer.Option(False, "--final-answer-only/--final-think", help="The turn the loop "
+                                               "forces is '<answer> X </answer>', as the trained reasoner opens it "
+                                               "with <answer>. Default: '<think> ... </think> <answer> X </answer>'."),
         epochs: int = typer.Option(1, "--epochs", help="Passes over the training trajectories."),
         lr: float = typer.Option(3e-4, "--lr", help="AdamW learning rate of the LoRA weights."),
         lora_r: int = typer.Option(16, "--lora-r", help="LoRA rank (alpha stays 32)."),
@@ -93,7 +101,8 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """LoRA SFT of a causal LM on Search-R1 trajectories (observations out of the loss); resumable."""
         train_reasoner_command(out=out, base=base, data=data, limit=limit, max_obs_tokens=max_obs_tokens,
-                               quote_words=quote_words, epochs=epochs,
+                               quote_words=quote_words, distinct_queries=distinct_queries,
+                               final_answer_only=final_answer_only, epochs=epochs,
                                lr=lr, lora_r=lora_r, batch_size=batch_size, top_layers=top_layers, save_every=save_every,
                           resume=resume,
                                max_steps=max_steps, bf16=bf16, seed=seed, retriever=retriever, encoder=encoder,

@@ -45,7 +45,8 @@ def _load_avg() -> list[float] | None:
 
 
 def _build_data(out: Path, base_dir: Path, tokenizer: Any, *, parts: Sequence[str], limit: int | None,
-                max_obs_tokens: int, max_turns: int, topk: int, quote_words: int, seed: int,
+                max_obs_tokens: int, max_turns: int, topk: int, quote_words: int, distinct_queries: bool,
+                final_answer_only: bool, seed: int,
                 make_retriever: Callable[[Any], Any],
                 log: Callable[[str], None]) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     from ragfast.methods.searchr1.sft_data import STUDY_SEARCHES_PER_QUESTION, build_training_set, training_questions
@@ -61,12 +62,15 @@ def _build_data(out: Path, base_dir: Path, tokenizer: Any, *, parts: Sequence[st
 
     eos = tokenizer.eos_token_id
     examples, mix, stats = build_training_set(qs, ret, tokenizer, fmt, eos_id=eos, max_turns=max_turns, topk=topk,
-                                              max_obs_tokens=max_obs_tokens, quote_words=quote_words, seed=seed,
+                                              max_obs_tokens=max_obs_tokens, quote_words=quote_words,
+                                              distinct_queries=distinct_queries, final_answer_only=final_answer_only,
+                                              seed=seed,
                                               log=log)
     card = {"parts": list(parts), "limit": limit, "base": str(base_dir), "questions": len(qs),
             "corpus": ["contexts of these questions", "wiki-sample"], "corpus_passages": None if corp is None else len(corp),
             "retriever": getattr(ret, "name", type(ret).__name__),
             "max_turns": max_turns, "topk": topk, "max_obs_tokens": max_obs_tokens, "quote_words": quote_words,
+            "distinct_queries": distinct_queries, "final_answer_only": final_answer_only,
             "mix": {"min_searches_low": mix.low, "fraction_low_plus_one": round(mix.fraction_high, 4),
                     "target_safe_prevalence": mix.target, "expected": round(mix.expected, 4),
                     "safe_prevalence_by_min_searches": {str(k): round(v, 4) for k, v in mix.prevalence_by_min.items()},
@@ -89,7 +93,8 @@ def _build_data(out: Path, base_dir: Path, tokenizer: Any, *, parts: Sequence[st
 
 def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequence[str] | None = None,
                    limit: int | None = None, max_obs_tokens: int = 128, max_turns: int = 4, topk: int = 3,
-                   quote_words: int = 0, epochs: int = 1, lr: float = 3e-4, r: int = 16, alpha: float = 32.0, dropout: float = 0.05,
+                   quote_words: int = 0, distinct_queries: bool = False, final_answer_only: bool = False,
+                   epochs: int = 1, lr: float = 3e-4, r: int = 16, alpha: float = 32.0, dropout: float = 0.05,
                    batch_size: int = 4, top_layers: int | None = None, save_every: int = 10, resume: bool = False, max_steps: int | None = None,
                    bf16: bool = False, seed: int = 0, make_retriever: Callable[[Any], Any] | None = None,
                    threads: int | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -115,6 +120,10 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
     quote_words : int
         Words the oracle's claims quote from a document (0: none; ``Doc 1 (Title) names X.``).
         0 because an adapter trained on 25-40-word quotes copied them into runaway turns.
+    distinct_queries, final_answer_only : bool
+        :class:`~ragfast.models.scripted.ScriptedGenerator`'s options of the same names (no query
+        searched twice; the forced final turn as ``<answer> X </answer>``). Off: the bundled
+        adapter's data. On, with ``max_obs_tokens`` 256, the adapters held out worse (see README).
     epochs, lr, r, alpha, dropout, batch_size, save_every, max_steps, seed
         :func:`ragfast.models.lora_sft.lora_sft` settings (one example per forward pass).
     top_layers : int, optional
@@ -155,7 +164,8 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
     tok = AutoTokenizer.from_pretrained(str(base_dir), local_files_only=True)
     data_file = out / "data.jsonl"
     settings = {"parts": parts, "limit": limit, "max_obs_tokens": max_obs_tokens, "max_turns": max_turns,
-                "topk": topk, "quote_words": quote_words, "base": str(base_dir)}
+                "topk": topk, "quote_words": quote_words, "distinct_queries": distinct_queries,
+                "final_answer_only": final_answer_only, "base": str(base_dir)}
     old_card = json.loads((out / "data_card.json").read_text()) if (out / "data_card.json").is_file() else None
     if data_file.exists() and old_card is not None and {k: old_card.get(k) for k in settings} == settings:
         # The same settings built these trajectories already (or a resume): train on the very same tokens.
@@ -168,7 +178,8 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
         if make_retriever is None:
             raise ConfigError("train_reasoner needs make_retriever to build its trajectories")
         examples, data_card = _build_data(out, base_dir, tok, parts=parts, limit=limit, max_obs_tokens=max_obs_tokens,
-                                          max_turns=max_turns, topk=topk, quote_words=quote_words, seed=seed,
+                                          max_turns=max_turns, topk=topk, quote_words=quote_words,
+                                          distinct_queries=distinct_queries, final_answer_only=final_answer_only, seed=seed,
                                           make_retriever=make_retriever,
                                           log=log)
         log(f"{len(examples)} trajectories, {data_card['searches_per_question']:.2f} searches/q, "

@@ -100,7 +100,7 @@ def training_questions(parts: Sequence[str] = TRAIN_PARTS, limit: int | None = N
 def oracle_trajectories(questions: Sequence[Question], retriever: Any, tokenizer: Any, *, min_searches: int = 1,
                         max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
                         batch_size: int = 64, quote_words: int | None = 0,
-                        distinct_queries: bool = True, final_answer_only: bool = True) -> list[Trajectory]:
+                        distinct_queries: bool = False, final_answer_only: bool = False) -> list[Trajectory]:
     """The oracle's Search-R1 trajectories of ``questions`` with a given ``min_searches`` (claims
     quote ``quote_words`` words at most; ``distinct_queries``: no query searched twice;
     ``final_answer_only``: the turn the loop forces written as ``<answer> X </answer>``:
@@ -254,7 +254,8 @@ def sft_example(tokenizer: Any, traj: Trajectory, prompt: str, *, eos_id: int | 
 
 def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer: Any, format_prompt: Callable[[str], str],
                        *, eos_id: int | None, max_turns: int = 4, topk: int = 3, max_obs_tokens: int = 500,
-                       quote_words: int | None = 0, target: float = STUDY_SAFE_PREVALENCE, seed: int = 0,
+                       quote_words: int | None = 0, distinct_queries: bool = False, final_answer_only: bool = False,
+                       target: float = STUDY_SAFE_PREVALENCE, seed: int = 0,
                        log: Callable[[str], None] = print) -> tuple[list[dict[str, Any]], MixChoice, dict[str, Any]]:
     """Oracle runs at ``min_searches`` 1..max_turns, the mix, and one SFT example per question.
 
@@ -269,7 +270,8 @@ def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer:
     runs: dict[int, list[Trajectory]] = {}
     for m in range(1, max_turns + 1):
         runs[m] = oracle_trajectories(questions, retriever, tokenizer, min_searches=m, max_turns=max_turns, topk=topk,
-                                      max_obs_tokens=max_obs_tokens, quote_words=quote_words)
+                                      max_obs_tokens=max_obs_tokens, quote_words=quote_words,
+                                      distinct_queries=distinct_queries, final_answer_only=final_answer_only)
         log(f"oracle min_searches={m}: {np.mean([t.searches for t in runs[m]]):.3f} searches/q, "
             f"EM {np.mean([t.em for t in runs[m]]):.3f}")
     # The first answerable state: where the min_searches=1 oracle answered a gold it had read.
@@ -287,7 +289,7 @@ def build_training_set(questions: Sequence[Question], retriever: Any, tokenizer:
              "answerable_questions": int(sum(f is not None for f in first)),
              "past_first_answerable": int(sum(1 for t, f in zip(trajs, first) if f is not None and t.searches > f)),
              "oracle_em": float(np.mean([t.em for t in trajs])),
-             "distinct_queries": True, "final_answer_only": True, "repeated_queries": repeated_queries(trajs),
+             "repeated_queries": repeated_queries(trajs),
              "min_searches": {str(m): int(sum(1 for c in chosen if c == m)) for m in sorted(set(chosen))},
              "tokens": int(sum(len(e["input_ids"]) for e in examples)),
              "target_tokens": int(sum(e["n_target"] for e in examples)),
