@@ -254,7 +254,7 @@ def test_every_setting_has_one_flag_and_help_and_the_old_spellings_work():
     fields = [f.name for f in dataclasses.fields(RunSettings) if f.init]
     assert set(HELP) == set(fields)
     assert flag_names("reasoner") == ("--reasoner", "--model")
-    assert flag_names("budget") == ("--budget", "--max-turns")
+    assert flag_names("budget") == ("--budget", "--max-turns", "--max-steps")  # RELOOP's step budget too
     assert flag_names("index") == ("--index", "--retriever")
     res = CliRunner().invoke(app, ["run", "s2g", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
     assert res.exit_code == 0

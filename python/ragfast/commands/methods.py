@@ -94,8 +94,11 @@ def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
     for f in dataclasses.fields(RunSettings):
         if not f.init or f.name == "devices" or (f.name == "methods" and not with_methods):
             continue
+        flags = flag_names(f.name)
+        if hints[f.name] is bool:  # an on/off setting: --repair/--no-repair
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[f.name]),
-                                        default=typer.Option(None, *flag_names(f.name), help=HELP[f.name])))
+                                        default=typer.Option(None, *flags, help=HELP[f.name])))
     for s in _SLOT_DEVICES:
         params.append(inspect.Parameter(f"{s}_device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                         default=typer.Option(None, f"--{s}-device",

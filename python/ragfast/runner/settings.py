@@ -342,8 +342,8 @@ HELP: dict[str, str] = {
     "nli_backend": "auto (ONNX Runtime on CPU, measured faster; torch on GPU) | torch | onnx.",
     "index": "flat (the encoder over --corpus, ragfast's kernel; default) | bm25 | faiss:<factory> | an index "
              "path | an http(s) URL of a Search-R1 retrieval server.",
-    "budget": "Search-enabled turns per question (reference: 4).",
-    "topk": "Documents per search (reference: 3).",
+    "budget": "Search-enabled turns per question (reference: 4); RELOOP's step budget.",
+    "topk": "Documents per search (reference: 3); RELOOP's segments read per step (at most 8).",
     "threshold": "S2G STOP threshold (default: selected on the validation questions).",
     "min_precision": "STOP precision the selected S2G threshold must reach (default 0.90).",
     "val_data": "Validation QA file or sample (S2G threshold selection; default hotpotqa-dev).",
@@ -393,6 +393,4 @@ def flag_names(name: str) -> tuple[str, ...]:
     short = {"limit": ("-n",), "out": ("-o",), "methods": ("--method", "-m")}.get(name, ())
     if name == "methods":
         return short
-    if {f.name: f.type for f in dataclasses.fields(RunSettings)}.get(name) in (bool, "bool"):
-        return (f"{own}/--no-{own[2:]}",)  # an on/off setting: --repair/--no-repair
     return (own, *("--" + k.replace("_", "-") for k in old), *short)
