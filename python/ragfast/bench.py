@@ -217,7 +217,8 @@ def run_info(cfg: RunSettings, slots: Slots, wall_seconds: float) -> dict[str, A
 
     import ragfast
 
-    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus or ()),
+    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions),
+                            "corpus_size": len(slots.corpus or ()),
                             "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": wall_seconds,
                             "val_limit": cfg.val_limit, "seed": cfg.seed, "ragfast": ragfast.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
