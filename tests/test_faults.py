@@ -190,23 +190,23 @@ def test_killed_s2g_run_keeps_the_native_passes_costs(clean_run, tmp_path):
 
 
 def test_killed_stepgap_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(tmp_path):
-    sg = ["run", "stepgap", "--model", "scripted", "--retriever", "bm25", "--data", "hotpotqa-dev", "--limit", "8",
-          "--batch-size", "1", "--no-progress", "--out"]
+    sg = ["run", "stepgap", "--model", "scripted", "--retriever", "bm25", "--data", "hotpotqa-dev", "--offset", "0",
+          "--limit", "8", "--batch-size", "1", "--no-progress", "--out"]
     r = cli(*sg, str(tmp_path / "clean"))
     assert r.returncode == 0, r.stderr[-2000:]
-    clean = _ledger_by_question(tmp_path / "clean", "ledger-stepgap.jsonl")
+    clean = _ledger_by_question(tmp_path / "clean", "ledgers/stepgap.jsonl")
     out = tmp_path / "killed"
-    done = _kill_after([*sg, str(out)], out / "results.jsonl", 3)
+    done = _kill_after([*sg, str(out)], out / "trajectories" / "stepgap.jsonl", 3)
     assert 3 <= done < 8
-    ids = _finished_ids(out / "results.jsonl")
-    got = _ledger_by_question(out, "ledger-stepgap.jsonl")
+    ids = _finished_ids(out / "trajectories" / "stepgap.jsonl")
+    got = _ledger_by_question(out, "ledgers/stepgap.jsonl")
     # every finished question's records, as the clean run made them (NLI and reasoner included)
     assert set(ids) <= set(got) and {q: got[q] for q in ids} == {q: clean[q] for q in ids}
     assert all({"reasoner", "nli"} <= set(clean[q]) for q in ids)
     # a resume drops the records of the question killed mid-way and completes the file
     r = cli(*sg, str(out), "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
-    assert _ledger_by_question(out, "ledger-stepgap.jsonl") == clean
+    assert _ledger_by_question(out, "ledgers/stepgap.jsonl") == clean
 
 
 def test_corrupt_ledger_line_is_refused_not_dropped(clean_run, tmp_path):

@@ -1,6 +1,7 @@
 """One name in every LLM slot: catalogue names resolve (or fail in one line naming `ragfast models
 get`), the teacher's scoring route for small models, the StepGap defaults, and (slow) smollm2 in
 each slot on a few questions."""
+import dataclasses
 import json
 
 import numpy as np
@@ -29,9 +30,9 @@ def test_uncached_model_names_the_command_in_every_slot(slot, empty_cache):
 
 def test_stepgap_defaults_name_a_backend():
     # `ragfast run stepgap` with no flags once passed backend=None to the NLI factory.
-    from ragfast.commands import options
+    from ragfast.runner.settings import RunSettings
 
-    s = options.resolve(None, {"nli_backend": None, "nli": None})
+    s = dataclasses.asdict(RunSettings(methods=["stepgap"]))
     assert s["nli_backend"] == "auto" and s["nli"] == "tiny"
     assert slots.nli(s["nli"], backend=s["nli_backend"]) is not None
 
@@ -87,8 +88,7 @@ def test_teacher_auto_route_scores_only_the_parse_failures(tiny_dir):
 
 def test_reloop_head_reads_the_pack_through_the_chat_template(tmp_path):
     """An instruction-tuned head gets the evidence pack as a user message; the extractive head raw."""
-    from ragfast.commands.reloop import run_reloop_command
-    from ragfast.methods.reloop import ReloopConfig
+    from ragfast.commands.methods import run_one
     from ragfast.models.base import Generator
 
     class Templated(Generator):
@@ -114,8 +114,8 @@ def test_reloop_head_reads_the_pack_through_the_chat_template(tmp_path):
             pass
 
     lm = Templated()
-    s = run_reloop_command("hotpotqa-dev", str(tmp_path / "o"), ReloopConfig(max_steps=2, batch_size=2), limit=2,
-                           encoder="hashing", judge="heuristic", generator=lm, progress=False)
-    assert s["questions"] == 2 and lm.seen
+    s = run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "o"), budget=2, batch_size=2, limit=2, offset=0,
+                encoder="hashing", judge="heuristic", progress=False, components={"head": lm})
+    assert s["methods"]["reloop"]["n_questions"] == 2 and lm.seen
     assert all(p.startswith("<user>Answer the question using only the evidence below.") and
                p.endswith("Answer:</user><assistant>") for p in lm.seen)

@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 from ragfast.errors import ConfigError
 
 # Wall-clock fields differ between any two runs; everything else must be equal.
-TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds", "started", "load_avg_1m"}
+TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds", "started", "load_avg_1m",
+          "judge_seconds", "nli_seconds", "checker_to_reasoner_seconds", "seconds_per_question"}
 SMALL = ["--limit", "4", "--val-limit", "6", "--index", "bm25"]
 
 
@@ -132,6 +133,52 @@ def test_run_searchr1_and_bench_method_searchr1_write_the_same_results(tmp_path)
     assert len(traj) == 4 and all(t["searches"] <= 3 for t in traj)
 
 
+def test_run_stepgap_and_bench_method_stepgap_write_the_same_results(tmp_path):
+    # the hand-written run stepgap's flags (--model, --retriever, --max-turns, --entail, --contra,
+    # --max-repairs, --checker-llm) are the settings' own names or their aliases
+    invoke("run", "stepgap", "--model", "scripted", "--retriever", "bm25", "--max-turns", "3", "--limit", "4",
+           "--entail", "0.4", "--contra", "0.6", "--max-repairs", "1", "--checker-llm", "none", "--no-progress",
+           "--out", str(tmp_path / "run"))
+    invoke("bench", "--method", "stepgap", "--reasoner", "scripted", "--index", "bm25", "--budget", "3", "--limit", "4",
+           "--entail", "0.4", "--contra", "0.6", "--max-repairs", "1", "--checker-llm", "none",
+           "--out", str(tmp_path / "bench"))
+    same_run(tmp_path / "run", tmp_path / "bench", "stepgap")
+    cfg = json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]
+    assert (cfg["entail"], cfg["contra"], cfg["max_repairs"], cfg["budget"], cfg["offset"]) == (0.4, 0.6, 1, 3, 100)
+    traj = lines(tmp_path / "run" / "trajectories" / "stepgap.jsonl")
+    # the report section is what run stepgap printed: labels, repairs, the checker's cost per question
+    rep = summary(tmp_path / "run")["methods"]["stepgap"]["report"]
+    n_labels = sum(len(t["extra"]["stepgap"]["labels"]) for t in traj)
+    assert rep["stages"] == "DE" and rep["steps"] == n_labels > 0  # no LLM: only the NLI stages
+    assert math.isclose(sum(rep["label_mix"].values()), 1.0)
+    assert all(len(t["extra"]["stepgap"]["repairs"]) <= 1 for t in traj)
+    nli_calls = sum(t["cost"].get("nli", {}).get("calls", 0) for t in traj) / len(traj)
+    assert rep["checker_cost_per_question"]["nli_pairs"] == pytest.approx(nli_calls) and nli_calls > 0
+    rewards = lines(tmp_path / "run" / "stepgap_rewards.jsonl")
+    assert rewards == lines(tmp_path / "bench" / "stepgap_rewards.jsonl")
+    assert len(rewards) == sum(len(t["extra"]["stepgap"]["rewards"]) for t in traj) > 0
+
+
+def test_run_reloop_and_bench_method_reloop_write_the_same_results(tmp_path):
+    # the hand-written run reloop's flags are aliases: --max-steps (budget), --k (topk),
+    # --generator (head), --max-tokens (evidence_tokens)
+    invoke("run", "reloop", "--max-steps", "3", "--k", "2", "--generator", "extractive", "--max-tokens", "300",
+           "--window", "6", "--no-verify", "--encoder", "hashing", "--judge", "heuristic", "--limit", "4",
+           "--no-progress", "--out", str(tmp_path / "run"))
+    invoke("bench", "--method", "reloop", "--budget", "3", "--topk", "2", "--head", "extractive", "--evidence-tokens",
+           "300", "--window", "6", "--no-verify", "--encoder", "hashing", "--judge", "heuristic", "--limit", "4",
+           "--out", str(tmp_path / "bench"))
+    same_run(tmp_path / "run", tmp_path / "bench", "reloop")
+    cfg = json.loads((tmp_path / "run" / "manifest.json").read_text())["config"]
+    assert (cfg["budget"], cfg["topk"], cfg["evidence_tokens"], cfg["window"], cfg["verify"], cfg["offset"]) == (
+        3, 2, 300, 6, False, 100)
+    traj = lines(tmp_path / "run" / "trajectories" / "reloop.jsonl")
+    assert len(traj) == 4 and all(t["steps"] <= 3 and t["evidence_tokens"] <= 300 and not t["refined"] for t in traj)
+    rep = summary(tmp_path / "run")["methods"]["reloop"]["report"]
+    assert rep["kind"] == "text" and rep["planner"] == "heuristic"
+    assert rep["steps_per_question"] == pytest.approx(sum(t["steps"] for t in traj) / 4)
+
+
 # -- a fifth method: one class and its registration ------------------------------------------------
 from ragfast.methods.base import Method, register  # noqa: E402
 from ragfast.methods.searchr1.loop import SearchR1Loop  # noqa: E402
@@ -207,7 +254,7 @@ def test_every_setting_has_one_flag_and_help_and_the_old_spellings_work():
     fields = [f.name for f in dataclasses.fields(RunSettings) if f.init]
     assert set(HELP) == set(fields)
     assert flag_names("reasoner") == ("--reasoner", "--model")
-    assert flag_names("budget") == ("--budget", "--max-turns")
+    assert flag_names("budget") == ("--budget", "--max-turns", "--max-steps")  # RELOOP's step budget too
     assert flag_names("index") == ("--index", "--retriever")
     res = CliRunner().invoke(app, ["run", "s2g", "--help"], env={"COLUMNS": "240", "NO_COLOR": "1"})
     assert res.exit_code == 0

@@ -14,7 +14,7 @@ from ragfast.errors import ConfigError, DataError
 from ragfast.methods.reloop.hseq import from_triples, to_source
 from ragfast.models.base import Generator
 import ragfast.methods.reloop as rl
-from ragfast.commands.reloop import run_reloop_command
+from ragfast.commands.methods import run_one
 from ragfast.text import whitespace_tokens
 from ragfast.types import Question
 
@@ -309,19 +309,21 @@ FIELDS = {"id", "question", "golden_answers", "answer", "em", "f1", "searches", 
 
 def test_run_writes_resumable_results(tmp_path):
     out = tmp_path / "kg"
-    s1 = run_reloop_command("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=15, progress=False)
-    assert s1["questions"] == 15
-    s2 = run_reloop_command("metaqa-2hop", str(out), rl.ReloopConfig(planner="kg-path"), limit=25, resume=True, progress=False)
-    rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
-    assert len(rows) == 25 and len({r["id"] for r in rows}) == 25 and s2["questions"] == 25
+    s1 = run_one("reloop", data="metaqa-2hop", out=str(out), planner="kg-path", limit=15, offset=0, progress=False)
+    assert s1["methods"]["reloop"]["n_questions"] == 15
+    s2 = run_one("reloop", data="metaqa-2hop", out=str(out), planner="kg-path", limit=25, offset=0, resume=True,
+                 progress=False)
+    rows = [json.loads(x) for x in (out / "trajectories" / "reloop.jsonl").read_text().splitlines()]
+    assert len(rows) == 25 and len({r["id"] for r in rows}) == 25 and s2["methods"]["reloop"]["n_questions"] == 25
     assert FIELDS <= set(rows[0])
     man = json.loads((out / "manifest.json").read_text())
     assert man["slots"]["head"]["meaningful"] is False  # the extractive head is not an LLM
     with pytest.raises(ConfigError, match="kg-path"):
-        run_reloop_command("metaqa-1hop", str(tmp_path / "x"), rl.ReloopConfig(planner="heuristic"), limit=2, progress=False)
+        run_one("reloop", data="metaqa-1hop", out=str(tmp_path / "x"), planner="heuristic", limit=2, offset=0,
+                progress=False)
     with pytest.raises(ConfigError, match="'kg-path' follows"):
-        run_reloop_command("hotpotqa-dev", str(tmp_path / "y"), rl.ReloopConfig(planner="kg-path"), limit=2, progress=False,
-               encoder="hashing", judge="heuristic")
+        run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "y"), planner="kg-path", limit=2, offset=0,
+                progress=False, encoder="hashing", judge="heuristic")
 
 
 def test_cli_run_reloop(tmp_path):
@@ -332,13 +334,15 @@ def test_cli_run_reloop(tmp_path):
     runner = CliRunner()
     for data, planner in (("hotpotqa-dev", "heuristic"), ("tatqa-dev", "heuristic"), ("metaqa-3hop", "kg-path")):
         out = tmp_path / data
-        res = runner.invoke(app, ["run", "reloop", "--data", data, "--out", str(out), "--limit", "4", "--planner", planner,
-                                  "--encoder", "hashing", "--judge", "heuristic", "--json"])
+        res = runner.invoke(app, ["run", "reloop", "--data", data, "--out", str(out), "--limit", "4", "--offset", "0",
+                                  "--planner", planner, "--encoder", "hashing", "--judge", "heuristic", "--json",
+                                  "--no-progress"])
         assert res.exit_code == 0, (res.output[-2000:], res.exception)
         summary = json.loads(res.stdout)
-        assert summary["questions"] == 4 and summary["steps_per_question"] >= 1
-        assert summary["answers_meaningful"] is False
-        rows = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines()]
+        rl_sum = summary["methods"]["reloop"]
+        assert rl_sum["n_questions"] == 4 and rl_sum["report"]["steps_per_question"] >= 1
+        assert summary["slots"]["head"]["meaningful"] is False
+        rows = [json.loads(x) for x in (out / "trajectories" / "reloop.jsonl").read_text().splitlines()]
         assert len(rows) == 4 and FIELDS <= set(rows[0])
     # through the real entry point: a bad path is one clear error line and exit status 2
     p = subprocess.run([sys.executable, "-m", "ragfast.cli", "run", "reloop", "--data", str(tmp_path / "nope.jsonl"),
@@ -391,17 +395,18 @@ class _CannedLM(Generator):
 
 def test_llm_planner_and_generator_head_through_run(tmp_path):
     lm = _CannedLM()
-    s = run_reloop_command("hotpotqa-dev", str(tmp_path / "lm"), rl.ReloopConfig(planner="llm", max_steps=3, batch_size=2),
-               limit=3, encoder="hashing", judge="heuristic", generator=lm, planner_model=lm, progress=False)
-    assert s["questions"] == 3 and s["answers_meaningful"] is False
+    s = run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "lm"), planner="llm", budget=3, batch_size=2, limit=3,
+                offset=0, encoder="hashing", judge="heuristic", planner_model="canned-lm", progress=False,
+                components={"head": lm, "planner": lm})
+    assert s["methods"]["reloop"]["n_questions"] == 3 and s["slots"]["head"]["meaningful"] is False
     man = json.loads((tmp_path / "lm" / "manifest.json").read_text())
     assert man["slots"]["planner"]["meaningful"] is False and man["slots"]["head"]["meaningful"] is False
-    rows = [json.loads(x) for x in (tmp_path / "lm" / "results.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (tmp_path / "lm" / "trajectories" / "reloop.jsonl").read_text().splitlines()]
     assert all(r["plan"]["source"] == "llm" and r["plan"]["entities"] == ["Tinted Windows"] for r in rows)
     for r in rows:
         # reasoner cost lands on the question itself: one plan call + one (or two, refined) answer calls
         assert r["cost"]["reasoner"]["calls"] in (2, 3)
         assert r["answer"] == r["evidence"][0]["title"]
     with pytest.raises(ConfigError, match="--planner-model"):
-        run_reloop_command("hotpotqa-dev", str(tmp_path / "x"), rl.ReloopConfig(planner="llm"), limit=1, encoder="hashing",
-               progress=False)
+        run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "x"), planner="llm", limit=1, offset=0,
+                encoder="hashing", progress=False)

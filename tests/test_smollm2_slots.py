@@ -137,6 +137,6 @@ def test_stepgap_llm_prompted_nli(smollm2, tmp_path):
     # No checker LLM, so stages D-E decide every claim through the LLM-prompted NLI scorer.
     _cli("run", "stepgap", "--checker-llm", "none", "--nli", "smollm2", "--limit", 1, "--budget", 2,
          "--out", tmp_path / "sg")
-    assert _summary(tmp_path / "sg")["checker_cost_per_question"]["nli_pairs"] > 0
+    assert _summary(tmp_path / "sg")["methods"]["stepgap"]["report"]["checker_cost_per_question"]["nli_pairs"] > 0
     nli = json.loads((tmp_path / "sg" / "manifest.json").read_text())["slots"]["nli"]
     assert nli["class"] == "LLMNLIScorer" and "LLM-prompted" in nli["kind"]

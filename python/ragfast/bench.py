@@ -26,7 +26,7 @@ import numpy as np
 
 from ragfast.cost import COMPONENTS
 from ragfast.errors import DataError
-from ragfast.methods.base import BUILTIN_PACKAGES, Slots
+from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
 from ragfast.outdir import LOCK_FILE
 from ragfast.runner.drive import load_ledger
@@ -146,7 +146,8 @@ def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: R
 
 
 # -- the main job ----------------------------------------------------------------------------
-def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, progress: bool = True) -> dict[str, Any]:
+def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, progress: bool = True,
+              table: bool = True, components: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Run every method of ``cfg`` on the same questions and write the report.
 
     Parameters
@@ -157,6 +158,10 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     console : rich.console.Console, optional
     progress : bool
         Show progress bars (False: messages only; ``--no-progress``).
+    table : bool
+        Print the results table on stdout (``--json`` prints the summary instead).
+    components : mapping, optional
+        Slots filled with objects the caller built (:func:`ragfast.runner.methods.build_slots`).
 
     Returns
     -------
@@ -168,7 +173,7 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     from ragfast.logs import run_log
 
     console = console or Console(stderr=True)
-    check_paths(cfg)
+    check_paths(cfg, tuple(components or ()))
     out = Path(cfg.out)
     # The log of a run that failed before doing any work does not make the directory a run.
     if out.exists() and any(p.name not in ("ragfast.log", LOCK_FILE) for p in out.iterdir()) and not resume:
@@ -179,15 +184,16 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     out.mkdir(parents=True, exist_ok=True)
     with run_log(out):
         log.info("bench: %s -> %s (resume=%s)", cfg.data, out, resume)
-        return _run_bench(cfg, out, resume, console, progress, fp)
+        return _run_bench(cfg, out, resume, console, progress, fp, table, components)
 
 
 def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress: bool,
-               fp: Mapping[str, Any]) -> dict[str, Any]:
+               fp: Mapping[str, Any], table: bool, components: Mapping[str, Any] | None) -> dict[str, Any]:
     from rich.console import Console
 
     t0 = time.perf_counter()
-    done = run_methods(cfg, cfg.methods, out, resume=resume, console=console, progress=progress, fingerprint=fp)
+    done = run_methods(cfg, cfg.methods, out, resume=resume, console=console, progress=progress, fingerprint=fp,
+                       components=components)
     judge_verdict(done.slot_info, out)
     summary = summarise(cfg, done.records, done.slot_info, out)
     summary["run"] = run_info(cfg, done.slots, time.perf_counter() - t0)
@@ -198,7 +204,8 @@ def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress
     write_outputs(summary, out, done.records)
     from ragfast import report
 
-    report.print_table(summary, Console())
+    if table:
+        report.print_table(summary, Console())
     console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, "
                   f"trajectories/, ragfast.log")
     return summary
@@ -210,7 +217,8 @@ def run_info(cfg: RunSettings, slots: Slots, wall_seconds: float) -> dict[str, A
 
     import ragfast
 
-    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions), "corpus_size": len(slots.corpus),
+    info: dict[str, Any] = {"data": cfg.data, "n_questions": len(slots.questions),
+                            "corpus_size": len(slots.corpus or ()),
                             "budget": cfg.budget, "topk": cfg.topk, "wall_seconds": wall_seconds,
                             "val_limit": cfg.val_limit, "seed": cfg.seed, "ragfast": ragfast.__version__,
                             "python": platform.python_version(), "machine": platform.machine(),
@@ -258,6 +266,10 @@ def summarise(cfg: RunSettings, records: Mapping[str, Sequence[Mapping[str, Any]
         methods[m]["ci"] = method_cis(recs, cfg)
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
+    for m, recs in records.items():  # each method's own section (StepGap's labels and checker cost...)
+        section = get(m)(cfg).report(recs)
+        if section is not None:
+            methods[m]["report"] = section
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
     for path in (out / "s2g_threshold.json", out / "s2g_analysis.json", out / "s2g_judges.json"):
         if path.exists():

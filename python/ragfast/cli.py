@@ -40,7 +40,6 @@ COMMAND_MODULES = (
     "ragfast.commands.judge",
     "ragfast.commands.run",
     "ragfast.commands.bench",
-    "ragfast.commands.reloop",
     "ragfast.commands.retrieval",
     "ragfast.commands.s2g",
     "ragfast.commands.judge_training",

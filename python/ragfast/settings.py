@@ -1,7 +1,7 @@
 """The ``--config`` YAML file every command that runs methods reads, and the names it may use.
 
-``ragfast bench`` and the ``ragfast run`` commands name three settings differently (the bench
-after its slots, the run commands after the Search-R1 loop); a file may use either name.
+Every setting has one name; older spellings (the hand-written run commands', named after the
+Search-R1 loop and RELOOP's config) are accepted as aliases, in one table: :data:`BENCH_NAMES`.
 """
 from __future__ import annotations
 
@@ -18,13 +18,19 @@ __all__ = ["BENCH_NAMES", "RUN_NAMES", "RUN_ONLY", "ALIASES_OF_KEYS", "load_yaml
 #: YAML keys accepted for another key's name (the flag's spelling: ``--method`` fills ``methods``).
 ALIASES_OF_KEYS: dict[str, str] = {"method": "methods"}
 
-#: run-command name -> bench name of the same setting.
-BENCH_NAMES: dict[str, str] = {"model": "reasoner", "retriever": "index", "max_turns": "budget",
+#: The Search-R1 run commands' old spellings -> the setting's one name (``ragfast study s2g``
+#: still spells its flags so: :data:`RUN_NAMES`).
+_LOOP_NAMES: dict[str, str] = {"model": "reasoner", "retriever": "index", "max_turns": "budget",
                                "tokenizer": "reasoner_tokenizer", "model_config": "reasoner_config"}
-#: Settings only the run commands take; the bench leaves them to those commands.
-RUN_ONLY: frozenset[str] = frozenset({"checker_llm", "no_progress"})
-#: bench name -> run-command name.
-RUN_NAMES: dict[str, str] = {v: k for k, v in BENCH_NAMES.items()}
+#: Every old spelling -> the setting's one name, as a flag alias and a YAML key alike: the loop's,
+#: then RELOOP's (its step budget is ``budget``, the segments it reads per step ``topk``, its head
+#: ``head``, its evidence budget ``evidence_tokens``).
+BENCH_NAMES: dict[str, str] = {**_LOOP_NAMES, "max_steps": "budget", "k": "topk", "generator": "head",
+                               "max_tokens": "evidence_tokens"}
+#: Settings no method takes (a command's own switches); a ``--config`` file may hold them.
+RUN_ONLY: frozenset[str] = frozenset({"no_progress"})
+#: bench name -> the Search-R1 run commands' name (``ragfast study s2g``'s flags).
+RUN_NAMES: dict[str, str] = {v: k for k, v in _LOOP_NAMES.items()}
 
 
 def _loader() -> Any:

@@ -5,8 +5,7 @@ Each generated command runs one method through the same runner as ``ragfast benc
 --method s2g`` with the same settings write the same files: ``trajectories/``, ``ledgers/``,
 ``manifest.json``, ``summary.json`` and the report. Its flags are the fields of
 :class:`~ragfast.runner.settings.RunSettings` (one name each, old spellings as aliases from
-:func:`~ragfast.runner.settings.flag_names`); a method with a hand-written command of its own
-keeps that one.
+:func:`~ragfast.runner.settings.flag_names`).
 """
 from __future__ import annotations
 
@@ -19,11 +18,7 @@ from typing import Any, Callable, List, Optional
 import typer
 
 __all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
-           "one_method_settings", "BENCH_HELP", "GENERATED"]
-
-#: The built-in methods whose ``ragfast run`` command is generated here (``run stepgap`` and
-#: ``run reloop`` are still hand-written and write their own layout).
-GENERATED: tuple[str, ...] = ("searchr1", "s2g")
+           "one_method_settings", "BENCH_HELP"]
 
 #: Settings a one-method run does not take as flags (the method is the command; per-slot devices
 #: have their own four flags).
@@ -62,11 +57,16 @@ def one_method_settings(name: str | list[str] | None, *, preset: str = "default"
 
 
 def run_one(name: str, *, resume: bool = False, console: Any = None, progress: bool = True,
-            **kw: Any) -> dict[str, Any]:
-    """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary."""
+            components: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:
+    """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary.
+
+    ``components`` fill slots with objects the caller built (``{"head": my_model}``:
+    :func:`ragfast.runner.methods.build_slots`).
+    """
     from ragfast.bench import run_bench
 
-    return run_bench(one_method_settings(name, **kw), resume=resume, console=console, progress=progress)
+    return run_bench(one_method_settings(name, **kw), resume=resume, console=console, progress=progress,
+                     table=False, components=components)
 
 
 def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
@@ -79,6 +79,8 @@ def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
     params = [
         inspect.Parameter("no_progress", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--no-progress", help="No progress bars (messages and the summary still print).")),
+        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
+            False, "--json", help="Print summary.json's content on stdout instead of the results table.")),
         inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
             False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
                                                 "other data, questions, slots or settings are refused.")),
@@ -92,8 +94,11 @@ def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
     for f in dataclasses.fields(RunSettings):
         if not f.init or f.name == "devices" or (f.name == "methods" and not with_methods):
             continue
+        flags = flag_names(f.name)
+        if hints[f.name] is bool:  # an on/off setting: --repair/--no-repair
+            flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[f.name]),
-                                        default=typer.Option(None, *flag_names(f.name), help=HELP[f.name])))
+                                        default=typer.Option(None, *flags, help=HELP[f.name])))
     for s in _SLOT_DEVICES:
         params.append(inspect.Parameter(f"{s}_device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                         default=typer.Option(None, f"--{s}-device",
@@ -118,10 +123,14 @@ def running_command(name: str | None) -> Callable[..., None]:
         from ragfast.bench import run_bench
         from ragfast.outdir import output_dir
 
-        resume, progress = kw.pop("resume"), not kw.pop("no_progress")
+        resume, progress, as_json = kw.pop("resume"), not kw.pop("no_progress"), kw.pop("as_json")
         cfg = _settings_from_flags(kw, [name] if name else None)
         with output_dir(cfg.out):
-            run_bench(cfg, resume=resume, progress=progress)
+            summary = run_bench(cfg, resume=resume, progress=progress, table=not as_json)
+        if as_json:
+            from ragfast.results import dumps
+
+            print(dumps(summary, indent=2))
 
     command.__signature__ = inspect.Signature(settings_parameters(with_methods=name is None))  # typer reads it
     if name is None:
@@ -158,11 +167,9 @@ def add_run_command(run_app: typer.Typer, name: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    """Generate ``ragfast run M`` for every registered method without a hand-written command, and for :data:`GENERATED`."""
+    """Generate ``ragfast run M`` for every registered method."""
     from ragfast.commands.run import run_app
     from ragfast.methods.base import names
 
-    hand_written = {c.name for c in run_app.registered_commands}
     for name in names():
-        if name in GENERATED or name not in hand_written:
-            add_run_command(run_app, name)
+        add_run_command(run_app, name)

@@ -1,10 +1,11 @@
 """The flags every command that runs methods shares, and the ``--config`` YAML they all read.
 
 Each shared flag is declared once, in :data:`FLAGS`; :func:`with_flags` adds the ones a command
-takes to its signature, so ``ragfast run stepgap|reloop`` and ``ragfast study s2g`` spell, document and
-default them identically. A shared flag defaults to ``None`` on the command line, so
-:func:`resolve` can tell a flag the user typed (it wins) from one a ``--config`` file sets (it
-comes next) from the shared default (:data:`DEFAULTS`, last). The same YAML therefore means the
+takes to its signature, so the hand-written ``ragfast study s2g`` spells, documents and defaults
+them as the generated run commands (:class:`~ragfast.runner.settings.RunSettings`) do. A shared
+flag defaults to ``None`` on the command line, so :func:`resolve` can tell a flag the user typed
+(it wins) from one a ``--config`` file sets (it comes next) from the shared default
+(:data:`DEFAULTS`, last). The same YAML therefore means the
 same run whichever command reads it, ``ragfast bench`` included: the bench's names for the same
 settings (``reasoner``, ``index``, ``budget``) are accepted as aliases, and a key only another
 command uses is ignored rather than refused.
@@ -65,7 +66,7 @@ CORPUS = typer.Option(None, "--corpus", help="Corpus part; repeat for several: c
                                              + " + ".join(DEFAULTS["corpus"]) + ", the same for every command, "
                                              "so their cached embeddings are shared).")
 
-#: The flags of every hand-written command that runs the Search-R1 loop (study s2g, run stepgap), in --help order.
+#: The flags of the hand-written command that runs the Search-R1 loop (study s2g), in --help order.
 LOOP_FLAGS = ("model", "data", "out", "retriever", "config", "limit", "offset", "batch_size", "corpus", "encoder",
               "device", "val_data", "val_offset", "max_turns", "topk", "seed", "max_new_tokens", "max_obs_tokens",
               "prompt_budget", "no_progress")

@@ -1,9 +1,8 @@
 """``ragfast run ...``: the group that holds one command per method.
 
-``ragfast run M`` for a registered method is generated from the registry and
+``ragfast run M`` for every registered method is generated from the registry and
 :class:`~ragfast.runner.settings.RunSettings` (:mod:`ragfast.commands.methods`) and runs through
-the bench's runner; a module with a command of its own adds it to ``run_app``
-(``from ragfast.commands.run import run_app; run_app.command("reloop")(fn)``).
+the bench's runner, so every running command writes the bench's layout.
 """
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ __all__ = ["Slots", "Recorder", "RayPipeline", "Method", "register", "get", "nam
            "unknown", "BUILTIN_PACKAGES", "SLOT_NAMES"]
 
 #: The slots a method may ask for (:attr:`Method.slots`); the runner builds only those asked for.
-SLOT_NAMES: tuple[str, ...] = ("reasoner", "retriever", "judge", "nli")
+SLOT_NAMES: tuple[str, ...] = ("reasoner", "retriever", "judge", "nli", "checker", "head", "planner")
 
 #: The packages whose ``method.py`` registers a built-in method, in the bench's order.
 BUILTIN_PACKAGES: tuple[str, ...] = ("searchr1", "s2g", "stepgap", "reloop")
@@ -37,9 +37,9 @@ class Slots:
     ----------
     questions : list of Question
         The test questions of the run (after ``offset``/``limit``).
-    corpus : Corpus
-        The passages the retriever searches.
-    retriever : Retriever
+    corpus : Corpus or None
+        The passages the retriever searches (None when no method of the run searches).
+    retriever : Retriever or None
     make_generator : callable
         A reasoner for one method: a fresh scripted oracle each call (its state is per run), else
         the one shared model.
@@ -47,6 +47,12 @@ class Slots:
         The reasoner's slot entry (:func:`ragfast.results.slot_entry`).
     judge, nli : object or None
         Built only when a method of the run asks for them.
+    checker : object or None
+        StepGap's LLM of stages A-C (``checker_llm``; None: those stages are skipped).
+    head, planner : object or None
+        RELOOP's answer head (``head``) and its LLM planner (``planner_model``, with ``planner llm``).
+    encoder : object or None
+        The run's retrieval encoder (shared by the retriever and the judges; None for a URL index).
     """
 
     questions: list[Question]
@@ -56,6 +62,10 @@ class Slots:
     generator_info: dict[str, Any]
     judge: Any
     nli: Any
+    checker: Any = None
+    head: Any = None
+    planner: Any = None
+    encoder: Any = None
 
 
 class Recorder(Protocol):
@@ -142,6 +152,11 @@ class Method:
 
     def ray_pipeline(self) -> RayPipeline | None:
         """How to run on Ray, or None: then the runner runs it in the driver process (RELOOP)."""
+        return None
+
+    def report(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+        """This method's own section of ``summary.json`` (``methods.<name>.report``), from its
+        finished records in question order; None (default) when it has none."""
         return None
 
     def after_run(self, slots: Slots, records: Mapping[str, Sequence[Mapping[str, Any]]], out: Path,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from ragfast.errors import ConfigError
 from ragfast.http import is_url
 from ragfast.methods.base import Method, Slots, get
 from ragfast.methods.s2g.method import select_questions
@@ -97,23 +98,41 @@ def _needs(cfg: RunSettings, slot: str) -> bool:
     return any(slot in get(m).slots for m in cfg.methods)
 
 
-def build_slots(cfg: RunSettings) -> Slots:
-    """Load data and build every slot the run's methods ask for (encoder/index, reasoner, judge, NLI) once."""
+def build_slots(cfg: RunSettings, components: Mapping[str, Any] | None = None) -> Slots:
+    """Load data and build every slot the run's methods ask for (encoder/index, reasoner, judge, NLI, StepGap's
+    checker, RELOOP's head and planner) once; ``components`` (slot -> built object, Python API only) fill
+    slots with objects the caller already holds instead."""
     from ragfast.data import load_qa
 
+    given = dict(components or {})
+    bad = sorted(set(given) - {"judge", "nli", "checker", "head", "planner"})
+    if bad:
+        raise ConfigError(f"components: only judge, nli, checker, head and planner may be given, got {bad}")
     dev = cfg.slot_device
     all_q = load_qa(cfg.data)
     questions = select_questions(all_q, cfg.offset, cfg.limit)
-    corpus = build.corpus(cfg.corpus, all_q)
     encoder = None if is_url(cfg.index) else build.encoder(cfg.encoder, backend=cfg.encoder_backend,
                                                            device=dev["encoder"])
-    index = "default" if cfg.index == "flat" else cfg.index
-    retriever = build.retriever(index, corpus, shared_encoder=encoder, device=dev["encoder"], check=False)
+    corpus = retriever = None
+    if _needs(cfg, "retriever"):  # RELOOP alone reads each question's own sources (MetaQA and TAT-QA have no corpus)
+        corpus = build.corpus(cfg.corpus, all_q)
+        index = "default" if cfg.index == "flat" else cfg.index
+        retriever = build.retriever(index, corpus, shared_encoder=encoder, device=dev["encoder"], check=False)
     make_gen, gen_info = _generator_factory(cfg)
-    judge = (build.judge(cfg.judge, device=dev["judge"], shared_encoder=encoder, encoder_device=dev["encoder"],
-                         check=False) if _needs(cfg, "judge") else None)
-    nli = build.nli(cfg.nli, backend=cfg.nli_backend, device=dev["nli"]) if _needs(cfg, "nli") else None
-    return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli)
+
+    def slot(name: str, make: Callable[[], Any]) -> Any:
+        return given[name] if name in given else make() if _needs(cfg, name) else None
+
+    judge = slot("judge", lambda: build.judge(cfg.judge, device=dev["judge"], shared_encoder=encoder,
+                                              encoder_device=dev["encoder"], check=False))
+    nli = slot("nli", lambda: build.nli(cfg.nli, backend=cfg.nli_backend, device=dev["nli"]))
+    checker = slot("checker", lambda: build.checker(cfg.checker_llm, make_gen(), device=dev["reasoner"]))
+    # "reasoner": the reasoner when it is a language model, else RELOOP's extractive span picker.
+    head_spec = ("extractive" if cfg.reasoner == "scripted" else None) if cfg.head == "reasoner" else cfg.head
+    head = slot("head", lambda: make_gen() if head_spec is None else build.head(head_spec, device=dev["reasoner"]))
+    planner = slot("planner", lambda: None if cfg.planner != "llm" else head if cfg.planner_model == cfg.head
+                   else build.head(cfg.planner_model, device=dev["reasoner"]))
+    return Slots(questions, corpus, retriever, make_gen, gen_info, judge, nli, checker, head, planner, encoder)
 
 
 def run_config(cfg: RunSettings) -> dict[str, Any]:
@@ -151,13 +170,20 @@ def slot_entries(cfg: RunSettings, slots: Slots) -> dict[str, Any]:
 
     info = {
         "reasoner": slots.generator_info,
-        "retriever": retriever_slot(slots.retriever),
+        **({"retriever": retriever_slot(slots.retriever)} if slots.retriever is not None else {}),
         "judge": slot_entry(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
         "nli": slot_entry(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
     }
-    for slot, dev_slot in (("reasoner", "reasoner"), ("retriever", "encoder"), ("judge", "judge"), ("nli", "nli")):
+    # StepGap's checker and RELOOP's head and planner appear when a method of the run asks for them.
+    for name in ("checker", "head", "planner"):
+        if _needs(cfg, name) and (name != "planner" or cfg.planner == "llm"):
+            obj = getattr(slots, name)
+            info[name] = slot_entry(obj) if obj is not None else {"name": "none", "meaningful": False}
+    devs = {"reasoner": "reasoner", "retriever": "encoder", "judge": "judge", "nli": "nli", "checker": "reasoner",
+            "head": "reasoner", "planner": "reasoner"}
+    for slot in info:
         remote = info[slot].get("class") in ("OpenAIGenerator", "RemoteRetriever", "RemoteJudge")
-        info[slot]["device"] = "remote" if remote else cfg.slot_device[dev_slot]
+        info[slot]["device"] = "remote" if remote else cfg.slot_device[devs[slot]]
     return info
 
 
@@ -197,8 +223,8 @@ def check_resumable(out: Path, fp: Mapping[str, Any], methods: Sequence[str]) ->
 
 
 def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: bool = False,
-                console: Any = None, progress: bool = True, fingerprint: Mapping[str, Any] | None = None
-                ) -> RunOutcome:
+                console: Any = None, progress: bool = True, fingerprint: Mapping[str, Any] | None = None,
+                components: Mapping[str, Any] | None = None) -> RunOutcome:
     """Run ``methods`` (registered names) on the questions of ``cfg`` into ``out``.
 
     Parameters
@@ -217,6 +243,9 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
     fingerprint : mapping, optional
         The run's :func:`run_fingerprint` when the caller computed it already (the bench checks a
         ``resume`` before it opens the run's log, so a refused one leaves the directory as it was).
+    components : mapping, optional
+        Slots filled with objects the caller built (:func:`build_slots`; the Python API's way to
+        run a method with a model of its own).
 
     Returns
     -------
@@ -237,9 +266,9 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         torch.set_num_threads(cfg.threads)
     with RunProgress(console, enabled=progress) as prog:
         setup = prog.task("loading slots", None)
-        slots = build_slots(cfg)
+        slots = build_slots(cfg, components)
         setup.update(total=1, completed=1)
-        setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus)} passages")
+        setup.set_status(f"{len(slots.questions)} questions, {len(slots.corpus or ())} passages")
         slot_info = slot_entries(cfg, slots)
         # --limit and the slot specs are beside the config, not in it: a resume may add questions,
         # and a URL may be spelt another way (localhost, 127.0.0.1); the fingerprint, checked
@@ -247,7 +276,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         beside = ("limit", *SLOT_SPECS)
         man_cfg = {k: v for k, v in run_cfg.items() if k not in beside}
         extra = {"data": cfg.data, **{k: run_cfg[k] for k in beside}, "n_questions": len(slots.questions),
-                 "corpus_size": len(slots.corpus), "fingerprint": fp}
+                 "corpus_size": len(slots.corpus or ()), "fingerprint": fp}
         write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         for k, v in slot_info.items():
             label = v.get("answers_meaningful", v.get("meaningful"))
@@ -342,7 +371,7 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
     pipe = method.ray_pipeline()
     make_loop = None
     if pipe.fn is not None:
-        factories = {"judge": build.judge, "nli": build.nli}
+        factories = {"judge": build.judge, "nli": build.nli, "checker": build.checker}
         actor_slots = {k: GENERATOR if v == "reasoner" else
                        functools.partial(factories[v[0]], build.absolute(v[1]), **v[2])
                        for k, v in pipe.slots.items()}

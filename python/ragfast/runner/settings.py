@@ -22,8 +22,10 @@ from ragfast.settings import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
 
 #: The weight dtypes a local reasoner may be loaded in (``--dtype``).
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+#: RELOOP's planners (``--planner``).
+PLANNERS: tuple[str, ...] = ("heuristic", "kg-path", "llm")
 
-__all__ = ["RunSettings", "DTYPES", "PRESETS", "HELP", "make_config", "check_paths", "flag_names"]
+__all__ = ["RunSettings", "DTYPES", "PLANNERS", "PRESETS", "HELP", "make_config", "check_paths", "flag_names"]
 
 
 @dataclass
@@ -88,6 +90,18 @@ class RunSettings:
     refill : bool
         Continuous batching: a queued question starts as soon as one finishes (the same
         trajectories, fuller batches).
+    checker_llm, stages, entail, contra, repair, max_repairs
+        StepGap's checker: the LLM of stages A-C (``reasoner``: the reasoner when it is a
+        language model, none with the scripted oracle; ``tiny``, ``none``, a catalogue model or a
+        directory), the stages to run (A-C are skipped without an LLM), the NLI entailment and
+        contradiction thresholds, whether repairs are injected, and how many per question.
+    planner, planner_model, kb, head, window, evidence_tokens, verify
+        RELOOP: the planner (``heuristic``, ``kg-path`` for MetaQA, ``llm`` with
+        ``planner_model``), the MetaQA knowledge base (default: the bundled one), the answer head
+        (``reasoner``: the reasoner when it is a language model, else the ``extractive`` span
+        picker; or a local LM), the sliding window, the evidence token budget and the verifier
+        with its one refinement. RELOOP reads ``budget`` as its step budget and ``topk`` as the
+        segments read per step.
     """
 
     data: str = "hotpotqa-dev"
@@ -126,6 +140,19 @@ class RunSettings:
     dtype: str | None = None
     threads: int | None = None
     refill: bool = False
+    checker_llm: str = "reasoner"
+    stages: str = "ABCDE"
+    entail: float = 0.5
+    contra: float = 0.5
+    repair: bool = True
+    max_repairs: int = 2
+    planner: str = "heuristic"
+    planner_model: str | None = None
+    kb: str | None = None
+    head: str = "reasoner"
+    window: int = 8
+    evidence_tokens: int = 400
+    verify: bool = True
 
     def __post_init__(self) -> None:
         check_types(self)  # a YAML string for a number is one line here, not a TypeError deep inside
@@ -158,6 +185,14 @@ class RunSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        for name in ("entail", "contra"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ConfigError(f"--{name} must be in [0, 1], got {getattr(self, name)}")
+        for name, lo in (("max_repairs", 0), ("window", 1), ("evidence_tokens", 1)):
+            if getattr(self, name) < lo:
+                raise ConfigError(f"--{name.replace('_', '-')} must be >= {lo}, got {getattr(self, name)}")
+        if self.planner not in PLANNERS:
+            raise ConfigError(f"--planner must be one of {', '.join(PLANNERS)}, got {self.planner!r}")
         if self.ray is not None:
             if not self.ray.strip():
                 raise ConfigError(f"--ray must be 'local' or a Ray cluster address, got {self.ray!r}")
@@ -230,21 +265,26 @@ def make_config(preset: str = "default", yaml_path: str | None = None, **overrid
     return RunSettings(**values)
 
 
-def check_paths(cfg: RunSettings) -> None:
-    """Fail with one message naming every missing file or model directory of the config."""
+def check_paths(cfg: RunSettings, given: Sequence[str] = ()) -> None:
+    """Fail with one message naming every missing file or model directory of the config.
+
+    ``given``: slots the caller fills with built objects (their specs name no file).
+    """
     from ragfast.data import SAMPLES
     from ragfast.runner.slots import RETRIEVERS
 
     missing = []
 
     def need(label: str, value: str, builtins: Sequence[str] = ()) -> None:
+        if {"checker_llm": "checker", "planner_model": "planner"}.get(label, label) in given:
+            return
         if value in builtins or value in SAMPLES or is_url(value):
             return
         v = value.split(":", 1)[1] if value.startswith("faiss:") else value
         if value.startswith("faiss:") and not Path(v).suffix:
             return  # a factory string, not a file
         if not Path(v).exists():
-            missing.append(f"{label}: {v}")
+            missing.append(f"{label}: {v}" + (" (no such data file or sample)" if label == "data" else ""))
 
     need("data", cfg.data)
     for c in cfg.corpus:
@@ -255,9 +295,17 @@ def check_paths(cfg: RunSettings) -> None:
     # Catalogue models and bundled adapters are names, not paths; a missing one fails when its
     # slot is built, in one line naming `ragfast models get`.
     need("reasoner", cfg.reasoner, ("scripted", "tiny", *CATALOGUE, *ADAPTERS))
-    need("judge", cfg.judge, ("encoder", "head", "tiny", "none", *CATALOGUE))
+    need("judge", cfg.judge, ("encoder", "head", "tiny", "none", "auto", "heuristic", *CATALOGUE))
+    if "stepgap" in cfg.methods:
+        need("checker_llm", cfg.checker_llm, ("reasoner", "tiny", "none", *CATALOGUE))
+    if "reloop" in cfg.methods:
+        need("head", cfg.head, ("reasoner", "extractive", "tiny", *CATALOGUE))
+        if cfg.planner == "llm" and cfg.planner_model is not None:
+            need("planner_model", cfg.planner_model, ("tiny", *CATALOGUE))
+        if cfg.kb is not None:
+            need("kb", cfg.kb)
     need("nli", cfg.nli, ("tiny", *CATALOGUE))
-    need("encoder", cfg.encoder, ("minilm",))
+    need("encoder", cfg.encoder, ("minilm", "hashing"))
     need("index", cfg.index, tuple(RETRIEVERS))
     if "s2g" in cfg.methods and cfg.threshold is None:
         need("val_data", cfg.val_data)
@@ -286,15 +334,16 @@ HELP: dict[str, str] = {
     "offset": "Skip the first N questions of --data (default 100: the first 100 are the S2G validation split).",
     "reasoner": "scripted (default) | tiny | a catalogue model | a local model directory | an OpenAI-compatible "
                 "URL (URL#name names the served model).",
-    "judge": "encoder (bundled doc-set judge; default) | head | tiny | judge path | serve-judge URL | none.",
+    "judge": "encoder (bundled doc-set judge; default) | head | tiny | judge path | serve-judge URL | none; RELOOP "
+             "also takes heuristic (its rule) and auto (the bundled judge on text, the rule on tables).",
     "nli": "tiny (default) | local cross-encoder path.",
-    "encoder": "minilm (bundled all-MiniLM-L6-v2; default) | a local encoder path.",
+    "encoder": "minilm (bundled all-MiniLM-L6-v2; default) | hashing (lexical, no model) | a local encoder path.",
     "encoder_backend": "auto (ONNX Runtime on CPU, measured faster; torch on GPU) | torch | onnx.",
     "nli_backend": "auto (ONNX Runtime on CPU, measured faster; torch on GPU) | torch | onnx.",
     "index": "flat (the encoder over --corpus, ragfast's kernel; default) | bm25 | faiss:<factory> | an index "
              "path | an http(s) URL of a Search-R1 retrieval server.",
-    "budget": "Search-enabled turns per question (reference: 4).",
-    "topk": "Documents per search (reference: 3).",
+    "budget": "Search-enabled turns per question (reference: 4); RELOOP's step budget.",
+    "topk": "Documents per search (reference: 3); RELOOP's segments read per step (at most 8).",
     "threshold": "S2G STOP threshold (default: selected on the validation questions).",
     "min_precision": "STOP precision the selected S2G threshold must reach (default 0.90).",
     "val_data": "Validation QA file or sample (S2G threshold selection; default hotpotqa-dev).",
@@ -319,6 +368,21 @@ HELP: dict[str, str] = {
     "threads": "torch CPU threads of this process (not with --ray).",
     "refill": "Continuous batching: start a queued question as soon as one finishes (same trajectories, fuller "
               "batches).",
+    "checker_llm": "StepGap: LLM of stages A-C: reasoner (the reasoner when it is an LM; default) | tiny | a "
+                   "catalogue model | a local directory | none.",
+    "stages": "StepGap: checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model).",
+    "entail": "StepGap: entailment probability at or above which a step counts as supported (default 0.5).",
+    "contra": "StepGap: contradiction probability at or above which a step counts as contradicted (default 0.5).",
+    "repair": "StepGap: inject typed repairs (--no-repair: label steps only).",
+    "max_repairs": "StepGap: repairs per question (default 2).",
+    "planner": "RELOOP: heuristic (default) | kg-path (MetaQA) | llm (with --planner-model).",
+    "planner_model": "RELOOP: local LM directory or catalogue model for --planner llm.",
+    "kb": "RELOOP: triple file for MetaQA questions (default: the bundled KB).",
+    "head": "RELOOP: answer head: reasoner (the reasoner when it is an LM, else extractive; default) | "
+            "extractive (NOT an LLM) | a catalogue model | a local LM directory.",
+    "window": "RELOOP: sliding-window size, the best unread candidates (default 8).",
+    "evidence_tokens": "RELOOP: evidence token budget per question (default 400).",
+    "verify": "RELOOP: verifier plus one reduced-budget refinement (default on).",
 }
 
 

@@ -51,7 +51,7 @@ __all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner",
 DEFAULT_CORPUS: tuple[str, ...] = ("contexts", "wiki-sample")
 
 #: Defaults shared by every command that runs methods.
-DEFAULTS: dict[str, Any] = {"batch_size": 64, "corpus": list(DEFAULT_CORPUS), "checker_llm": "reasoner",
+DEFAULTS: dict[str, Any] = {"batch_size": 64, "corpus": list(DEFAULT_CORPUS),
                             "retriever": "default", "judge": "encoder", "nli": "tiny", "nli_backend": "auto",
                             "encoder": "minilm"}
 

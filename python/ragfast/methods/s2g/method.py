@@ -25,7 +25,7 @@ THRESHOLD_FILE = "s2g_threshold.json"
 def select_questions(questions: list[Question], offset: int, limit: int | None) -> list[Question]:
     """``questions[offset:offset + limit]``; an offset past the end is refused (one line)."""
     if offset >= len(questions):
-        raise ConfigError(f"offset {offset} is past the {len(questions)} questions of the data")
+        raise ConfigError(f"--offset {offset} is past the {len(questions)} questions of the data")
     return questions[offset: offset + limit if limit else None]
 
 
