@@ -21,7 +21,9 @@ import pytest
 
 METHODS = ("searchr1", "s2g", "stepgap", "reloop")
 # Wall-clock measurements: they differ between any two runs, so they are not compared.
-TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds"}
+TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds",
+          # the methods' report sections: RELOOP's and StepGap's checker wall time per question
+          "seconds_per_question", "judge_seconds", "nli_seconds", "checker_to_reasoner_seconds"}
 # Nothing else may differ. A call served from a cache filled earlier in the process is charged
 # as computed, and ``reused`` counts only what the same question read before on its method's
 # ledger, so it does not depend on what ran before (the judge is shared by S2G and RELOOP).
