@@ -176,17 +176,36 @@ def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean
     assert _ledger_by_question(out) == _ledger_by_question(clean_run)
 
 
-def test_killed_s2g_run_keeps_the_native_passes_costs(clean_run, tmp_path):
-    # run s2g's native pass is run searchr1's loop over the same corpus (every question of the
+def test_killed_s2g_study_keeps_the_native_passes_costs_and_resumes_to_the_clean_result(clean_run, tmp_path):
+    # study s2g's native pass is run searchr1's loop over the same corpus (every question of the
     # file), model and batch size: each finished question's records must be the clean run's.
     out = tmp_path / "s2g"
-    args = [*run_args(out, limit=40)[2:], "--threshold", "0.5"]
-    done = _kill_after(["study", "s2g", *args], out / "native.jsonl", 4)
+    args = ["study", "s2g", *run_args(out, limit=40)[2:], "--threshold", "0.5", "--no-live", "--n-resamples", "50"]
+    done = _kill_after(args, out / "native.jsonl", 4)
     assert 4 <= done < 40
     ids = _finished_ids(out / "native.jsonl")
     got, clean = _ledger_by_question(out, "ledger-native.jsonl"), _ledger_by_question(clean_run)
     assert set(ids) <= set(got) <= set(ids) | {None}  # at most the setup records beside them
     assert {q: got[q] for q in ids} == {q: clean[q] for q in ids}
+    # a rerun without --resume would have deleted the finished work: it is refused, files kept
+    before = files_under(out)
+    assert "pass --resume to continue it" in one_error_line(cli(*args))
+    assert files_under(out) == before
+    # other settings are refused, naming the one that differs
+    assert "config.threshold" in one_error_line(cli(*args[:-5], "--threshold", "0.6", *args[-3:], "--resume"))
+    r = cli(*args, "--resume")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"resume: {len(ids)} of 40 questions already done" in r.stderr
+    # the resumed study holds every question once, in question order, each as the clean run made it
+    nat = [json.loads(x) for x in (out / "native.jsonl").read_text().splitlines()]
+    ref = {d["id"]: d for d in map(json.loads, (clean_run / TRAJ).read_text().splitlines())}
+    assert sorted(d["id"] for d in nat) == sorted(ref)
+    assert [(d["answer"], [t["generated"] for t in d["turns"]]) for d in nat] == [
+        (ref[d["id"]]["answer"], [t["generated"] for t in ref[d["id"]]["turns"]]) for d in nat]
+    resumed = _ledger_by_question(out, "ledger-native.jsonl")
+    assert {q: v for q, v in resumed.items() if q is not None} == {q: v for q, v in clean.items() if q is not None}
+    states = [json.loads(x) for x in (out / "states.jsonl").read_text().splitlines()]
+    assert {s["id"] for s in states} == set(ref)
 
 
 def test_killed_stepgap_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(tmp_path):

@@ -364,6 +364,13 @@ def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
     assert (tmp_path / "one" / "s2g_states.jsonl").exists()  # the recorded work stays
     with pytest.raises(ConfigError, match="already holds"):
         run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), threshold=0.5)
+    with pytest.raises(ConfigError, match="--resume: config.threshold: null in the run on disk, 0.5 now"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), retriever="bm25", seed=2,
+                        val_data="hotpotqa-dev", val_offset=40, val_limit=12, offset=52, limit=12, batch_size=12,
+                        min_precision=0.5, threshold=0.5, resume=True)
+    with pytest.raises(ConfigError, match="give one"):
+        run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(out), threshold=0.5, resume=True,
+                        overwrite=True)
     with pytest.raises(ConfigError, match="both the validation and the test"):
         run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "x"), val_data="hotpotqa-dev",
                         limit=5, val_limit=5)

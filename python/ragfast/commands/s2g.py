@@ -12,7 +12,8 @@ and writes its own files. ``study s2g`` writes, into ``--out``:
 - ``s2g.jsonl``: the live run with the judge in the loop (test questions);
 - ``ledger-*.jsonl``, ``manifest.json``, and the report (``s2g_report.md``/``.json``).
 
-``report s2g RESULTS_DIR`` recomputes the report from those files.
+``report s2g RESULTS_DIR`` recomputes the report from those files. ``--resume`` continues a killed
+study: the native and live passes keep their finished questions, the rest is computed again.
 """
 from __future__ import annotations
 
@@ -38,14 +39,19 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                     max_new_tokens: int = 500, max_obs_tokens: int = 500, gap_queries: bool = False,
                     live: bool = True, n_resamples: int = 10000, corpus: str | Sequence[str] | None = None,
                     encoder: str = "minilm", device: str = "cpu", overwrite: bool = False,
-                    progress: bool = True) -> dict[str, Any]:
+                    resume: bool = False, progress: bool = True) -> dict[str, Any]:
     """What ``ragfast study s2g`` does; returns the evaluation it reports.
+
+    With ``resume``, the native and live passes continue their files (``native.jsonl``,
+    ``s2g.jsonl`` and their ledgers) and run only the questions not finished yet; the states,
+    threshold and report, computed from those files, are made afresh.
 
     Raises
     ------
     ConfigError
-        On a missing threshold source, overlapping validation and test questions, or an output
-        directory that already holds a run (without ``overwrite``).
+        On a missing threshold source, overlapping validation and test questions, an output
+        directory that already holds a run (without ``overwrite`` or ``resume``), or a resume
+        whose settings, data or questions differ from the run on disk.
     """
     from rich.console import Console
 
@@ -55,9 +61,11 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.methods.s2g.states import record_states
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.study import state_lines
-    from ragfast.results import slot_entry, write_manifest
+    from ragfast.results import read_results, slot_entry, write_manifest
     from ragfast.runner import slots as build
-    from ragfast.runner.drive import MethodRecorder
+    from ragfast.runner.drive import MethodRecorder, data_identity, fingerprint
+    from ragfast.runner.methods import in_question_order
+    from ragfast.types import Trajectory
 
     con = Console(stderr=True)
     if threshold is None and not val_data:
@@ -66,13 +74,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         raise ConfigError("--threshold must be a number")
     if limit is not None and limit < 1:
         raise ConfigError(f"--limit must be >= 1, got {limit}")
+    if resume and overwrite:
+        raise ConfigError("--resume continues the run in --out and --overwrite replaces it: give one")
     out_dir = Path(out)
-    if (out_dir / "states.jsonl").exists() and not overwrite:
-        raise ConfigError(f"{out_dir} already holds an S2G run: pass --overwrite, or another --out")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("native.jsonl", "s2g.jsonl", "states.jsonl", "s2g_states.jsonl", "s2g_judges.json",
-                 "ledger-native.jsonl", "ledger-s2g.jsonl", "ledger-judge-states.jsonl", "ledger-probe.jsonl"):
-        (out_dir / name).unlink(missing_ok=True)
 
     all_test = load_qa(data)
     test = all_test[offset: offset + limit if limit else None]
@@ -89,6 +93,15 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         raise ConfigError("no test questions (check --offset/--limit)")
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
                          batch_size=batch_size, seed=seed)
+    questions = list(val) + list(test)
+    fp = fingerprint(method="study-s2g",
+                     data={"test": data_identity(data), **({"val": data_identity(val_data)} if val_data else {})},
+                     questions=questions,
+                     slots={"reasoner": model, "retriever": retriever, "judge": judge, "encoder": encoder,
+                            "corpus": corpus},
+                     config={**cfg.to_dict(), "gap_queries": gap_queries, "min_precision": min_precision,
+                             "threshold": threshold, "live": live})
+    _prepare_out(out_dir, fp, overwrite=overwrite, resume=resume)  # before any model loads
     gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
     # The corpus comes from every question of both files (deduplicated by id: validation and test
     # may be two slices of one file), so it does not depend on --limit.
@@ -100,12 +113,20 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     write_manifest(out_dir, pipeline="s2g", slots=slots, config={**cfg.to_dict(), "gap_queries": gap_queries,
                                                                  "min_precision": min_precision},
                    seed=seed, extra={"data": str(data), "val_data": val_data, "offset": offset, "limit": limit,
-                                     "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold})
+                                     "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold,
+                                     "fingerprint": fp})
 
     t0 = time.perf_counter()
     # 1. native trajectories (validation + test), written with their cost records as they finish
-    with MethodRecorder(out_dir / "native.jsonl", out_dir / "ledger-native.jsonl", resume=False) as nat:
-        native = SearchR1Loop(gen, ret, cfg, ledger=nat.ledger).run(list(val) + list(test), on_finish=nat.finish)
+    with MethodRecorder(out_dir / "native.jsonl", out_dir / "ledger-native.jsonl", resume=resume) as nat:
+        todo = [q for q in questions if q.id not in nat.done]
+        if resume:
+            con.print(f"native: resume: {len(questions) - len(todo)} of {len(questions)} questions already done")
+        SearchR1Loop(gen, ret, cfg, ledger=nat.ledger).run(todo, on_finish=nat.finish)
+    # Read back in question order, this run's and the resumed ones alike, so a resumed study
+    # computes its states and bootstrap intervals on the same sequence as a clean one.
+    native = [Trajectory.from_dict(dict(r))
+              for r in in_question_order(read_results(out_dir / "native.jsonl"), questions)]
     con.print(f"native: {len(native)} trajectories, {sum(t.searches for t in native) / len(native):.2f} searches/q")
     # 2. judge scores and answer-only probes of every recorded state
     jl, pl = CostLedger(), CostLedger()
@@ -138,9 +159,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         # A fresh judge: one that kept the recording pass's caches (EncoderJudge embeds each
         # document once) would score the live states for free and understate the judge's cost.
         live_judge = build.judge(judge, device=device, shared_encoder=getattr(ret, "encoder", None))
-        with MethodRecorder(out_dir / "s2g.jsonl", out_dir / "ledger-s2g.jsonl", resume=False) as rec_live:
-            run_s2g(test, gen, ret, live_judge, thr, cfg, gap_queries=gap_queries, ledger=rec_live.ledger,
-                    on_finish=rec_live.finish)
+        with MethodRecorder(out_dir / "s2g.jsonl", out_dir / "ledger-s2g.jsonl", resume=resume) as rec_live:
+            run_s2g([q for q in test if q.id not in rec_live.done], gen, ret, live_judge, thr, cfg,
+                    gap_queries=gap_queries, ledger=rec_live.ledger, on_finish=rec_live.finish)
     from ragfast.commands.report import report_s2g
 
     ev = report_s2g(out_dir, n_resamples=n_resamples, seed=seed)
@@ -152,6 +173,33 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         print("NOTE: some slots are NOT meaningful (" + "; ".join(f"{k} = {d.get('name')}" for k, d in slots.items()
                                                                if not d["meaningful"]) + ")")
     return ev
+
+
+#: Computed from the native and live passes afresh on every run, a resumed one too.
+DERIVED = ("states.jsonl", "s2g_states.jsonl", "s2g_judges.json", "s2g_threshold.json", "ledger-judge-states.jsonl",
+           "ledger-probe.jsonl")
+#: Written as questions finish: a resume continues them.
+PASSES = ("native.jsonl", "ledger-native.jsonl", "s2g.jsonl", "ledger-s2g.jsonl")
+
+
+def _prepare_out(out_dir: Path, fp: dict[str, Any], *, overwrite: bool, resume: bool) -> None:
+    """Check ``out_dir`` against this run and clear what it will write afresh.
+
+    A directory holding a run (a finished one, or native trajectories of a killed one) is
+    refused unless ``overwrite`` (cleared) or ``resume`` (its fingerprint must be ``fp``).
+    """
+    from ragfast.runner.drive import check_resume
+
+    if resume:
+        check_resume(out_dir, fp)
+    else:
+        held = [n for n in ("states.jsonl", "native.jsonl") if (out_dir / n).exists() and (out_dir / n).stat().st_size]
+        if held and not overwrite:
+            raise ConfigError(f"{out_dir} already holds an S2G run ({held[0]}): pass --resume to continue it, "
+                              "--overwrite to replace it, or another --out")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in DERIVED + (() if resume else PASSES):
+        (out_dir / name).unlink(missing_ok=True)
 
 
 @opt.with_flags(*opt.LOOP_FLAGS, "val_limit")
@@ -166,6 +214,8 @@ def s2g_run_cmd(
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
+    resume: bool = typer.Option(False, "--resume", help="Continue a killed run in --out: finished native and live "
+                                                        "questions are kept, the rest run (same settings only)."),
     **flags: Any,
 ) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report.
@@ -186,7 +236,7 @@ def s2g_run_cmd(
                         max_new_tokens=s["max_new_tokens"], max_obs_tokens=s["max_obs_tokens"],
                         gap_queries=gap_queries, live=not no_live, n_resamples=n_resamples, corpus=s["corpus"],
                         encoder=s["encoder"], device=resolve_device(s["device"]), overwrite=overwrite,
-                        progress=not no_progress)
+                        resume=resume, progress=not no_progress)
 
 
 #: ``ragfast study ...``: the replay studies, whose layout is the study's own (``ragfast run s2g``
