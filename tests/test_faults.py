@@ -719,6 +719,38 @@ def test_idle_and_slow_loris_connections_are_closed(bm25_app_parts):
         thread.join(timeout=30)
 
 
+def test_stalled_body_gets_408_and_its_connection_is_closed(bm25_app_parts):
+    import socket
+
+    import httpx
+
+    from ragfast.retrieval.server import create_app
+
+    server, thread, port = _serve_in_thread(create_app(bm25_app_parts), head_timeout_s=1.0)
+    try:
+        slow = socket.create_connection(("127.0.0.1", port))
+        slow.settimeout(20)  # a bound on the test, not a performance figure
+        # a whole head, then 1 of the 40 body bytes it announced, then nothing
+        slow.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 40\r\n\r\n{")
+        got = b""
+        while True:
+            part = slow.recv(4096)
+            if not part:
+                break  # closed by the server
+            got += part
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408"), got
+        assert json.loads(body)["detail"] == "request body not complete within 1 s of its head (--head-timeout-s)"
+        slow.close()
+        with httpx.Client() as cl:  # a normal client is still served
+            r = cl.post(f"http://127.0.0.1:{port}/retrieve", json={"queries": ["topic 1"], "topk": 1})
+            assert r.status_code == 200
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 def test_request_cancelled_at_shutdown_is_one_log_line_and_a_503(caplog):
     import asyncio
     import logging

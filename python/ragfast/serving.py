@@ -476,6 +476,11 @@ class BodyLimitMiddleware:
     The Content-Length header is checked first (nothing is read at all); a body without one
     (chunked) is counted while it streams and refused as soon as it passes the limit. The body
     is buffered up to the limit and replayed to the app, which would read it whole anyway.
+
+    A body must also arrive whole within ``$RAGFAST_HEAD_TIMEOUT`` seconds of its head (the
+    head's own deadline, :class:`HeadTimeoutProtocol`), else 408 and the connection closes: a
+    client that sends a head and then stalls or trickles its body would otherwise hold its
+    connection, and a request slot, forever.
     """
 
     def __init__(self, app: Any, max_bytes: int, on_reject: Callable[[], None] | None = None):
@@ -502,8 +507,17 @@ class BodyLimitMiddleware:
                     return
         chunks: list[bytes] = []
         size = 0
+        limit = float(os.environ.get("RAGFAST_HEAD_TIMEOUT", DEFAULT_HEAD_TIMEOUT_S))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + limit
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                chunks.clear()
+                await _send_json(send, 408, {"detail": f"request body not complete within {limit:g} s of its head "
+                                                       "(--head-timeout-s)"})
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
