@@ -196,7 +196,7 @@ def test_killed_s2g_study_keeps_the_native_passes_costs_and_resumes_to_the_clean
     r = cli(*args, "--resume")
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resume: {len(ids)} of 40 questions already done" in r.stderr
-    # the resumed study holds every question once, in question order, each as the clean run made it
+    # the resumed study holds every question once, each as the clean run made it
     nat = [json.loads(x) for x in (out / "native.jsonl").read_text().splitlines()]
     ref = {d["id"]: d for d in map(json.loads, (clean_run / TRAJ).read_text().splitlines())}
     assert sorted(d["id"] for d in nat) == sorted(ref)
