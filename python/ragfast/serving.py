@@ -12,7 +12,7 @@ another's. This module holds what makes that so:
   anyway is bisected so only the offending request fails; queue depth and in-flight work are
   counted for ``/health`` and ``/metrics``.
 - :class:`BodyLimitMiddleware` (refuses an over-long body from its Content-Length, or while it
-  streams, before anything parses it) and :class:`RequestIdMiddleware` (an ``X-Request-ID`` on
+  streams, before anything parses it; 408 for a stalled one) and :class:`RequestIdMiddleware` (an ``X-Request-ID`` on
   every response, one log line per 5xx, and a 500 instead of a crash for anything unhandled).
 - :class:`AccessGuard` (``application/json`` required on a POST, 415 otherwise, so a web page
   cannot drive a loopback server with a "simple" cross-origin request; an optional bearer
@@ -37,11 +37,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-__all__ = ["RequestError", "parse_json_body", "check_int", "check_bool", "check_text", "check_text_list",
-           "FairBatcher", "BatchStats", "BodyLimitMiddleware", "RequestIdMiddleware", "prometheus_text",
-           "json_bytes", "rss_bytes", "trim_memory", "fix_mmap_threshold", "AccessGuard", "check_bind",
-           "uvicorn_options", "HeadTimeoutProtocol", "API_KEY_ENV", "DEFAULT_HEAD_TIMEOUT_S",
-           "DEFAULT_KEEP_ALIVE_S", "DEFAULT_MAX_CONNECTIONS"]
+__all__ = ["RequestError", "parse_json_body", "check_int", "check_bool", "check_text", "check_text_list", "FairBatcher",
+           "BatchStats", "BodyLimitMiddleware", "RequestIdMiddleware", "prometheus_text", "json_bytes", "rss_bytes",
+           "trim_memory", "fix_mmap_threshold", "AccessGuard", "check_bind", "uvicorn_options", "HeadTimeoutProtocol",
+           "API_KEY_ENV", "DEFAULT_HEAD_TIMEOUT_S", "DEFAULT_KEEP_ALIVE_S", "DEFAULT_MAX_CONNECTIONS"]
 
 #: Environment variable holding the servers' bearer token (``--api-key`` wins over it).
 API_KEY_ENV = "RAGFAST_API_KEY"
@@ -475,12 +474,8 @@ class BodyLimitMiddleware:
 
     The Content-Length header is checked first (nothing is read at all); a body without one
     (chunked) is counted while it streams and refused as soon as it passes the limit. The body
-    is buffered up to the limit and replayed to the app, which would read it whole anyway.
-
-    A body must also arrive whole within ``$RAGFAST_HEAD_TIMEOUT`` seconds of its head (the
-    head's own deadline, :class:`HeadTimeoutProtocol`), else 408 and the connection closes: a
-    client that sends a head and then stalls or trickles its body would otherwise hold its
-    connection, and a request slot, forever.
+    is buffered up to the limit and replayed to the app, which would read it whole anyway. It must
+    arrive within the head's deadline (``$RAGFAST_HEAD_TIMEOUT`` s) after the head, else 408.
     """
 
     def __init__(self, app: Any, max_bytes: int, on_reject: Callable[[], None] | None = None):
@@ -508,15 +503,12 @@ class BodyLimitMiddleware:
         chunks: list[bytes] = []
         size = 0
         limit = float(os.environ.get("RAGFAST_HEAD_TIMEOUT", DEFAULT_HEAD_TIMEOUT_S))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + limit
+        deadline = time.monotonic() + limit
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
             except asyncio.TimeoutError:
-                chunks.clear()
-                await _send_json(send, 408, {"detail": f"request body not complete within {limit:g} s of its head "
-                                                       "(--head-timeout-s)"})
+                await _send_json(send, 408, {"detail": f"body not complete {limit:g} s after its head (--head-timeout-s)"})
                 return
             if message["type"] == "http.disconnect":
                 return

@@ -214,8 +214,9 @@ def s2g_run_cmd(
     no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
     n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
-    resume: bool = typer.Option(False, "--resume", help="Continue a killed run in --out: finished native and live "
-                                                        "questions are kept, the rest run (same settings only)."),
+    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue a killed run in --out: finished native "
+                                                                    "and live questions are kept, the rest run (same "
+                                                                    "settings only)."),
     **flags: Any,
 ) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report.
