@@ -53,8 +53,8 @@ GRACEFUL_S = typer.Option(30.0, "--graceful-s", help="On SIGTERM, how long in-fl
 API_KEY = typer.Option(None, "--api-key", help="Bearer token every request must carry (default $RAGFAST_API_KEY; "
                                                "required beyond loopback).")
 HEAD_TIMEOUT_S = typer.Option(10.0, "--head-timeout-s", help="A connection that has not sent a whole request head "
-                                                             "within this is closed (idle and slow-loris sockets); a body not whole within as long "
-                                                             "after its head gets 408.")
+                                                             "within this is closed (idle and slow-loris sockets); "
+                                                             "a body not whole within as long after its head gets 408.")
 KEEP_ALIVE_S = typer.Option(5.0, "--keep-alive-s", help="Idle keep-alive connections close after this.")
 MAX_CONNECTIONS = typer.Option(2048, "--max-connections", help="Connections or requests in flight beyond this "
                                                                "get 503.")

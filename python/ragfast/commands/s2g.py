@@ -94,13 +94,13 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     cfg = SearchR1Config(max_turns=max_turns, topk=topk, max_new_tokens=max_new_tokens, max_obs_tokens=max_obs_tokens,
                          batch_size=batch_size, seed=seed)
     questions = list(val) + list(test)
+    study_cfg = {**cfg.to_dict(), "gap_queries": gap_queries, "min_precision": min_precision}
     fp = fingerprint(method="study-s2g",
                      data={"test": data_identity(data), **({"val": data_identity(val_data)} if val_data else {})},
                      questions=questions,
                      slots={"reasoner": model, "retriever": retriever, "judge": judge, "encoder": encoder,
                             "corpus": corpus},
-                     config={**cfg.to_dict(), "gap_queries": gap_queries, "min_precision": min_precision,
-                             "threshold": threshold, "live": live})
+                     config={**study_cfg, "threshold": threshold, "live": live})
     _prepare_out(out_dir, fp, overwrite=overwrite, resume=resume)  # before any model loads
     gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
     # The corpus comes from every question of both files (deduplicated by id: validation and test
@@ -110,11 +110,10 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                                progress=progress)
     jd = build.judge(judge, device=device, shared_encoder=getattr(ret, "encoder", None))
     slots = {"reasoner": slot_entry(gen), "retriever": slot_entry(ret), "judge": slot_entry(jd)}
-    write_manifest(out_dir, pipeline="s2g", slots=slots, config={**cfg.to_dict(), "gap_queries": gap_queries,
-                                                                 "min_precision": min_precision},
-                   seed=seed, extra={"data": str(data), "val_data": val_data, "offset": offset, "limit": limit,
-                                     "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold,
-                                     "fingerprint": fp})
+    write_manifest(out_dir, pipeline="s2g", slots=slots, config=study_cfg, seed=seed,
+                   extra={"data": str(data), "val_data": val_data, "offset": offset, "limit": limit,
+                          "val_offset": val_offset, "val_limit": val_limit, "threshold_arg": threshold,
+                          "fingerprint": fp})
 
     t0 = time.perf_counter()
     # 1. native trajectories (validation + test), written with their cost records as they finish
