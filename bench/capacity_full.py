@@ -297,22 +297,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_health(url: str, proc_alive: Callable[[], bool], timeout_s: float) -> None:
-    import httpx
-
-    stop = time.perf_counter() + timeout_s
-    while time.perf_counter() < stop:
-        if not proc_alive():
-            raise RuntimeError(f"server for {url} exited before it answered")
-        try:
-            if httpx.get(url + "/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"server for {url} did not answer /health within {timeout_s:.0f} s")
-
-
 def _windows(url: str, bodies: list[dict], clients: int, window_s: float, reps: int, log, name: str) -> list[float]:
     from bench.bench_server import qps_window
 
@@ -368,10 +352,12 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
            "--encoder", str(encoder), "--threads", str(threads), "--port", str(port), "--device", "cpu",
            "--max-wait-ms", f"{max_wait_ms:g}"]
     log("serve: " + " ".join(cmd))
+    from ragfast.http import wait_until_up
+
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        _wait_health(url, lambda: proc.poll() is None, 1800)
+        wait_until_up(url, lambda: proc.poll() is None, 1800, what=f"server for {url}", error=RuntimeError)
         out["ragfast_start_s"] = time.perf_counter() - t0
         import httpx
 

@@ -18,6 +18,19 @@ def minilm_encoder():
 
 
 @pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): tiny
+    matmuls on a shared, loaded 2-core box spin two OpenMP threads on each other (a 3x64 @ 64x128
+    linear measured 20 ms with 2 threads vs 0.1 ms with 1)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
 def cluster():
     """A local 2-CPU Ray cluster for one test module (skipped without Ray)."""
     ray = pytest.importorskip("ray")
@@ -26,3 +39,34 @@ def cluster():
     ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def random_lm():
+    """``random_lm(config_cls, out, seed, spread=0.3, **config)``: a random-weight causal LM with the
+    tiny Qwen2's tokenizer and chat template written to ``out``, its matrices drawn wider than the
+    init's (N(0, spread)) so greedy argmaxes are clear and free of near-ties."""
+    def write(config_cls, out, seed, spread=0.3, **config):
+        import shutil
+
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from ragfast.models.tiny import tiny_path
+
+        src = tiny_path("qwen2")
+        tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
+        cfg = config_cls(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, **config)
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(cfg)
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.ndim == 2:
+                    p.normal_(0, spread)
+        model.save_pretrained(out)
+        tok.save_pretrained(out)
+        shutil.copy(src / "chat_template.jinja", out / "chat_template.jinja")
+        return out
+
+    return write
+

@@ -36,7 +36,7 @@ def bench_run(tmp_path_factory):
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
     out = tmp / "run"
     cfg = make_config(data=str(data), val_data=str(data), corpus=["contexts"], val_offset=0, val_limit=12, offset=12,
-                      limit=10, out=str(out), n_resamples=2000)
+                      limit=10, reasoner="scripted", out=str(out), n_resamples=2000)
     summary = run_bench(cfg)
     return cfg, out, summary
 

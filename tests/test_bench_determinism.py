@@ -31,7 +31,7 @@ TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_s
 # depend on how a resume batches the leftovers.)
 RUN_DEPENDENT: set[str] = set()
 # Only a run with native Search-R1 in it has paired deltas against it.
-PAIRED = {"n_paired", "delta_em", "delta_searches", "delta_flops", "delta_seconds"}
+PAIRED = {"n_paired", "n_failed_either", "delta_em", "delta_searches", "delta_flops", "delta_seconds"}
 
 
 def strip_timing(obj: Any) -> Any:
@@ -129,7 +129,7 @@ def bench_env(tmp_path_factory):
 
 
 def bench_cmd(args: list[str], out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "ragfast.cli", "bench", *args, "--out", str(out), *extra]
+    return [sys.executable, "-m", "ragfast.cli", "bench", "--reasoner", "scripted", *args, "--out", str(out), *extra]
 
 
 def run_to_end(args: list[str], env: dict[str, str], out: Path, *extra: str) -> None:

@@ -4,8 +4,6 @@ The packed path once passed transformers a dict of per-layer-type masks, which o
 families read (Llama crashed on it). Each family's tiny random model is checked here against
 the per-state reference (every state its own full prompt, transformers' own causal mask).
 """
-import shutil
-
 import numpy as np
 import pytest
 
@@ -15,34 +13,20 @@ from ragfast.types import State
 WORDS = "river album film born city capital singer novel treaty king league season".split()
 
 
-def _family_dir(family, out):
+def _family_dir(family, out, random_lm):
     """A random-weight model of ``family`` sharing the tiny Qwen2's tokenizer and chat template."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, MistralConfig
+    from transformers import LlamaConfig, MistralConfig
 
     from ragfast.models.tiny import tiny_path
 
-    src = tiny_path("qwen2")
     if family in ("qwen2", "qwen3"):
         return tiny_path(family)
-    tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
-    shape = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                 pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=False)
-    cfg = LlamaConfig(**shape) if family == "llama" else MistralConfig(sliding_window=4096, **shape)
-    torch.manual_seed(7)
-    model = AutoModelForCausalLM.from_config(cfg)
-    # Random init is small; a wider spread makes scores differ clearly between states.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0, 0.2)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    for f in src.iterdir():
-        if f.name == "chat_template.jinja":
-            shutil.copy(f, out / f.name)
-    return out
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=2048, tie_word_embeddings=False)
+    if family == "mistral":
+        shape["sliding_window"] = 4096
+    # a wider spread than the init's makes scores differ clearly between states
+    return random_lm(LlamaConfig if family == "llama" else MistralConfig, out, 7, spread=0.2, **shape)
 
 
 def _states(seed):
@@ -60,8 +44,8 @@ def _states(seed):
 
 
 @pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "qwen3"])
-def test_packed_equals_per_state_reference(family, tmp_path):
-    path = _family_dir(family, tmp_path / family)
+def test_packed_equals_per_state_reference(family, tmp_path, random_lm):
+    path = _family_dir(family, tmp_path / family, random_lm)
     judge = CausalJudge(path, attention="ref", system_prompt="Judge sufficiency; reply in JSON.")
     arch = judge.config.architectures[0].lower()
     assert arch.startswith(family), arch

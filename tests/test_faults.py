@@ -407,7 +407,10 @@ def test_hung_retriever_ends_the_run_with_one_line_naming_the_url(hung_server, t
     assert r.returncode == 2, r.stderr[-2000:]
     err = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert len(err) == 1 and hung_server in err[0] and "Traceback" not in r.stderr, r.stderr[-2000:]
-    assert not out.exists() or not files_under(out).get(str(TRAJ))
+    assert "every one of its 3 questions failed (retriever 3" in err[0]
+    # one timed-out call carried the three questions: each is recorded once, as a transient failure
+    recs = [json.loads(x) for x in (out / TRAJ).read_text().splitlines()]
+    assert len(recs) == 3 and all(r["failure"]["component"] == "retriever" and r["failure"]["transient"] for r in recs)
 
 
 # -- validation at the edge: one line, exit 2, no new files -------------------------------------
@@ -441,7 +444,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         cfg[name].write_text(text, encoding="utf-8")
     run = ["run", "searchr1", "--model", "scripted", "--retriever", "bm25", "--no-progress", "--offset", "0", "--limit",
            "2"]
-    bench = ["bench", "--limit", "2", "--val-limit", "2"]
+    bench = ["bench", "--reasoner", "scripted", "--limit", "2", "--val-limit", "2"]
     return {
         "xff in --data": (run + ["--data", str(ff)], "ff.jsonl:2: not UTF-8 text (byte 0xff"),
         "xff in --corpus": (["index", "build", "--encoder", "bm25", "--corpus", str(corpus_ff)],
@@ -457,7 +460,7 @@ def _bad_inputs(tmp: Path) -> dict[str, tuple[list[str], str]]:
         "YAML duplicate key": (run + ["--config", str(cfg["dup"])], "duplicate key 'topk' (first on line 1)"),
         "YAML threshold NaN": (bench + ["--config", str(cfg["nan"])], "--threshold must be a number (not NaN)"),
         "--threshold nan": (bench + ["--method", "s2g", "--threshold", "nan"], "--threshold must be a number (not NaN)"),
-        "--val-limit 0": (["bench", "--limit", "2", "--val-limit", "0"], "--val-limit must be >= 1"),
+        "--val-limit 0": (["bench", "--reasoner", "scripted", "--limit", "2", "--val-limit", "0"], "--val-limit must be >= 1"),
     }
 
 

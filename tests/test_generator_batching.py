@@ -7,7 +7,6 @@ for 9 query heads).
 """
 from __future__ import annotations
 
-import shutil
 
 import pytest
 
@@ -30,28 +29,13 @@ def _one_thread():
 
 
 @pytest.fixture(scope="module")
-def llama(tmp_path_factory):
+def llama(tmp_path_factory, random_lm):
     """A random-weight Llama with SmolLM2's layout, the tiny Qwen2's tokenizer and chat template."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+    from transformers import LlamaConfig
 
-    from ragfast.models.tiny import tiny_path
-
-    src = tiny_path("qwen2")
-    out = tmp_path_factory.mktemp("llama")
-    tok = AutoTokenizer.from_pretrained(src, local_files_only=True)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=72, intermediate_size=96, num_hidden_layers=3,
-                      num_attention_heads=9, num_key_value_heads=3, head_dim=8, max_position_embeddings=2048,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, tie_word_embeddings=True)
-    torch.manual_seed(11)
-    model = AutoModelForCausalLM.from_config(cfg)
-    with torch.no_grad():  # a wider spread than the init's: clear argmaxes, no near-ties
-        for p in model.parameters():
-            if p.ndim == 2:
-                p.normal_(0, 0.3)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    shutil.copy(src / "chat_template.jinja", out / "chat_template.jinja")
-    return out
+    return random_lm(LlamaConfig, tmp_path_factory.mktemp("llama"), 11, hidden_size=72, intermediate_size=96,
+                     num_hidden_layers=3, num_attention_heads=9, num_key_value_heads=3, head_dim=8,
+                     max_position_embeddings=2048, tie_word_embeddings=True)
 
 
 def _hf(path, **kw):

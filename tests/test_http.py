@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from ragfast.errors import ConfigError, ModelError
+from ragfast.errors import ConfigError, ModelError, RagfastError
 from ragfast.http import check_url, get_json, is_url, post_json
 
 
@@ -55,3 +55,57 @@ def test_final_errors_are_one_line(monkeypatch):
     with pytest.raises(ModelError, match=r"cannot reach http://s/x after 3 attempts"):
         get_json(client, "http://s/x", retries=2, error=ModelError)
     assert len(seen) == 3
+
+
+def test_408_and_429_are_retried_and_every_error_says_whether_a_retry_might_pass(monkeypatch):
+    from ragfast.errors import is_transient
+
+    monkeypatch.setattr("time.sleep", lambda s: None)
+    client, seen = _client([(429, "slow down"), (408, "timed out"), (200, {"ok": 1})])
+    assert post_json(client, "http://s/x", {}, retries=2, error=ModelError) == {"ok": 1} and len(seen) == 3
+
+    def final(answers, retries=1):
+        client, _ = _client(answers)
+        with pytest.raises(ModelError) as exc:
+            post_json(client, "http://s/x", {}, retries=retries, error=ModelError)
+        return exc.value
+
+    # the server refuses this input: a retry cannot pass
+    refused = final([(400, "maximum context length is 4096 tokens")])
+    assert not is_transient(refused) and "answered 400" in str(refused)
+    assert not is_transient(final([(422, "bad")])) and not is_transient(final([(200, "<html>")]))
+    # retries spent on a failure a later retry might pass
+    for answers in ([(503, "busy")], [(429, "slow")], [(408, "late")], [(None, None)]):
+        assert is_transient(final(answers)), answers
+
+
+def test_wait_until_up_returns_on_200_and_fails_in_one_line_otherwise():
+    import socket
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from ragfast.http import wait_until_up
+
+    class Health(BaseHTTPRequestHandler):
+        def do_GET(self):  # 200 on /health only, as a server that is up but has no /v1/models
+            self.send_response(200 if self.path == "/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *a):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}"
+    try:
+        wait_until_up(url, lambda: True, 10)
+        with pytest.raises(ConfigError, match=r"^srv did not answer .*/v1/models within 0 s; see x\.log$"):
+            wait_until_up(url, lambda: True, 0, path="/v1/models", what="srv", poll_s=0.01, error=ConfigError,
+                          see="; see x.log")
+    finally:
+        srv.shutdown()
+    with socket.socket() as sk:  # a port nobody listens on, and a process that has exited
+        sk.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{sk.getsockname()[1]}"
+    with pytest.raises(RagfastError, match="^llama-server exited before it answered"):
+        wait_until_up(closed, lambda: False, 60, what="llama-server")

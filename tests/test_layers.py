@@ -22,13 +22,13 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.savings",
                  "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
                  "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
-                 "ragfast.verdicts", "ragfast.results", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
+                 "ragfast.verdicts", "ragfast.results", "ragfast.failures", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
                  "ragfast.ray_support")),
     ("components", ("ragfast.data", "ragfast.encoders", "ragfast.retrieval", "ragfast.models", "ragfast.judges",
                     "ragfast.serving", "ragfast.passage_store")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
-    ("top", ("ragfast.bench", "ragfast.report", "ragfast.projection", "ragfast.commands",
+    ("top", ("ragfast.bench", "ragfast.bench_verdict", "ragfast.report", "ragfast.projection", "ragfast.commands",
              "ragfast.cli")),
 ]
 

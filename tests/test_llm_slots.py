@@ -9,6 +9,7 @@ import pytest
 
 from ragfast.errors import ModelError
 from ragfast.methods.s2g.labelling import LabelledState, teacher_labels
+from ragfast.models.hub import local_model
 from ragfast.runner import slots
 
 
@@ -22,10 +23,10 @@ def empty_cache(tmp_path, monkeypatch):
 def test_uncached_model_names_the_command_in_every_slot(slot, empty_cache):
     make = {"reasoner": lambda: slots.reasoner("smollm2"), "judge": lambda: slots.judge("smollm2"),
             "checker": lambda: slots.checker("smollm2"), "head": lambda: slots.head("smollm2"),
-            "train-base": lambda: slots.catalogued("smollm2")}[slot]
+            "train-base": lambda: local_model("smollm2")}[slot]
     with pytest.raises(ModelError, match=r"run `ragfast models get smollm2`"):
         make()
-    assert slots.catalogued("/some/dir") == "/some/dir"
+    assert local_model("/some/dir") == "/some/dir"
 
 
 def test_stepgap_defaults_name_a_backend():
@@ -114,7 +115,8 @@ def test_reloop_head_reads_the_pack_through_the_chat_template(tmp_path):
             pass
 
     lm = Templated()
-    s = run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "o"), budget=2, batch_size=2, limit=2, offset=0,
+    s = run_one("reloop", reasoner="scripted",
+                data="hotpotqa-dev", out=str(tmp_path / "o"), budget=2, batch_size=2, limit=2, offset=0,
                 encoder="hashing", judge="heuristic", progress=False, components={"head": lm})
     assert s["methods"]["reloop"]["n_questions"] == 2 and lm.seen
     assert all(p.startswith("<user>Answer the question using only the evidence below.") and

@@ -21,7 +21,7 @@ from ragfast.errors import ConfigError
 # Wall-clock fields differ between any two runs; everything else must be equal.
 TIMING = {"seconds", "device_seconds", "seconds_per_q", "delta_seconds", "wall_seconds", "started", "load_avg_1m",
           "judge_seconds", "nli_seconds", "checker_to_reasoner_seconds", "seconds_per_question"}
-SMALL = ["--limit", "4", "--val-limit", "6", "--index", "bm25"]
+SMALL = ["--reasoner", "scripted", "--limit", "4", "--val-limit", "6", "--index", "bm25"]
 
 
 def untimed(obj: Any) -> Any:
@@ -162,10 +162,10 @@ def test_run_stepgap_and_bench_method_stepgap_write_the_same_results(tmp_path):
 def test_run_reloop_and_bench_method_reloop_write_the_same_results(tmp_path):
     # the hand-written run reloop's flags are aliases: --max-steps (budget), --k (topk),
     # --generator (head), --max-tokens (evidence_tokens)
-    invoke("run", "reloop", "--max-steps", "3", "--k", "2", "--generator", "extractive", "--max-tokens", "300",
+    invoke("run", "reloop", "--reasoner", "scripted", "--max-steps", "3", "--k", "2", "--generator", "extractive", "--max-tokens", "300",
            "--window", "6", "--no-verify", "--encoder", "hashing", "--judge", "heuristic", "--limit", "4",
            "--no-progress", "--out", str(tmp_path / "run"))
-    invoke("bench", "--method", "reloop", "--budget", "3", "--topk", "2", "--head", "extractive", "--evidence-tokens",
+    invoke("bench", "--method", "reloop", "--reasoner", "scripted", "--budget", "3", "--topk", "2", "--head", "extractive", "--evidence-tokens",
            "300", "--window", "6", "--no-verify", "--encoder", "hashing", "--judge", "heuristic", "--limit", "4",
            "--out", str(tmp_path / "bench"))
     same_run(tmp_path / "run", tmp_path / "bench", "reloop")
@@ -207,14 +207,14 @@ def test_a_fifth_method_is_one_class_and_its_registration(tmp_path):
 
     assert get("onesearch") is OneSearch and names()[:4] == ("searchr1", "s2g", "stepgap", "reloop")
     add_run_command(run_app, "onesearch")  # what the CLI does for every method registered before it starts
-    args = ["--limit", "3", "--index", "bm25", "--method", "searchr1"]
+    args = ["--reasoner", "scripted", "--limit", "3", "--index", "bm25", "--method", "searchr1"]
     invoke("bench", *args, "--method", "onesearch", "--out", str(tmp_path / "bench"))
-    invoke("run", "onesearch", "--limit", "3", "--index", "bm25", "--out", str(tmp_path / "run"))
+    invoke("run", "onesearch", "--reasoner", "scripted", "--limit", "3", "--index", "bm25", "--out", str(tmp_path / "run"))
     one = lines(tmp_path / "run" / "trajectories" / "onesearch.jsonl")
     assert one == lines(tmp_path / "bench" / "trajectories" / "onesearch.jsonl")
     assert summary(tmp_path / "run")["methods"]["onesearch"] == {
         k: v for k, v in summary(tmp_path / "bench")["methods"]["onesearch"].items()
-        if k not in ("n_paired", "delta_em", "delta_searches", "delta_flops")}
+        if k not in ("n_paired", "n_failed_either", "delta_em", "delta_searches", "delta_flops")}
     native = lines(tmp_path / "bench" / "trajectories" / "searchr1.jsonl")
     assert len(one) == 3 and all(t["searches"] <= 1 for t in one)
     assert any(n["searches"] > 1 for n in native)  # the budget of one search is what differs

@@ -309,9 +309,11 @@ FIELDS = {"id", "question", "golden_answers", "answer", "em", "f1", "searches", 
 
 def test_run_writes_resumable_results(tmp_path):
     out = tmp_path / "kg"
-    s1 = run_one("reloop", data="metaqa-2hop", out=str(out), planner="kg-path", limit=15, offset=0, progress=False)
+    s1 = run_one("reloop", reasoner="scripted",
+                 data="metaqa-2hop", out=str(out), planner="kg-path", limit=15, offset=0, progress=False)
     assert s1["methods"]["reloop"]["n_questions"] == 15
-    s2 = run_one("reloop", data="metaqa-2hop", out=str(out), planner="kg-path", limit=25, offset=0, resume=True,
+    s2 = run_one("reloop", reasoner="scripted",
+                 data="metaqa-2hop", out=str(out), planner="kg-path", limit=25, offset=0, resume=True,
                  progress=False)
     rows = [json.loads(x) for x in (out / "trajectories" / "reloop.jsonl").read_text().splitlines()]
     assert len(rows) == 25 and len({r["id"] for r in rows}) == 25 and s2["methods"]["reloop"]["n_questions"] == 25
@@ -319,10 +321,12 @@ def test_run_writes_resumable_results(tmp_path):
     man = json.loads((out / "manifest.json").read_text())
     assert man["slots"]["head"]["meaningful"] is False  # the extractive head is not an LLM
     with pytest.raises(ConfigError, match="kg-path"):
-        run_one("reloop", data="metaqa-1hop", out=str(tmp_path / "x"), planner="heuristic", limit=2, offset=0,
+        run_one("reloop", reasoner="scripted",
+                data="metaqa-1hop", out=str(tmp_path / "x"), planner="heuristic", limit=2, offset=0,
                 progress=False)
     with pytest.raises(ConfigError, match="'kg-path' follows"):
-        run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "y"), planner="kg-path", limit=2, offset=0,
+        run_one("reloop", reasoner="scripted",
+                data="hotpotqa-dev", out=str(tmp_path / "y"), planner="kg-path", limit=2, offset=0,
                 progress=False, encoder="hashing", judge="heuristic")
 
 
@@ -334,7 +338,9 @@ def test_cli_run_reloop(tmp_path):
     runner = CliRunner()
     for data, planner in (("hotpotqa-dev", "heuristic"), ("tatqa-dev", "heuristic"), ("metaqa-3hop", "kg-path")):
         out = tmp_path / data
-        res = runner.invoke(app, ["run", "reloop", "--data", data, "--out", str(out), "--limit", "4", "--offset", "0",
+        res = runner.invoke(app, ["run", "reloop", "--reasoner", "scripted",
+                                  "--data", data, "--out", str(out), "--limit", "4",
+                                  "--offset", "0",
                                   "--planner", planner, "--encoder", "hashing", "--judge", "heuristic", "--json",
                                   "--no-progress"])
         assert res.exit_code == 0, (res.output[-2000:], res.exception)
@@ -395,7 +401,8 @@ class _CannedLM(Generator):
 
 def test_llm_planner_and_generator_head_through_run(tmp_path):
     lm = _CannedLM()
-    s = run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "lm"), planner="llm", budget=3, batch_size=2, limit=3,
+    s = run_one("reloop", reasoner="scripted",
+                data="hotpotqa-dev", out=str(tmp_path / "lm"), planner="llm", budget=3, batch_size=2, limit=3,
                 offset=0, encoder="hashing", judge="heuristic", planner_model="canned-lm", progress=False,
                 components={"head": lm, "planner": lm})
     assert s["methods"]["reloop"]["n_questions"] == 3 and s["slots"]["head"]["meaningful"] is False
@@ -408,5 +415,6 @@ def test_llm_planner_and_generator_head_through_run(tmp_path):
         assert r["cost"]["reasoner"]["calls"] in (2, 3)
         assert r["answer"] == r["evidence"][0]["title"]
     with pytest.raises(ConfigError, match="--planner-model"):
-        run_one("reloop", data="hotpotqa-dev", out=str(tmp_path / "x"), planner="llm", limit=1, offset=0,
+        run_one("reloop", reasoner="scripted",
+                data="hotpotqa-dev", out=str(tmp_path / "x"), planner="llm", limit=1, offset=0,
                 encoder="hashing", progress=False)

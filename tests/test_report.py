@@ -217,3 +217,43 @@ def test_judge_verdict_not_measured_is_said_so(tmp_path):
     report.write_markdown(s, tmp_path, {}, {})
     md = (tmp_path / "report.md").read_text()
     assert "validation states: too few positives: not measured (1 positive of 40" in md and "nan" not in md
+
+
+def _balance(net, spent, saved):
+    iv = lambda m, lo, hi: {"mean": m, "low": lo, "high": hi}  # noqa: E731
+    return {"spender": "judge", "components": {"judge": "measured", "reasoner": "measured", "encoder": "measured",
+                                               "search": "measured"},
+            "metrics": {"flops": {"spent": iv(*spent), "saved": iv(*saved), "net": iv(*net), "verdict": "x"}},
+            "text": "s2g against native Search-R1:\n- flops: judge pays for itself"}
+
+
+def test_verdict_opens_both_pages_with_the_summary_numbers_and_empty_slots_read_as_such(tmp_path):
+    """The verdict section comes first in report.md and report.html and prints the summary's
+    figures (written out here by hand); an empty slot reads as empty, never as a bare False."""
+    from ragfast import bench_verdict
+
+    s = _summary()
+    s["slots"]["checker"] = {"name": "none", "meaningful": False}
+    s["break_even"] = _balance((2e9, 1e9, 3e9), (5e8, 4e8, 6e8), (2.5e9, 1.5e9, 3.5e9))
+    s["projection"] = {"label": "projected (nominal roofline), not measured", "reasoner": "qwen2.5-7b", "batch": 64,
+                       "device": {"name": "NVIDIA H200 SXM", "flops_per_s": 989e12, "bytes_per_s": 4.8e12},
+                       "priced_from": "the reasoner's recorded tokens priced as Qwen2.5-7B calls",
+                       "balances": {"s2g": _balance((4.2e11, 3e11, 5.5e11), (5e8, 4e8, 6e8), (4.2e11, 3e11, 5.5e11))}}
+    s["projection"]["balances"]["s2g"]["metrics"]["seconds"] = {
+        "net": {"mean": 1.5e-3, "low": 1e-3, "high": 2e-3}, "spent": None, "saved": None}
+    s["verdict"] = bench_verdict.verdict(s)
+    md = report.write_markdown(s, tmp_path, [], {}).read_text()
+    page = report.write_html(s, tmp_path, [], {}).read_text()
+    assert re.findall(r"^## (.+)$", md, flags=re.M)[:2] == ["Verdict", "Run"]
+    assert re.findall(r"<h2 id='s\d+'>([^<]+)</h2>", page)[:2] == ["Verdict", "Run"]
+    sec = md.split("## Verdict\n", 1)[1].split("\n## ", 1)[0]
+    row = next(x for x in sec.splitlines() if x.startswith("| Does S2G pay?"))
+    # measured: net 2 [1, 3] GFLOPs/q pays; projected: 420 [300, 550] GFLOPs/q and 1.5 [1, 2] ms/q
+    assert "pays: net saving +2 [+1, +3] GFLOPs/q" in row
+    assert "pays: net saving +420 [+300, +550] GFLOPs/q; +1.5 [+1, +2] ms/q (projected)" in row
+    assert "-0.050 [-0.150, +0.050], not shown non-inferior within 2 points" in row  # ΔEM low -0.15 < -0.02
+    assert "+0.50 [+0.20, +0.80]" in row  # searches saved = -Δsearches
+    assert "Does StepGap pay? No verdict: StepGap did not run in this run" in sec
+    assert "Projected (nominal roofline), not measured" in sec
+    assert "| checker | none | empty: nothing runs in this slot |" in md and "False" not in md
+    assert ">False<" not in page and "empty: nothing runs in this slot" in page

@@ -1,4 +1,4 @@
-"""The runner: one factory (runner.slots), shared flags and --config (commands.options), the driver pieces."""
+"""The runner: one factory (runner.slots), shared flags, defaults and --config (RunSettings), the driver pieces."""
 from __future__ import annotations
 
 import json
@@ -69,28 +69,30 @@ def test_fingerprint_names_the_first_difference(tmp_path):
 
 def test_config_yaml_is_shared_and_flags_win(tmp_path):
     from ragfast.bench import make_config
-    from ragfast.commands.options import resolve
+    from ragfast.commands.s2g import study_settings
 
     y = tmp_path / "c.yaml"
     # bench names (reasoner, budget) and run-command names (max-new-tokens) in one file
     y.write_text("offset: 5\nbatch-size: 8\ncorpus: contexts\nreasoner: tiny\nbudget: 2\nmax-new-tokens: 9\n"
                  "judge: head\n")
-    s = resolve(str(y), {"offset": None, "batch_size": 4, "corpus": None, "device": None, "limit": None,
-                         "model": None, "max_turns": None, "max_new_tokens": None, "topk": None})
-    assert s == {"offset": 5, "batch_size": 4, "corpus": ["contexts"], "device": "auto", "limit": None,
-                 "model": "tiny", "max_turns": 2, "max_new_tokens": 9, "topk": 3}
+    # study s2g reads it as run s2g does: a flag typed (batch size 4) wins over the file
+    s = study_settings(str(y), out=str(tmp_path / "o"), batch_size=4, offset=None)
+    assert (s.offset, s.batch_size, s.corpus, s.device, s.reasoner, s.budget, s.max_new_tokens, s.topk, s.judge) == (
+        5, 4, ["contexts"], "auto", "tiny", 2, 9, 3, "head")
     cfg = make_config(yaml_path=str(y))  # the bench reads the same file
     assert (cfg.offset, cfg.batch_size, cfg.reasoner, cfg.budget, cfg.judge) == (5, 8, "tiny", 2, "head")
     assert cfg.corpus == ["contexts"]
     y.write_text("nonsense: 1\n")
     with pytest.raises(ConfigError, match="nonsense"):
-        resolve(str(y), {"offset": None})
+        study_settings(str(y), out=str(tmp_path / "o"))
     with pytest.raises(ConfigError, match="--offset must be"):
-        resolve(None, {"offset": -1})
+        study_settings(None, out=str(tmp_path / "o"), offset=-1)
+    with pytest.raises(ConfigError, match="--out is required"):
+        study_settings(None)
 
 
 @pytest.mark.parametrize("command", [["run", "searchr1"], ["run", "s2g"], ["run", "stepgap"], ["run", "reloop"],
-                                     ["bench"]])
+                                     ["bench"], ["study", "s2g"]])
 def test_every_running_command_takes_the_shared_flags(command):
     from typer.testing import CliRunner
 
@@ -101,6 +103,94 @@ def test_every_running_command_takes_the_shared_flags(command):
     for flag in ("--config", "--offset", "--limit", "--val-data", "--val-offset", "--device", "--data", "--out",
                  "--batch-size"):
         assert flag in res.output, (command, flag)
+
+
+def _running_commands():
+    """(name, click command) of every command that runs methods: bench, run M for each method, study s2g."""
+    import typer
+
+    from ragfast.cli import app
+    from ragfast.methods.base import names
+
+    group = typer.main.get_command(app)
+    return [("bench", group.commands["bench"]), *((f"run {m}", group.commands["run"].commands[m]) for m in names()),
+            ("study s2g", group.commands["study"].commands["s2g"])]
+
+
+def test_no_two_running_commands_give_one_setting_different_defaults(tmp_path, monkeypatch):
+    """One definition of every default: RunSettings'. Read from each command's click parameters (a setting's flag
+    has no default of its own and RunSettings' spellings), then from what each command, run with no setting
+    typed, hands its runner."""
+    import dataclasses
+
+    from typer.testing import CliRunner
+
+    import ragfast.bench
+    import ragfast.commands.s2g
+    from ragfast.cli import app
+    from ragfast.devices import resolve_device
+    from ragfast.runner.settings import RunSettings, flag_names
+
+    default = RunSettings()
+    fields = [f.name for f in dataclasses.fields(RunSettings) if f.init and f.name not in ("methods", "devices")]
+    commands = _running_commands()
+    assert len(commands) >= 6
+    for name, cmd in commands:
+        params = {p.name: p for p in cmd.params}
+        for f in fields:
+            if f not in params:
+                continue
+            p = params[f]
+            assert p.default is None, (name, f, p.default)  # RunSettings' default (or --config) decides
+            assert set(flag_names(f)) <= set(p.opts) | set(p.secondary_opts), (name, f, p.opts)
+        for f in ("offset", "limit", "val_offset", "val_limit", "reasoner", "data", "batch_size", "budget", "topk"):
+            assert f in params, (name, f)  # the settings every running command shares
+    monkeypatch.chdir(tmp_path)  # the bench's default --out is relative
+    got: dict[str, dict] = {}
+
+    def bench(cfg, **kw):
+        got[cmd_name] = {f: getattr(cfg, f) for f in fields}
+        return {}
+
+    study_names = {"model": "reasoner", "retriever": "index", "max_turns": "budget"}
+
+    def study(**kw):
+        got[cmd_name] = {study_names.get(k, k): v for k, v in kw.items()}
+
+    monkeypatch.setattr(ragfast.bench, "run_bench", bench)
+    monkeypatch.setattr(ragfast.commands.s2g, "run_s2g_command", study)
+    for cmd_name, _ in commands:
+        extra = ["--out", str(tmp_path / "study")] if cmd_name == "study s2g" else []
+        res = CliRunner().invoke(app, [*cmd_name.split(), *extra])
+        assert res.exit_code == 0, (cmd_name, res.output, res.exception)
+    want = {f: getattr(default, f) for f in fields}
+    want_study = {**want, "device": resolve_device(default.device), "out": str(tmp_path / "study")}
+    for cmd_name, values in got.items():
+        expected = want_study if cmd_name == "study s2g" else want
+        differ = {f: (v, expected[f]) for f, v in values.items() if f in expected and v != expected[f]}
+        assert not differ, (cmd_name, differ)
+    assert got["study s2g"]["offset"] == 100 and got["study s2g"]["val_offset"] == 0  # the study's layout
+
+
+def test_both_servers_share_their_connection_defaults():
+    import typer
+
+    from ragfast import serving
+    from ragfast.cli import app
+
+    group = typer.main.get_command(app)
+    want = {"graceful_s": serving.DEFAULT_GRACEFUL_S, "head_timeout_s": serving.DEFAULT_HEAD_TIMEOUT_S,
+            "keep_alive_s": serving.DEFAULT_KEEP_ALIVE_S, "max_connections": serving.DEFAULT_MAX_CONNECTIONS,
+            "api_key": None}
+    for name in ("serve-retriever", "serve-judge"):
+        params = {p.name: p.default for p in group.commands[name].params}
+        assert {k: params[k] for k in want} == want, name
+    import inspect
+
+    from ragfast.retrieval.server import serve
+
+    sig = inspect.signature(serve).parameters
+    assert {k: sig[k].default for k in want} == want
 
 
 @pytest.mark.slow  # two end-to-end commands (33 s of the quick suite)
@@ -127,7 +217,8 @@ def test_run_searchr1_reuses_the_corpus_embeddings_bench_made(tmp_path):
     def entries():
         return sorted(p.name for p in emb.iterdir()) if emb.exists() else []
 
-    r = subprocess.run([sys.executable, "-m", "ragfast.cli", "bench", "--data", str(data), "--val-data", str(data),
+    r = subprocess.run([sys.executable, "-m", "ragfast.cli", "bench", "--reasoner", "scripted", "--data", str(data),
+                        "--val-data", str(data),
                         "--method", "searchr1", "--offset", "0", "--limit", "2", "--out", str(tmp_path / "b")],
                        capture_output=True, text=True, env=env, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -182,7 +273,8 @@ def test_a_new_retriever_backend_is_one_table_entry(monkeypatch, tmp_path):
     with pytest.raises(ConfigError, match="index: nowhere"):
         check_paths(make_config(index="nowhere"))
     calls.clear()
-    cfg = make_config(index="overlap", methods=["searchr1"], offset=0, limit=2, out=str(tmp_path / "run"))
+    cfg = make_config(index="overlap", methods=["searchr1"], reasoner="scripted", offset=0, limit=2,
+                      out=str(tmp_path / "run"))
     (tmp_path / "run").mkdir()
     recs = run_methods(cfg, ["searchr1"], tmp_path / "run").records["searchr1"]
     searched = [t["content"] for r in recs for t in r["turns"] if t["action"] == "search"]

@@ -125,17 +125,17 @@ def test_train_judge_base(smollm2, tmp_path):
 
 
 def test_stepgap_checker_and_reloop_head(smollm2, tmp_path):
-    _cli("run", "stepgap", "--checker-llm", "smollm2", "--limit", 1, "--budget", 2, "--out", tmp_path / "sg")
+    _cli("run", "stepgap", "--reasoner", "scripted", "--checker-llm", "smollm2", "--limit", 1, "--budget", 2, "--out", tmp_path / "sg")
     sg = _summary(tmp_path / "sg")
     assert sg
-    _cli("run", "reloop", "--generator", "smollm2", "--limit", 1, "--out", tmp_path / "rl")
+    _cli("run", "reloop", "--reasoner", "scripted", "--generator", "smollm2", "--limit", 1, "--out", tmp_path / "rl")
     man = json.loads((tmp_path / "rl" / "manifest.json").read_text())
     assert "smollm2" in json.dumps(man["slots"])
 
 
 def test_stepgap_llm_prompted_nli(smollm2, tmp_path):
     # No checker LLM, so stages D-E decide every claim through the LLM-prompted NLI scorer.
-    _cli("run", "stepgap", "--checker-llm", "none", "--nli", "smollm2", "--limit", 1, "--budget", 2,
+    _cli("run", "stepgap", "--reasoner", "scripted", "--checker-llm", "none", "--nli", "smollm2", "--limit", 1, "--budget", 2,
          "--out", tmp_path / "sg")
     assert _summary(tmp_path / "sg")["methods"]["stepgap"]["report"]["checker_cost_per_question"]["nli_pairs"] > 0
     nli = json.loads((tmp_path / "sg" / "manifest.json").read_text())["slots"]["nli"]

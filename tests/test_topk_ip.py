@@ -791,6 +791,53 @@ def test_torch_path_equals_reference_exactly(dtype):
             assert torch.equal(s, rs)
 
 
+def test_torch_path_applies_the_tie_rule_only_where_ties_exist(monkeypatch):
+    # the torch path returns topk's first k as they stand when every row's top k + 1 scores
+    # strictly decrease, and runs the tie rule (argsort by id, the stable sort; the reference's
+    # selection for a tie at the k-th cut) when they do not; both give the reference's results
+    import sys
+
+    mod = sys.modules["ragfast.ops.topk_ip"]
+    seen = {"rule": 0, "cut": 0}
+    real_argsort, real_select = torch.argsort, mod._select
+
+    def argsort(*a, **kw):
+        seen["rule"] += 1
+        return real_argsort(*a, **kw)
+
+    def select(*a, **kw):
+        seen["cut"] += 1
+        return real_select(*a, **kw)
+
+    monkeypatch.setattr(torch, "argsort", argsort)
+    monkeypatch.setattr(mod, "_select", select)
+    one = torch.ones(1, 1)
+    col = lambda *v: torch.tensor(v, dtype=torch.float32)[:, None]  # d = 1: row i scores v[i]
+    g = torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+    cases = [  # (queries, corpus, k, exclude, tie rule runs, a k-th cut tie)
+        (torch.randn(3, 17, generator=g), torch.randn(301, 17, generator=g), 7, None, False, False),
+        (one, col(3, 2, 1), 3, None, False, False),  # N == k, nothing missing
+        (one, col(3, 5, 4, 3, 0), 3, None, True, True),  # ids 0 and 3 tie at the cut: 0 is kept
+        (one, col(5, 1, 5, 4), 3, None, True, False),  # a tie inside the top k only
+        (one, col(1, -0.0, 0.0), 2, None, True, True),  # -0.0 == 0.0: a tie, the lower id kept
+        (one, col(2, 9, 1, 0), 4, [[1]], True, False),  # N == k, an excluded row: -inf, id -1
+        (one, col(2, float("nan"), 1, 0), 2, None, True, False),  # topk ranks NaN first
+        (torch.cat([one, -one]), col(4, 7, 4, 1, 3), 2, None, True, True),  # one row tied, one not
+    ]
+    for q, c, k, ex, rule, cut in cases:
+        seen.update(rule=0, cut=0)
+        s, i = topk_ip_torch(q, c, k, exclude=ex)
+        assert (seen["rule"] > 0, seen["cut"] > 0) == (rule, cut), (c.reshape(-1).tolist(), k)
+        rs, ri = topk_ip_ref(q, c, k, exclude=ex)
+        assert torch.equal(i, ri) and torch.equal(s, rs), (c.reshape(-1).tolist(), k)
+        assert s.is_contiguous() and i.is_contiguous() and i.dtype == torch.int64
+        ws, wi = np_topk(q, c, k, ex)
+        if c.shape[1] == 1:  # exact scores: exact ids and tie order
+            np.testing.assert_array_equal(i.numpy(), wi)
+        else:
+            assert_topk_agree(s, i, ws, wi, atol=1e-4 * math.sqrt(c.shape[1]))
+
+
 def test_batch_classes_and_table_validation(tmp_path):
     assert [topk_ip_choice.batch_class(b) for b in (1, 2, 3, 4, 7, 8, 16, 40, 64, 100, 256, 5000)] == \
         [1, 1, 4, 4, 4, 4, 16, 64, 64, 64, 256, 256]

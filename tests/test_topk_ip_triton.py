@@ -130,9 +130,11 @@ def test_nan_and_inf_rows():
     q, c = rand(4, 24), rand(200, 24)
     c[10, 3] = float("nan")
     c[11] = 0.0
-    for store in (c.to(torch.bfloat16), quantize(torch.nan_to_num(c), "int8", rescore="fp32")):
-        s, i, rs, ri = check(q, store, 9)
-        assert not (i == 10).any()
+    s, i, rs, ri = check(q, c.to(torch.bfloat16), 9)
+    assert not (i == 10).any()
+    # int8 codes cannot hold NaN: row 10 is zeroed where it was NaN and is a fair candidate there,
+    # so that store is only held to the reference (inside check), never to a fixed exclusion.
+    check(q, quantize(torch.nan_to_num(c), "int8", rescore="fp32"), 9)
     c2 = c.clone()
     c2[12, 0] = float("inf")  # +inf for queries with q[0] > 0, -inf (never a hit) for the others
     s, i, rs, ri = check(q, c2.to(torch.bfloat16), 3)

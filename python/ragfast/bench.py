@@ -24,8 +24,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from ragfast.bench_verdict import CHECKS, checker_balance, projection, verdict
 from ragfast.cost import COMPONENTS
-from ragfast.errors import DataError
+from ragfast.errors import DataError, RagfastError
+from ragfast.failures import FAILED_SCORE, answered, failure_counts, failure_of
 from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
 from ragfast.outdir import LOCK_FILE
@@ -73,8 +75,10 @@ def question_cost(traj: Mapping[str, Any]) -> dict[str, dict[str, float]]:
 
 
 def method_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """EM, F1, searches and per-component cost totals of one method's trajectory records."""
+    """EM, F1, searches and per-component cost totals of one method's trajectory records, and its
+    failed questions by component (each scores 0 in EM and F1; its cost is what it spent)."""
     n = len(records)
+    failed = failure_counts(records)
     per_comp: dict[str, list[dict[str, float]]] = {}
     for r in records:
         for c, v in question_cost(r).items():
@@ -86,6 +90,7 @@ def method_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "f1": float(np.mean([r["f1"] for r in records])) if n else float("nan"),
         "searches_per_question": float(np.mean([r["searches"] for r in records])) if n else float("nan"),
         "n_questions": n,
+        "failures": {"count": sum(failed.values()), "by_component": failed, "scored": FAILED_SCORE},
         "cost": cost,
     }
 
@@ -128,6 +133,7 @@ def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: R
         if not ids:
             continue
         mine = {r["id"]: r for r in recs}
+        failed_either = sum(1 for i in ids if failure_of(mine[i]) is not None or failure_of(base[i]) is not None)
 
         def col(src: Mapping[str, Any], key: Callable[[Mapping[str, Any]], float]) -> np.ndarray:
             return np.array([key(src[i]) for i in ids], dtype=np.float64)
@@ -137,6 +143,7 @@ def compare_to_native(records: Mapping[str, Sequence[Mapping[str, Any]]], cfg: R
 
         out[m] = {
             "n_paired": len(ids),
+            "n_failed_either": failed_either,  # scored 0 where they failed (FAILED_SCORE)
             "delta_em": _paired(col(mine, lambda r: r["em"]), col(base, lambda r: r["em"]), cfg),
             "delta_searches": _paired(col(mine, lambda r: r["searches"]), col(base, lambda r: r["searches"]), cfg),
             "delta_flops": _paired(col(mine, tot("flops")), col(base, tot("flops")), cfg),
@@ -208,7 +215,29 @@ def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress
         report.print_table(summary, Console())
     console.print(f"results in [bold]{out}[/]: summary.json, summary.csv, report.md, report.html, plots, "
                   f"trajectories/, ragfast.log")
+    line = report.failures_line(summary)
+    if line:
+        console.print(line, highlight=False, soft_wrap=True)  # one line, whatever the terminal's width
+    check_not_all_failed(summary, done.records)
     return summary
+
+
+def check_not_all_failed(summary: Mapping[str, Any], records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
+    """Refuse a run in which some method answered none of its questions (every one failed).
+
+    Raises
+    ------
+    RagfastError
+        One line naming the method, the components and the last error (the files are written).
+    """
+    for m, recs in records.items():
+        s = summary["methods"][m]
+        if recs and s["failures"]["count"] == len(recs):
+            last = failure_of(recs[-1]) or {}
+            by = ", ".join(f"{c} {k}" for c, k in s["failures"]["by_component"].items())
+            raise RagfastError(f"{m}: every one of its {len(recs)} questions failed ({by}; last: "
+                               f"{last.get('component')}: {last.get('error')}: {last.get('message')}); nothing was "
+                               "answered: fix the component, then rerun with --resume --retry-failed")
 
 
 def run_info(cfg: RunSettings, slots: Slots, wall_seconds: float) -> dict[str, Any]:
@@ -232,6 +261,10 @@ def run_info(cfg: RunSettings, slots: Slots, wall_seconds: float) -> dict[str, A
         pass
     if hasattr(os, "getloadavg"):
         info["load_avg_1m"] = round(os.getloadavg()[0], 2)
+    from ragfast.models.memory_budget import rss_peak_bytes
+
+    info["memory_budget"] = cfg.memory_budget
+    info["rss_peak_bytes"] = rss_peak_bytes()  # this process's peak so far (the reasoner's own: slots.reasoner.memory)
     return info
 
 
@@ -267,7 +300,7 @@ def summarise(cfg: RunSettings, records: Mapping[str, Sequence[Mapping[str, Any]
     for m, d in compare_to_native(records, cfg).items():
         methods[m].update(d)
     for m, recs in records.items():  # each method's own section (StepGap's labels and checker cost...)
-        section = get(m)(cfg).report(recs)
+        section = get(m)(cfg).report(answered(recs))
         if section is not None:
             methods[m]["report"] = section
     summary: dict[str, Any] = {"methods": methods, "slots": dict(slot_info)}
@@ -275,42 +308,13 @@ def summarise(cfg: RunSettings, records: Mapping[str, Sequence[Mapping[str, Any]
         if path.exists():
             summary[path.stem] = json.loads(path.read_text(encoding="utf-8"))
     if "searchr1" in records:
-        for method, key in (("s2g", "break_even"), ("stepgap", "stepgap_balance")):
+        for method, key, _ in CHECKS:
             if method in records:
                 summary[key] = checker_balance(records["searchr1"], records[method], method, slot_info, cfg)
+    # the verdict the report opens with: measured above, projected for a 7B on an H200 here
+    summary["projection"] = projection(records, slot_info, cfg)
+    summary["verdict"] = verdict(summary)
     return summary
-
-
-def component_status(records: Sequence[Sequence[Mapping[str, Any]]], slot_info: Mapping[str, Any]) -> dict[str, str]:
-    """measured / unknown / free per component: unknown where a server reported no cost, free
-    for the scripted oracle (its tokens are a script's, not a model's compute)."""
-    status = {c: "measured" for c in COMPONENTS}
-    for recs in records:
-        for r in recs:
-            for c, v in (r.get("cost") or {}).items():
-                if v.get("unknown"):
-                    status[c] = "unknown"
-    if (slot_info.get("reasoner") or {}).get("class") == "ScriptedGenerator":
-        status["reasoner"] = "free"
-    return status
-
-
-def checker_balance(native: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], method: str,
-                    slot_info: Mapping[str, Any], cfg: RunSettings) -> dict[str, Any]:
-    """Does the method's checker (S2G's judge, StepGap's NLI) pay for what its method saves?
-
-    Paired by question, with bootstrap intervals (:func:`ragfast.savings.balance`); ``text``
-    is the verdict a person reads.
-    """
-    from ragfast.savings import balance
-
-    spender = "judge" if method == "s2g" else "nli"
-    b = balance(native, other, spender=spender, components=component_status([native, other], slot_info),
-                n_resamples=cfg.n_resamples, seed=cfg.seed)
-    d = b.to_dict()
-    d["text"] = f"{method} against native Search-R1, per question with 95% intervals:\n" + "\n".join(
-        f"- {line}" for line in b.lines())
-    return d
 
 
 def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:

@@ -217,6 +217,13 @@ class CostLedger:
         with self._lock:
             self.records.extend(recs)
 
+    def drop(self, question_ids: Iterable[str]) -> None:
+        """Remove the records of ``question_ids`` (questions that run again from the start)."""
+        gone = set(question_ids)
+        if gone:
+            with self._lock:
+                self.records = [r for r in self.records if r.question_id not in gone]
+
     def merge(self, other: "CostLedger") -> None:
         """Append every record of ``other`` (e.g. from a worker process)."""
         with self._lock:

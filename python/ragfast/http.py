@@ -17,12 +17,13 @@ import math
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
-from ragfast.errors import ConfigError, RagfastError
+from ragfast.errors import ConfigError, RagfastError, mark_transient
 
 __all__ = ["is_url", "check_url", "auth_headers", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
-           "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S", "WAIT_NOTICE_S"]
+           "wait_until_up",
+           "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S", "WAIT_NOTICE_S", "RETRY_STATUSES"]
 
 #: One attempt: long enough for a 7B reasoner to generate 500 tokens for a batch of 64 on a
 #: CPU server, short enough that a server that accepted and never answers is given up on.
@@ -129,15 +130,28 @@ def _snippet(text: str, n: int) -> str:
     return " ".join(text[:n].split())
 
 
+#: Answers a retry may turn around: the server timed the request out (408), is shedding load
+#: (429) or failed (5xx). Any other non-200 answer is the server refusing this input.
+RETRY_STATUSES = (408, 429)
+
+
+def _error(error: type[RagfastError], message: str, *, transient: bool) -> RagfastError:
+    # transient: a retry later might pass (the failed question is recorded either way)
+    return mark_transient(error(message), transient)  # type: ignore[return-value]
+
+
 def request_json(client: Any, method: str, url: str, payload: Any = None, *, retries: int = 2,
                  error: type[RagfastError] = RagfastError, timeout: float | None = None) -> Any:
     """Send one JSON request and return the decoded answer.
 
-    Connection errors and 5xx answers are retried ``retries`` times with a short exponential
-    backoff (a server restarting or shedding load); any other non-200 answer is final, and so
-    is an attempt that timed out waiting for the answer (a hung server does not answer a retry
-    either). Each attempt waits at most the per-call timeout and the whole request at most the
-    total timeout (:func:`timeouts`); past :data:`WAIT_NOTICE_S` a line on stderr says so.
+    Connection errors, 408, 429 and 5xx answers are retried ``retries`` times with a short
+    exponential backoff (a server restarting or shedding load); any other non-200 answer is
+    final, and so is an attempt that timed out waiting for the answer (a hung server does not
+    answer a retry either). Each attempt waits at most the per-call timeout and the whole
+    request at most the total timeout (:func:`timeouts`); past :data:`WAIT_NOTICE_S` a line on
+    stderr says so. The error raised is marked transient (:func:`ragfast.errors.is_transient`)
+    for a failure a later retry might pass, and not for an answer that refuses this request (a
+    4xx other than 408/429, a body that is not JSON).
 
     Parameters
     ----------
@@ -183,23 +197,26 @@ def request_json(client: Any, method: str, url: str, payload: Any = None, *, ret
                 r = client.post(url, **kw) if method == "POST" else client.get(url, **kw)
             except (httpx.ReadTimeout, httpx.WriteTimeout) as exc:
                 which = "--total-timeout" if wait < call_s else "--call-timeout"
-                raise error(f"{url} did not answer within {wait:.0f} s ({which}); it accepted the request but "
-                            f"sent nothing back ({type(exc).__name__})") from None
+                raise _error(error, f"{url} did not answer within {wait:.0f} s ({which}); it accepted the request "
+                             f"but sent nothing back ({type(exc).__name__})", transient=True) from None
             except httpx.HTTPError as exc:  # connection refused, reset, connect timeout
                 last = exc
                 continue
-            if r.status_code >= 500 and attempt < retries:
+            again = r.status_code >= 500 or r.status_code in RETRY_STATUSES
+            if again and attempt < retries:
                 last = error(f"{url} answered {r.status_code}: {_snippet(r.text, 300)}")
                 continue
             if r.status_code != 200:
-                raise error(f"{url} answered {r.status_code}: {_snippet(r.text, 500)}")
+                raise _error(error, f"{url} answered {r.status_code}: {_snippet(r.text, 500)}", transient=again)
             try:
                 return r.json()
             except ValueError:
-                raise error(f"{url} did not answer JSON: {_snippet(r.text, 300)}") from None
+                raise _error(error, f"{url} did not answer JSON: {_snippet(r.text, 300)}", transient=False) from None
         else:
-            raise error(f"cannot reach {url} after {retries + 1} attempts: {_snippet(str(last), 300)}")
-    raise error(f"gave up on {url} after {total_s:.0f} s (--total-timeout): {_snippet(str(last), 300)}")
+            raise _error(error, f"cannot reach {url} after {retries + 1} attempts: {_snippet(str(last), 300)}",
+                         transient=True)
+    raise _error(error, f"gave up on {url} after {total_s:.0f} s (--total-timeout): {_snippet(str(last), 300)}",
+                 transient=True)
 
 
 def post_json(client: Any, url: str, payload: Any, *, retries: int = 2,
@@ -212,3 +229,32 @@ def get_json(client: Any, url: str, *, retries: int = 2, error: type[RagfastErro
              timeout: float | None = None) -> Any:
     """GET ``url`` and return the decoded JSON answer (:func:`request_json`)."""
     return request_json(client, "GET", url, retries=retries, error=error, timeout=timeout)
+
+
+def wait_until_up(url: str, alive: Callable[[], bool], timeout_s: float, *, what: str = "server",
+                  path: str = "/health", poll_s: float = 0.5, error: type[Exception] = RagfastError,
+                  see: str = "") -> None:
+    """Wait until a server we started answers ``GET url + path`` with 200.
+
+    Parameters
+    ----------
+    alive : callable
+        False once the server's process has exited: then waiting is pointless.
+    error : type
+        Raised (one line naming ``what``, plus ``see``) when the process exits first or
+        ``timeout_s`` passes.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if not alive():
+            raise error(f"{what} exited before it answered {url}{path}{see}")
+        try:
+            if httpx.get(url + path, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise error(f"{what} did not answer {url}{path} within {timeout_s:.0f} s{see}")
+        time.sleep(poll_s)

@@ -200,7 +200,8 @@ class TurnReporter:
 
     Everything else is delegated untouched; the status reads ``turn k · m active (≤n
     turns/question)``, where a turn is one batched ``generate`` call over the running trajectories
-    and ``n`` the most generations one question can take (budget + the answer turn).
+    and ``n`` the most generations one question can take (budget + the answer turn), followed by
+    the generator's ``budget_note`` when its memory budget split the turn into smaller chunks.
     """
 
     def __init__(self, generator: Any, task: Any, max_turns: int):
@@ -212,8 +213,13 @@ class TurnReporter:
     def generate(self, ids: Sequence[str], *args: Any, **kw: Any) -> Any:
         self._calls += 1
         # batches refill as questions finish, so the loop's turn count can pass one question's maximum
-        self._task.set_status(f"turn {self._calls} · {len(ids)} active (≤{self._max} turns/question)")
-        return self._gen.generate(ids, *args, **kw)
+        status = f"turn {self._calls} · {len(ids)} active (≤{self._max} turns/question)"
+        self._task.set_status(status)
+        out = self._gen.generate(ids, *args, **kw)
+        note = getattr(self._gen, "budget_note", "")
+        if note:
+            self._task.set_status(f"{status} · {note}")
+        return out
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._gen, name)

@@ -20,7 +20,7 @@ from ragfast.errors import ConfigError
 from ragfast.flops import completion_flops, forward_flops, read_config
 
 __all__ = ["DeviceProfile", "DEVICES", "MODEL_PRESETS", "device_profile", "model_config", "decoder_params",
-           "ComponentProjection", "project_run"]
+           "ComponentProjection", "project_run", "project_questions"]
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,50 @@ def project_run(trajectories: Mapping[str, Sequence[Mapping[str, Any]]], device:
             "projected_seconds_per_question": sum(r.projected_seconds for r in rows) / n,
             "measured_seconds_per_question": sum(r.measured_seconds for r in rows) / n,
         }
+    return out
+
+
+def project_questions(trajectories: Sequence[Mapping[str, Any]], device: str, models: Mapping[str, Any], *,
+                      one_pass: Sequence[str] = ("judge",), batch: int = 64,
+                      dtype_bytes: int = 2) -> dict[str, dict[str, dict[str, float]]]:
+    """Each question's projected cost, component by component (what a bootstrap over questions needs).
+
+    Parameters
+    ----------
+    trajectories : sequence of trajectory records
+        Each with ``id`` and a ``cost`` mapping per component.
+    device : str
+        A :func:`device_profile` name.
+    models : mapping
+        Component -> declared decoder (as ``reasoner`` in :func:`project_run`); other components
+        are priced from their recorded FLOPs and bytes.
+    one_pass : sequence of str
+        Declared components whose calls score in one prefill pass (a STOP judge); the others
+        generate (prefill, then decode).
+    batch, dtype_bytes
+        As in :func:`project_run`.
+
+    Returns
+    -------
+    dict
+        Question id -> component -> ``{"flops", "bytes", "seconds"}``. A question's FLOPs and
+        bytes sum to :func:`project_run`'s over the run; its seconds are its own roofline.
+    """
+    if batch < 1 or dtype_bytes < 1:
+        raise ConfigError(f"batch and dtype_bytes must be >= 1, got {batch} and {dtype_bytes}")
+    dev = device_profile(device)
+    declared = {c: (model_config(s), s if isinstance(s, str) else "declared config") for c, s in models.items()}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for t in trajectories:
+        row = {}
+        for c in (t.get("cost") or {}):
+            if c in declared:
+                cfg, name = declared[c]
+                p = _decoder_projection(c, [t], cfg, name, dev, batch, dtype_bytes, judge=c in one_pass)
+            else:
+                p = _recorded_projection(c, [t], dev)
+            row[c] = {"flops": p.projected_flops, "bytes": p.projected_bytes, "seconds": p.projected_seconds}
+        out[str(t["id"])] = row
     return out
 
 

@@ -13,7 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ragfast.bench_verdict import verdict_blocks, verdict_lines
 from ragfast.cost import COMPONENTS
+from ragfast.failures import FAILED_SCORE
 
 METHOD_LABELS = {
     "searchr1": "Search-R1 (native)",
@@ -326,10 +328,16 @@ def run_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     return rows
 
 
+def slot_label(d: Mapping[str, Any]) -> str:
+    """Do a slot's answers mean anything, in words (an empty slot says so, never a bare False)."""
+    from ragfast.results import answers_label
+
+    return str(d.get("answers_meaningful") or answers_label(d))
+
+
 def slot_rows(summary: Mapping[str, Any]) -> list[list[str]]:
     """(slot, what fills it, do its answers mean anything) rows."""
-    return [[k, str(v.get("name")), str(v.get("answers_meaningful", v.get("meaningful")))]
-            for k, v in summary.get("slots", {}).items()]
+    return [[k, str(v.get("name")), slot_label(v)] for k, v in summary.get("slots", {}).items()]
 
 
 # Terminal tables use short names so that they fit 80 columns.
@@ -364,7 +372,35 @@ def delta_rows(summary: Mapping[str, Any], short: bool = False) -> list[list[str
             if d:
                 rows.append([names.get(m, m), label, f"{d['delta'] * scale:+.{nd}f}",
                              f"[{d['low'] * scale:+.{nd}f}, {d['high'] * scale:+.{nd}f}]"])
+        if s.get("n_failed_either"):  # scored 0 where they failed (FAILED_SCORE)
+            rows.append([names.get(m, m), "failed in either", f"{s['n_failed_either']} of {s['n_paired']}", "-"])
     return rows
+
+
+def _failures(s: Mapping[str, Any]) -> Mapping[str, Any]:
+    return s.get("failures") or {"count": 0, "by_component": {}}
+
+
+def failure_rows(summary: Mapping[str, Any]) -> list[list[str]]:
+    """(method, failed of n, by component) rows, for the methods with a failed question."""
+    rows = []
+    for m, s in summary["methods"].items():
+        f = _failures(s)
+        if f["count"]:
+            rows.append([METHOD_LABELS.get(m, m), f"{f['count']} of {s['n_questions']}",
+                         ", ".join(f"{c}: {k}" for c, k in f["by_component"].items())])
+    return rows
+
+
+def failures_line(summary: Mapping[str, Any]) -> str | None:
+    """One line counting the failed questions of every method (None when none failed)."""
+    parts = [f"{m} {_failures(s)['count']} of {s['n_questions']} ("
+             + ", ".join(f"{c} {k}" for c, k in _failures(s)["by_component"].items()) + ")"
+             for m, s in summary["methods"].items() if _failures(s)["count"]]
+    if not parts:
+        return None
+    return ("failed questions: " + "; ".join(parts) + "; recorded with their errors in "
+            "trajectories/<method>.jsonl and scored 0 (--resume --retry-failed runs them again)")
 
 
 DELTA_HEADERS = ["method", "Δ vs native", "estimate", "95% CI"]
@@ -394,11 +430,13 @@ def print_table(summary: Mapping[str, Any], console: Any = None) -> None:
         table("against native Search-R1 (paired over the same questions)", DELTA_HEADERS, drows)
     table("cost per question by component", COMPONENT_HEADERS, component_rows(summary, True))
     for slot, d in summary.get("slots", {}).items():
-        console.print(f"  slot [bold]{slot}[/]: {d.get('name')} — answers meaningful: "
-                      f"{d.get('answers_meaningful', d.get('meaningful'))}", highlight=False)
-    for key in ("break_even", "stepgap_balance"):
-        if summary.get(key):
-            console.print(summary[key]["text"], highlight=False)
+        console.print(f"  slot [bold]{slot}[/]: {d.get('name')} — answers meaningful: {slot_label(d)}",
+                      highlight=False)
+    lines = verdict_lines(summary)
+    if lines:  # last, so it is what the terminal shows; the whole account is in report.md
+        console.print("[bold]Verdict[/] (paired against native Search-R1, 95% CIs; projected = not measured):")
+        for line in lines:
+            console.print(f"  {line}", highlight=False)
 
 
 def write_csv(summary: Mapping[str, Any], path: Path) -> Path:
@@ -412,13 +450,14 @@ def write_csv(summary: Mapping[str, Any], path: Path) -> Path:
 
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
-        w.writerow(["method", "n_questions", "em", "em_ci_low", "em_ci_high", "f1", "searches_per_question",
+        w.writerow(["method", "n_questions", "n_failed", "em", "em_ci_low", "em_ci_high", "f1", "searches_per_question",
                     "delta_em", "delta_em_low", "delta_em_high", "delta_flops_per_q", "delta_flops_low",
                     "delta_flops_high", "delta_seconds_per_q", "delta_seconds_low", "delta_seconds_high",
                     "component", "calls", "tokens", "flops", "seconds"])
         for m, s in summary["methods"].items():
             em_ci = s.get("ci", {}).get("em")
-            common = [m, s["n_questions"], s["em"], *ci(em_ci, "low", "high"), s["f1"], s["searches_per_question"],
+            common = [m, s["n_questions"], _failures(s)["count"], s["em"], *ci(em_ci, "low", "high"), s["f1"],
+                      s["searches_per_question"],
                       *ci(s.get("delta_em"), "delta", "low", "high"), *ci(s.get("delta_flops"), "delta", "low", "high"),
                       *ci(s.get("delta_seconds"), "delta", "low", "high")]
             for comp, c in s["cost"].items():
@@ -430,6 +469,8 @@ MEANING = [
     "EM and F1 follow Search-R1's answer normalisation. ΔEM and Δcost are paired over the same questions, "
     "with 95% paired-bootstrap confidence intervals; an interval that contains 0 means this run cannot tell "
     "the method from native Search-R1.",
+    "A question whose component failed is data, not the end of the run: it is recorded with its error, "
+    f"{FAILED_SCORE}.",
     "Costs come from one ledger: every component records calls, tokens, analytic FLOPs and wall seconds per "
     "question, and every total is the sum of the per-question records. Wall seconds depend on the machine and "
     "its load (see Run); FLOPs do not.",
@@ -456,7 +497,7 @@ class Section:
 def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
                     missing: Mapping[str, str] | None = None) -> list[Section]:
     """The report's content, shared by report.md and report.html."""
-    secs: list[Section] = []
+    secs: list[Section] = [Section("Verdict", verdict_blocks(summary))]
     runr = run_rows(summary)
     if runr:
         secs.append(Section("Run", [("table", ["setting", "value"], runr)]))
@@ -465,11 +506,20 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
         ("p", "The verdicts are measured where they can be (the judge against counting documents on the "
               "validation questions of this run) and say plainly what a scripted or random-weight slot is.")]))
     secs.append(Section("Methods", [("table", METHOD_HEADERS, method_rows(summary)),
-                                    ("p", "EM 95% CI: bootstrap over questions.")]))
+                                    ("p", f"EM 95% CI: bootstrap over questions. Failed questions: {FAILED_SCORE}.")]))
+    frows = failure_rows(summary)
+    if frows:
+        secs.append(Section("Failed questions", [
+            ("table", ["method", "failed", "by component"], frows),
+            ("p", f"A question whose component failed (refused its input, or spent its retries) is recorded in "
+                  f"trajectories/<method>.jsonl with the component and the error, and the run went on: {FAILED_SCORE}. "
+                  "`--resume --retry-failed` runs them again.")]))
     drows = delta_rows(summary)
     if drows:
         secs.append(Section("Against native Search-R1 (paired over the same questions)",
-                            [("table", DELTA_HEADERS, drows)]))
+                            [("table", DELTA_HEADERS, drows),
+                             ("p", f"Failed questions: {FAILED_SCORE}; 'failed in either' counts the paired "
+                                   "questions that failed in one method or both.")]))
     secs.append(Section("Cost per question by component", [("table", COMPONENT_HEADERS, component_rows(summary))]))
     s2g = summary.get("s2g_threshold")
     if s2g:
@@ -493,6 +543,9 @@ def report_sections(summary: Mapping[str, Any], plots: Sequence[str],
             blocks.append(("note", f"No S2G threshold: {s2g['reason']} ({s2g.get('source')})."))
         else:
             blocks.append(("p", f"STOP threshold {fmt_num(s2g.get('threshold'))} ({s2g.get('source')})."))
+        if s2g.get("val_failed"):
+            blocks.append(("note", f"{s2g['val_failed']} validation question(s) failed (a component refused them, or "
+                                   "spent its retries) and are left out of the threshold's states."))
         if s2g.get("val_ranking_missing"):
             blocks.append(("note", s2g["val_ranking_missing"] + "."))
         v = s2g.get("judge_vs_doc_count")
@@ -533,7 +586,7 @@ def _md_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
 
 def write_markdown(summary: Mapping[str, Any], out_dir: Path, plots: Sequence[str],
                    missing: Mapping[str, str] | None = None) -> Path:
-    """report.md: run, slots, tables with CIs, S2G threshold, break-even, meaning, captioned plots."""
+    """report.md: verdict, run, slots, tables with CIs, S2G threshold, break-even, meaning, captioned plots."""
     lines = ["# ragfast bench report", ""]
     for sec in report_sections(summary, plots, missing):
         lines += [f"## {sec.title}", ""]

@@ -296,16 +296,25 @@ def slot_entry(component: Any) -> dict[str, Any]:
     return d
 
 
+def empty_slot() -> dict[str, Any]:
+    """The manifest entry of a slot nothing fills."""
+    d: dict[str, Any] = {"name": "none", "meaningful": False}
+    d["answers_meaningful"] = answers_label(d)
+    return d
+
+
 def answers_label(d: Mapping[str, Any]) -> str:
     """The slot's human verdict: a measured or stated ``verdict`` wins, else from ``meaningful``.
 
-    A scripted oracle says it knows the answers; a random-weight model says so; anything else
-    not meaningful exercises the compute path only.
+    A scripted oracle says it knows the answers; a random-weight model says so; an empty slot
+    (``none``) says it is empty; anything else not meaningful exercises the compute path only.
     """
-    from ragfast.verdicts import ORACLE_LABEL, RANDOM_LABEL
+    from ragfast.verdicts import EMPTY_LABEL, ORACLE_LABEL, RANDOM_LABEL
 
     if d.get("verdict"):
         return str(d["verdict"])
+    if str(d.get("name")) == "none":
+        return EMPTY_LABEL
     if d.get("meaningful", True):
         return "yes"
     if d.get("class") == "ScriptedGenerator":

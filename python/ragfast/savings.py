@@ -163,9 +163,10 @@ def judged_states(row: Mapping[str, Any]) -> int:
 
 
 def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, Any]], *,
-            spender: str = "judge", saved_components: Sequence[str] = ("reasoner", "encoder", "search"),
-            components: Mapping[str, str] | None = None, n_resamples: int = 10000, seed: int = 0,
-            confidence: float = 0.95) -> Balance:
+            spender: str | Sequence[str] = "judge",
+            saved_components: Sequence[str] = ("reasoner", "encoder", "search"),
+            components: Mapping[str, str] | None = None, metrics: Sequence[str] = tuple(METRICS),
+            n_resamples: int = 10000, seed: int = 0, confidence: float = 0.95) -> Balance:
     """Compare what ``spender`` cost with what the method saved, paired by question id.
 
     Parameters
@@ -173,14 +174,18 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
     native, method : sequence of trajectory records
         Each with ``id`` and ``cost`` (component -> ledger sums), as written by the runs.
         Questions present in both are paired; the rest are left out.
-    spender : str
-        The checker's ledger component (``"judge"`` for S2G, ``"nli"`` for StepGap).
+    spender : str or sequence of str
+        The checker's ledger component(s): ``"judge"`` for S2G; ``"nli"`` for StepGap, with
+        ``"judge"`` too when its LLM stages ran. Their costs add up; the verdict names them
+        joined by " + ".
     saved_components : sequence of str
         Components whose native-minus-method difference is the saving.
     components : mapping, optional
         Component -> ``"measured"`` | ``"unknown"`` | ``"free"``. Unlisted components count as
         measured. A metric whose spender or saved components include an unknown one gets no
         interval and the verdict "unknown"; free components count as 0 and are named.
+    metrics : sequence of str
+        Which of :data:`METRICS` to compute (all by default).
     n_resamples, seed, confidence
         Paired bootstrap settings (:func:`ragfast.stats.paired_bootstrap`).
 
@@ -188,7 +193,11 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
     -------
     Balance
     """
-    status = {c: "measured" for c in (spender, *saved_components)}
+    spenders = (spender,) if isinstance(spender, str) else tuple(spender)
+    unknown_metrics = sorted(set(metrics) - set(METRICS))
+    if unknown_metrics:
+        raise ValueError(f"unknown metric(s) {unknown_metrics}; expected some of {list(METRICS)}")
+    status = {c: "measured" for c in (*spenders, *saved_components)}
     for c, s in (components or {}).items():
         if s not in STATUSES:
             raise ValueError(f"component {c!r}: status must be one of {STATUSES}, got {s!r}")
@@ -197,29 +206,30 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
     nat = {r["id"]: r for r in native}
     pairs = [(nat[r["id"]], r) for r in method if r["id"] in nat]
     states = sum(judged_states(b) for _, b in pairs)
-    metrics: dict[str, MetricBalance] = {}
-    for m in METRICS:
-        unknown = [c for c in (spender, *saved_components) if status[c] == "unknown"]
+    out: dict[str, MetricBalance] = {}
+    label = " + ".join(spenders)
+    for m in metrics:
+        unknown = [c for c in (*spenders, *saved_components) if status[c] == "unknown"]
         live = [c for c in saved_components if status[c] == "measured"]
         by_comp = {c: float(sum(cost_value(a, c, m) - cost_value(b, c, m) for a, b in pairs)) / max(1, len(pairs))
                    for c in live}
         if not pairs or unknown:
             why = ("no paired questions" if not pairs else
                    "unknown: " + ", ".join(unknown) + " reported no cost")
-            metrics[m] = MetricBalance(m, None, None, None, by_comp, unknown, verdict=why)
+            out[m] = MetricBalance(m, None, None, None, by_comp, unknown, verdict=why)
             continue
-        spent_q = np.array([cost_value(b, spender, m) if status[spender] == "measured" else 0.0 for _, b in pairs])
+        spent_q = np.array([sum(cost_value(b, c, m) for c in spenders if status[c] == "measured") for _, b in pairs])
         saved_q = np.array([sum(cost_value(a, c, m) - cost_value(b, c, m) for c in live) for a, b in pairs])
         spent = _interval(spent_q, n_resamples, seed, confidence)
         saved = _interval(saved_q, n_resamples, seed, confidence)
         net = _interval(saved_q - spent_q, n_resamples, seed, confidence)
         if m in BESIDE_METRICS:
-            metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], role="beside",
-                                       saving_text=_difference_text(_scaled(saved, m), _scaled(spent, m), spender))
+            out[m] = MetricBalance(m, spent, saved, net, by_comp, [], role="beside",
+                                   saving_text=_difference_text(_scaled(saved, m), _scaled(spent, m), label))
             continue
-        metrics[m] = MetricBalance(m, spent, saved, net, by_comp, [], verdict=_verdict(spender, _scaled(net, m)),
-                                   saving_text=_saving_text(_scaled(saved, m)))
-    return Balance(spender, len(pairs), states, status, metrics, confidence)
+        out[m] = MetricBalance(m, spent, saved, net, by_comp, [], verdict=_verdict(label, _scaled(net, m)),
+                               saving_text=_saving_text(_scaled(saved, m)))
+    return Balance(label, len(pairs), states, status, out, confidence)
 
 
 def _by_sign(iv: Interval, above: Callable[[Interval], str], below: Callable[[Interval], str],

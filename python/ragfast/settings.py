@@ -13,13 +13,12 @@ from typing import Any
 
 from ragfast.errors import ConfigError
 
-__all__ = ["BENCH_NAMES", "RUN_NAMES", "RUN_ONLY", "ALIASES_OF_KEYS", "load_yaml", "type_problem", "check_types"]
+__all__ = ["BENCH_NAMES", "RUN_ONLY", "ALIASES_OF_KEYS", "load_yaml", "type_problem", "check_types"]
 
 #: YAML keys accepted for another key's name (the flag's spelling: ``--method`` fills ``methods``).
 ALIASES_OF_KEYS: dict[str, str] = {"method": "methods"}
 
-#: The Search-R1 run commands' old spellings -> the setting's one name (``ragfast study s2g``
-#: still spells its flags so: :data:`RUN_NAMES`).
+#: The Search-R1 run commands' old spellings -> the setting's one name.
 _LOOP_NAMES: dict[str, str] = {"model": "reasoner", "retriever": "index", "max_turns": "budget",
                                "tokenizer": "reasoner_tokenizer", "model_config": "reasoner_config"}
 #: Every old spelling -> the setting's one name, as a flag alias and a YAML key alike: the loop's,
@@ -29,8 +28,6 @@ BENCH_NAMES: dict[str, str] = {**_LOOP_NAMES, "max_steps": "budget", "k": "topk"
                                "max_tokens": "evidence_tokens"}
 #: Settings no method takes (a command's own switches); a ``--config`` file may hold them.
 RUN_ONLY: frozenset[str] = frozenset({"no_progress"})
-#: bench name -> the Search-R1 run commands' name (``ragfast study s2g``'s flags).
-RUN_NAMES: dict[str, str] = {v: k for k, v in _LOOP_NAMES.items()}
 
 
 def _loader() -> Any:

@@ -8,7 +8,9 @@ A slot's label must agree with the numbers of the same run:
 """
 from __future__ import annotations
 
-__all__ = ["ORACLE_LABEL", "RANDOM_LABEL"]
+__all__ = ["ORACLE_LABEL", "RANDOM_LABEL", "EMPTY_LABEL"]
 
 ORACLE_LABEL = "NO: knows the gold answers; EM = evidence reachability"
 RANDOM_LABEL = "NO: random weights (exercises the compute path only)"
+#: A slot a method asks for but nothing fills (``none``: StepGap's checker beside the scripted oracle).
+EMPTY_LABEL = "empty: nothing runs in this slot"

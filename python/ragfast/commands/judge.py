@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from ragfast.commands import options as opt
+from ragfast.commands import serve_flags
 from ragfast.devices import DEVICE_HELP, device_option
 from ragfast.judges.server import MAX_STATES_PER_REQUEST
 
@@ -71,11 +71,11 @@ def register(app: typer.Typer) -> None:
                                            help="Largest request body, refused (413) before it is parsed."),
         cache_mb: float = typer.Option(256.0, "--cache-mb", help="Byte cap of the judge's text/embedding caches "
                                                                  "(least recently used entries go first)."),
-        graceful_s: float = opt.GRACEFUL_S,
-        api_key: Optional[str] = opt.API_KEY,
-        head_timeout_s: float = opt.HEAD_TIMEOUT_S,
-        keep_alive_s: float = opt.KEEP_ALIVE_S,
-        max_connections: int = opt.MAX_CONNECTIONS,
+        graceful_s: float = serve_flags.GRACEFUL_S,
+        api_key: Optional[str] = serve_flags.API_KEY,
+        head_timeout_s: float = serve_flags.HEAD_TIMEOUT_S,
+        keep_alive_s: float = serve_flags.KEEP_ALIVE_S,
+        max_connections: int = serve_flags.MAX_CONNECTIONS,
     ) -> None:
         """Serve POST /score (states in, STOP scores out), micro-batched and prefix-packed."""
         import uvicorn

@@ -61,9 +61,9 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
             raise ConfigError("train-judge --kind causal needs --base PATH (causal LM) and --labels FILE "
                               "(ragfast label-states)")
         from ragfast.judges.train.causal import train_causal_judge
-        from ragfast.runner.slots import catalogued
+        from ragfast.models.hub import local_model
 
-        base = catalogued(base)  # smollm2 -> its converted directory
+        base = local_model(base, "--base")  # a catalogue name or hub id -> its local directory
 
         card = train_causal_judge(labels, base, out, source=label_source, epochs=epochs or 2, lr=lr or 2e-4,
                                   r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, log=_echo)

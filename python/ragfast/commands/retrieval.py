@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from ragfast.commands import options as opt
+from ragfast.commands import serve_flags
 from ragfast.devices import DEVICE_HELP, device_option
 
 
@@ -42,11 +42,11 @@ def register(app: typer.Typer) -> None:
         no_batching: bool = typer.Option(False, "--no-batching", help="Serve one request at a time."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch threads per worker (default: torch's; "
                                                                       "keep workers x threads <= cores)."),
-        graceful_s: float = opt.GRACEFUL_S,
-        api_key: Optional[str] = opt.API_KEY,
-        head_timeout_s: float = opt.HEAD_TIMEOUT_S,
-        keep_alive_s: float = opt.KEEP_ALIVE_S,
-        max_connections: int = opt.MAX_CONNECTIONS,
+        graceful_s: float = serve_flags.GRACEFUL_S,
+        api_key: Optional[str] = serve_flags.API_KEY,
+        head_timeout_s: float = serve_flags.HEAD_TIMEOUT_S,
+        keep_alive_s: float = serve_flags.KEEP_ALIVE_S,
+        max_connections: int = serve_flags.MAX_CONNECTIONS,
     ) -> None:
         """Serve Search-R1's POST /retrieve (and GET /health) over a corpus, micro-batching requests."""
         from ragfast.retrieval.server import serve

@@ -17,19 +17,18 @@ study: the native and live passes keep their finished questions, the rest is com
 """
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 import typer
 
-from ragfast.commands import options as opt
-
 from ragfast.errors import ConfigError
 
-__all__ = ["register", "run_s2g_command", "study_app"]
+__all__ = ["register", "run_s2g_command", "study_command", "study_settings", "study_app", "STUDY_SETTINGS"]
 
 
 def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", retriever: str = "default",
@@ -201,42 +200,63 @@ def _prepare_out(out_dir: Path, fp: dict[str, Any], *, overwrite: bool, resume: 
         (out_dir / name).unlink(missing_ok=True)
 
 
-@opt.with_flags(*opt.LOOP_FLAGS, "val_limit")
-def s2g_run_cmd(
-    judge: Optional[str] = typer.Option(None, "--judge", help="encoder (bundled doc-set judge; default) | head "
-                                                               "(frozen-feature head) | a judge file/dir | a causal-LM "
-                                                               "dir | a serve-judge URL."),
-    threshold: Optional[float] = typer.Option(None, "--threshold", help="Frozen STOP threshold (else selected on "
-                                                                        "--val-data)."),
-    min_precision: float = typer.Option(0.90, "--min-precision", help="STOP precision the threshold must reach."),
-    gap_queries: bool = typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra search."),
-    no_live: bool = typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run."),
-    n_resamples: int = typer.Option(10000, "--n-resamples", help="Bootstrap resamples for the confidence intervals."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a previous run in --out."),
-    resume: bool = typer.Option(False, "--resume/--no-resume", help="Continue a killed run in --out: finished native "
-                                                                    "and live questions are kept, the rest run (same "
-                                                                    "settings only)."),
-    **flags: Any,
-) -> None:
-    """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report.
+#: The :class:`~ragfast.runner.settings.RunSettings` fields ``study s2g`` reads, in ``--help`` order: the
+#: same flags, aliases, help and defaults as ``ragfast run s2g`` (``--out`` aside: the study's files are
+#: its own, so it names its directory).
+STUDY_SETTINGS = ("reasoner", "data", "out", "index", "judge", "limit", "offset", "batch_size", "corpus", "encoder",
+                  "device", "val_data", "val_offset", "val_limit", "threshold", "min_precision", "budget", "topk",
+                  "seed", "max_new_tokens", "max_obs_tokens", "n_resamples")
 
-    --prompt-budget is accepted for a shared --config file (generators cap their own context).
+
+def study_settings(config: str | None = None, preset: str = "default", **given: Any) -> Any:
+    """The :class:`~ragfast.runner.settings.RunSettings` of ``study s2g``: ``run s2g``'s, from the same flags
+    (None = not given), ``--config`` file and preset.
+
+    Raises
+    ------
+    ConfigError
+        No ``--out`` on the command line or in ``--config``, or a setting ``run s2g`` refuses.
     """
+    from ragfast.commands.methods import one_method_settings
+    from ragfast.settings import load_yaml
+
+    if given.get("out") is None and load_yaml(config).get("out") is None:
+        raise ConfigError("--out is required (on the command line or in --config)")
+    return one_method_settings("s2g", preset=preset, config=config, **given)
+
+
+def study_command(**kw: Any) -> None:
+    """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
     from ragfast.devices import resolve_device
     from ragfast.outdir import output_dir
 
-    config, no_progress = flags.pop("config"), flags.pop("no_progress")
-    s = opt.resolve(config, {**flags, "judge": judge})
-    opt.require(s, "out")
-    with output_dir(s["out"]):
-        run_s2g_command(model=s["model"], data=s["data"], out=s["out"], judge=s["judge"], retriever=s["retriever"],
-                        threshold=threshold, val_data=s["val_data"], val_limit=s["val_limit"],
-                        val_offset=s["val_offset"], min_precision=min_precision, limit=s["limit"], offset=s["offset"],
-                        batch_size=s["batch_size"], max_turns=s["max_turns"], topk=s["topk"], seed=s["seed"],
-                        max_new_tokens=s["max_new_tokens"], max_obs_tokens=s["max_obs_tokens"],
-                        gap_queries=gap_queries, live=not no_live, n_resamples=n_resamples, corpus=s["corpus"],
-                        encoder=s["encoder"], device=resolve_device(s["device"]), overwrite=overwrite,
-                        resume=resume, progress=not no_progress)
+    own = {k: kw.pop(k) for k in ("gap_queries", "no_live", "overwrite", "resume", "no_progress")}
+    cfg = study_settings(**kw)
+    with output_dir(cfg.out):
+        run_s2g_command(model=cfg.reasoner, data=cfg.data, out=cfg.out, judge=cfg.judge, retriever=cfg.index,
+                        threshold=cfg.threshold, val_data=cfg.val_data, val_limit=cfg.val_limit,
+                        val_offset=cfg.val_offset, min_precision=cfg.min_precision, limit=cfg.limit, offset=cfg.offset,
+                        batch_size=cfg.batch_size, max_turns=cfg.budget, topk=cfg.topk, seed=cfg.seed,
+                        max_new_tokens=cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
+                        gap_queries=own["gap_queries"], live=not own["no_live"], n_resamples=cfg.n_resamples,
+                        corpus=cfg.corpus, encoder=cfg.encoder, device=resolve_device(cfg.device),
+                        overwrite=own["overwrite"], resume=own["resume"], progress=not own["no_progress"])
+
+
+def _study_parameters() -> list[inspect.Parameter]:
+    """``study s2g``'s own switches, then the running commands' (but ``--json``), then its settings' flags."""
+    from ragfast.commands.methods import setting_flags, switches
+
+    def own(name: str, option: Any) -> inspect.Parameter:
+        return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, annotation=bool, default=option)
+
+    shared = switches()
+    return [own("gap_queries", typer.Option(False, "--gap-queries", help="Let the judge's gap items drive an extra "
+                                                                          "search.")),
+            own("no_live", typer.Option(False, "--no-live", help="Replay only: skip the live in-loop run.")),
+            own("overwrite", typer.Option(False, "--overwrite", help="Replace a previous run in --out.")),
+            *(shared[k] for k in ("resume", "no_progress", "preset", "config")),
+            *setting_flags(STUDY_SETTINGS)]
 
 
 #: ``ragfast study ...``: the replay studies, whose layout is the study's own (``ragfast run s2g``
@@ -247,5 +267,6 @@ study_app = typer.Typer(help="Replay studies of a method (native run, every stat
 
 def register(app: typer.Typer) -> None:
     """Add ``study s2g`` (the S2G replay study; it was ``run s2g`` before the method registry)."""
-    study_app.command("s2g")(s2g_run_cmd)
+    study_command.__signature__ = inspect.Signature(_study_parameters())  # type: ignore[attr-defined]  # typer reads it
+    study_app.command("s2g")(study_command)
     app.add_typer(study_app, name="study")

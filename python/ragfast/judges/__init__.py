@@ -93,14 +93,15 @@ def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_
             check_reachable(spec, "judge server")
         return RemoteJudge(spec)
     from ragfast.judges.causal import CausalJudge
-    from ragfast.models.catalogue import is_catalogued, resolve
+    from ragfast.models.hub import is_hub_id, local_model
+    from ragfast.models.catalogue import is_catalogued
 
     if spec == "tiny":
         from ragfast.models.tiny import tiny_path
 
         return CausalJudge(tiny_path("qwen2"), device=device)
-    if is_catalogued(spec):  # e.g. smollm2: the structured zero-shot causal judge
-        return CausalJudge(resolve(spec), device=device)
+    if is_catalogued(spec) or is_hub_id(spec):  # e.g. smollm2: the structured zero-shot causal judge
+        return CausalJudge(local_model(spec, "judge"), device=device)
     from ragfast.judges.cross import CrossEncoderJudge
     from ragfast.judges.docset import DocSetJudge
     from ragfast.judges.head import EncoderJudge

@@ -90,8 +90,8 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     from ragfast.cost import CostLedger
     from ragfast.errors import ConfigError, RagfastError
     from ragfast.remote_cost import cost_items
-    from ragfast.serving import (AccessGuard, BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware,
-                                 fix_mmap_threshold, parse_json_body, prometheus_text, rss_bytes, server_gauges)
+    from ragfast.serving import (FairBatcher, RequestError, fix_mmap_threshold, guard, parse_json_body, prometheus_text,
+                                 rss_bytes, server_gauges)
 
     lim = limits or JudgeLimits()
     if min(lim.max_states, lim.max_passages, lim.max_passage_chars, lim.max_question_chars, lim.max_body_bytes,
@@ -176,7 +176,5 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     def on_reject() -> None:
         counts["rejected"] += 1
 
-    app.add_middleware(BodyLimitMiddleware, max_bytes=lim.max_body_bytes, on_reject=on_reject)
-    app.add_middleware(AccessGuard, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware, on_error=on_error)
+    guard(app, max_body_bytes=lim.max_body_bytes, api_key=api_key, on_reject=on_reject, on_error=on_error)
     return app

@@ -146,7 +146,11 @@ class Method:
         """Run the questions; hand each finished one to ``recorder.finish`` as it finishes.
 
         Returns the trajectories (or trajectory records: mappings with the trajectory's fields).
-        The cost records go to ``recorder.ledger``.
+        The cost records go to ``recorder.ledger``. Each call to a component is wrapped in
+        :func:`ragfast.errors.blame` with its component and questions, so that a failure is
+        recorded for those questions and the run goes on (:mod:`ragfast.failures`): the runner
+        may then call ``run`` again in the same run with some of the questions, so it keeps no
+        state between calls beyond what :meth:`prepare` set.
         """
         raise NotImplementedError
 

@@ -4,31 +4,44 @@ transformers' ``DynamicLayer`` grows its keys and values with ``torch.cat`` on e
 pass, so each decode step copies the whole cache of every layer once more. At batch 32 on
 SmolLM2-135M (30 layers, ~200 cached tokens) that copy was 40% of a decode step's CPU time in
 the torch profiler (1.56 s of 3.90 s over 5 steps, fp32, one thread; Intel Xeon, Emerald Rapids
-family, load 10 on 2 cores). :class:`BufferedLayer` keeps one buffer per layer, sized for the
-turn ahead (cache + prompt + new tokens), writes each step's keys/values into it and hands the
-attention a view of the filled part; it grows by doubling if a turn ever runs past the size.
+family, load 10 on 2 cores). :class:`BufferedLayer` keeps one buffer per layer, writes each
+step's keys/values into it and hands the attention a view of the filled part.
+
+A buffer starts at what the turn has (cache + prompt) plus ``step`` tokens and grows by ``step``
+tokens when decoding reaches its end (never past ``limit``, the longest the turn can get), so a
+turn whose rows stop early never holds keys/values for the tokens it did not write. Growing
+copies the filled part once per ``step`` decode steps instead of once per step. ``step=0``
+keeps the older rule: a buffer sized by the caller (for the whole turn) that doubles when
+passed.
 
 :func:`buffered_cache` builds a ``DynamicCache`` whose layers are buffered, or returns ``None``
 when the model's cache has other kinds of layers (sliding-window, linear attention);
-:func:`cache_for` then falls back to transformers' own cache. :func:`extend_kv` runs one
-session's tokens alone (batch 1, no padding) on top of its cached keys/values.
+:func:`cache_for` then falls back to transformers' own cache. :func:`cache_bytes` is what a
+cache holds. :func:`extend_kv` runs one session's tokens alone (batch 1, no padding) on top of
+its cached keys/values.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "extend_kv"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv"]
 
 
 def _layer_class():
     from transformers.cache_utils import DynamicLayer
 
     class BufferedLayer(DynamicLayer):
-        """A ``DynamicLayer`` backed by a preallocated ``[batch, heads, capacity, head_dim]`` buffer."""
+        """A ``DynamicLayer`` backed by a ``[batch, heads, capacity, head_dim]`` buffer.
 
-        def __init__(self, capacity: int):
+        ``capacity`` tokens at first; past them, ``step`` more (up to ``limit``), or twice as
+        many when ``step`` is 0.
+        """
+
+        def __init__(self, capacity: int, step: int = 0, limit: int | None = None):
             super().__init__()
             self.capacity = max(1, int(capacity))
+            self.step = max(0, int(step))
+            self.limit = limit
             self.n = 0
             self.buf_k = self.buf_v = None
 
@@ -52,7 +65,7 @@ def _layer_class():
             if self.n + t > self.buf_k.shape[-2]:
                 import torch
 
-                cap = max(2 * self.buf_k.shape[-2], self.n + t)
+                cap = self._grown(self.n + t)
                 grow = (lambda x: torch.cat([x[:, :, :self.n], x.new_empty(
                     (x.shape[0], x.shape[1], cap - self.n, x.shape[3]))], dim=2))
                 self.buf_k, self.buf_v = grow(self.buf_k), grow(self.buf_v)
@@ -61,6 +74,19 @@ def _layer_class():
             self.n += t
             self._view()
             return self.keys, self.values
+
+        def _grown(self, need: int) -> int:
+            old = self.buf_k.shape[-2]
+            if not self.step:
+                return max(2 * old, need)
+            cap = old + self.step
+            if self.limit is not None:
+                cap = min(cap, self.limit)
+            return max(cap, need)
+
+        def nbytes(self) -> int:
+            """Bytes of the buffers (their whole capacity, filled or not)."""
+            return 0 if self.buf_k is None else self.buf_k.nbytes + self.buf_v.nbytes
 
         def get_seq_length(self) -> int:
             return self.n if self.is_initialized else 0
@@ -109,8 +135,9 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(name)
 
 
-def buffered_cache(config: Any, capacity: int) -> Any:
-    """A ``DynamicCache`` for ``config`` whose layers write into ``capacity``-token buffers.
+def buffered_cache(config: Any, capacity: int, step: int = 0, limit: int | None = None) -> Any:
+    """A ``DynamicCache`` for ``config`` whose layers write into ``capacity``-token buffers
+    (growing by ``step`` tokens up to ``limit``, :class:`BufferedLayer`).
 
     Returns ``None`` when any of the model's cache layers is not a plain full-attention
     ``DynamicLayer`` (sliding-window, linear attention): those keep transformers' own layers.
@@ -122,15 +149,26 @@ def buffered_cache(config: Any, capacity: int) -> Any:
     if not cache.layers or any(type(layer) is not DynamicLayer for layer in cache.layers):
         return None
     cls = __getattr__("BufferedLayer")
-    cache.layers = [cls(capacity) for _ in cache.layers]
+    cache.layers = [cls(capacity, step, limit) for _ in cache.layers]
     return cache
 
 
-def cache_for(config: Any, capacity: int) -> Any:
+def cache_for(config: Any, capacity: int, step: int = 0, limit: int | None = None) -> Any:
     """A buffered cache, or transformers' ``DynamicCache`` for models with other layer kinds."""
     from transformers import DynamicCache
 
-    return buffered_cache(config, capacity) or DynamicCache(config=config)
+    return buffered_cache(config, capacity, step, limit) or DynamicCache(config=config)
+
+
+def cache_bytes(cache: Any) -> int:
+    """Bytes a cache's layers hold: a buffered layer's whole buffers, another layer's tensors."""
+    total = 0
+    for layer in cache.layers:
+        if hasattr(layer, "nbytes"):
+            total += layer.nbytes()
+        elif getattr(layer, "is_initialized", False) and getattr(layer, "keys", None) is not None:
+            total += layer.keys.nbytes + layer.values.nbytes
+    return total
 
 
 def extend_kv(model: Any, config: Any, ids: list[int], kv: list[tuple[Any, Any]] | None = None,

@@ -1,4 +1,4 @@
-"""The reasoner backend for an OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang).
+"""The reasoner backend for an OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang, llama.cpp).
 
 One of the backends behind :class:`ragfast.models.base.Generator` (the in-process ones are in
 :mod:`ragfast.models.generator`).
@@ -12,7 +12,7 @@ from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 from ragfast.cost import CostLedger
-from ragfast.errors import ConfigError, ModelError
+from ragfast.errors import ConfigError, ModelError, blame
 from ragfast.http import check_url, get_json, post_json
 from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
@@ -42,6 +42,38 @@ def canonical_url(url: str) -> str:
     return urlunsplit(parts).rstrip("/")
 
 
+def _server_stop(choice: dict[str, Any], data: dict[str, Any]) -> tuple[bool, Any]:
+    """Whether the server said what ended a ``finish_reason: "stop"`` completion, and what.
+
+    The matched stop string, or an end-of-sequence token id / None (nothing to restore). Read
+    from ``stop_reason`` (vLLM), ``matched_stop`` (SGLang), or llama.cpp's ``__verbose``
+    (``stop_type`` "word" with its ``stopping_word``, "eos"; sent when the request asks
+    ``"verbose": true``), whose OpenAI fields say ``"stop"`` for both.
+    """
+    for key in ("stop_reason", "matched_stop"):
+        if key in choice:
+            return True, choice[key]
+    verbose = data.get("__verbose")
+    if isinstance(verbose, dict) and verbose.get("stop_type") in ("word", "eos"):
+        return True, verbose.get("stopping_word") if verbose["stop_type"] == "word" else None
+    return False, None
+
+
+def _cached_tokens(usage: dict[str, Any], data: dict[str, Any]) -> int | None:
+    """Prompt tokens served from the prefix cache, None where the answer does not say.
+
+    ``usage.prompt_tokens_details.cached_tokens`` (vLLM with ``--enable-prompt-tokens-details``,
+    llama.cpp), else llama.cpp's own ``timings.cache_n`` (its versions before the usage field).
+    """
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and "cached_tokens" in details:
+        return int(details["cached_tokens"] or 0)
+    timings = data.get("timings")
+    if isinstance(timings, dict) and "cache_n" in timings:
+        return int(timings["cache_n"] or 0)
+    return None
+
+
 def _closing_tag_to_restore(text: str, stop: Sequence[str]) -> str | None:
     # Only for a server that does not say why it stopped (no stop_reason / matched_stop field):
     # restore the closing tag whose opening tag is left open, "<search> q" -> "</search>". Such
@@ -57,16 +89,18 @@ def _closing_tag_to_restore(text: str, stop: Sequence[str]) -> str | None:
 
 
 class OpenAIGenerator(Generator):
-    """Client of an OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang).
+    """Client of an OpenAI-compatible ``/v1/completions`` server (vLLM, SGLang, llama.cpp).
 
     Each session is its text (the server's prefix cache does the KV reuse); every turn sends one
     completion request per active session, ``concurrency`` at a time, greedy
     (``temperature=0``) with the stop strings. Servers leave the matched stop string out of the
-    returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM) or
-    ``matched_stop`` (SGLang). When the server names an end-of-sequence token (an int) or
-    nothing (``null``), nothing is put back: ``"<answer> London"`` then end-of-sequence stays
-    an unclosed tag, an invalid action, as on the local backend. Only a server that sends
-    neither field gets the closing tag left open restored (a guess, counted in
+    returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM),
+    ``matched_stop`` (SGLang) or ``__verbose.stopping_word`` (llama.cpp, whose model list says
+    ``owned_by: llamacpp``; only its requests ask ``"verbose": true``). When the server names an
+    end-of-sequence token (an int, or llama.cpp's ``stop_type: "eos"``) or nothing (``null``),
+    nothing is put back: ``"<answer> London"`` then end-of-sequence stays an unclosed tag, an
+    invalid action, as on the local backend. Only a server that says none of these gets the
+    closing tag left open restored (a guess, logged once and counted in
     ``describe()["stop_source"]``).
 
     Parameters
@@ -75,7 +109,9 @@ class OpenAIGenerator(Generator):
         E.g. ``http://127.0.0.1:8000`` or ``http://127.0.0.1:8000/v1``.
     model : str, optional
         The served model name. Without one, the server's ``/v1/models`` is asked and its single
-        model is used (several models: an error that lists them).
+        model is used (several models: an error that lists them). The list also says which
+        server it is (``owned_by``) and its context length (vLLM's ``max_model_len``,
+        llama.cpp's per-slot ``meta.n_ctx``).
     api_key : str, optional
         Sent as a bearer token.
     concurrency : int
@@ -90,18 +126,21 @@ class OpenAIGenerator(Generator):
     max_context : int, optional
         The prompt budget in tokens (``--prompt-budget``): a longer session is sent as its last
         ``max_context`` tokens, as the local backend keeps them (token ids with a tokenizer,
-        else whitespace tokens). Where the server lists its ``max_model_len`` (vLLM), the
-        prompt is also cut to leave ``max_new_tokens`` of room, so the server never refuses it.
+        else whitespace tokens). Where the server lists its context length (vLLM, llama.cpp),
+        the prompt is also cut to leave ``max_new_tokens`` of room, so the server never refuses it.
 
     Notes
     -----
     Token counts come from the server's ``usage`` (prompt, completion, and
     ``prompt_tokens_details.cached_tokens`` where the server reports prefix-cache hits, as
-    vLLM does with ``--enable-prompt-tokens-details``). A server that sends no ``usage`` is
+    vLLM does with ``--enable-prompt-tokens-details`` and llama.cpp always; llama.cpp's
+    ``timings.cache_n`` where only that is sent). A server that sends no ``usage`` is
     counted with the local tokenizer, else by whitespace; ``describe()["token_source"]`` says
     which sources were used. A server that sends ``usage`` without cached tokens has every
     prompt token booked as computed: a warning is logged once and ``describe()["cached_tokens"]``
-    says so. Every request's latency is kept in ``call_seconds``. A ``ragfast_tiny.json`` in
+    says so. Every request's latency is kept in ``call_seconds``, and where the server times its
+    own work (llama.cpp's ``timings``) the sums of its prompt and generation milliseconds and
+    tokens in ``server_timings``. A ``ragfast_tiny.json`` in
     the tokenizer or config directory (a tiny test model) marks the answers meaningless, as the
     local backend does.
     timeout : float
@@ -134,14 +173,18 @@ class OpenAIGenerator(Generator):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._client = httpx.Client(timeout=timeout, headers=headers,
                                     limits=httpx.Limits(max_connections=self.concurrency))
-        #: the server's context length, where its model list gives one (vLLM: ``max_model_len``)
+        #: the server's context length, where its model list gives one (vLLM: ``max_model_len``,
+        #: llama.cpp: the slot's ``meta.n_ctx``)
         self.server_max_len: int | None = None
+        #: who serves, as the model list says (``owned_by``: "vllm", "llamacpp"), where it says
+        self.served_by: str | None = None
         self.model = self._served_model(model)
         self.name = f"{self.model} @ {self.base_url}"
         self.call_seconds: list[float] = []
         self.token_sources: dict[str, int] = {}
         self.stop_sources: dict[str, int] = {}  # "server" (stop_reason / matched_stop) or "guessed"
-        self.cached_unreported = 0  # calls whose usage had no prompt_tokens_details.cached_tokens
+        self.cached_unreported = 0  # calls whose answer had no cached-token count
+        self.server_timings: dict[str, float] = {}  # sums of llama.cpp's per-call timings
         self.truncations = 0  # prompts cut to the budget
         self.note = ""
         marker = None
@@ -192,8 +235,13 @@ class OpenAIGenerator(Generator):
                               "choose one with --served-model")
         name = model or names[0]
         for m in cards:
-            if str(m["id"]) == name and isinstance(m.get("max_model_len"), int) and m["max_model_len"] > 1:
-                self.server_max_len = int(m["max_model_len"])
+            if str(m["id"]) != name:
+                continue
+            self.served_by = str(m["owned_by"]) if isinstance(m.get("owned_by"), str) else None
+            meta = m.get("meta") if isinstance(m.get("meta"), dict) else {}
+            n = m.get("max_model_len", meta.get("n_ctx"))  # vLLM, else llama.cpp's slot context
+            if isinstance(n, int) and n > 1:
+                self.server_max_len = n
         return name
 
     def describe(self) -> dict[str, Any]:
@@ -208,19 +256,26 @@ class OpenAIGenerator(Generator):
             "unknown (give the served model's config for analytic FLOPs)",
             "calls": len(lat),
             "prompt_budget": self.max_context, "server_max_model_len": self.server_max_len,
-            "prompt_truncations": self.truncations,
+            "prompt_truncations": self.truncations, "served_by": self.served_by,
         }
         if self.note:
             d["note"] = self.note
         if self.stop_sources:
             d["stop_source"] = dict(self.stop_sources)
+        if self.server_timings:
+            d["server_timings"] = dict(self.server_timings)
         if lat:
             d["cached_tokens"] = ("reported by the server" if not self.cached_unreported else
                                   f"NOT reported on {self.cached_unreported} of {len(lat)} calls: their prompt tokens "
-                                  "are booked as computed (start vLLM with --enable-prompt-tokens-details)")
+                                  f"are booked as computed ({self._cache_hint()})")
             d["call_seconds_p50"] = lat[len(lat) // 2]
             d["call_seconds_p99"] = lat[min(len(lat) - 1, int(0.99 * len(lat)))]
         return d
+
+    def _cache_hint(self) -> str:
+        if self.served_by == "llamacpp":
+            return "this llama.cpp server reports neither prompt_tokens_details nor timings.cache_n"
+        return "start vLLM with --enable-prompt-tokens-details"
 
     def _count(self, text: str) -> int:
         if self.tokenizer is not None:
@@ -298,6 +353,8 @@ class OpenAIGenerator(Generator):
                                 "stop": stop, "n": 1}
         if self.seed is not None:
             body["seed"] = self.seed
+        if self.served_by == "llamacpp":
+            body["verbose"] = True  # llama.cpp names the stop (word or end-of-sequence) only in __verbose
         url = self.base_url + "/completions"
         t0 = time.perf_counter()
         data = post_json(self._client, url, body, retries=self.retries, error=ModelError)
@@ -316,21 +373,26 @@ class OpenAIGenerator(Generator):
         stop = list(stop)
         t0 = time.perf_counter()
         sent = [self._fit(self._sessions[i], max_new_tokens) for i in ids]
+
+        def post(session: str, p: tuple[str | list[int], int | None]) -> dict[str, Any]:
+            with blame(None, [session]):  # the session whose request failed, not the whole batch
+                return self._post(p[0], stop, max_new_tokens)
+
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(ids)))) as pool:
-            answers = list(pool.map(lambda p: self._post(p[0], stop, max_new_tokens), sent))
+            answers = list(pool.map(post, ids, sent))
         texts, fresh, cached, produced, flops, uncached = [], [], [], [], [], []
         for i, (p, n_local), data in zip(ids, sent, answers):
             choice = data["choices"][0]
             text = choice["text"]
             if choice.get("finish_reason") == "stop":
-                text = self._restore_stop(choice, text, stop)
+                text = self._restore_stop(choice, data, text, stop)
             text, _ = cut_at_stop(text, stop)
             self._sessions[i] += text
             texts.append(text)
             usage = data.get("usage") or {}
             n_prompt = int(usage.get("prompt_tokens") or 0)
-            details = usage.get("prompt_tokens_details")
-            n_cached = int((details or {}).get("cached_tokens") or 0) if isinstance(details, dict) else 0
+            reported = _cached_tokens(usage, data)
+            n_cached = reported or 0
             n_out = int(usage.get("completion_tokens") or 0)
             source = "usage"
             if not usage:
@@ -338,11 +400,12 @@ class OpenAIGenerator(Generator):
                 source = "tokenizer" if self.tokenizer is not None else "whitespace"
                 n_prompt = n_local if n_local is not None else len(p) if isinstance(p, list) else self._count(p)
                 n_out = self._count(text)
-            elif not (isinstance(details, dict) and "cached_tokens" in details):
+            elif reported is None:
                 if not self.cached_unreported:
                     log.warning("%s sends no prompt_tokens_details.cached_tokens: every prompt token is booked as "
-                                "computed (start vLLM with --enable-prompt-tokens-details)", self.base_url)
+                                "computed (%s)", self.base_url, self._cache_hint())
                 self.cached_unreported += 1
+            self._add_timings(data.get("timings"))
             self.token_sources[source] = self.token_sources.get(source, 0) + 1
             n_cached = min(n_cached, n_prompt)
             fresh.append(n_prompt - n_cached)
@@ -360,17 +423,29 @@ class OpenAIGenerator(Generator):
                              flops_uncached=uncached or None)
         return texts
 
-    def _restore_stop(self, choice: dict[str, Any], text: str, stop: list[str]) -> str:
+    def _add_timings(self, timings: Any) -> None:
+        """Add llama.cpp's per-call ``timings`` (prompt and generation tokens and milliseconds)."""
+        if not isinstance(timings, dict):
+            return
+        for key in ("prompt_n", "prompt_ms", "predicted_n", "predicted_ms", "cache_n"):
+            v = timings.get(key)
+            if isinstance(v, (int, float)):
+                self.server_timings[key] = self.server_timings.get(key, 0) + v
+        self.server_timings["calls"] = self.server_timings.get("calls", 0) + 1
+
+    def _restore_stop(self, choice: dict[str, Any], data: dict[str, Any], text: str, stop: list[str]) -> str:
         """Put back the stop string the server matched (and left out of ``text``), if any."""
-        for key in ("stop_reason", "matched_stop"):
-            if key in choice:
-                # The server says why it stopped: a stop string, or an end-of-sequence token id /
-                # null (nothing to restore: an unclosed tag stays unclosed, an invalid action).
-                matched = choice[key]
-                self.stop_sources["server"] = self.stop_sources.get("server", 0) + 1
-                break
+        said, matched = _server_stop(choice, data)
+        if said:
+            # The server says why it stopped: a stop string, or an end-of-sequence token id /
+            # null (nothing to restore: an unclosed tag stays unclosed, an invalid action).
+            self.stop_sources["server"] = self.stop_sources.get("server", 0) + 1
         else:
             matched = _closing_tag_to_restore(text, stop)
+            if "guessed" not in self.stop_sources:
+                log.warning("%s does not say which stop ended a completion (no stop_reason, matched_stop or "
+                            "__verbose.stop_type): the closing tag left open is restored, a guess that turns an "
+                            "unclosed tag then end-of-sequence into a closed one", self.base_url)
             self.stop_sources["guessed"] = self.stop_sources.get("guessed", 0) + 1
         if isinstance(matched, str) and matched in stop and not text.endswith(matched):
             text += matched

@@ -28,7 +28,10 @@ __all__ = ["ADAPTERS", "ANSWER_PREFIX", "SearchR1Reasoner", "adapter_dir", "is_a
            "load_merged"]
 
 #: Bundled adapters: slot name -> (catalogue base, adapter directory inside the package).
-ADAPTERS: dict[str, tuple[str, str]] = {"smollm2-searchr1": ("smollm2", "adapters/smollm2_searchr1")}
+ADAPTERS: dict[str, tuple[str, str]] = {
+    "qwen2.5-coder-0.5b-searchr1": ("qwen2.5-coder-0.5b", "adapters/qwen2_5_coder_0_5b_searchr1"),
+    "smollm2-searchr1": ("smollm2", "adapters/smollm2_searchr1"),
+}
 
 #: What opens a forced answer-only generation.
 ANSWER_PREFIX = "<answer>"
@@ -86,7 +89,7 @@ class SearchR1Reasoner(HFGenerator):
     """
 
     def __init__(self, name: str, base: str | None = None, **kwargs: Any):
-        from ragfast.models.catalogue import is_catalogued, resolve
+        from ragfast.models.hub import local_model
 
         if is_adapter(name):
             adir, base = adapter_dir(name), base or ADAPTERS[name][0]
@@ -101,7 +104,9 @@ class SearchR1Reasoner(HFGenerator):
             base = card.get("base")
             if base is None:
                 raise ConfigError(f"the adapter {adir} needs its base model (its card ragfast_reasoner.json names none)")
-        base_dir = resolve(base) if is_catalogued(base) else Path(base)
+        # A bundled adapter's catalogue base is fetched on first use (the default bench needs no
+        # separate `models get`); a user's own adapter names a base they already have.
+        base_dir = Path(local_model(base, "reasoner base", fetch=is_adapter(name)))
         super().__init__(base_dir, **kwargs)
         try:
             from peft import PeftModel
@@ -164,7 +169,7 @@ def merge_reasoner(name: str, out_dir: str | Path, *, base: str | None = None) -
     adapter's card; any OpenAI-compatible server that loads Hugging Face directories serves it.
     A server has no ``mark_final``: the answer-only turn is the plain one, as in the reference.
     """
-    from ragfast.models.catalogue import is_catalogued, resolve
+    from ragfast.models.hub import local_model
 
     if is_adapter(name):
         adir, base = adapter_dir(name), base or ADAPTERS[name][0]
@@ -172,7 +177,7 @@ def merge_reasoner(name: str, out_dir: str | Path, *, base: str | None = None) -
         adir = Path(name)
         if base is None:
             raise ConfigError(f"the adapter {adir} needs its base model")
-    base_dir = resolve(base) if is_catalogued(base) else Path(base)
+    base_dir = Path(local_model(base, "reasoner base"))
     out = Path(out_dir).expanduser()
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"{out} exists and is not empty")

@@ -21,6 +21,8 @@ outputs mean nothing. The same kind and seed always give byte-identical files.
 greedy decoding writes ``reply`` whatever the prompt (a protocol test checkpoint: always
 search, always answer, an unclosed tag then end-of-sequence), on any backend that runs Qwen2.
 Every model written here carries ``ragfast_tiny.json``; :func:`tiny_marker` reads it.
+``write_gguf(model_dir, path)`` writes a tiny decoder as an fp32 GGUF file, so llama.cpp's
+server runs the same checkpoint (``tests/test_llamacpp.py``).
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from typing import Any, Mapping
 from ragfast.errors import ModelError
 
 __all__ = ["KINDS", "TINY_VERSION", "DEFAULT_ID2LABEL", "make_tiny", "tiny_path", "train_bpe_tokenizer",
-           "make_replier", "tiny_marker"]
+           "make_replier", "tiny_marker", "write_gguf"]
 
 KINDS = ("qwen2", "qwen3", "deberta-v2", "bert", "qwen2-served")
 _DECODERS = ("qwen2", "qwen3", "qwen2-served")
@@ -359,3 +361,72 @@ def _set_reply(model: Any, ids: list[int], nxt: dict[int, int]) -> None:
         for j, (a, b) in enumerate(nxt.items(), start=1):
             emb[a, j] = 10.0
             head[b, j] += 10.0
+
+
+def write_gguf(model_dir: str | Path, path: str | Path) -> Path:
+    """Write a tiny decoder directory (``qwen2``, ``qwen2-served``, :func:`make_replier`) as an fp32 GGUF.
+
+    The weights go unchanged (fp32) under llama.cpp's Qwen2 tensor names; the byte-level BPE
+    goes as a ``gpt2`` tokenizer with the GPT-2 pre-tokenizer (the regex the tiny tokenizer
+    was trained with), its merges, and its three special tokens as control tokens, so that
+    llama.cpp splits a prompt into the same tokens and stops at the same end-of-sequence
+    tokens (``<|im_end|>``, ``<|endoftext|>``) as the local backend.
+
+    Raises
+    ------
+    ModelError
+        When ``model_dir`` is not a tiny qwen2 decoder, or ``gguf`` is missing.
+    """
+    try:
+        import gguf
+    except ImportError:
+        raise ModelError("write_gguf needs the 'gguf' package: pip install gguf") from None
+    from safetensors.numpy import load_file
+
+    src = Path(model_dir)
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    if cfg.get("model_type") != "qwen2" or tiny_marker(src) is None:
+        raise ModelError(f"write_gguf: {src} is not a tiny qwen2 decoder (make_tiny / make_replier)")
+    tok = json.loads((src / "tokenizer.json").read_text(encoding="utf-8"))
+    gen = json.loads((src / "generation_config.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    tokens = [""] * cfg["vocab_size"]
+    for t, i in vocab.items():
+        tokens[i] = t
+    special = {a["id"] for a in tok["added_tokens"] if a.get("special")}
+    for a in tok["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+    n = cfg["num_hidden_layers"]
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN2, n)
+    out = Path(path)
+    w = gguf.GGUFWriter(str(out), "qwen2")
+    w.add_name(src.name)
+    w.add_block_count(n)
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(float(cfg.get("rope_parameters", {}).get("rope_theta", cfg.get("rope_theta", 1e6))))
+    w.add_layer_norm_rms_eps(float(cfg["rms_norm_eps"]))
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types([gguf.TokenType.CONTROL if i in special else gguf.TokenType.NORMAL for i in range(len(tokens))])
+    w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in tok["model"]["merges"]])
+    eos = gen["eos_token_id"] if isinstance(gen["eos_token_id"], list) else [gen["eos_token_id"]]
+    w.add_eos_token_id(int(eos[0]))
+    w.add_bos_token_id(int(cfg["bos_token_id"]))
+    w.add_pad_token_id(int(cfg["pad_token_id"]))
+    w.add_add_bos_token(False)
+    for name, arr in sorted(load_file(str(src / "model.safetensors")).items()):
+        gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gname is None:
+            raise ModelError(f"write_gguf: no GGUF name for tensor {name}")
+        w.add_tensor(gname, arr.astype("float32"))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

@@ -40,9 +40,10 @@ from ragfast.cost import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.remote_cost import cost_items
 from ragfast.retrieval.base import Retriever
-from ragfast.serving import (API_KEY_ENV, AccessGuard, BodyLimitMiddleware, FairBatcher, RequestError, RequestIdMiddleware, check_bool,
-                             check_int, check_text_list, fix_mmap_threshold, json_bytes, parse_json_body,
-                             prometheus_text, rss_bytes, server_gauges)
+from ragfast.serving import (API_KEY_ENV, DEFAULT_GRACEFUL_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
+                             DEFAULT_MAX_CONNECTIONS, FairBatcher, RequestError, check_bool, check_int, check_text_list,
+                             fix_mmap_threshold, guard, json_bytes, parse_json_body, prometheus_text, rss_bytes,
+                             server_gauges)
 
 __all__ = ["create_app", "load_retriever", "serve", "set_threads", "ServerLimits", "RetrieveRequest"]
 
@@ -294,11 +295,7 @@ def create_app(retriever: Retriever, default_topk: int = 3, *, max_queries: int 
         return PlainTextResponse(prometheus_text("ragfast_retriever", server_gauges(state(), "queries", "queries")),
                                  media_type="text/plain; version=0.0.4")
 
-    # Added innermost first: request ids wrap everything, then the token and Content-Type checks,
-    # then the body limit, all before any parsing.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.max_body_bytes, on_reject=rejected)
-    app.add_middleware(AccessGuard, api_key=api_key)
-    app.add_middleware(RequestIdMiddleware, on_error=errored, logger=log)
+    guard(app, max_body_bytes=limits.max_body_bytes, api_key=api_key, on_reject=rejected, on_error=errored, logger=log)
     return app
 
 
@@ -392,8 +389,9 @@ def serve(corpus: str, index: str | None = None, encoder: str | None = None, *, 
           host: str = "127.0.0.1", port: int = 8000, workers: int = 1, storage: str | None = None,
           device: str = "cpu", batch_size: int = 64, cache_dir: str | None = None,
           app_options: dict[str, Any] | None = None, log_level: str = "info", threads: int | None = None,
-          graceful_s: float = 30.0, api_key: str | None = None, head_timeout_s: float = 10.0,
-          keep_alive_s: float = 5.0, max_connections: int = 2048) -> None:
+          graceful_s: float = DEFAULT_GRACEFUL_S, api_key: str | None = None,
+          head_timeout_s: float = DEFAULT_HEAD_TIMEOUT_S, keep_alive_s: float = DEFAULT_KEEP_ALIVE_S,
+          max_connections: int = DEFAULT_MAX_CONNECTIONS) -> None:
     """Build the retriever and run the server with uvicorn (blocks until stopped).
 
     With ``workers > 1`` the corpus is embedded once here first (with a progress bar), then each

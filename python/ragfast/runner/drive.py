@@ -264,14 +264,19 @@ class MethodRecorder:
         Where the trajectories (one JSON line per finished question) and the cost records go.
     resume : bool
         Continue both files; records of questions that did not finish are dropped first.
+    retry_failed : bool
+        With ``resume``: drop the records of questions that failed too, so they run again.
     """
 
-    def __init__(self, traj_path: Path, ledger_path: Path, resume: bool):
+    def __init__(self, traj_path: Path, ledger_path: Path, resume: bool, retry_failed: bool = False):
+        from ragfast.failures import drop_failures
         from ragfast.results import ResultsWriter
 
         self.traj_path, self.ledger_path = Path(traj_path), Path(ledger_path)
         if self.ledger_path.exists() and not resume and self.ledger_path.stat().st_size:
             raise DataError(f"{self.ledger_path} already holds records; pass --resume or use a new --out")
+        #: questions recorded as failed before, dropped now to run again (``retry_failed``)
+        self.retried = drop_failures(self.traj_path) if resume and retry_failed else set()
         self.writer = ResultsWriter(self.traj_path, resume=resume)
         self.ledger = CostLedger()
         self._lf = LedgerFile(self.ledger_path, resume, self.writer.done)

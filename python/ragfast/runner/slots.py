@@ -40,10 +40,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
 from ragfast.http import is_url
+from ragfast.models.hub import local_model
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "catalogued", "reasoner", "corpus", "encoder", "retriever",
+__all__ = ["DEFAULTS", "DEFAULT_CORPUS", "split_spec", "reasoner", "corpus", "encoder", "retriever",
            "judge", "nli", "checker", "head", "on_backend", "absolute", "retriever_over", "RETRIEVERS"]
 
 #: The corpus every command searches by default: the questions' own paragraphs plus the bundled
@@ -66,17 +67,6 @@ def split_spec(spec: str | Mapping[str, Any]) -> tuple[str, dict[str, Any]]:
     if not isinstance(spec, str) or not spec:
         raise ConfigError(f"a slot spec must be a non-empty string or a mapping, got {spec!r}")
     return spec, {}
-
-
-def catalogued(name: str) -> str:
-    """A catalogue model's name (``ragfast models list``, e.g. ``smollm2``) as its converted directory.
-
-    Other names come back unchanged. Raises ModelError naming ``ragfast models get NAME`` when
-    the model is catalogued but not in the cache.
-    """
-    from ragfast.models.catalogue import is_catalogued, resolve
-
-    return str(resolve(name)) if is_catalogued(name) else name
 
 
 def absolute(spec: str | None) -> str | None:
@@ -104,7 +94,8 @@ def on_backend(make: Callable[[str], Any], choice: str, device: str, what: str) 
 def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu", dtype: str | None = None,
              batch_size: int = 64, max_context: int | None = None, max_turns: int = 4,
              served_model: str | None = None, tokenizer: str | None = None, model_config: str | None = None,
-             api_key: str | None = None, concurrency: int = 16, check: bool = True) -> Any:
+             api_key: str | None = None, concurrency: int = 16, check: bool = True,
+             memory_budget: str | int | None = "auto") -> Any:
     """The reasoner: ``scripted``, ``tiny``, a local model directory or an OpenAI-compatible URL.
 
     Parameters
@@ -120,6 +111,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         The prompt budget in tokens, for a local model and a URL alike.
     check : bool
         Check a URL is reachable first (one clear error instead of a failure mid-run).
+    memory_budget : str, int or None
+        A local model's memory budget beyond its weights (:class:`~ragfast.models.generator.HFGenerator`).
 
     Raises
     ------
@@ -129,7 +122,7 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
     name, opts = split_spec(spec)
     kw = dict(seed=seed, device=device, dtype=dtype, batch_size=batch_size, max_context=max_context,
               max_turns=max_turns, served_model=served_model, tokenizer=tokenizer, model_config=model_config,
-              api_key=api_key, concurrency=concurrency)
+              api_key=api_key, concurrency=concurrency, memory_budget=memory_budget)
     kw.update(opts)
     from ragfast.models.generator import HFGenerator
     from ragfast.models.scripted import ScriptedGenerator
@@ -137,7 +130,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
 
     if name == "scripted":
         return ScriptedGenerator(seed=kw["seed"], max_searches=kw["max_turns"])
-    hf = dict(device=kw["device"], dtype=kw["dtype"], max_batch=kw["batch_size"], max_context=kw["max_context"])
+    hf = dict(device=kw["device"], dtype=kw["dtype"], max_batch=kw["batch_size"], max_context=kw["max_context"],
+              memory_budget=kw["memory_budget"])
     if name == "tiny":
         from ragfast.models.tiny import tiny_path
 
@@ -151,16 +145,16 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         return OpenAIGenerator(base, kw["served_model"] or served or None, api_key=kw["api_key"],
                                concurrency=kw["concurrency"], tokenizer=kw["tokenizer"],
                                model_config=kw["model_config"], seed=kw["seed"], max_context=kw["max_context"])
-    from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
+    from ragfast.models.searchr1_reasoner import ADAPTERS, SearchR1Reasoner, is_adapter
 
     if is_adapter(name) or (Path(name) / "adapter_config.json").is_file():
         return SearchR1Reasoner(name, **hf)
-    name = catalogued(name)
+    name = local_model(name, "reasoner")
     if Path(name).is_dir():
         return HFGenerator(name, **hf)
     raise ConfigError(f"reasoner {name!r} is not 'scripted', 'tiny', a catalogue model (ragfast models list), a "
-                      "trained reasoner (smollm2-searchr1, or a train-reasoner OUT/adapter directory), an http(s) URL "
-                      "or a local model directory")
+                      f"Hugging Face id (owner/name), a trained reasoner ({', '.join(ADAPTERS)}, or a "
+                      "train-reasoner OUT/adapter directory), an http(s) URL or a local model directory")
 
 
 def corpus(parts: str | Sequence[str] | None, questions: Sequence[Any]) -> Any:
@@ -322,9 +316,10 @@ def nli(spec: str | Mapping[str, Any], *, backend: str = "auto", device: str = "
         from ragfast.models.tiny import tiny_path
 
         name = str(tiny_path("deberta-v2"))
-    name = catalogued(name)
+    name = local_model(name, "nli")
     if not Path(name).is_dir():
-        raise ConfigError(f"nli {name!r} is not 'tiny', 'none', a catalogue model or a local model directory")
+        raise ConfigError(f"nli {name!r} is not 'tiny', 'none', a catalogue model, a Hugging Face id or a local model "
+                          "directory")
     if is_causal_lm_dir(name):
         return LLMNLIScorer(name, device=device, max_length=max_length, token_budget=token_budget)
     return on_backend(lambda b: NLIScorer(name, backend=b, device=device, max_length=max_length,
@@ -349,11 +344,11 @@ def checker(spec: str | Mapping[str, Any], reasoner: Any = None, *, device: str 
         from ragfast.models.tiny import tiny_path
 
         return HFGenerator(tiny_path("qwen2"), device=device)
-    name = catalogued(name)
+    name = local_model(name, "checker LLM")
     if Path(name).is_dir():
         return HFGenerator(name, device=device)
-    raise ConfigError(f"checker LLM {name!r} is not 'none', 'reasoner', 'tiny', a catalogue model or a local model "
-                      "directory")
+    raise ConfigError(f"checker LLM {name!r} is not 'none', 'reasoner', 'tiny', a catalogue model, a Hugging Face id or "
+                      "a local model directory")
 
 
 def head(spec: Any = None, *, device: str = "cpu") -> Any:
@@ -368,6 +363,7 @@ def head(spec: Any = None, *, device: str = "cpu") -> Any:
         from ragfast.models.extractive import ExtractiveHead
 
         return ExtractiveHead()
-    if Path(name).is_dir() or name == "tiny" or catalogued(name) != name:
+    if Path(name).is_dir() or name == "tiny" or local_model(name, "head") != name:
         return reasoner(name, device=device)
-    raise ConfigError(f"head {name!r} is not 'extractive', a catalogue model or a local model directory")
+    raise ConfigError(f"head {name!r} is not 'extractive', a catalogue model, a Hugging Face id or a local model "
+                      "directory")

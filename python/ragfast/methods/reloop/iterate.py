@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger, CostRecord
+from ragfast.errors import blame
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.workspace import Workspace
 from ragfast.judges.base import Judge
@@ -125,7 +126,8 @@ def _encode_candidates(tracks: Sequence[Track], encoder: Any, ledger: CostLedger
     first: dict[str, CachedEncoding] = {}
     if texts:
         scratch = CostLedger()
-        emb = encoder.encode_passages(texts, ledger=scratch, question_ids=slots)
+        with blame("encoder", [t.ws.qid for t in fresh]):
+            emb = encoder.encode_passages(texts, ledger=scratch, question_ids=slots)
         pos = 0
         for k, t in enumerate(fresh):
             n = len(t.ws.views)
@@ -187,7 +189,8 @@ def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConf
             break
         covered = [set(e for e in t.plan.entities if _covered(e, t.evidence())) for t in active]
         queries = [t.plan.query(c, _bridges(t) if t.plan.hops >= 2 else ()) for t, c in zip(active, covered)]
-        qv = encoder.encode_queries(queries, ledger=ledger, question_ids=[t.ws.qid for t in active])
+        with blame("encoder", [t.ws.qid for t in active]):
+            qv = encoder.encode_queries(queries, ledger=ledger, question_ids=[t.ws.qid for t in active])
         for j, t in enumerate(active):
             ws = t.ws
             n = len(ws.cand)
@@ -252,7 +255,8 @@ def iterate(tracks: Sequence[Track], encoder: Any, judge: Judge, cfg: ReloopConf
         if not active:
             break
         states = [State(t.ws.question, t.evidence(), t.ws.qid, t.steps) for t in active]
-        s = judge.stop_scores(states, ledger=ledger, question_ids=[t.ws.qid for t in active])
+        with blame("judge", [t.ws.qid for t in active]):
+            s = judge.stop_scores(states, ledger=ledger, question_ids=[t.ws.qid for t in active])
         for t, v in zip(active, np.asarray(s, dtype=np.float64)):
             t.step_log[-1]["stop_score"] = None if math.isnan(v) else float(v)
             if not math.isnan(v) and v >= cfg.judge_threshold:

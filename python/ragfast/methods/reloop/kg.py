@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger
-from ragfast.errors import DataError
+from ragfast.errors import DataError, blame
 from ragfast.methods.reloop.hseq import METAQA_RELATIONS, HSeq, from_triples
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.planners import kg_path_plan, lm_complete
@@ -124,8 +124,9 @@ def run_kg_path(questions: Sequence[Question], seq: HSeq, *, cfg: ReloopConfig, 
             plans.append(plan)
             walks.append(res)
         prompts = [render_pack(p.question, r.pack, "entity") for p, r in zip(plans, walks)]
-        outs = lm_complete(generator, prompts, [q.id for q in batch], stop=["\n"],
-                           max_new_tokens=cfg.answer_max_new_tokens, ledger=ledger)
+        with blame("head", [q.id for q in batch]):
+            outs = lm_complete(generator, prompts, [q.id for q in batch], stop=["\n"],
+                               max_new_tokens=cfg.answer_max_new_tokens, ledger=ledger)
         wall = time.perf_counter() - t_start
         for q, plan, res, out in zip(batch, plans, walks, outs):
             em, f1v = exact_match(out.strip(), q.golden_answers), f1(out.strip(), q.golden_answers)

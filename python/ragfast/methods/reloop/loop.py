@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger
-from ragfast.errors import ConfigError, DataError
+from ragfast.errors import ConfigError, DataError, blame
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.head_prompt import evidence_span, head_messages
 from ragfast.methods.reloop.iterate import CachedEncoding, Track, iterate
@@ -68,8 +68,9 @@ def answer(tracks: Sequence[Track], generator: Generator, *, ledger: CostLedger 
         fmt = getattr(generator, "format_prompt", None)
         if fmt is not None:
             prompts = [fmt(x) for x in prompts]
-    outs = lm_complete(generator, prompts, [t.ws.qid for t in tracks], stop=["\n"], max_new_tokens=max_new_tokens,
-                       ledger=ledger)
+    with blame("head", [t.ws.qid for t in tracks]):
+        outs = lm_complete(generator, prompts, [t.ws.qid for t in tracks], stop=["\n"],
+                           max_new_tokens=max_new_tokens, ledger=ledger)
     if chat is None:
         return [(o.strip(), p) for o, p in zip(outs, packs)]
     return [(evidence_span(o, t.ws.question, p, t.plan.answer_type), p) for o, t, p in zip(outs, tracks, packs)]
@@ -99,9 +100,10 @@ def run_text(workspaces: Sequence[Workspace], *, encoder: Any, judge: Judge, gen
         if cfg.planner == "llm":
             if planner_generator is None:
                 raise ConfigError("planner 'llm' needs a generator for the plans (--planner-model)")
-            plans = llm_plans([w.question for w in batch], planner_generator, ledger=ledger,
-                              question_ids=[w.qid for w in batch], multi_doc=multi,
-                              max_new_tokens=cfg.plan_max_new_tokens)
+            with blame("planner", [w.qid for w in batch]):
+                plans = llm_plans([w.question for w in batch], planner_generator, ledger=ledger,
+                                  question_ids=[w.qid for w in batch], multi_doc=multi,
+                                  max_new_tokens=cfg.plan_max_new_tokens)
         elif cfg.planner == "heuristic":
             plans = [heuristic_plan(w.question, multi_doc=multi) for w in batch]
         else:

@@ -197,7 +197,7 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
         states whose verdict failed to parse, so a small model still labels every state and its
         parse failures stay counted. A URL teacher always generates.
     """
-    from ragfast.models.catalogue import is_catalogued, resolve
+    from ragfast.models.hub import local_model
     from ragfast.judges.causal import CausalJudge
     from ragfast.judges.prompt import ANSWER_PREFIX, parse_verdict
 
@@ -221,12 +221,13 @@ def teacher_labels(states: Sequence[LabelledState], teacher: str, *, model: str 
             verdicts.append(v)
         name = client.name
     else:
-        p = resolve(teacher) if is_catalogued(teacher) else Path(teacher).expanduser()
+        resolved = local_model(teacher, "teacher")
+        p = Path(resolved).expanduser()
         if not (p.is_dir() and (p / "config.json").exists()):
             raise ConfigError(f"teacher {teacher!r}: expected an http(s):// URL, a catalogue model (ragfast models "
                               "list) or a causal-LM directory with config.json")
         judge = CausalJudge(p, device=device)
-        name = teacher if is_catalogued(teacher) else str(p)
+        name = teacher if resolved != teacher else str(p)
         verdicts = judge.verdicts(sts, max_new_tokens=max_new_tokens) if route != "score" else [None] * len(sts)
         todo = [i for i, v in enumerate(verdicts) if v is None or v.parse == "failed"]
         if route != "generate" and todo:

@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger
-from ragfast.errors import ConfigError
+from ragfast.errors import ConfigError, blame
 from ragfast.methods.s2g.states import prefix_pieces
 from ragfast.types import Question, Trajectory
 
@@ -89,8 +89,9 @@ class JudgeStopHook:
             return
         # The pending search is already the last turn: the state it starts from is the one before.
         states = [it.traj.states()[-2] for it in items]
-        scores = np.asarray(self.judge.stop_scores(states, ledger=ctx.ledger, question_ids=[it.qid for it in items]),
-                            dtype=np.float64)
+        ids = [it.qid for it in items]
+        with blame("judge", ids):
+            scores = np.asarray(self.judge.stop_scores(states, ledger=ctx.ledger, question_ids=ids), dtype=np.float64)
         if scores.shape != (len(items),):
             raise RuntimeError(f"judge returned {scores.shape} scores for {len(items)} states")
         self.calls += 1
@@ -117,8 +118,9 @@ class JudgeStopHook:
         if not cont:
             return
         states = [it.traj.states()[-1] for it in cont]
-        verdicts = self.judge.verdicts(states, self.gap_max_new_tokens, ledger=ctx.ledger,
-                                       question_ids=[it.qid for it in cont])
+        with blame("judge", [it.qid for it in cont]):
+            verdicts = self.judge.verdicts(states, self.gap_max_new_tokens, ledger=ctx.ledger,
+                                           question_ids=[it.qid for it in cont])
         steer = [(it, v) for it, v in zip(cont, verdicts) if not v.sufficient and v.gap_items]
         if steer:
             ctx.search([it for it, _ in steer], [gap_query(it.traj.question, v.gap_items) for it, v in steer],

@@ -65,19 +65,43 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
         log.info(msg)  # on the console under the CLI (and in ragfast.log)
         with progress_task("S2G validation", len(val), unit="questions") as task:
             gen = TurnReporter(slots.make_generator(), task, cfg.budget + 1)
-            trajs = SearchR1Loop(gen, slots.retriever, searchr1_config(cfg)).run(val, on_finish=lambda t: task.advance(1))
+            trajs, failed = _validation_trajectories(SearchR1Loop(gen, slots.retriever, searchr1_config(cfg)), val,
+                                                     task)
             task.set_status("judge + answer-only probe on every state")
             rec = record_states(trajs, slots.judge, slots.make_generator(), split=["val"] * len(trajs))
             task.set_status("")
         lines = state_lines(rec, judge_name, trajectories=trajs)
         write_state_lines(Path(out) / STATES_FILE, lines)
-        info = validation_threshold(lines, judge_name, min_precision=cfg.min_precision, val_questions=len(val),
+        info = validation_threshold(lines, judge_name, min_precision=cfg.min_precision, val_questions=len(trajs),
                                     source=f"{cfg.val_data}[{cfg.val_offset}:{cfg.val_offset + len(val)}]",
                                     n_resamples=min(cfg.n_resamples, 2000), seed=cfg.seed)
+        info["val_failed"] = failed  # left out of the threshold's states (their components failed)
         if info.get("reason"):
             log.warning("S2G threshold: %s", info["reason"])
     path.write_text(json.dumps(json_clean(info), indent=2), encoding="utf-8")
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _validation_trajectories(loop: Any, val: list[Question], task: Any) -> tuple[list[Trajectory], int]:
+    """The native trajectories of the validation questions, in their order, and how many failed:
+    a question whose component fails is left out of the threshold's states, as a test question
+    is recorded as failed (:func:`ragfast.failures.isolate`)."""
+    from ragfast.failures import FailureStreak, isolate
+
+    done: dict[str, Trajectory] = {}
+    failed: set[str] = set()
+
+    def finish(t: Trajectory) -> None:
+        done[t.id] = t
+        task.advance(1)
+
+    def record(q: Question, exc: BaseException) -> None:
+        failed.add(q.id)
+        task.advance(1)
+
+    isolate(lambda qs: loop.run(qs, on_finish=finish), val, done=lambda: set(done) | failed, record=record,
+            forget=lambda ids: None, streak=FailureStreak("S2G validation"))
+    return [done[q.id] for q in val if q.id in done], len(failed)
 
 
 def s2g_analysis(cfg: Any, slots: Slots, native: Sequence[Mapping[str, Any]], threshold: float,

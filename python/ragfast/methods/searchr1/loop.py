@@ -49,6 +49,7 @@ gives the turns so far and ``item.traj.states()`` the retrieval states.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
 from collections import deque
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 from ragfast.cost import NUMERIC_FIELDS, CostLedger
-from ragfast.errors import ConfigError
+from ragfast.errors import ConfigError, blame
 from ragfast.protocol import (INVALID_OBSERVATION, PROMPT_TEMPLATE, STOP, build_prompt, format_docs,
                               format_observation, parse_action)
 from ragfast.text import truncate_whitespace_tokens
@@ -262,11 +263,12 @@ class TurnContext:
         fmt = getattr(gen, "format_prompt", None)
         user = [build_prompt(it.question) for it in items]
         gen.end(ids)
-        gen.start(ids, [fmt(u) for u in user] if fmt else user)
         text = ["".join(p) for p in pieces]
         keep = [(i, t) for i, t in zip(ids, text) if t]
-        if keep:
-            gen.append([i for i, _ in keep], [t for _, t in keep])
+        with blame("reasoner", ids):
+            gen.start(ids, [fmt(u) for u in user] if fmt else user)
+            if keep:
+                gen.append([i for i, _ in keep], [t for _, t in keep])
         for it, p in zip(items, pieces):
             it.response = list(p)
 
@@ -277,7 +279,8 @@ class TurnContext:
             raise ValueError(f"TurnContext.append: {len(items)} items but {len(texts)} texts")
         if not items:
             return
-        self.loop.generator.append([it.qid for it in items], list(texts))
+        with blame("reasoner", [it.qid for it in items]):
+            self.loop.generator.append([it.qid for it in items], list(texts))
         for it, tx in zip(items, texts):
             it.response.append(tx)
             if it.traj.turns:
@@ -394,7 +397,17 @@ class SearchR1Loop:
             gen.bind_questions(new)
         user = [build_prompt(q) for q in new]
         fmt = getattr(gen, "format_prompt", None)
-        gen.start([it.qid for it in items], [fmt(u) for u in user] if fmt else user)
+        # Every component call names its questions: a failure is recorded for them and the run
+        # goes on (ragfast.failures).
+        ids = [it.qid for it in items]
+        with blame("reasoner", ids):
+            try:
+                gen.start(ids, [fmt(u) for u in user] if fmt else user)
+            except Exception:
+                # not active yet, so the loop's clean-up would miss them: a rerun must find none open
+                with contextlib.suppress(Exception):
+                    gen.end(ids)
+                raise
         active.extend(items)
         return items
 
@@ -423,7 +436,9 @@ class SearchR1Loop:
                 finals = [it for it in act if it.final]
                 if finals and hasattr(gen, "mark_final"):
                     gen.mark_final([it.qid for it in finals])
-                texts = gen.generate([it.qid for it in act], stop=STOP, max_new_tokens=cfg.max_new_tokens, ledger=led)
+                with blame("reasoner", [it.qid for it in act]):
+                    texts = gen.generate([it.qid for it in act], stop=STOP, max_new_tokens=cfg.max_new_tokens,
+                                         ledger=led)
                 if len(texts) != len(act):
                     raise RuntimeError(f"generator returned {len(texts)} texts for {len(act)} sessions")
                 searchers, s_turns, s_queries = [], [], []
@@ -463,7 +478,8 @@ class SearchR1Loop:
                     for it, t in invalid:
                         t.observation = INVALID_OBSERVATION
                         it.response.append(INVALID_OBSERVATION)
-                    gen.append([it.qid for it, _ in invalid], [INVALID_OBSERVATION] * len(invalid))
+                    with blame("reasoner", [it.qid for it, _ in invalid]):
+                        gen.append([it.qid for it, _ in invalid], [INVALID_OBSERVATION] * len(invalid))
                 running = [it for it in act if not it.done]
                 if self.hooks and running:
                     ctx = TurnContext(self, turn, running, led)
@@ -522,14 +538,16 @@ class SearchR1Loop:
                               led: CostLedger) -> list[list[Any]]:
         cfg = self.config
         exclude = [list(it.read_ids) for it in items] if cfg.exclude_read else None
-        hits = self.retriever.search(queries, cfg.topk, exclude=exclude, ledger=led,
-                                     question_ids=[it.qid for it in items])
+        ids = [it.qid for it in items]
+        with blame("retriever", ids):
+            hits = self.retriever.search(queries, cfg.topk, exclude=exclude, ledger=led, question_ids=ids)
         if len(hits) != len(items):
             raise RuntimeError(f"retriever returned {len(hits)} result lists for {len(items)} queries")
         obs = [format_observation(h) for h in hits]
         trunc = getattr(self.generator, "truncate_tokens", None)
         if trunc is not None:
-            obs = trunc(obs, cfg.max_obs_tokens)
+            with blame("reasoner", ids):
+                obs = trunc(obs, cfg.max_obs_tokens)
         else:
             obs = [truncate_whitespace_tokens(o, cfg.max_obs_tokens) for o in obs]
         for it, t, h, o in zip(items, turns, hits, obs):
@@ -539,7 +557,8 @@ class SearchR1Loop:
             t.observation = o
             it.response.append(o)
             it.read_ids.extend(t.retrieved_ids)
-        self.generator.append([it.qid for it in items], obs)
+        with blame("reasoner", ids):
+            self.generator.append(ids, obs)
         return hits
 
     @staticmethod

@@ -148,14 +148,15 @@ def train_reasoner(out_dir: str | Path, *, base: str = "smollm2", parts: Sequenc
 
     from ragfast.models.lora_sft import lora_sft
     from ragfast.methods.searchr1.sft_data import TRAIN_PARTS
-    from ragfast.models.catalogue import is_catalogued, resolve
 
     if max_obs_tokens < 1 or max_turns < 1 or topk < 1:
         raise ConfigError("max_obs_tokens, max_turns and topk must be >= 1")
     if threads is not None:
         torch.set_num_threads(int(threads))
     parts = list(parts or TRAIN_PARTS)
-    base_dir = (resolve(base) if is_catalogued(base) else Path(base)).expanduser()
+    from ragfast.models.hub import local_model
+
+    base_dir = Path(local_model(base, "--base")).expanduser()
     if not (base_dir / "config.json").is_file():
         raise ConfigError(f"--base {base!r} is neither a catalogue model nor a local model directory")
     out = Path(out_dir).expanduser()

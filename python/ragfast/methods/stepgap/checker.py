@@ -80,7 +80,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from ragfast.cost import CostLedger
-from ragfast.errors import ConfigError, DataError
+from ragfast.errors import ConfigError, DataError, blame
 from ragfast.protocol import parse_observation
 from ragfast.types import Trajectory
 
@@ -426,8 +426,9 @@ def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledg
     prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in prompts]
     qids = [s.trajectory_id for s in steps]
     private = CostLedger()
-    outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
-                              question_ids=qids)
+    with blame("checker", qids):
+        outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
+                                  question_ids=qids)
     if len(outs) != len(prompts):
         raise RuntimeError(f"generator returned {len(outs)} outputs for {len(prompts)} stage-{stage} prompts")
     if ledger is not None:
@@ -463,8 +464,10 @@ def _nli_max(nli: Any, pairs: list[tuple[int, str, str]], ledger: CostLedger | N
     """Score (step, premise, hypothesis) pairs in one call; per step keep the best-entailing pair."""
     if not pairs:
         return {}
-    probs = np.asarray(nli.score([p for _, p, _ in pairs], [h for _, _, h in pairs], ledger=ledger,
-                                 question_ids=[qids[i] for i, _, _ in pairs]), dtype=np.float64)
+    ids = [qids[i] for i, _, _ in pairs]
+    with blame("nli", ids):
+        probs = np.asarray(nli.score([p for _, p, _ in pairs], [h for _, _, h in pairs], ledger=ledger,
+                                     question_ids=ids), dtype=np.float64)
     if probs.shape != (len(pairs), 3):
         raise RuntimeError(f"NLI scorer returned shape {probs.shape} for {len(pairs)} pairs; expected (n, 3)")
     best: dict[int, np.ndarray] = {}
