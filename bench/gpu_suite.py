@@ -19,7 +19,8 @@ Steps, each saved as soon as it ends (``--out``, default ``$OUT`` or ``bench/res
    medians of round-robin repetitions, each ragfast figure beside its roofline floor
    (``ragfast.kernels.roofline``), and how many queries the bf16/int8 bound certified per round;
 4. prefix: prefix attention against dense-mask SDPA and FlexAttention;
-5. bench: ``ragfast bench --device cuda --limit 50``, checking every local slot ran on the GPU.
+5. bench: ``ragfast bench --device cuda --limit 50``, checking every local slot ran on the GPU
+   (``--dry-run`` runs it with ``--reasoner scripted``: the real reasoner takes minutes on a CPU).
 
 A time budget (``--budget``, default 400 s) skips the remaining timing steps, and the bench gets
 what is left up to budget + 30 s (at least 60 s), rather than overrun
@@ -367,10 +368,11 @@ def time_prefix(rec: Recorder, device: str, Lq: int, Lk: int, reps: int) -> None
 
 
 # -- 5. ragfast bench --------------------------------------------------------------------------
-def run_bench(rec: Recorder, device: str, limit: int, timeout: float) -> list[str]:
+def run_bench(rec: Recorder, device: str, limit: int, timeout: float, extra: tuple[str, ...] = ()) -> list[str]:
     """``ragfast bench --device <device> --limit <limit>``: every local slot must report the device."""
     out = rec.out / "bench-run"
-    cmd = [sys.executable, "-m", "ragfast.cli", "bench", "--device", device, "--limit", str(limit), "--out", str(out)]
+    cmd = [sys.executable, "-m", "ragfast.cli", "bench", "--device", device, "--limit", str(limit), "--out", str(out),
+           *extra]
     t0 = time.perf_counter()
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -467,8 +469,11 @@ def main() -> int:
         rec.step("prefix", "skipped (budget)")
     # the bench gets what is left of an 8-minute lease (at least a minute); a cut run keeps its
     # finished questions on disk (ragfast bench --resume)
+    # the dry run checks the plumbing, not the reasoner: the default (a real 0.5B Qwen) takes
+    # minutes per question on a 2-core CPU, so it runs the scripted oracle there
     f = run_bench(rec, device, 2 if dry else args.bench_limit,
-                  timeout=600 if dry else max(60.0, args.budget + 30 - rec.elapsed()))
+                  timeout=600 if dry else max(60.0, args.budget + 30 - rec.elapsed()),
+                  extra=("--reasoner", "scripted") if dry else ())
     fails += f
     rec.step("bench", "passed" if not f else "FAILED", failures=f)
     rec.summary["ok"] = not fails
