@@ -2,10 +2,11 @@
 
 Every component (reasoner, encoder, search, judge, nli, other) records what it spent: calls,
 input tokens (computed fresh vs served from a KV cache), output tokens, FLOPs, wall seconds,
-device seconds (CUDA events) and bytes scanned by search. A result served from a cache (an
-embedding or a judge score computed for an earlier question) is charged the tokens and FLOPs it
-would have cost and counted in ``reused``, so a method's cost does not depend on what ran before
-it in the process or on a resume. ``reused`` counts the reads a question made of something it
+device seconds (CUDA events) and bytes read (``bytes_scanned``: what search scans, and the
+weights a local reasoner's forward passes read, each booked as the question alone reads it).
+A result served from a cache (an embedding or a judge score computed for an earlier question)
+is charged the tokens and FLOPs it would have cost and counted in ``reused``, so a method's cost
+does not depend on what ran before it in the process or on a resume. ``reused`` counts the reads a question made of something it
 had already read earlier in the same ledger (:meth:`CostLedger.first_reads`), so it too is the
 same clean, resumed or alone. Batched calls are split per question
 so that totals equal the sums of the per-question records exactly.

@@ -82,6 +82,11 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     return n
 
 
+def _contiguous_input(module: Any, args: tuple) -> tuple:
+    """Forward pre-hook: the module's first input made contiguous (see ``HFGenerator.set_weights``)."""
+    return (args[0].contiguous(), *args[1:])
+
+
 def _resolve_dtype(dtype: Any):
     import torch
 
@@ -165,6 +170,11 @@ class HFGenerator(Generator):
         Tokens a turn's batch cache grows by. 0 sizes it for the longest possible turn up front
         (cached + new + ``max_new_tokens`` tokens per row), the older path, kept as the
         benchmark's anchor (bench/bench_kv_memory.py).
+    weights : str
+        ``"native"`` (default: the linear layers in ``dtype``) or ``"int8"``: weight-only int8
+        linear layers, one scale per output channel, activations and cache in ``dtype``
+        (:mod:`ragfast.models.weight_quant`). The ledger books each turn's weight bytes read as
+        the reasoner's ``bytes_scanned``, so the two schemes' reads are comparable.
     """
 
     meaningful = True
@@ -172,7 +182,7 @@ class HFGenerator(Generator):
     def __init__(self, path: Any, device: str = "cpu", dtype: Any = None, max_batch: int = 64, *,
                  kv_reuse: bool = True, max_context: int | None = None, attn_implementation: str | None = None,
                  share_prefix: bool = True, min_prefix: int = 32, memory_budget: int | str | None = "auto",
-                 kv_step: int = 64):
+                 kv_step: int = 64, weights: str = "native"):
         from pathlib import Path
 
         import torch
@@ -261,14 +271,38 @@ class HFGenerator(Generator):
         #: "memory budget: chunks of ..." after a call the budget split, else "" (progress status).
         self.budget_note = ""
         self._smallest_said: int | None = None  # the smallest chunk a log line announced
+        self.set_weights(weights)
         self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0,
                       "prefix_tokens_computed": 0, "prefix_tokens_reused": 0, "kv_peak_bytes": 0,
                       "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0}
 
+    def set_weights(self, scheme: str) -> None:
+        """Store the model's linear layers as ``scheme`` (``"native"`` or ``"int8"``) from now on.
+
+        Called by the constructor; a subclass that changes the weights after loading (an adapter
+        merged into them) calls it again once they are final.
+        """
+        from ragfast.models.weight_quant import apply_weights
+
+        if getattr(self, "weight_info", None) is not None and self.weight_info.scheme != "native":
+            raise ConfigError(f"the weights are already {self.weight_info.scheme}; load the model again")
+        self.weight_info = apply_weights(self.model, scheme)
+        head = self.model.get_output_embeddings()
+        if head is not None and not getattr(head, "ragfast_contiguous_input", False):
+            # transformers hands the head hidden[:, -1:, :], a strided view. When the head's weight
+            # does not require grad (an adapter merged into the weights, or any model after
+            # requires_grad_(False)), torch's matmul does not fold that view into one mm but runs a
+            # bmm over a copy of the weight per row: 13.7 s and 4.3 GB for 16 rows of Qwen2.5-0.5B
+            # in bf16 instead of 34 ms (the batch-64 prefill of the default reasoner took 18 GB).
+            head.register_forward_pre_hook(_contiguous_input)
+            head.ragfast_contiguous_input = True
+
     def describe(self) -> dict[str, Any]:
+        dt = str(self.dtype).replace("torch.", "")
         d = {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
              "architecture": (self.config.architectures or [type(self.model).__name__])[0],
-             "device": self.device, "dtype": str(self.dtype).replace("torch.", ""), "kv_reuse": self.kv_reuse}
+             "device": self.device, "dtype": dt, "weights": self.weight_info.describe(dt),
+             "weight_read_bytes": self.weight_info.read_bytes, "kv_reuse": self.kv_reuse}
         if self.kv_reuse_note:
             d["kv_reuse_note"] = self.kv_reuse_note
         st = self.stats
@@ -626,7 +660,12 @@ class HFGenerator(Generator):
                                  use_cache=True, logits_to_keep=1)
 
         texts: dict[str, str] = {}
-        flops, cached_tok, fresh_tok, out_tok, uncached = [], [], [], [], []
+        flops, cached_tok, fresh_tok, out_tok, uncached, wread = [], [], [], [], [], []
+        # Weight bytes as search books its bytes: what the row alone reads, the weights once per
+        # forward pass it takes (its prefill, each decode step, a shared prefix it pays for), so
+        # the figure does not depend on how a batch or a resume groups the rows, and it shows the
+        # weight precision (int8 reads a quarter of fp32's bytes).
+        w_read = self.weight_info.read_bytes
         for b, (sid, s) in enumerate(zip(sids, sessions)):
             g = gen[b]
             self.last_generated[sid] = list(g)
@@ -662,6 +701,7 @@ class HFGenerator(Generator):
                 f_b = forward_flops_per_sequence(self.config, [paid[1]], [0], head="none")[0]
                 fresh_b, cached_b = fresh_b + paid[1], cached_b - paid[1]
             flops.append(f_b + sum(forward_flops_per_sequence(self.config, chunks, pasts, logits="last")))
+            wread.append(w_read * (len(chunks) + (paid is not None and paid[0] == b)))
             # The same call with nothing cached: what the URL backend books as the cache-independent figure.
             uncached.append(completion_flops(self.config, n_past[b] + n_new[b], 0, len(g)))
             cached_tok.append(cached_b)
@@ -671,7 +711,7 @@ class HFGenerator(Generator):
         if ledger is not None:
             ledger.add_batch("reasoner", sids, seconds=timer.seconds, device_seconds=timer.device_seconds,
                              input_tokens=fresh_tok, cached_tokens=cached_tok, output_tokens=out_tok, flops=flops,
-                             flops_uncached=uncached)
+                             flops_uncached=uncached, bytes_scanned=wread)
         return texts
 
     def _share_prefix(self, sessions: list[_HFSession]) -> tuple[int, int] | None:

@@ -85,7 +85,8 @@ class SearchR1Reasoner(HFGenerator):
     base : str, optional
         The base model: a catalogue name or a local directory (default: the adapter's).
     **kwargs
-        :class:`HFGenerator` options (``device``, ``dtype``, ``max_batch``, ``max_context``).
+        :class:`HFGenerator` options (``device``, ``dtype``, ``max_batch``, ``max_context``,
+        ``weights``: int8 weights are made after the adapter is merged).
     """
 
     def __init__(self, name: str, base: str | None = None, **kwargs: Any):
@@ -107,12 +108,15 @@ class SearchR1Reasoner(HFGenerator):
         # A bundled adapter's catalogue base is fetched on first use (the default bench needs no
         # separate `models get`); a user's own adapter names a base they already have.
         base_dir = Path(local_model(base, "reasoner base", fetch=is_adapter(name)))
+        weights = kwargs.pop("weights", "native")
         super().__init__(base_dir, **kwargs)
         try:
             from peft import PeftModel
         except ImportError as exc:
             raise ConfigError("a reasoner adapter needs peft: pip install 'ragfast[train]'") from exc
         self.model = PeftModel.from_pretrained(self.model, str(adir)).merge_and_unload().eval()
+        self.weight_info = None
+        self.set_weights(weights)  # on the merged weights
         self.adapter = adir
         self.base_name = str(base)
         self.name = name

@@ -78,8 +78,9 @@ class RunOutcome:
 def reasoner_kwargs(cfg: RunSettings) -> dict[str, Any]:
     """The reasoner factory's keyword arguments for the run's settings."""
     return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"], dtype=cfg.dtype,
-                batch_size=cfg.batch_size, max_context=cfg.prompt_budget, served_model=cfg.served_model,
-                tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config, memory_budget=cfg.memory_budget)
+                weights=cfg.weights, batch_size=cfg.batch_size, max_context=cfg.prompt_budget,
+                served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config,
+                memory_budget=cfg.memory_budget)
 
 
 def _generator_factory(cfg: RunSettings) -> tuple[Callable[[], Any], dict[str, Any]]:

@@ -92,6 +92,7 @@ def on_backend(make: Callable[[str], Any], choice: str, device: str, what: str) 
 
 
 def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu", dtype: str | None = None,
+             weights: str = "native",
              batch_size: int = 64, max_context: int | None = None, max_turns: int = 4,
              served_model: str | None = None, tokenizer: str | None = None, model_config: str | None = None,
              api_key: str | None = None, concurrency: int = 16, check: bool = True,
@@ -113,6 +114,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         Check a URL is reachable first (one clear error instead of a failure mid-run).
     memory_budget : str, int or None
         A local model's memory budget beyond its weights (:class:`~ragfast.models.generator.HFGenerator`).
+    weights : str
+        A local model's linear layers: ``"native"`` or ``"int8"`` (weight-only).
 
     Raises
     ------
@@ -120,9 +123,9 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         When ``spec`` is none of these.
     """
     name, opts = split_spec(spec)
-    kw = dict(seed=seed, device=device, dtype=dtype, batch_size=batch_size, max_context=max_context,
-              max_turns=max_turns, served_model=served_model, tokenizer=tokenizer, model_config=model_config,
-              api_key=api_key, concurrency=concurrency, memory_budget=memory_budget)
+    kw = dict(seed=seed, device=device, dtype=dtype, weights=weights, batch_size=batch_size,
+              max_context=max_context, max_turns=max_turns, served_model=served_model, tokenizer=tokenizer,
+              model_config=model_config, api_key=api_key, concurrency=concurrency, memory_budget=memory_budget)
     kw.update(opts)
     from ragfast.models.generator import HFGenerator
     from ragfast.models.scripted import ScriptedGenerator
@@ -130,8 +133,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
 
     if name == "scripted":
         return ScriptedGenerator(seed=kw["seed"], max_searches=kw["max_turns"])
-    hf = dict(device=kw["device"], dtype=kw["dtype"], max_batch=kw["batch_size"], max_context=kw["max_context"],
-              memory_budget=kw["memory_budget"])
+    hf = dict(device=kw["device"], dtype=kw["dtype"], weights=kw["weights"], max_batch=kw["batch_size"],
+              max_context=kw["max_context"], memory_budget=kw["memory_budget"])
     if name == "tiny":
         from ragfast.models.tiny import tiny_path
 

@@ -1,0 +1,173 @@
+"""Local generation by weight precision: fp32 (the anchor), bf16, and weight-only int8.
+
+The reasoner is the cost of a bench with a real model, and decoding a few sequences reads every
+weight once per step, so bytes per weight set the pace there; prefill is matmul-bound. Providers
+(the default reasoner, ``qwen2.5-coder-0.5b-searchr1``, its adapter merged; ``--model`` for
+another catalogued model or directory), all loaded in this process:
+
+* ``fp32`` (anchor): ``HFGenerator(dtype="float32")``, what the default bench runs;
+* ``bf16``: ``dtype="bfloat16"``;
+* ``int8``: ``weights="int8"`` with float32 activations (models/weight_quant.py: torch's
+  ``_weight_int8pack_mm``, one scale per output channel);
+* ``int8-bf16``: ``weights="int8"`` with bfloat16 activations.
+
+Workload, per batch size in ``--batches`` (default 1 and 64): the Search-R1 prompts of the first B
+bundled hotpotqa-dev questions (the instruction's keys/values shared, as in a run); one call
+generating one token (the prefill: prompt tokens per second), then one generating
+``--tokens`` greedy tokens with no stop string (the decode: generated tokens per second, its
+first step feeding one token per row). Round-robin over the providers, ``--reps`` times; medians.
+
+Beside them, the read floor: a decode step at B = 1 cannot beat the weight bytes it reads
+(``HFGenerator.weight_info.read_bytes``) over the memory read bandwidth, measured in the same run
+(a sum over a 1 GiB buffer). And the greedy text: how many of the B=64 rows generate exactly the
+fp32 tokens, and the mean share of each row's tokens that agree before the first difference.
+
+Run ``python bench/bench_decode_weights.py`` on a quiet machine (about 15 minutes on 2 cores for
+0.5B); rows go to bench/results/bench_decode_weights.csv in the harness schema.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.harness import print_table, row, write_csv  # noqa: E402
+
+PROVIDERS = {"fp32": ("float32", "native"), "bf16": ("bfloat16", "native"), "int8": ("float32", "int8"),
+             "int8-bf16": ("bfloat16", "int8")}
+
+
+def cpu_model() -> str:
+    try:
+        return next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        import platform
+
+        return platform.processor() or platform.machine()
+
+
+def read_bandwidth(reps: int = 5) -> float:
+    """Bytes per second a sum over a 1 GiB float32 buffer reads (median), with torch's threads."""
+    import torch
+
+    x = torch.ones(1 << 28)
+    x.sum()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        x.sum()
+        ts.append(time.perf_counter() - t0)
+    return x.nbytes / statistics.median(ts)
+
+
+def load(model: str, dtype: str, weights: str):
+    from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.catalogue import resolve
+
+    kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64)
+    return SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
+
+
+def one(gen, prompts: list[str], tokens: int, tag: str) -> dict:
+    """Prefill (one token) then decode (``tokens`` tokens) over ``prompts``; seconds and token counts."""
+    sids = [f"{tag}-{i}" for i in range(len(prompts))]
+    gen.start(sids, prompts)
+    fresh = sum(len(gen.session_tokens(s)) for s in sids)
+    t0 = time.perf_counter()
+    gen.generate(sids, stop=[], max_new_tokens=1)
+    t_pre = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    gen.generate(sids, stop=[], max_new_tokens=tokens)
+    t_dec = time.perf_counter() - t0
+    out = [list(gen.last_generated[s]) for s in sids]
+    gen.end(sids)
+    return {"prefill_tokens": fresh, "t_pre": t_pre, "t_dec": t_dec, "dec_tokens": sum(map(len, out)), "ids": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="qwen2.5-coder-0.5b-searchr1",
+                    help="a bundled reasoner adapter, a catalogue name or a model directory")
+    ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated, of " + ", ".join(PROVIDERS))
+    ap.add_argument("--batches", default="1,64")
+    ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per row")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_decode_weights.csv"))
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from ragfast.data import load_qa
+    from ragfast.protocol import build_prompt
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = [p for p in args.providers.split(",") if p]
+    batches = [int(b) for b in args.batches.split(",")]
+    print(f"CPU: {cpu_model()}, {torch.get_num_threads()} torch threads, torch {torch.__version__} "
+          f"({torch.backends.cpu.get_cpu_capability()}); model {args.model}", flush=True)
+    gens = {}
+    for n in names:
+        t0 = time.perf_counter()
+        gens[n] = load(args.model, *PROVIDERS[n])
+        print(f"loaded {n}: {gens[n].describe()['weights']}, {gens[n].weight_info.read_bytes / 1e6:.0f} MB read per "
+              f"pass ({time.perf_counter() - t0:.0f} s)", flush=True)
+    qs = load_qa("hotpotqa-dev")
+    g0 = next(iter(gens.values()))
+    prompts = [g0.format_prompt(build_prompt(q.question)) for q in qs[:max(batches)]]
+    for n, g in gens.items():  # warm-up: faults the weights in and keeps the shared instruction's prefix
+        one(g, prompts[:2], 2, "warm")
+    bw = []
+    res: dict[tuple[str, int], list[dict]] = {}
+    for rep in range(args.reps):
+        bw.append(read_bandwidth())
+        for b in batches:
+            for n, g in gens.items():
+                r = one(g, prompts[:b], args.tokens, f"r{rep}")
+                res.setdefault((n, b), []).append(r)
+                print(f"rep {rep} B={b:3d} {n:10s} prefill {r['prefill_tokens'] / r['t_pre']:7.1f} tok/s  decode "
+                      f"{r['dec_tokens'] / r['t_dec']:7.1f} tok/s", flush=True)
+    bw_med = statistics.median(bw)
+    rows = [row("read_bandwidth", "torch sum 1 GiB", "", "bandwidth", "GB/s", [x / 1e9 for x in bw])]
+    print(f"\nread bandwidth {bw_med / 1e9:.1f} GB/s (median of {len(bw)}); CPU {cpu_model()}")
+    for b in batches:
+        anchor = res.get(("fp32", b))
+        for n in names:
+            rs = res[(n, b)]
+            dec = [r["dec_tokens"] / r["t_dec"] for r in rs]
+            pre = [r["prefill_tokens"] / r["t_pre"] for r in rs]
+            params = f"B={b},tokens={args.tokens}"
+            rows.append(row("decode", n, params, "tokens_per_s", "tok/s", dec))
+            rows.append(row("prefill", n, params, "tokens_per_s", "tok/s", pre))
+            line = f"B={b:3d} {n:10s} decode {statistics.median(dec):7.1f} tok/s  prefill {statistics.median(pre):7.1f} tok/s"
+            if anchor:
+                rd = [x / (a["dec_tokens"] / a["t_dec"]) for x, a in zip(dec, anchor)]
+                rp = [x / (a["prefill_tokens"] / a["t_pre"]) for x, a in zip(pre, anchor)]
+                rows.append(row("decode", n, params, "vs_fp32", "x", rd))
+                rows.append(row("prefill", n, params, "vs_fp32", "x", rp))
+                line += f"  ({statistics.median(rd):.2f}x / {statistics.median(rp):.2f}x fp32)"
+                same = [x == y for x, y in zip(rs[0]["ids"], anchor[0]["ids"])]
+                agree = []
+                for x, y in zip(rs[0]["ids"], anchor[0]["ids"]):
+                    k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+                    agree.append(k / max(len(y), 1))
+                line += f"  greedy = fp32 on {sum(same)}/{len(same)} rows, {statistics.mean(agree):.0%} of tokens before a change"
+            if b == 1:
+                floor = gens[n].weight_info.read_bytes / bw_med
+                step = statistics.median([r["t_dec"] / r["dec_tokens"] for r in rs])
+                rows.append(row("decode", n, params, "step_vs_read_floor", "x",
+                                [r["t_dec"] / r["dec_tokens"] / floor for r in rs]))
+                line += f"  step {step * 1e3:.1f} ms = {step / floor:.2f}x the read floor ({floor * 1e3:.1f} ms)"
+            print(line)
+    print_table(rows, f"decode by weight precision ({args.model}; {cpu_model()})")
+    print(f"rows -> {write_csv(rows, args.csv)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""Weight-only int8 linear layers for local generation (``HFGenerator(weights="int8")``).
+
+Decoding a few sequences at a time reads every weight once per step and does little arithmetic
+on it, so its time is the weight bytes over the memory bandwidth. Storing the linear layers'
+weights as int8 with one scale per output channel reads a quarter of fp32's bytes (half of
+bf16's); activations, the KV cache, norms and embeddings keep the model's dtype. A forward pass
+of up to :data:`KERNEL_ROWS` tokens (decoding) runs torch's own ``aten._weight_int8pack_mm``
+(x @ int8 weightᵀ, then the per-channel scale; its input in bf16); a longer one (prefill) runs
+the dtype's matmul on the weight dequantised for the call. bench/bench_decode_weights.py
+measures both against the fp32 and bf16 models in the same run; :func:`int8_linear_ref` is the
+reference the tests hold both paths to.
+
+The quantisation is symmetric round-to-nearest per output channel (scale = max |w| / 127), the
+scheme of weight-only int8 in llama.cpp's Q8_0 (which uses blocks of 32) and gpt-fast. It is
+opt-in: the default reasoner's held-out EM was measured with fp32 weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ragfast.errors import ConfigError
+
+#: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
+WEIGHTS = ("native", "int8")
+#: Rows (tokens in a forward pass) up to which an int8 layer runs torch's int8 kernel; more take
+#: the dequantised weight through the dtype's own matmul. The kernel reads a quarter of fp32's
+#: bytes but does its arithmetic slower than oneDNN's matmul: on a Zen 4 EPYC (2 cores) it was
+#: 1.4-2x faster than bf16 F.linear at 1 row and 2.4x slower at 64. Decode batches of up to 16
+#: sessions are weight-bound on any CPU the project has met, prefill chunks are not.
+KERNEL_ROWS = 16
+
+
+def quantize_int8(weight: Any) -> tuple[Any, Any]:
+    """Symmetric per-output-channel int8 codes and scales of a ``[out, in]`` weight.
+
+    Parameters
+    ----------
+    weight : torch.Tensor
+        A floating-point ``[out_features, in_features]`` matrix.
+
+    Returns
+    -------
+    (codes, scales)
+        ``codes`` int8 ``[out, in]`` in [-127, 127]; ``scales`` float32 ``[out]``, with
+        ``weight ≈ codes * scales[:, None]``. An all-zero row gets scale 1 (codes 0).
+    """
+    import torch
+
+    w = weight.detach().float()
+    amax = w.abs().amax(dim=1)
+    scales = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    codes = torch.round(w / scales[:, None]).clamp_(-127, 127).to(torch.int8)
+    return codes.contiguous(), scales
+
+
+def int8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
+    """Reference: ``x @ (codes * scales)ᵀ + bias`` computed in float32, returned in ``x``'s dtype."""
+    import torch
+
+    w = codes.float() * scales.float()[:, None]
+    y = torch.nn.functional.linear(x.float(), w, None if bias is None else bias.float())
+    return y.to(x.dtype)
+
+
+def _int8_module_class():
+    import torch
+
+    class Int8Linear(torch.nn.Module):
+        """A linear layer whose weight is stored as int8 codes with one scale per output channel."""
+
+        def __init__(self, codes: Any, scales: Any, bias: Any, act_dtype: Any):
+            super().__init__()
+            self.in_features, self.out_features = codes.shape[1], codes.shape[0]
+            self.register_buffer("codes", codes)
+            # The kernel wants the scales in the activations' dtype.
+            self.register_buffer("scales", scales.to(act_dtype))
+            self.register_buffer("bias", None if bias is None else bias.detach().to(act_dtype))
+            # torch's kernel reads past the row with bf16/fp16 inputs unless the depth is a multiple
+            # of 16 (seen as wrong results and crashes at depths 8, 24 and 37, on its AVX2 and
+            # AVX-512 paths alike); such a layer always multiplies the dequantised weight.
+            self.kernel = self.in_features % 16 == 0
+            self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
+
+        def forward(self, x: Any) -> Any:
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            if self.kernel and x2.shape[0] <= KERNEL_ROWS:
+                # Few rows (decoding): bound by the weight bytes, which the kernel reads as int8.
+                # It takes bf16 inputs for fp32 activations: its fp32 path ran 2-20x slower than
+                # fp32 F.linear where its bf16 path beat bf16 F.linear (bench_decode_weights.py).
+                y = torch.ops.aten._weight_int8pack_mm(x2.to(self.scales16.dtype).contiguous(), self.codes,
+                                                       self.scales16).to(x.dtype)
+                if self.bias is not None:
+                    y = y + self.bias
+                return y.reshape(*shape[:-1], self.out_features)
+            # Many rows (prefill): bound by the arithmetic, where the kernel lost to the dtype's
+            # own matmul on the weight dequantised for the call.
+            w = self.codes.to(x.dtype) * self.scales[:, None]
+            return torch.nn.functional.linear(x, w, self.bias)
+
+        def extra_repr(self) -> str:
+            return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per-channel"
+
+    return Int8Linear
+
+
+@dataclass(frozen=True)
+class WeightInfo:
+    """What a generator's weights are and how many bytes a forward pass reads.
+
+    Attributes
+    ----------
+    scheme : str
+        ``"native"`` (the model's dtype) or ``"int8"`` (weight-only int8 linear layers).
+    linear_layers : int
+        Linear layers whose weight the scheme stores (all of them for native).
+    read_bytes : int
+        Bytes of weights one forward pass reads: every linear layer's weights (codes and scales
+        for int8, the lm head included) and the norms; the embedding table is not counted (a
+        step reads one row per token).
+    """
+
+    scheme: str
+    linear_layers: int
+    read_bytes: int
+
+    def describe(self, act_dtype: str) -> str:
+        """One phrase for the report's reasoner slot, e.g. ``"int8 weight-only (activations float32)"``."""
+        if self.scheme == "native":
+            return f"{act_dtype} weights"
+        return f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype})"
+
+
+def apply_weights(model: Any, scheme: str) -> WeightInfo:
+    """Store ``model``'s linear layers as ``scheme`` says, in place, and count the bytes a pass reads.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        A transformers causal LM (its ``lm_head`` included; with tied embeddings the head gets its
+        own int8 copy and the embedding table keeps the model's dtype).
+    scheme : str
+        One of :data:`WEIGHTS`.
+
+    Returns
+    -------
+    WeightInfo
+    """
+    import torch
+
+    if scheme not in WEIGHTS:
+        raise ConfigError(f"unknown weights {scheme!r}; expected one of {', '.join(WEIGHTS)}")
+    act_dtype = next(model.parameters()).dtype
+    if scheme == "int8" and act_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ConfigError(f"int8 weights need float activations, the model is {act_dtype}")
+    cls = _int8_module_class() if scheme == "int8" else None
+    targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
+    embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    read = 0
+    for name, mod in targets:
+        if cls is None:
+            read += mod.weight.nbytes + (0 if mod.bias is None else mod.bias.nbytes)
+            continue
+        codes, scales = quantize_int8(mod.weight)
+        new = cls(codes, scales, mod.bias, act_dtype)
+        parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
+        setattr(parent, name.rpartition(".")[2], new)
+        read += codes.nbytes + new.scales.nbytes + (0 if new.bias is None else new.bias.nbytes)
+    # The norms' weights (the other parameters but the embedding table) are read every pass too.
+    linear_params = {id(p) for _, m in targets for p in m.parameters(recurse=False)}
+    embed_params = {id(p) for p in embed.parameters()} if embed is not None else set()
+    for p in model.parameters():
+        if id(p) not in linear_params and id(p) not in embed_params:
+            read += p.nbytes
+    return WeightInfo(scheme=scheme, linear_layers=len(targets), read_bytes=int(read))

@@ -1,0 +1,157 @@
+"""Weight-only int8 linear layers (models/weight_quant.py) against their reference, and in HFGenerator."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ragfast.errors import ConfigError  # noqa: E402
+from ragfast.models.weight_quant import KERNEL_ROWS, apply_weights, int8_linear_ref, quantize_int8  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_codes_are_in_range_and_dequantise_within_half_a_step():
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(53, 37, generator=g) * torch.rand(53, 1, generator=g) * 3
+    w[5] = 0.0  # an all-zero row
+    codes, scales = quantize_int8(w)
+    assert codes.dtype == torch.int8 and codes.shape == w.shape and scales.shape == (53,)
+    assert int(codes.abs().max()) <= 127 and int(codes.abs().amax(1)[torch.arange(53) != 5].min()) == 127
+    assert bool((codes[5] == 0).all()) and float(scales[5]) == 1.0
+    err = (codes.float() * scales[:, None] - w).abs()
+    assert bool((err <= scales[:, None] / 2 + 1e-6).all())
+
+
+def check_layer(dtype, bias: bool, depth: int, seed: int = 11) -> None:
+    """One int8 layer (53 outputs, ``depth`` inputs) against the reference on non-contiguous inputs."""
+    g = torch.Generator().manual_seed(seed)
+    lin = torch.nn.Linear(depth, 53, bias=bias).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(53, depth, generator=g))
+        if bias:
+            lin.bias.copy_(torch.randn(53, generator=g))
+    model = torch.nn.Sequential(lin)
+    info = apply_weights(model, "int8")
+    layer = model[0]
+    assert info.scheme == "int8" and info.linear_layers == 1 and layer.codes.dtype == torch.int8
+    # non-contiguous: a transposed view and a 3-D batch with strides (rows for the int8 kernel),
+    # and more rows than KERNEL_ROWS (the dequantised matmul)
+    x = torch.randn(depth, 9, generator=g).to(dtype).t()
+    x3 = torch.randn(3, 10, 2 * depth, generator=g).to(dtype)[:, ::2, ::2]
+    xl = torch.randn(2 * depth, KERNEL_ROWS + 7, generator=g).to(dtype)[::2].t()
+    assert not x.is_contiguous() and not x3.is_contiguous() and not xl.is_contiguous()
+    for inp in (x, x3, xl):
+        with torch.inference_mode():
+            got = model(inp)
+        want = int8_linear_ref(inp, layer.codes, layer.scales, layer.bias)
+        assert got.shape == (*inp.shape[:-1], 53) and got.dtype == dtype
+        kernel = layer.kernel and inp.numel() // depth <= KERNEL_ROWS
+        # the kernel takes bf16 inputs; the dequantised path computes in the activations' dtype
+        tol = 1e-4 if dtype == torch.float32 and not kernel else 3e-2
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
+
+
+# depth 37 with bf16 takes the dequantised path (torch's kernel needs a multiple of 16 there)
+@pytest.mark.parametrize("depth", [37, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_int8_layer_equals_the_reference_on_odd_noncontiguous_inputs(dtype, bias, depth):
+    check_layer(dtype, bias, depth)
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512"])
+def test_int8_layer_at_each_torch_isa_level(level):
+    """torch's int8 kernel at each CPU level it dispatches to (ATEN_CPU_CAPABILITY), in a fresh process."""
+    import platform
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("ATEN_CPU_CAPABILITY levels are x86's")
+    flags = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    if level == "avx512" and " avx512bw" not in flags:
+        pytest.skip("this CPU has no AVX-512")
+    code = ("import sys, torch; sys.path.insert(0, %r); from test_weight_quant import check_layer\n"
+            "assert torch.backends.cpu.get_cpu_capability().lower().startswith(%r), torch.backends.cpu.get_cpu_capability()\n"
+            "for dt in (torch.float32, torch.bfloat16):\n"
+            "    for depth in (37, 48, 96):\n"
+            "        check_layer(dt, True, depth, seed=depth)\n" % (str(Path(__file__).parent), level))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": level})
+    assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_unknown_scheme_is_one_line():
+    with pytest.raises(ConfigError, match="unknown weights 'int4'"):
+        apply_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)), "int4")
+
+
+@pytest.fixture(scope="module")
+def qwen_dir(tmp_path_factory, random_lm):
+    from transformers import Qwen2Config
+
+    out = tmp_path_factory.mktemp("q8")
+    random_lm(Qwen2Config, out, seed=3, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+    return out
+
+
+def test_generator_int8_reads_a_quarter_of_the_linear_bytes_and_books_them(qwen_dir):
+    from ragfast.cost import CostLedger
+    from ragfast.models.generator import HFGenerator
+
+    native = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
+    q8 = HFGenerator(qwen_dir, dtype="float32", memory_budget=None, weights="int8")
+    lin = [m for m in native.model.modules() if isinstance(m, torch.nn.Linear)]
+    lin_bytes = sum(m.weight.nbytes + (m.bias.nbytes if m.bias is not None else 0) for m in lin)
+    other = native.weight_info.read_bytes - lin_bytes
+    assert other > 0  # the norms
+    assert not any(isinstance(m, torch.nn.Linear) for m in q8.model.modules())
+    # int8 codes (a quarter of fp32) plus one fp32 scale per output row, biases kept in fp32
+    rows = sum(m.weight.shape[0] for m in lin)
+    bias = sum(m.bias.nbytes for m in lin if m.bias is not None)
+    assert q8.weight_info.read_bytes == other + sum(m.weight.numel() for m in lin) + 4 * rows + bias
+    assert q8.describe()["weights"].startswith("int8 weight-only") and native.describe()["weights"] == "float32 weights"
+    # the same greedy turn: the ledger books the weights once per forward pass of each row
+    for gen in (native, q8):
+        led = CostLedger()
+        gen.start(["a", "b"], [gen.format_prompt("Who wrote Hamlet?"), gen.format_prompt("Capital of Peru?")])
+        gen.generate(["a", "b"], stop=[], max_new_tokens=6, ledger=led)
+        per_q = led.per_question()
+        for sid in ("a", "b"):
+            passes = len(gen.last_generated[sid])  # the prefill, then one pass per token after the first
+            assert per_q[sid]["reasoner"]["bytes_scanned"] == gen.weight_info.read_bytes * passes
+    # the int8 model's logits follow the native model's: within a tenth or so of their range on
+    # this random-weight model (its wide weights compound the error; measured 0.095), where a
+    # wrong layer would put them anywhere
+    ids = torch.tensor([native.encode("The quick brown fox jumps over the lazy dog")])
+    with torch.inference_mode():
+        a = native.model(input_ids=ids).logits
+        b = q8.model(input_ids=ids).logits
+    assert float((a - b).abs().max()) < 0.2 * float(a.abs().max())
+    assert float((a - b).abs().max()) > 0  # it really is another computation
+
+
+def test_weights_setting_is_checked():
+    from ragfast.runner.settings import RunSettings
+
+    with pytest.raises(ConfigError, match="--weights must be one of native, int8"):
+        RunSettings(weights="int4").validate()
+
+
+def test_head_of_a_frozen_model_runs_one_mm_not_a_bmm_over_weight_copies(qwen_dir):
+    """A merged adapter leaves weights that do not require grad; the last position's strided hidden
+    state must still reach the head as one matmul (a bmm copied the weight per row: 18 GB at B=64)."""
+    from torch.profiler import profile
+
+    from ragfast.models.generator import HFGenerator
+
+    gen = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
+    gen.model.requires_grad_(False)
+    ids = torch.randint(0, 100, (4, 9))
+    with torch.inference_mode(), profile() as prof:
+        gen.model(input_ids=ids, logits_to_keep=1)
+    ops = {e.key for e in prof.key_averages()}
+    assert "aten::bmm" not in ops, sorted(ops)
