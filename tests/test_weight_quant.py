@@ -36,7 +36,7 @@ def check_layer(dtype, bias: bool, depth: int, seed: int = 11) -> None:
     layer = model[0]
     assert info.scheme == "int8" and info.linear_layers == 1 and layer.codes.dtype == torch.int8
     # non-contiguous: a transposed view and a 3-D batch with strides (rows for the int8 kernel),
-    # and more rows than KERNEL_ROWS (the dequantised matmul)
+    # and more rows than KERNEL_ROWS (in bf16, the dequantised matmul)
     x = torch.randn(depth, 9, generator=g).to(dtype).t()
     x3 = torch.randn(3, 10, 2 * depth, generator=g).to(dtype)[:, ::2, ::2]
     xl = torch.randn(2 * depth, KERNEL_ROWS + 7, generator=g).to(dtype)[::2].t()
@@ -46,7 +46,7 @@ def check_layer(dtype, bias: bool, depth: int, seed: int = 11) -> None:
             got = model(inp)
         want = int8_linear_ref(inp, layer.codes, layer.scales, layer.bias)
         assert got.shape == (*inp.shape[:-1], 53) and got.dtype == dtype
-        kernel = layer.kernel and inp.numel() // depth <= KERNEL_ROWS
+        kernel = layer.kernel and inp.numel() // depth <= layer.kernel_rows
         # the kernel takes bf16 inputs; the dequantised path computes in the activations' dtype
         tol = 1e-4 if dtype == torch.float32 and not kernel else 3e-2
         torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))

@@ -4,9 +4,9 @@ Decoding a few sequences at a time reads every weight once per step and does lit
 on it, so its time is the weight bytes over the memory bandwidth. Storing the linear layers'
 weights as int8 with one scale per output channel reads a quarter of fp32's bytes (half of
 bf16's); activations, the KV cache, norms and embeddings keep the model's dtype. A forward pass
-of up to :data:`KERNEL_ROWS` tokens (decoding) runs torch's own ``aten._weight_int8pack_mm``
-(x @ int8 weightᵀ, then the per-channel scale; its input in bf16); a longer one (prefill) runs
-the dtype's matmul on the weight dequantised for the call. bench/bench_decode_weights.py
+runs torch's own ``aten._weight_int8pack_mm`` (x @ int8 weightᵀ, then the per-channel scale;
+its input in bf16), except a pass of more than :data:`KERNEL_ROWS` tokens in bf16/fp16
+(prefill), which runs the dtype's matmul on the weight dequantised for the call. bench/bench_decode_weights.py
 measures both against the fp32 and bf16 models in the same run; :func:`int8_linear_ref` is the
 reference the tests hold both paths to.
 
@@ -23,11 +23,12 @@ from ragfast.errors import ConfigError
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
 WEIGHTS = ("native", "int8")
-#: Rows (tokens in a forward pass) up to which an int8 layer runs torch's int8 kernel; more take
-#: the dequantised weight through the dtype's own matmul. The kernel reads a quarter of fp32's
-#: bytes but does its arithmetic slower than oneDNN's matmul: on a Zen 4 EPYC (2 cores) it was
-#: 1.4-2x faster than bf16 F.linear at 1 row and 2.4x slower at 64. Decode batches of up to 16
-#: sessions are weight-bound on any CPU the project has met, prefill chunks are not.
+#: Rows (tokens in a forward pass) up to which an int8 layer with bf16/fp16 activations runs
+#: torch's int8 kernel; more take the dequantised weight through the dtype's own matmul. The
+#: kernel reads half of bf16's bytes but does its arithmetic slower than oneDNN's bf16 matmul: on
+#: a Zen 4 EPYC (2 cores) it was 1.4-2x faster than bf16 F.linear at 1 row and 2.4x slower at 64.
+#: With fp32 activations the kernel (fed bf16) beat fp32 F.linear at 1, 64 and 512 rows of the
+#: 0.5B's projections, so those layers always take it.
 KERNEL_ROWS = 16
 
 
@@ -80,12 +81,13 @@ def _int8_module_class():
             # of 16 (seen as wrong results and crashes at depths 8, 24 and 37, on its AVX2 and
             # AVX-512 paths alike); such a layer always multiplies the dequantised weight.
             self.kernel = self.in_features % 16 == 0
+            self.kernel_rows = 1 << 62 if act_dtype == torch.float32 else KERNEL_ROWS
             self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
 
         def forward(self, x: Any) -> Any:
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
-            if self.kernel and x2.shape[0] <= KERNEL_ROWS:
+            if self.kernel and x2.shape[0] <= self.kernel_rows:
                 # Few rows (decoding): bound by the weight bytes, which the kernel reads as int8.
                 # It takes bf16 inputs for fp32 activations: its fp32 path ran 2-20x slower than
                 # fp32 F.linear where its bf16 path beat bf16 F.linear (bench_decode_weights.py).
@@ -94,8 +96,8 @@ def _int8_module_class():
                 if self.bias is not None:
                     y = y + self.bias
                 return y.reshape(*shape[:-1], self.out_features)
-            # Many rows (prefill): bound by the arithmetic, where the kernel lost to the dtype's
-            # own matmul on the weight dequantised for the call.
+            # Many rows in bf16/fp16 (prefill): bound by the arithmetic, where the kernel lost to
+            # the dtype's own matmul on the weight dequantised for the call.
             w = self.codes.to(x.dtype) * self.scales[:, None]
             return torch.nn.functional.linear(x, w, self.bias)
 
