@@ -136,7 +136,7 @@ class _NoStop:
 
 
 def _text_runs(name: str, n: int, encoder, reps: int, rows_out: list, summary: list) -> None:
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import load_qa, sample
     import ragfast.methods.reloop as rl
 

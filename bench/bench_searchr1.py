@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import corpus_from_contexts, load_qa
     from ragfast.models.generator import HFGenerator
     from ragfast.models.tiny import tiny_path

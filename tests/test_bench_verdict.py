@@ -18,8 +18,8 @@ import pytest
 import scipy.stats
 
 from ragfast import bench_verdict as bv
-from ragfast.flops import completion_flops
-from ragfast.projection import MODEL_PRESETS, project_questions, project_run
+from ragfast.accounting.flops import completion_flops
+from ragfast.accounting.projection import MODEL_PRESETS, project_questions, project_run
 
 Q7 = MODEL_PRESETS["qwen2.5-7b"]
 CFG = SimpleNamespace(n_resamples=20000, seed=3, checker_llm="reasoner")

@@ -292,7 +292,7 @@ def generator_is(questions, generator, retriever, *, me, config, ledger):
 
 def test_pipeline_loop_builds_slots_once_and_runs_the_function(questions, config):
     from ragfast.runner.distributed import GENERATOR, PipelineLoop
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
 
     ml = PipelineLoop(searchr1_with_hook, slots={"stopper": make_force_answer})
     ml = ray.cloudpickle.loads(ray.cloudpickle.dumps(ml))  # what a worker actor receives

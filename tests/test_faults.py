@@ -127,7 +127,7 @@ def _kill_after(args: list[str], path: Path, lines: int) -> int:
 
 
 def _ledger_by_question(out: Path, name: str | Path = LEDGER) -> dict[str, dict]:
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.runner.drive import load_ledger
 
     led: CostLedger = load_ledger(out / name, None)

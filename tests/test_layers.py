@@ -19,16 +19,16 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # the errors and argument checks every floor raises, the ops included
     ("base", ("ragfast.errors", "ragfast.checks")),
     ("ops", ("ragfast._C", "ragfast.ops", "ragfast.kernels")),
-    ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.savings",
-                 "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
+    ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.accounting",
+                 "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
                  "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
-                 "ragfast.verdicts", "ragfast.results", "ragfast.failures", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
+                 "ragfast.verdicts", "ragfast.results", "ragfast.failures", "ragfast.cli_help", "ragfast.settings",
                  "ragfast.ray_support")),
     ("components", ("ragfast.data", "ragfast.encoders", "ragfast.retrieval", "ragfast.models", "ragfast.judges",
                     "ragfast.serving", "ragfast.passage_store")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
-    ("top", ("ragfast.bench", "ragfast.bench_verdict", "ragfast.report", "ragfast.projection", "ragfast.commands",
+    ("top", ("ragfast.bench", "ragfast.bench_verdict", "ragfast.report", "ragfast.commands",
              "ragfast.cli")),
 ]
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.methods.searchr1.loop import SearchR1Config, build_prompt, run_searchr1
 from ragfast.retrieval.base import Hit, Retriever
@@ -126,7 +126,7 @@ def test_url_reasoner_costs_equal_the_local_model(served_tiny):
     assert rt["cached_tokens"] > 0
     # Same token counts, same FLOPs: the local run's per-call counts priced the way the URL
     # client prices a server's usage give the local run's own analytic FLOPs.
-    from ragfast.flops import completion_flops
+    from ragfast.accounting.flops import completion_flops
 
     for r in local_led.records:
         assert completion_flops(path, r.input_tokens + r.cached_tokens, r.cached_tokens,

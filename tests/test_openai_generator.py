@@ -15,7 +15,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from ragfast.cost import CostLedger  # noqa: E402
+from ragfast.accounting.ledger import CostLedger  # noqa: E402
 from ragfast.protocol import STOP, parse_action  # noqa: E402
 
 URL = "http://127.0.0.1:8000"
@@ -206,7 +206,7 @@ def test_describe_before_and_after_calls(serve):
 
 # -- 8: the URL reasoner books the cache-independent FLOPs -------------------------------------
 def test_flops_uncached_prices_every_prompt_token(serve, tiny_dir):
-    from ragfast.flops import completion_flops
+    from ragfast.accounting.flops import completion_flops
 
     gen = serve(FakeServer(lambda b: {"text": "<answer> x", "stop_reason": "</answer>"}), model_config=tiny_dir)
     led = CostLedger()

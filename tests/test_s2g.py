@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.judges.base import Judge
 from ragfast.models.scripted import ScriptedGenerator

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
 from ragfast.models.scripted import ScriptedGenerator

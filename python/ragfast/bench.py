@@ -25,7 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from ragfast.bench_verdict import CHECKS, checker_balance, projection, verdict
-from ragfast.cost import COMPONENTS
+from ragfast.accounting.ledger import COMPONENTS
 from ragfast.errors import DataError, RagfastError
 from ragfast.failures import FAILED_SCORE, answered, failure_counts, failure_of
 from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get

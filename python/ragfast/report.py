@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from ragfast.bench_verdict import verdict_blocks, verdict_lines
-from ragfast.cost import COMPONENTS
+from ragfast.accounting.ledger import COMPONENTS
 from ragfast.failures import FAILED_SCORE
 
 METHOD_LABELS = {

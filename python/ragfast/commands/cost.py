@@ -45,7 +45,7 @@ def load_trajectories(results_dir: str | Path) -> dict[str, list[dict[str, Any]]
 def report_cost(results_dir: str | Path, *, device: str = "h200", reasoner_config: str | None = None,
                 judge_config: str | None = None, batch: int = 64, dtype_bytes: int = 2) -> dict[str, Any]:
     """Write ``cost_projection.json`` and ``cost_projection.md`` into ``results_dir``; return the projection."""
-    from ragfast.projection import project_run, render_markdown
+    from ragfast.accounting.projection import project_run, render_markdown
 
     proj = project_run(load_trajectories(results_dir), device, reasoner=reasoner_config, judge=judge_config,
                        batch=batch, dtype_bytes=dtype_bytes)

@@ -54,7 +54,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     """
     from rich.console import Console
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import load_qa
     from ragfast.methods.s2g.loop import run_s2g
     from ragfast.methods.s2g.states import record_states

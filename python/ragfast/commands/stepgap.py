@@ -54,7 +54,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                   contra: float = typer.Option(0.5, "--contra", help="Contradiction probability at or above which a step counts as contradicted."),
                   device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP)) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
-        from ragfast.cost import CostLedger
+        from ragfast.accounting.ledger import CostLedger
         from ragfast.methods.stepgap.checker import check
         from ragfast.methods.stepgap.rewards import process_rewards, write_jsonl
 

@@ -235,7 +235,7 @@ class Encoder:
         ----------
         texts : sequence of str
         kind : {"query", "passage", "raw"}
-        ledger : ragfast.cost.CostLedger, optional
+        ledger : ragfast.accounting.ledger.CostLedger, optional
             Receives one ``encoder`` record per text (tokens, FLOPs, its share of the seconds).
         question_ids : sequence of str, optional
             One id per text, for the per-question ledger split.
@@ -299,7 +299,7 @@ class Encoder:
 
     def _flops(self, lengths: Sequence[int]) -> list[float]:
         """Per-text forward FLOPs at the true (unpadded) lengths: the useful work."""
-        from ragfast.flops import forward_flops_per_sequence
+        from ragfast.accounting.flops import forward_flops_per_sequence
 
         if self._flops_ok:
             try:
@@ -388,7 +388,7 @@ class Embedded:
     too: the tokens and FLOPs are the same either way, so a question's recorded cost depends on
     neither what was embedded before it nor what it was batched with. ``keys`` name each entry's
     text (its kind and digest), so the ledger can count as ``reused`` the texts a question read
-    before (:meth:`ragfast.cost.CostLedger.first_reads`); ``seconds`` is the time spent embedding.
+    before (:meth:`ragfast.accounting.ledger.CostLedger.first_reads`); ``seconds`` is the time spent embedding.
     """
 
     vectors: dict[str, np.ndarray]
@@ -404,7 +404,7 @@ def record_embedded(ledger: Any, component: str, parts: Sequence[Embedded], seco
 
     Parameters
     ----------
-    ledger : ragfast.cost.CostLedger or None
+    ledger : ragfast.accounting.ledger.CostLedger or None
         Nothing is recorded without one, or when the parts hold no text.
     component : str
         The ledger component (a judge's embeddings are ``"judge"`` compute).
@@ -462,7 +462,7 @@ class EmbeddingCache:
         nothing.
         """
         from ragfast.cache import text_key
-        from ragfast.cost import CostLedger
+        from ragfast.accounting.ledger import CostLedger
 
         qids = list(question_ids) if question_ids is not None else [None] * len(texts)
         reads = list(dict.fromkeys(zip(qids, texts)))  # (question, text), in order of first appearance

@@ -11,7 +11,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ragfast.checks import positive_int
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError, RagfastError
 from ragfast.results import summarise
 from ragfast.types import Question, check_questions

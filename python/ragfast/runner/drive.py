@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError
 from ragfast.types import Trajectory
 

@@ -7,7 +7,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError, blame
 from ragfast.methods.reloop.hseq import METAQA_RELATIONS, HSeq, from_triples
 from ragfast.methods.reloop.config import ReloopConfig

@@ -144,11 +144,11 @@ def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str,
     """Judge compute against the reasoner + retrieval compute the early stops saved.
 
     Paired by question id over the questions both runs finished, in FLOPs, tokens and seconds,
-    each with a paired-bootstrap interval (:func:`ragfast.savings.balance`): a saving whose
+    each with a paired-bootstrap interval (:func:`ragfast.accounting.savings.balance`): a saving whose
     interval includes 0 is "no measurable saving", never a negative number. ``lines`` is the
     verdict as text; ``components`` marks which ones were measured, unknown or free.
     """
-    from ragfast.savings import balance
+    from ragfast.accounting.savings import balance
 
     b = balance(native, s2g, spender="judge", components=components, n_resamples=n_resamples, seed=seed)
     out = b.to_dict()

@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.types import Question, Trajectory
 

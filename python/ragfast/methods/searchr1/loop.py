@@ -57,7 +57,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ragfast.cost import NUMERIC_FIELDS, CostLedger
+from ragfast.accounting.ledger import NUMERIC_FIELDS, CostLedger
 from ragfast.errors import ConfigError, blame
 from ragfast.protocol import (INVALID_OBSERVATION, PROMPT_TEMPLATE, STOP, build_prompt, format_docs,
                               format_observation, parse_action)
