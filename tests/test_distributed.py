@@ -20,7 +20,7 @@ from ragfast.errors import ConfigError, DataError  # noqa: E402
 from ragfast.models.base import Generator  # noqa: E402
 from ragfast.models.scripted import ScriptedGenerator  # noqa: E402
 from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop  # noqa: E402
-from ragfast.results import ResultsWriter, read_results, strip_timing  # noqa: E402
+from ragfast.outputs.results import ResultsWriter, read_results, strip_timing  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 

@@ -309,7 +309,7 @@ def _scripted(out, **kw):
 def test_a_query_the_index_rejects_fails_only_its_question(clean_scripted, tmp_path, monkeypatch, refill):
     from ragfast.commands.methods import run_one
     from ragfast.data import load_qa
-    from ragfast.results import strip_timing
+    from ragfast.outputs.results import strip_timing
     from ragfast.retrieval.bm25 import BM25Retriever
 
     qs = load_qa("hotpotqa-dev")[:24]
@@ -370,7 +370,7 @@ def test_a_thousand_questions_with_one_percent_refused_lose_nothing_and_write_no
 # -- the isolation itself, against a brute-force oracle ------------------------------------------
 def _isolate(qs, bad, *, named, transient, batch=64):
     """isolate() over a method that runs batches of ``batch`` in order; a bad question fails its batch's call."""
-    from ragfast.failures import FailureStreak, isolate
+    from ragfast.outputs.failures import FailureStreak, isolate
 
     finished: list[str] = []
     recorded: list[str] = []

@@ -57,7 +57,7 @@ def no_timing(obj):
 
 # -- two writers --------------------------------------------------------------------------------
 def test_second_writer_is_refused_naming_the_holder(tmp_path):
-    from ragfast.outdir import lock_dir
+    from ragfast.outputs.outdir import lock_dir
 
     out = tmp_path / "run"
     with lock_dir(out):  # this process holds --out, as a running command would
@@ -74,12 +74,12 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path):
 
 def test_lock_is_released_when_the_holder_is_killed(tmp_path):
     out = tmp_path / "held"
-    code = ("import sys, time; from ragfast.outdir import lock_dir\n"
+    code = ("import sys, time; from ragfast.outputs.outdir import lock_dir\n"
             f"with lock_dir({str(out)!r}):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert holder.stdout.readline().strip() == "held"
-        from ragfast.outdir import lock_dir
+        from ragfast.outputs.outdir import lock_dir
 
         with pytest.raises(ConfigError, match=f"pid {holder.pid}"):
             with lock_dir(out):
@@ -244,7 +244,7 @@ def test_corrupt_ledger_line_is_refused_not_dropped(clean_run, tmp_path):
 
 
 def test_summary_json_holds_null_not_nan(tmp_path):
-    from ragfast.results import dumps
+    from ragfast.outputs.results import dumps
 
     text = dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
@@ -576,7 +576,7 @@ def test_full_disk_is_one_line_and_resume_completes_the_run(clean_run, tmp_path,
     import errno
 
     from ragfast import cli as cli_mod
-    from ragfast.results import ResultsWriter
+    from ragfast.outputs.results import ResultsWriter
 
     real_write, calls = ResultsWriter.write, {"n": 0}
 
@@ -790,7 +790,7 @@ def test_request_cancelled_at_shutdown_is_one_log_line_and_a_503(caplog):
 
 
 def test_manifest_mismatch_names_the_first_changed_field_in_one_short_line(tmp_path):
-    from ragfast.results import write_manifest
+    from ragfast.outputs.results import write_manifest
 
     cfg = {"methods": ["searchr1", "s2g", "stepgap", "reloop"], "topk": 3, "corpus": ["contexts"] * 40}
     write_manifest(tmp_path, pipeline="bench", slots={}, config=cfg, seed=0)

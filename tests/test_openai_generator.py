@@ -181,8 +181,8 @@ def test_usage_without_cached_tokens_warns_and_says_so(serve, caplog):
 
 # -- 5: a tiny random-weight model is not meaningful over a URL either --------------------------
 def test_the_tiny_marker_makes_a_url_reasoner_not_meaningful(serve, tiny_dir):
-    from ragfast.results import slot_entry
-    from ragfast.verdicts import RANDOM_LABEL
+    from ragfast.outputs.results import slot_entry
+    from ragfast.outputs.verdicts import RANDOM_LABEL
 
     gen = serve(FakeServer(lambda b: {"text": ""}), tokenizer=tiny_dir)
     d = slot_entry(gen)

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from ragfast.results import read_manifest, read_results, strip_timing  # noqa: E402
+from ragfast.outputs.results import read_manifest, read_results, strip_timing  # noqa: E402
 
 N = 8
 TRAJ, LEDGER = Path("trajectories") / "searchr1.jsonl", Path("ledgers") / "searchr1.jsonl"

@@ -17,7 +17,7 @@ from ragfast.methods.s2g.evaluation import evaluate, reachability, render_markdo
 from ragfast.methods.s2g.loop import JudgeStopHook, gap_query, run_s2g
 from ragfast.methods.s2g.states import RecordedStates, record_states, replay, state_prefixes
 from ragfast.methods.searchr1.loop import SearchR1Config, run_searchr1
-from ragfast.results import ResultsWriter
+from ragfast.outputs.results import ResultsWriter
 
 
 class OverlapJudge(Judge):

@@ -27,15 +27,15 @@ import numpy as np
 from ragfast.bench_verdict import CHECKS, checker_balance, projection, verdict
 from ragfast.accounting.ledger import COMPONENTS
 from ragfast.errors import DataError, RagfastError
-from ragfast.failures import FAILED_SCORE, answered, failure_counts, failure_of
+from ragfast.outputs.failures import FAILED_SCORE, answered, failure_counts, failure_of
 from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
-from ragfast.outdir import LOCK_FILE
+from ragfast.outputs.outdir import LOCK_FILE
 from ragfast.runner.drive import load_ledger
 from ragfast.runner.methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
                                     run_methods)
 from ragfast.runner.settings import PRESETS, RunSettings, check_paths, make_config
-from ragfast.results import dumps as json_dumps
+from ragfast.outputs.results import dumps as json_dumps
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +274,7 @@ def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
     Without a validation pass (a given --threshold, or no s2g method) the verdict says it was
     not measured; the judge's own description is never taken as the verdict.
     """
-    from ragfast.results import answers_label
+    from ragfast.outputs.results import answers_label
 
     judge = slot_info.get("judge")
     if not judge or judge.get("name") == "none":

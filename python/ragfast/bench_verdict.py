@@ -23,7 +23,7 @@ from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
 from ragfast.accounting.ledger import COMPONENTS
-from ragfast.failures import failure_of
+from ragfast.outputs.failures import failure_of
 from ragfast.methods.s2g.evaluation import NON_INFERIORITY_MARGIN
 from ragfast.accounting.projection import device_profile, project_questions
 from ragfast.accounting.savings import balance

@@ -24,7 +24,7 @@ def load_trajectories(results_dir: str | Path) -> dict[str, list[dict[str, Any]]
     ConfigError
         When the directory holds no trajectory records.
     """
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():

@@ -139,14 +139,14 @@ def running_command(name: str | None) -> Callable[..., None]:
 
     def command(**kw: Any) -> None:
         from ragfast.bench import run_bench
-        from ragfast.outdir import output_dir
+        from ragfast.outputs.outdir import output_dir
 
         resume, progress, as_json = kw.pop("resume"), not kw.pop("no_progress"), kw.pop("as_json")
         cfg = _settings_from_flags(kw, [name] if name else None)
         with output_dir(cfg.out):
             summary = run_bench(cfg, resume=resume, progress=progress, table=not as_json)
         if as_json:
-            from ragfast.results import dumps
+            from ragfast.outputs.results import dumps
 
             print(dumps(summary, indent=2))
 

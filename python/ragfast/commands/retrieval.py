@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
         from rich.console import Console
 
-        from ragfast.outdir import output_dir
+        from ragfast.outputs.outdir import output_dir
 
         con = Console(stderr=True)
         with output_dir(out):
@@ -161,7 +161,7 @@ def _claim(out: Path, settings: dict) -> None:
     unknown). The same settings continue: the finished embedding chunks are kept.
     """
     from ragfast.errors import ConfigError
-    from ragfast.outdir import LOCK_FILE
+    from ragfast.outputs.outdir import LOCK_FILE
     from ragfast.runner.drive import first_difference
 
     path = out / "build.json"

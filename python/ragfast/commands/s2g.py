@@ -60,7 +60,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.methods.s2g.states import record_states
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.study import state_lines
-    from ragfast.results import read_results, slot_entry, write_manifest
+    from ragfast.outputs.results import read_results, slot_entry, write_manifest
     from ragfast.runner import slots as build
     from ragfast.runner.drive import MethodRecorder, data_identity, fingerprint
     from ragfast.runner.methods import in_question_order
@@ -228,7 +228,7 @@ def study_settings(config: str | None = None, preset: str = "default", **given: 
 def study_command(**kw: Any) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
     from ragfast.devices import resolve_device
-    from ragfast.outdir import output_dir
+    from ragfast.outputs.outdir import output_dir
 
     own = {k: kw.pop(k) for k in ("gap_queries", "no_live", "overwrite", "resume", "no_progress")}
     cfg = study_settings(**kw)

@@ -21,7 +21,7 @@ def _read_trajectories(path: str) -> list[Any]:
     """A results file, or a run directory of either layout (``results.jsonl``, or the bench's
     ``trajectories/searchr1.jsonl``, else ``trajectories/stepgap.jsonl`` of ``ragfast run stepgap``)."""
     from ragfast.errors import DataError
-    from ragfast.results import read_results, trajectories_path
+    from ragfast.outputs.results import read_results, trajectories_path
     from ragfast.types import Trajectory
 
     p = Path(path)

@@ -44,7 +44,7 @@ class Slots:
         A reasoner for one method: a fresh scripted oracle each call (its state is per run), else
         the one shared model.
     generator_info : dict
-        The reasoner's slot entry (:func:`ragfast.results.slot_entry`).
+        The reasoner's slot entry (:func:`ragfast.outputs.results.slot_entry`).
     judge, nli : object or None
         Built only when a method of the run asks for them.
     checker : object or None
@@ -148,7 +148,7 @@ class Method:
         Returns the trajectories (or trajectory records: mappings with the trajectory's fields).
         The cost records go to ``recorder.ledger``. Each call to a component is wrapped in
         :func:`ragfast.errors.blame` with its component and questions, so that a failure is
-        recorded for those questions and the run goes on (:mod:`ragfast.failures`): the runner
+        recorded for those questions and the run goes on (:mod:`ragfast.outputs.failures`): the runner
         may then call ``run`` again in the same run with some of the questions, so it keeps no
         state between calls beyond what :meth:`prepare` set.
         """

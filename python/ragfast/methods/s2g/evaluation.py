@@ -172,7 +172,7 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
         validation-versus-test precision), ``paired`` (replay on test, and live where run),
         ``cost`` (live run), ``threshold`` and ``replay_equals_live`` (per-question agreement).
     """
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():

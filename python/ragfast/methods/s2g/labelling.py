@@ -40,7 +40,7 @@ SOURCES = ("probe", "gold", "teacher")
 
 def native_trajectories(results_dir: str | Path) -> tuple[list[Trajectory], Path]:
     """The native trajectories of a ``study s2g`` or ``bench`` results directory, and their file."""
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():

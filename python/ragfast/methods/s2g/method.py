@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from ragfast.errors import ConfigError
 from ragfast.methods.base import Method, RayPipeline, Recorder, Slots, register
 from ragfast.methods.searchr1.method import searchr1_config
-from ragfast.results import dumps as json_dumps
+from ragfast.outputs.results import dumps as json_dumps
 from ragfast.types import Question, Trajectory
 
 log = logging.getLogger(__name__)
@@ -85,8 +85,8 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
 def _validation_trajectories(loop: Any, val: list[Question], task: Any) -> tuple[list[Trajectory], int]:
     """The native trajectories of the validation questions, in their order, and how many failed:
     a question whose component fails is left out of the threshold's states, as a test question
-    is recorded as failed (:func:`ragfast.failures.isolate`)."""
-    from ragfast.failures import FailureStreak, isolate
+    is recorded as failed (:func:`ragfast.outputs.failures.isolate`)."""
+    from ragfast.outputs.failures import FailureStreak, isolate
 
     done: dict[str, Trajectory] = {}
     failed: set[str] = set()

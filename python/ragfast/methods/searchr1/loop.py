@@ -398,7 +398,7 @@ class SearchR1Loop:
         user = [build_prompt(q) for q in new]
         fmt = getattr(gen, "format_prompt", None)
         # Every component call names its questions: a failure is recorded for them and the run
-        # goes on (ragfast.failures).
+        # goes on (ragfast.outputs.failures).
         ids = [it.qid for it in items]
         with blame("reasoner", ids):
             try:

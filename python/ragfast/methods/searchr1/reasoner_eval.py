@@ -28,8 +28,8 @@ __all__ = ["load_trajectories", "protocol_stats", "evaluate_reasoner"]
 
 def load_trajectories(run_dir: str | Path) -> list[Trajectory]:
     """The Search-R1 trajectories of a run directory: ``results.jsonl`` of ``run searchr1``, or
-    ``trajectories/searchr1.jsonl`` of ``ragfast bench`` (:func:`ragfast.results.trajectories_path`)."""
-    from ragfast.results import trajectories_path
+    ``trajectories/searchr1.jsonl`` of ``ragfast bench`` (:func:`ragfast.outputs.results.trajectories_path`)."""
+    from ragfast.outputs.results import trajectories_path
 
     p = trajectories_path(run_dir, "searchr1")
     out = []
