@@ -66,7 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, print_table, row, write_csv  # noqa: E402
-from ragfast.http import wait_until_up  # noqa: E402
+from ragfast.infra.http import wait_until_up  # noqa: E402
 from ragfast.models.catalogue import CATALOGUE  # noqa: E402
 
 #: The catalogued real models ``--model`` takes (``ragfast models get NAME`` first).

@@ -352,7 +352,7 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
            "--encoder", str(encoder), "--threads", str(threads), "--port", str(port), "--device", "cpu",
            "--max-wait-ms", f"{max_wait_ms:g}"]
     log("serve: " + " ".join(cmd))
-    from ragfast.http import wait_until_up
+    from ragfast.infra.http import wait_until_up
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -372,13 +372,13 @@ def hung_server():
 def test_hung_server_times_out_with_a_progress_line_and_one_error(hung_server, monkeypatch, caplog):
     import httpx
 
-    from ragfast import http
+    from ragfast.infra import http
 
     monkeypatch.setattr(http, "WAIT_NOTICE_S", 0.2)
     monkeypatch.setenv("RAGFAST_CALL_TIMEOUT", "1.0")
     monkeypatch.setenv("RAGFAST_TOTAL_TIMEOUT", "30")
     url = hung_server + "/retrieve"
-    with httpx.Client(timeout=600) as client, caplog.at_level("WARNING", logger="ragfast.http"):
+    with httpx.Client(timeout=600) as client, caplog.at_level("WARNING", logger="ragfast.infra.http"):
         with pytest.raises(DataError, match=rf"^{url} did not answer within 1 s \(--call-timeout\)"):
             http.post_json(client, url, {"queries": ["q"]}, retries=2, error=DataError)
     assert any(f"still waiting for {url}" in r.getMessage() for r in caplog.records)

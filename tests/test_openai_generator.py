@@ -253,7 +253,7 @@ def test_resume_accepts_localhost_in_the_model_identity(serve):
 
 
 def test_a_task_stopped_by_an_error_is_not_printed_done(capsys):
-    from ragfast.progress import RunProgress, progress_task
+    from ragfast.infra.progress import RunProgress, progress_task
 
     with RunProgress(plain=True):
         with pytest.raises(RuntimeError):

@@ -128,7 +128,7 @@ def test_no_two_running_commands_give_one_setting_different_defaults(tmp_path, m
     import ragfast.bench
     import ragfast.commands.s2g
     from ragfast.cli import app
-    from ragfast.devices import resolve_device
+    from ragfast.infra.devices import resolve_device
     from ragfast.runner.settings import RunSettings, flag_names
 
     default = RunSettings()

@@ -7,7 +7,7 @@ import warnings
 import numpy as np
 import pytest
 
-from ragfast.progress import RunProgress, current, progress_task
+from ragfast.infra.progress import RunProgress, current, progress_task
 from ragfast.methods.s2g.doc_count import MIN_POSITIVES, doc_count_scores, judge_vs_doc_count
 from ragfast.outputs.verdicts import ORACLE_LABEL
 
@@ -109,7 +109,7 @@ def test_slot_labels_say_what_the_slot_is():
 
 
 def test_logging_setup_file_and_third_party(tmp_path, capsys):
-    from ragfast import logs
+    from ragfast.infra import logs
 
     root = logging.getLogger()
     before = list(root.handlers)

@@ -177,7 +177,7 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     """
     from rich.console import Console
 
-    from ragfast.logs import run_log
+    from ragfast.infra.logs import run_log
 
     console = console or Console(stderr=True)
     check_paths(cfg, tuple(components or ()))

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ragfast.commands import serve_flags
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 
 
 def register(app: typer.Typer) -> None:

@@ -227,7 +227,7 @@ def study_settings(config: str | None = None, preset: str = "default", **given: 
 
 def study_command(**kw: Any) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
-    from ragfast.devices import resolve_device
+    from ragfast.infra.devices import resolve_device
     from ragfast.outputs.outdir import output_dir
 
     own = {k: kw.pop(k) for k in ("gap_queries", "no_live", "overwrite", "resume", "no_progress")}

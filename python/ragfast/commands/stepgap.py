@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 import typer
 
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
 from ragfast.runner.drive import slot_lines

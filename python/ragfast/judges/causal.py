@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cache import ByteLRU, text_key
+from ragfast.infra.cache import ByteLRU, text_key
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.judges.base import Judge

@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cache import text_key
+from ragfast.infra.cache import text_key
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ModelError
 from ragfast.judges.base import STATE_FEATURES, DocumentStateJudge

@@ -14,7 +14,7 @@ import numpy as np
 
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.http import auth_headers, post_json
+from ragfast.infra.http import auth_headers, post_json
 from ragfast.judges.base import Judge
 from ragfast.accounting.remote_cost import book
 from ragfast.types import State

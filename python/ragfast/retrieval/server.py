@@ -121,7 +121,7 @@ class _DocBytes:
     """
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024):
-        from ragfast.cache import ByteLRU
+        from ragfast.infra.cache import ByteLRU
 
         self.cache = ByteLRU(max_bytes, size_of=len)
 

@@ -85,7 +85,7 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
     config : mapping
         The method's settings.
     """
-    from ragfast.http import is_url
+    from ragfast.infra.http import is_url
     from ragfast.models.openai_generator import canonical_url
 
     ids = [str(q.id) for q in questions]

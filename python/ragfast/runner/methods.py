@@ -22,10 +22,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
 from ragfast.outputs.failures import answered, failure_of
-from ragfast.http import is_url
+from ragfast.infra.http import is_url
 from ragfast.methods.base import Method, Slots, get
 from ragfast.methods.s2g.method import select_questions
-from ragfast.progress import turn_reporting
+from ragfast.infra.progress import turn_reporting
 from ragfast.runner import slots as build
 from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
 from ragfast.runner.settings import RunSettings
@@ -256,7 +256,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
     RunOutcome
         Every method's records in question order, the slots and their manifest entries.
     """
-    from ragfast.progress import RunProgress
+    from ragfast.infra.progress import RunProgress
     from ragfast.outputs.results import answers_label, read_results, slot_entry, write_manifest
 
     out = Path(out)

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragfast.devices import slot_devices
+from ragfast.infra.devices import slot_devices
 from ragfast.errors import ConfigError
-from ragfast.http import is_url
+from ragfast.infra.http import is_url
 from ragfast.methods.base import BUILTIN_PACKAGES, get, names, unknown
 from ragfast.settings import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
 

@@ -155,7 +155,7 @@ class ChatTeacher:
         body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(state)}]}
         # The shared client call: retries, bounded waits (--call-timeout/--total-timeout), one-line errors.
-        from ragfast.http import post_json
+        from ragfast.infra.http import post_json
 
         url = self.base_url + "/chat/completions"
         data = post_json(self._client, url, body, retries=self.retries, error=ModelError)

@@ -53,7 +53,7 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
         from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
         from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
-        from ragfast.progress import TurnReporter, progress_task
+        from ragfast.infra.progress import TurnReporter, progress_task
 
         val = select_questions(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
         overlap = {q.id for q in val} & {q.id for q in slots.questions}
