@@ -191,7 +191,7 @@ def _kg_runs(name: str, n: int, reps: int, rows_out: list, summary: list) -> Non
                 front = np.unique(np.concatenate(nxt))
             res = rl.walk_path(plan, seq, cfg)
             ans = res.pack[0]["reached"] if res.pack else ""
-            from ragfast.metrics import exact_match
+            from ragfast.scoring.metrics import exact_match
 
             rows.append({"em": exact_match(ans, q.golden_answers), "steps": max(plan.hops, 1),
                          "segments": read})

@@ -500,7 +500,7 @@ _VAL = [_line2(f"v{i}", "val", 0, 1, s, y, 0.0) for i, (s, y) in
 
 
 def test_system_level_delay_counts_from_the_first_safe_state_and_defaults():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     a = study.state_arrays(_TEST)
     r = study.system_metrics(a, "j", "probe", 0.5)
@@ -519,7 +519,7 @@ def test_system_level_delay_counts_from_the_first_safe_state_and_defaults():
 
 
 def test_evaluate_lines_given_threshold_without_validation():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     out = study.evaluate_lines(_TEST, given_threshold=0.5, n_resamples=37, seed=3)
     for lab in ("gold", "probe"):

@@ -168,7 +168,7 @@ def test_lines_and_record_by_hand():
 
 
 def test_intervals_use_the_given_bootstrap_settings():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     rng = np.random.default_rng(4)
     nat = [_traj(f"q{i}", reasoner=float(rng.uniform(1e9, 2e9))) for i in range(9)]

@@ -54,8 +54,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # mutmut runs each covering test once per mutant.
 CORE: dict[str, tuple[str, list[str]]] = {
     "merge": ("retrieval/merge.py", ["tests/test_merge.py"]),
-    "metrics": ("metrics.py", ["tests/test_metrics.py"]),
-    "stats": ("stats.py", ["tests/test_stats.py"]),
+    "metrics": ("scoring/metrics.py", ["tests/test_metrics.py"]),
+    "stats": ("scoring/stats.py", ["tests/test_stats.py"]),
     "savings": ("accounting/savings.py", ["tests/test_savings.py"]),
     # test_flops checks the re-exported forward_flops against torch's FlopCounterMode.
     # Not test_openai_cost: its loopback server's request log carries state from mutmut's clean

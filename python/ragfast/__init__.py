@@ -40,8 +40,8 @@ _LAZY: dict[str, str] = {
     "ConfigError": "ragfast.errors",
     "DataError": "ragfast.errors",
     "ModelError": "ragfast.errors",
-    "exact_match": "ragfast.metrics",
-    "f1": "ragfast.metrics",
+    "exact_match": "ragfast.scoring.metrics",
+    "f1": "ragfast.scoring.metrics",
     # data
     "load_qa": "ragfast.data",
     "load_corpus": "ragfast.data",

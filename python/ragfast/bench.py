@@ -96,7 +96,7 @@ def method_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _paired(a: np.ndarray, b: np.ndarray, cfg: RunSettings) -> dict[str, float] | None:
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     if len(a) < 2:
         return None
@@ -106,7 +106,7 @@ def _paired(a: np.ndarray, b: np.ndarray, cfg: RunSettings) -> dict[str, float] 
 
 def method_cis(records: Sequence[Mapping[str, Any]], cfg: RunSettings) -> dict[str, dict[str, float]]:
     """95% bootstrap CIs (over questions) of a method's EM and its total FLOPs / seconds per question."""
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     if len(records) < 2:
         return {}

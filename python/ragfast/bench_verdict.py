@@ -170,7 +170,7 @@ def _side(bal: Mapping[str, Any], metric: str) -> dict[str, Any]:
 def verdict(summary: Mapping[str, Any]) -> dict[str, Any]:
     """summary.json's ``verdict``: per checked method, the measured and projected answers, ΔEM,
     non-inferiority and searches saved, read from the summary's own figures, with one sentence."""
-    from ragfast.stats import non_inferiority
+    from ragfast.scoring.stats import non_inferiority
 
     out: dict[str, Any] = {}
     methods = summary.get("methods", {})

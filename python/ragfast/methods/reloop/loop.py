@@ -17,7 +17,7 @@ from ragfast.methods.reloop.kg import run_kg_path
 from ragfast.methods.reloop.pack import canonicalise
 from ragfast.methods.reloop.planners import llm_plans, lm_complete
 from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_workspace, workspace_key
-from ragfast.metrics import exact_match, f1
+from ragfast.scoring.metrics import exact_match, f1
 from ragfast.judges.base import Judge
 from ragfast.models.base import Generator
 from ragfast.models.extractive import render_pack

@@ -41,7 +41,7 @@ def reachability(rec: RecordedStates) -> dict[str, Any]:
         EM); ``safe_state_fraction`` over all states; ``oracle_em`` (stop at the earliest safe
         state, else native).
     """
-    from ragfast.metrics import normalize_answer
+    from ragfast.scoring.metrics import normalize_answer
 
     B, T = rec.scores.shape
     S = rec.native_searches.astype(np.int64)
@@ -99,7 +99,7 @@ def _policy(rec: RecordedStates, threshold: float) -> dict[str, Any]:
 
 
 def _paired(em_new, em_old, sr_new, sr_old, *, n_resamples: int, seed: int, margin: float) -> dict[str, Any]:
-    from ragfast.stats import non_inferiority, paired_bootstrap
+    from ragfast.scoring.stats import non_inferiority, paired_bootstrap
 
     out: dict[str, Any] = {"questions": int(len(em_new)), "em_new": float(np.mean(em_new)),
                            "em_native": float(np.mean(em_old)), "searches_new": float(np.mean(sr_new)),
