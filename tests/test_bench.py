@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ragfast.bench import BenchConfig, load_ledger, make_config, run_bench
+from ragfast.comparison.pipeline import BenchConfig, load_ledger, make_config, run_bench
 from ragfast.errors import ConfigError, DataError
 from ragfast.outputs.results import read_results
 from ragfast.outputs.verdicts import ORACLE_LABEL

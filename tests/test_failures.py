@@ -191,7 +191,7 @@ def test_a_refused_s2g_validation_question_is_left_out_of_the_threshold(server, 
 
 
 def test_bench_records_each_methods_failure_and_pairs_them_in_the_deltas(server, questions, tmp_path):
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
 
     server.serve(questions, refuse=[1])
     cfg = make_config(**_settings(server, tmp_path / "b", threshold=0.5, batch_size=3, encoder="minilm"))

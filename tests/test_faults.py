@@ -482,7 +482,7 @@ def test_bad_input_is_one_line_exit_2_and_no_new_files(case, tmp_path):
 
 
 def test_yaml_method_is_an_alias_of_methods(tmp_path):
-    from ragfast.bench import make_config
+    from ragfast.comparison.pipeline import make_config
     from ragfast.settings import load_yaml
 
     p = tmp_path / "m.yaml"

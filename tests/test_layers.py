@@ -26,8 +26,7 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
                     "ragfast.serving")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
-    ("top", ("ragfast.bench", "ragfast.bench_verdict", "ragfast.report", "ragfast.commands",
-             "ragfast.cli")),
+    ("top", ("ragfast.comparison", "ragfast.commands", "ragfast.cli")),
 ]
 
 

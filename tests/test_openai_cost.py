@@ -183,7 +183,7 @@ def test_model_discovery_errors(served_tiny, monkeypatch):
 
 
 def test_bench_with_a_url_reasoner_records_usage_tokens_and_flops(served_tiny, tmp_path):
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
     from ragfast.data import sample
 
     url, path, _ = served_tiny
@@ -202,7 +202,7 @@ def test_bench_with_a_url_reasoner_records_usage_tokens_and_flops(served_tiny, t
 
 
 def test_bench_refuses_a_device_this_machine_lacks(tmp_path):
-    from ragfast.bench import make_config
+    from ragfast.comparison.pipeline import make_config
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

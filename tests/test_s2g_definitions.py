@@ -367,7 +367,7 @@ def test_report_s2g_gives_the_run_s_threshold(recorded_run, tmp_path):
 
 def test_bench_freezes_the_run_s_threshold_on_the_same_validation_states(recorded_run, tmp_path):
     import ragfast.runner.slots as slots_mod
-    from ragfast.bench import make_config, select_s2g_threshold
+    from ragfast.comparison.pipeline import make_config, select_s2g_threshold
     from ragfast.data import load_qa, sample
 
     qs = load_qa(sample("hotpotqa-dev"))
@@ -434,7 +434,7 @@ def test_replay_and_sweep_stop_at_a_score_equal_to_the_threshold(small_native):
 
 # -- bench: no validation question searches ---------------------------------------------------
 def test_bench_threshold_and_analysis_without_any_search(tmp_path):
-    from ragfast.bench import make_config, s2g_analysis, select_s2g_threshold
+    from ragfast.comparison.pipeline import make_config, s2g_analysis, select_s2g_threshold
     from ragfast.data import corpus_from_contexts, load_qa, sample
     from ragfast.methods.searchr1.loop import SearchR1Config, run_searchr1
     from ragfast.retrieval.bm25 import BM25Retriever

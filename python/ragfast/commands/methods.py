@@ -62,7 +62,7 @@ def run_one(name: str, *, resume: bool = False, console: Any = None, progress: b
     ``components`` fill slots with objects the caller built (``{"head": my_model}``:
     :func:`ragfast.runner.methods.build_slots`).
     """
-    from ragfast.bench import run_bench
+    from ragfast.comparison.pipeline import run_bench
 
     return run_bench(one_method_settings(name, **kw), resume=resume, console=console, progress=progress,
                      table=False, components=components)
@@ -138,7 +138,7 @@ def running_command(name: str | None) -> Callable[..., None]:
     """The typer command of ``ragfast run NAME`` (or of ``ragfast bench`` for None), flags from :class:`RunSettings`."""
 
     def command(**kw: Any) -> None:
-        from ragfast.bench import run_bench
+        from ragfast.comparison.pipeline import run_bench
         from ragfast.outputs.outdir import output_dir
 
         resume, progress, as_json = kw.pop("resume"), not kw.pop("no_progress"), kw.pop("as_json")

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.bench_verdict import CHECKS, checker_balance, projection, verdict
+from ragfast.comparison.verdict import CHECKS, checker_balance, projection, verdict
 from ragfast.accounting.ledger import COMPONENTS
 from ragfast.errors import DataError, RagfastError
 from ragfast.outputs.failures import FAILED_SCORE, answered, failure_counts, failure_of
@@ -209,7 +209,7 @@ def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress
     if done.ray:
         summary["run"]["ray"] = done.ray
     write_outputs(summary, out, done.records)
-    from ragfast import report
+    from ragfast.comparison import report
 
     if table:
         report.print_table(summary, Console())
@@ -319,7 +319,7 @@ def summarise(cfg: RunSettings, records: Mapping[str, Sequence[Mapping[str, Any]
 
 def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     """summary.json, summary.csv, the plots, report.md and report.html."""
-    from ragfast import report
+    from ragfast.comparison import report
 
     plots, missing = report.write_plots(summary, out)
     summary["plots"] = plots

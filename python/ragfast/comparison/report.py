@@ -1,6 +1,6 @@
 """Bench report: the side-by-side table, summary CSV, report.md/report.html and PNG plots.
 
-Everything here reads the numbers ``ragfast.bench`` computed (``summary.json`` plus the per-method
+Everything here reads the numbers ``ragfast.comparison.pipeline`` computed (``summary.json`` plus the per-method
 trajectory files); nothing is recomputed or invented at render time.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.bench_verdict import verdict_blocks, verdict_lines
+from ragfast.comparison.verdict import verdict_blocks, verdict_lines
 from ragfast.accounting.ledger import COMPONENTS
 from ragfast.outputs.failures import FAILED_SCORE
 
