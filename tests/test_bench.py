@@ -9,7 +9,7 @@ import pytest
 from ragfast.comparison.pipeline import BenchConfig, load_ledger, make_config, run_bench
 from ragfast.errors import ConfigError, DataError
 from ragfast.outputs.results import read_results
-from ragfast.outputs.verdicts import ORACLE_LABEL
+from ragfast.outputs.slot_labels import ORACLE_LABEL
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

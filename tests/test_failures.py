@@ -214,7 +214,7 @@ def test_resume_keeps_recorded_failures_and_retry_failed_runs_them_again(server,
                                                                           capsys):
     from ragfast import cli as cli_mod
     from ragfast.commands.methods import run_one
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     out = tmp_path / "r"
     server.serve(questions, refuse=[2, 4])

@@ -128,7 +128,7 @@ def _kill_after(args: list[str], path: Path, lines: int) -> int:
 
 def _ledger_by_question(out: Path, name: str | Path = LEDGER) -> dict[str, dict]:
     from ragfast.accounting.ledger import CostLedger
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     led: CostLedger = load_ledger(out / name, None)
     return {q: {c: no_timing(row) for c, row in d.items()} for q, d in led.per_question().items()}
@@ -157,7 +157,7 @@ def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean
     assert ids <= set(_ledger_by_question(out))
     r = cli(*run_args(out, "--resume", limit=40))
     assert r.returncode == 0, r.stderr[-2000:]
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     clean_s = json.loads((clean_run / "summary.json").read_text())
     resumed_s = json.loads((out / "summary.json").read_text())
@@ -483,7 +483,7 @@ def test_bad_input_is_one_line_exit_2_and_no_new_files(case, tmp_path):
 
 def test_yaml_method_is_an_alias_of_methods(tmp_path):
     from ragfast.comparison.pipeline import make_config
-    from ragfast.settings import load_yaml
+    from ragfast.runner.config_file import load_yaml
 
     p = tmp_path / "m.yaml"
     p.write_text("method: [searchr1, s2g]\n", encoding="utf-8")

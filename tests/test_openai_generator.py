@@ -182,7 +182,7 @@ def test_usage_without_cached_tokens_warns_and_says_so(serve, caplog):
 # -- 5: a tiny random-weight model is not meaningful over a URL either --------------------------
 def test_the_tiny_marker_makes_a_url_reasoner_not_meaningful(serve, tiny_dir):
     from ragfast.outputs.results import slot_entry
-    from ragfast.outputs.verdicts import RANDOM_LABEL
+    from ragfast.outputs.slot_labels import RANDOM_LABEL
 
     gen = serve(FakeServer(lambda b: {"text": ""}), tokenizer=tiny_dir)
     d = slot_entry(gen)
@@ -237,7 +237,7 @@ def test_a_trajectory_that_never_answers_has_no_answer(serve):
 
 def test_resume_accepts_localhost_for_127_0_0_1():
     from ragfast.models.openai_generator import canonical_url
-    from ragfast.runner.drive import fingerprint
+    from ragfast.runner.recording import fingerprint
 
     assert canonical_url("http://localhost:8000/") == canonical_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
     assert canonical_url("http://LOCALHOST:9/v1#m") == "http://127.0.0.1:9/v1#m"

@@ -178,7 +178,7 @@ def test_killed_ray_run_keeps_the_costs_of_its_finished_questions(data, single, 
     import signal
     import time
 
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     out = tmp_path / "K"
     cmd = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",

@@ -11,7 +11,7 @@ import pytest
 
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
-from ragfast.runner.drive import check_resume, fingerprint
+from ragfast.runner.recording import check_resume, fingerprint
 
 
 def test_specs_mean_the_same_everywhere(tmp_path):
@@ -238,7 +238,7 @@ def test_a_new_retriever_backend_is_one_table_entry(monkeypatch, tmp_path):
     then the spec works in the one factory, in ``check_paths`` and in a whole run."""
     from ragfast.data import Corpus
     from ragfast.retrieval.base import Hit, Retriever
-    from ragfast.runner.methods import run_methods
+    from ragfast.runner.run_methods import run_methods
     from ragfast.runner.settings import check_paths, make_config
 
     calls = []

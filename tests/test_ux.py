@@ -9,7 +9,7 @@ import pytest
 
 from ragfast.infra.progress import RunProgress, current, progress_task
 from ragfast.methods.s2g.doc_count import MIN_POSITIVES, doc_count_scores, judge_vs_doc_count
-from ragfast.outputs.verdicts import ORACLE_LABEL
+from ragfast.outputs.slot_labels import ORACLE_LABEL
 
 
 def test_plain_progress_lines_when_not_a_terminal(capsys):

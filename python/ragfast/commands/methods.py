@@ -1,7 +1,7 @@
 """``ragfast run M`` for every registered method, generated from the registry and :class:`RunSettings`.
 
 Each generated command runs one method through the same runner as ``ragfast bench``
-(:func:`ragfast.runner.methods.run_methods`), so ``ragfast run s2g`` and ``ragfast bench
+(:func:`ragfast.runner.run_methods.run_methods`), so ``ragfast run s2g`` and ``ragfast bench
 --method s2g`` with the same settings write the same files: ``trajectories/``, ``ledgers/``,
 ``manifest.json``, ``summary.json`` and the report. Its flags are the fields of
 :class:`~ragfast.runner.settings.RunSettings` (one name each, old spellings as aliases from
@@ -60,7 +60,7 @@ def run_one(name: str, *, resume: bool = False, console: Any = None, progress: b
     """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary.
 
     ``components`` fill slots with objects the caller built (``{"head": my_model}``:
-    :func:`ragfast.runner.methods.build_slots`).
+    :func:`ragfast.runner.run_methods.build_slots`).
     """
     from ragfast.comparison.pipeline import run_bench
 

@@ -162,7 +162,7 @@ def _claim(out: Path, settings: dict) -> None:
     """
     from ragfast.errors import ConfigError
     from ragfast.outputs.outdir import LOCK_FILE
-    from ragfast.runner.drive import first_difference
+    from ragfast.runner.recording import first_difference
 
     path = out / "build.json"
     if path.exists():

@@ -62,8 +62,8 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     from ragfast.methods.s2g.study import state_lines
     from ragfast.outputs.results import read_results, slot_entry, write_manifest
     from ragfast.runner import slots as build
-    from ragfast.runner.drive import MethodRecorder, data_identity, fingerprint
-    from ragfast.runner.methods import in_question_order
+    from ragfast.runner.recording import MethodRecorder, data_identity, fingerprint
+    from ragfast.runner.run_methods import in_question_order
     from ragfast.types import Trajectory
 
     con = Console(stderr=True)
@@ -186,7 +186,7 @@ def _prepare_out(out_dir: Path, fp: dict[str, Any], *, overwrite: bool, resume: 
     A directory holding a run (a finished one, or native trajectories of a killed one) is
     refused unless ``overwrite`` (cleared) or ``resume`` (its fingerprint must be ``fp``).
     """
-    from ragfast.runner.drive import check_resume
+    from ragfast.runner.recording import check_resume
 
     if resume:
         check_resume(out_dir, fp)
@@ -218,7 +218,7 @@ def study_settings(config: str | None = None, preset: str = "default", **given: 
         No ``--out`` on the command line or in ``--config``, or a setting ``run s2g`` refuses.
     """
     from ragfast.commands.methods import one_method_settings
-    from ragfast.settings import load_yaml
+    from ragfast.runner.config_file import load_yaml
 
     if given.get("out") is None and load_yaml(config).get("out") is None:
         raise ConfigError("--out is required (on the command line or in --config)")

@@ -14,7 +14,7 @@ import typer
 from ragfast.infra.devices import DEVICE_HELP, device_option
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
-from ragfast.runner.drive import slot_lines
+from ragfast.runner.recording import slot_lines
 
 
 def _read_trajectories(path: str) -> list[Any]:

@@ -31,8 +31,8 @@ from ragfast.outputs.failures import FAILED_SCORE, answered, failure_counts, fai
 from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
 from ragfast.outputs.outdir import LOCK_FILE
-from ragfast.runner.drive import load_ledger
-from ragfast.runner.methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
+from ragfast.runner.recording import load_ledger
+from ragfast.runner.run_methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
                                     run_methods)
 from ragfast.runner.settings import PRESETS, RunSettings, check_paths, make_config
 from ragfast.outputs.results import dumps as json_dumps
@@ -51,7 +51,7 @@ __all__ = ["BenchConfig", "RunSettings", "METHODS", "PRESETS", "make_config", "c
 
 
 def bench_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a bench's results (:func:`ragfast.runner.methods.run_fingerprint`)."""
+    """What decides a bench's results (:func:`ragfast.runner.run_methods.run_fingerprint`)."""
     return run_fingerprint(cfg, run_cfg)
 
 
@@ -168,7 +168,7 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     table : bool
         Print the results table on stdout (``--json`` prints the summary instead).
     components : mapping, optional
-        Slots filled with objects the caller built (:func:`ragfast.runner.methods.build_slots`).
+        Slots filled with objects the caller built (:func:`ragfast.runner.run_methods.build_slots`).
 
     Returns
     -------

@@ -1,7 +1,7 @@
 """What a method is, and the registry the runner and the command line read.
 
 A method is one :class:`Method` subclass plus one :func:`register` call in its package's
-``method.py``. The runner (:func:`ragfast.runner.methods.run_methods`) builds the slots once,
+``method.py``. The runner (:func:`ragfast.runner.run_methods.run_methods`) builds the slots once,
 calls :meth:`Method.prepare` once (S2G chooses its threshold there), then :meth:`Method.run` on
 the questions not finished yet; ``ragfast bench`` runs every registered method, ``ragfast run M``
 one of them, through that same runner, so both write the same files.
@@ -69,7 +69,7 @@ class Slots:
 
 
 class Recorder(Protocol):
-    """Where a method puts each finished question (:class:`ragfast.runner.drive.MethodRecorder`)."""
+    """Where a method puts each finished question (:class:`ragfast.runner.recording.MethodRecorder`)."""
 
     ledger: Any
 

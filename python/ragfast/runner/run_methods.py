@@ -27,7 +27,7 @@ from ragfast.methods.base import Method, Slots, get
 from ragfast.methods.s2g.method import select_questions
 from ragfast.infra.progress import turn_reporting
 from ragfast.runner import slots as build
-from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
+from ragfast.runner.recording import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
 from ragfast.runner.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ def run_config(cfg: RunSettings) -> dict[str, Any]:
 
 
 def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a run's results (:func:`ragfast.runner.drive.fingerprint`): data hashes, test question ids, slots, settings."""
+    """What decides a run's results (:func:`ragfast.runner.recording.fingerprint`): data hashes, test question ids, slots, settings."""
     from ragfast.data import load_qa
 
     data = {"test": data_identity(cfg.data)}
@@ -393,7 +393,7 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
     from ragfast.outputs.failures import drop_failures
     from ragfast.outputs.results import finished_ids, repair_tail, write_manifest
     from ragfast.runner.distributed import GENERATOR, PipelineLoop, run_on_ray
-    from ragfast.runner.drive import LedgerFile
+    from ragfast.runner.recording import LedgerFile
 
     m = method.name
     traj = out / TRAJECTORIES / f"{m}.jsonl"

@@ -1,4 +1,4 @@
-"""The driver's pieces: the results directory, the manifest's fingerprint, resume, progress and recording.
+"""Recording a run: its directory prepared, the manifest's fingerprint, the resume check, progress and writers.
 
 Every command that runs methods goes through these, so a run directory means the same thing
 whichever command wrote it:
