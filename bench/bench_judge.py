@@ -83,7 +83,7 @@ def main() -> None:
 
     import torch
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.judges.causal import CausalJudge
     from ragfast.models.tiny import tiny_path
 

@@ -136,7 +136,7 @@ class _NoStop:
 
 
 def _text_runs(name: str, n: int, encoder, reps: int, rows_out: list, summary: list) -> None:
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import load_qa, sample
     import ragfast.methods.reloop as rl
 
@@ -191,7 +191,7 @@ def _kg_runs(name: str, n: int, reps: int, rows_out: list, summary: list) -> Non
                 front = np.unique(np.concatenate(nxt))
             res = rl.walk_path(plan, seq, cfg)
             ans = res.pack[0]["reached"] if res.pack else ""
-            from ragfast.metrics import exact_match
+            from ragfast.scoring.metrics import exact_match
 
             rows.append({"em": exact_match(ans, q.golden_answers), "steps": max(plan.hops, 1),
                          "segments": read})

@@ -66,7 +66,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, print_table, row, write_csv  # noqa: E402
-from ragfast.http import wait_until_up  # noqa: E402
+from ragfast.infra.http import wait_until_up  # noqa: E402
 from ragfast.models.catalogue import CATALOGUE  # noqa: E402
 
 #: The catalogued real models ``--model`` takes (``ragfast models get NAME`` first).
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
 
     import torch
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import corpus_from_contexts, load_qa
     from ragfast.models.generator import HFGenerator
     from ragfast.models.tiny import tiny_path

@@ -242,7 +242,7 @@ def measure_search(path: Path, *, batches=(1, 64, 512), reps: int = 3, threads: 
 
 def passage_store(workdir: Path, rows: int, log: Callable[[str], None] = print) -> Path:
     """``rows`` synthetic passages as a memory-mapped ``.arrow`` store (made once, streamed in batches)."""
-    from ragfast.passage_store import write_arrow_corpus
+    from ragfast.data.passage_store import write_arrow_corpus
 
     path = Path(workdir) / f"passages-{rows}.arrow"
     if path.exists():
@@ -352,7 +352,7 @@ def measure_serving(index: Path, arrow: Path, encoder: Path, *, rows: int, seed:
            "--encoder", str(encoder), "--threads", str(threads), "--port", str(port), "--device", "cpu",
            "--max-wait-ms", f"{max_wait_ms:g}"]
     log("serve: " + " ".join(cmd))
-    from ragfast.http import wait_until_up
+    from ragfast.infra.http import wait_until_up
 
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from ragfast.bench import BenchConfig, load_ledger, make_config, run_bench
+from ragfast.comparison.pipeline import BenchConfig, load_ledger, make_config, run_bench
 from ragfast.errors import ConfigError, DataError
-from ragfast.results import read_results
-from ragfast.verdicts import ORACLE_LABEL
+from ragfast.outputs.results import read_results
+from ragfast.outputs.slot_labels import ORACLE_LABEL
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

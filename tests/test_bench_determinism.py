@@ -101,7 +101,7 @@ def trajectories(out: Path, method: str) -> dict[str, Any]:
 
 def ledger_totals(out: Path, method: str) -> dict[str, dict[str, float]]:
     """component -> calls, tokens and FLOPs of a method's ledger file (what a resume keeps of it)."""
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     led = load_ledger(out / "ledgers" / f"{method}.jsonl", set(trajectories(out, method)))
     return {c: {k: row[k] for k in ("calls", "tokens", "flops") if k in row} for c, row in led.totals().items()}

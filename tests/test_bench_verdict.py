@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from ragfast import bench_verdict as bv
-from ragfast.flops import completion_flops
-from ragfast.projection import MODEL_PRESETS, project_questions, project_run
+from ragfast.comparison import verdict as bv
+from ragfast.accounting.flops import completion_flops
+from ragfast.accounting.projection import MODEL_PRESETS, project_questions, project_run
 
 Q7 = MODEL_PRESETS["qwen2.5-7b"]
 CFG = SimpleNamespace(n_resamples=20000, seed=3, checker_llm="reasoner")
@@ -165,7 +165,7 @@ def dev14(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bench_dir(dev14):
     """8 test questions after 6 validation ones, the scripted oracle in the reasoner slot."""
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
 
     data = dev14
     out = data.parent / "run"
@@ -242,7 +242,7 @@ def test_no_raw_booleans_in_the_report(bench_dir):
 def test_terminal_prints_the_verdict_last(bench_dir):
     from rich.console import Console
 
-    from ragfast import report
+    from ragfast.comparison import report
 
     _, summary = bench_dir
     buf = io.StringIO()
@@ -255,7 +255,7 @@ def test_terminal_prints_the_verdict_last(bench_dir):
 
 
 def test_a_run_without_s2g_and_stepgap_says_so(dev14, tmp_path):
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
 
     out = tmp_path / "native"
     cfg = make_config(data=str(dev14), corpus=["contexts"], offset=0, limit=4, out=str(out), n_resamples=500,

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.retrieval.bm25 import BM25, BM25Retriever
 

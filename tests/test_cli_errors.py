@@ -8,7 +8,7 @@ import textwrap
 import pytest
 
 from ragfast.errors import ConfigError
-from ragfast.outdir import output_dir
+from ragfast.outputs.outdir import output_dir
 
 
 def _cli(args, cwd, pre=""):

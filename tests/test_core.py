@@ -7,7 +7,7 @@ import pytest
 
 import ragfast
 from ragfast.ops.registry import BackendError, register, resolve
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 
 
 def test_version_and_backends_shape():

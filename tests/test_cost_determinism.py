@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.types import State
 
 FIELDS = ("calls", "input_tokens", "cached_tokens", "output_tokens", "flops")

@@ -2,8 +2,8 @@
 views, the saved file, the rich table and summed cost dicts."""
 import pytest
 
-from ragfast import cost
-from ragfast.cost import CostLedger, CostRecord, Timer, sum_cost_dicts
+from ragfast.accounting import ledger as cost
+from ragfast.accounting.ledger import CostLedger, CostRecord, Timer, sum_cost_dicts
 
 
 class FakeClock:

@@ -8,7 +8,7 @@ import pytest
 from ragfast.data import (SAMPLES, Corpus, corpus_from_contexts, detect_layout, load_corpus, load_qa, load_triples,
                           sample)
 from ragfast.errors import DataError
-from ragfast.metrics import sufficient
+from ragfast.scoring.metrics import sufficient
 from ragfast.types import Passage
 
 SR1_PROMPT = ("Answer the given question. You must conduct reasoning inside <think> and </think> first ... "
@@ -193,7 +193,7 @@ def test_corpus_roundtrip_concat_and_errors(tmp_path):
 
 
 def test_arrow_corpus_is_memory_mapped_and_streams(tmp_path):
-    from ragfast.passage_store import write_arrow_corpus
+    from ragfast.data.passage_store import write_arrow_corpus
 
     c = Corpus.from_rows([{"id": 1, "contents": '"T1"\none'}, {"id": "b", "contents": "T2\ntwo"}])
     back = load_corpus(c.save(tmp_path / "c.arrow"))

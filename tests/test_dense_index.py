@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.dense import DenseIndex, DenseRetriever, ShardedIndex, build_default_retriever
 from topk_compare import assert_topk_agree

@@ -1,7 +1,7 @@
 """Optional runtimes: one build of ONNX Runtime / faiss, missing providers are errors."""
 import pytest
 
-from ragfast import deps
+from ragfast.infra import deps
 from ragfast.errors import ConfigError
 
 

@@ -20,7 +20,7 @@ from ragfast.errors import ConfigError, DataError  # noqa: E402
 from ragfast.models.base import Generator  # noqa: E402
 from ragfast.models.scripted import ScriptedGenerator  # noqa: E402
 from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop  # noqa: E402
-from ragfast.results import ResultsWriter, read_results, strip_timing  # noqa: E402
+from ragfast.outputs.results import ResultsWriter, read_results, strip_timing  # noqa: E402
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
@@ -292,7 +292,7 @@ def generator_is(questions, generator, retriever, *, me, config, ledger):
 
 def test_pipeline_loop_builds_slots_once_and_runs_the_function(questions, config):
     from ragfast.runner.distributed import GENERATOR, PipelineLoop
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
 
     ml = PipelineLoop(searchr1_with_hook, slots={"stopper": make_force_answer})
     ml = ray.cloudpickle.loads(ray.cloudpickle.dumps(ml))  # what a worker actor receives

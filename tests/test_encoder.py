@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.encoders.encoder import PRESETS, Encoder, encode_corpus, load_embeddings, minilm_path
 
@@ -99,7 +99,7 @@ def test_ledger_records_tokens_and_flops_per_question(enc):
     assert t1["calls"] == 1 and t2["calls"] == 1
     assert 0 < t1["input_tokens"] < t2["input_tokens"]
     assert 0 < t1["flops"] < t2["flops"]
-    from ragfast.flops import forward_flops
+    from ragfast.accounting.flops import forward_flops
 
     assert t1["flops"] == pytest.approx(forward_flops(enc.config, [int(t1["input_tokens"])]))
     assert led.totals()["encoder"]["seconds"] > 0

@@ -191,7 +191,7 @@ def test_a_refused_s2g_validation_question_is_left_out_of_the_threshold(server, 
 
 
 def test_bench_records_each_methods_failure_and_pairs_them_in_the_deltas(server, questions, tmp_path):
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
 
     server.serve(questions, refuse=[1])
     cfg = make_config(**_settings(server, tmp_path / "b", threshold=0.5, batch_size=3, encoder="minilm"))
@@ -214,7 +214,7 @@ def test_resume_keeps_recorded_failures_and_retry_failed_runs_them_again(server,
                                                                           capsys):
     from ragfast import cli as cli_mod
     from ragfast.commands.methods import run_one
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     out = tmp_path / "r"
     server.serve(questions, refuse=[2, 4])
@@ -309,7 +309,7 @@ def _scripted(out, **kw):
 def test_a_query_the_index_rejects_fails_only_its_question(clean_scripted, tmp_path, monkeypatch, refill):
     from ragfast.commands.methods import run_one
     from ragfast.data import load_qa
-    from ragfast.results import strip_timing
+    from ragfast.outputs.results import strip_timing
     from ragfast.retrieval.bm25 import BM25Retriever
 
     qs = load_qa("hotpotqa-dev")[:24]
@@ -370,7 +370,7 @@ def test_a_thousand_questions_with_one_percent_refused_lose_nothing_and_write_no
 # -- the isolation itself, against a brute-force oracle ------------------------------------------
 def _isolate(qs, bad, *, named, transient, batch=64):
     """isolate() over a method that runs batches of ``batch`` in order; a bad question fails its batch's call."""
-    from ragfast.failures import FailureStreak, isolate
+    from ragfast.outputs.failures import FailureStreak, isolate
 
     finished: list[str] = []
     recorded: list[str] = []

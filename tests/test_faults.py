@@ -57,7 +57,7 @@ def no_timing(obj):
 
 # -- two writers --------------------------------------------------------------------------------
 def test_second_writer_is_refused_naming_the_holder(tmp_path):
-    from ragfast.outdir import lock_dir
+    from ragfast.outputs.outdir import lock_dir
 
     out = tmp_path / "run"
     with lock_dir(out):  # this process holds --out, as a running command would
@@ -74,12 +74,12 @@ def test_second_writer_is_refused_naming_the_holder(tmp_path):
 
 def test_lock_is_released_when_the_holder_is_killed(tmp_path):
     out = tmp_path / "held"
-    code = ("import sys, time; from ragfast.outdir import lock_dir\n"
+    code = ("import sys, time; from ragfast.outputs.outdir import lock_dir\n"
             f"with lock_dir({str(out)!r}):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=ENV)
     try:
         assert holder.stdout.readline().strip() == "held"
-        from ragfast.outdir import lock_dir
+        from ragfast.outputs.outdir import lock_dir
 
         with pytest.raises(ConfigError, match=f"pid {holder.pid}"):
             with lock_dir(out):
@@ -127,8 +127,8 @@ def _kill_after(args: list[str], path: Path, lines: int) -> int:
 
 
 def _ledger_by_question(out: Path, name: str | Path = LEDGER) -> dict[str, dict]:
-    from ragfast.cost import CostLedger
-    from ragfast.runner.drive import load_ledger
+    from ragfast.accounting.ledger import CostLedger
+    from ragfast.runner.recording import load_ledger
 
     led: CostLedger = load_ledger(out / name, None)
     return {q: {c: no_timing(row) for c, row in d.items()} for q, d in led.per_question().items()}
@@ -157,7 +157,7 @@ def test_killed_run_keeps_its_costs_and_resume_costs_what_a_clean_run_does(clean
     assert ids <= set(_ledger_by_question(out))
     r = cli(*run_args(out, "--resume", limit=40))
     assert r.returncode == 0, r.stderr[-2000:]
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     clean_s = json.loads((clean_run / "summary.json").read_text())
     resumed_s = json.loads((out / "summary.json").read_text())
@@ -244,7 +244,7 @@ def test_corrupt_ledger_line_is_refused_not_dropped(clean_run, tmp_path):
 
 
 def test_summary_json_holds_null_not_nan(tmp_path):
-    from ragfast.results import dumps
+    from ragfast.outputs.results import dumps
 
     text = dumps({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": -float("inf")}})
     assert json.loads(text) == {"a": None, "b": [1.0, None], "c": {"d": None}}
@@ -372,13 +372,13 @@ def hung_server():
 def test_hung_server_times_out_with_a_progress_line_and_one_error(hung_server, monkeypatch, caplog):
     import httpx
 
-    from ragfast import http
+    from ragfast.infra import http
 
     monkeypatch.setattr(http, "WAIT_NOTICE_S", 0.2)
     monkeypatch.setenv("RAGFAST_CALL_TIMEOUT", "1.0")
     monkeypatch.setenv("RAGFAST_TOTAL_TIMEOUT", "30")
     url = hung_server + "/retrieve"
-    with httpx.Client(timeout=600) as client, caplog.at_level("WARNING", logger="ragfast.http"):
+    with httpx.Client(timeout=600) as client, caplog.at_level("WARNING", logger="ragfast.infra.http"):
         with pytest.raises(DataError, match=rf"^{url} did not answer within 1 s \(--call-timeout\)"):
             http.post_json(client, url, {"queries": ["q"]}, retries=2, error=DataError)
     assert any(f"still waiting for {url}" in r.getMessage() for r in caplog.records)
@@ -482,8 +482,8 @@ def test_bad_input_is_one_line_exit_2_and_no_new_files(case, tmp_path):
 
 
 def test_yaml_method_is_an_alias_of_methods(tmp_path):
-    from ragfast.bench import make_config
-    from ragfast.settings import load_yaml
+    from ragfast.comparison.pipeline import make_config
+    from ragfast.runner.config_file import load_yaml
 
     p = tmp_path / "m.yaml"
     p.write_text("method: [searchr1, s2g]\n", encoding="utf-8")
@@ -576,7 +576,7 @@ def test_full_disk_is_one_line_and_resume_completes_the_run(clean_run, tmp_path,
     import errno
 
     from ragfast import cli as cli_mod
-    from ragfast.results import ResultsWriter
+    from ragfast.outputs.results import ResultsWriter
 
     real_write, calls = ResultsWriter.write, {"n": 0}
 
@@ -790,7 +790,7 @@ def test_request_cancelled_at_shutdown_is_one_log_line_and_a_503(caplog):
 
 
 def test_manifest_mismatch_names_the_first_changed_field_in_one_short_line(tmp_path):
-    from ragfast.results import write_manifest
+    from ragfast.outputs.results import write_manifest
 
     cfg = {"methods": ["searchr1", "s2g", "stepgap", "reloop"], "topk": 3, "corpus": ["contexts"] * 40}
     write_manifest(tmp_path, pipeline="bench", slots={}, config=cfg, seed=0)

@@ -5,9 +5,9 @@ from torch.utils.flop_counter import FlopCounterMode
 from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, BertConfig,
                           DebertaV2Config, LlamaConfig)
 
-from ragfast.cost import forward_flops as ledger_forward_flops
+from ragfast.accounting.ledger import forward_flops as ledger_forward_flops
 from ragfast.errors import ModelError
-from ragfast.flops import forward_flops, forward_flops_per_sequence
+from ragfast.accounting.flops import forward_flops, forward_flops_per_sequence
 from ragfast.models import make_tiny
 
 TOL = 0.05

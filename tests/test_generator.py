@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError
 from ragfast.methods.searchr1.loop import STOP, SearchR1Config, build_prompt, run_searchr1
 from ragfast.retrieval.base import Hit, Retriever

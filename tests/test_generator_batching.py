@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.methods.searchr1.loop import build_prompt
 
 torch = pytest.importorskip("torch")

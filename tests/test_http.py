@@ -1,4 +1,4 @@
-"""ragfast.http: URL checks and the JSON client's retries and one-line errors."""
+"""ragfast.infra.http: URL checks and the JSON client's retries and one-line errors."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from ragfast.errors import ConfigError, ModelError, RagfastError
-from ragfast.http import check_url, get_json, is_url, post_json
+from ragfast.infra.http import check_url, get_json, is_url, post_json
 
 
 def test_is_url_and_check_url():
@@ -84,7 +84,7 @@ def test_wait_until_up_returns_on_200_and_fails_in_one_line_otherwise():
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from ragfast.http import wait_until_up
+    from ragfast.infra.http import wait_until_up
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self):  # 200 on /health only, as a server that is up but has no /v1/models

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError, ModelError
 from ragfast.judges.causal import CausalJudge
 from ragfast.judges.head import EncoderJudge

@@ -1,5 +1,5 @@
 """serve-judge under hostile input: per-request checks and limits, failure isolation, fairness
-counters; and the byte-capped LRU caches (ragfast.cache) the judges use."""
+counters; and the byte-capped LRU caches (ragfast.infra.cache) the judges use."""
 import threading
 import time
 
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from ragfast.cache import ByteLRU, set_default_max_bytes, text_key
+from ragfast.infra.cache import ByteLRU, set_default_max_bytes, text_key
 from ragfast.judges.server import JudgeLimits, make_app
 from ragfast.types import State
 

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.types import State, Trajectory, Turn
 

@@ -1,8 +1,9 @@
 """The package's shape: imports only go down the floors, no import loops, no private names across modules.
 
-Floors, bottom to top (DESIGN.md, refined): errors and argument checks -> ops -> records ->
-components -> methods -> runner -> the top (bench, report, commands, CLI). Read from the source with ``ast``, so a
-function-level import counts as much as a module-level one.
+Floors, bottom to top (DESIGN.md, refined): errors and argument checks -> ops -> records (with the
+cost model, scoring, plumbing and a run's files) -> components -> methods -> runner -> the top (the
+bench's pipeline and report in ``comparison``, commands, CLI). Read from the source with ``ast``, so
+a function-level import counts as much as a module-level one.
 """
 from __future__ import annotations
 
@@ -19,17 +20,13 @@ FLOORS: list[tuple[str, tuple[str, ...]]] = [
     # the errors and argument checks every floor raises, the ops included
     ("base", ("ragfast.errors", "ragfast.checks")),
     ("ops", ("ragfast._C", "ragfast.ops", "ragfast.kernels")),
-    ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.savings",
-                 "ragfast.cost", "ragfast.flops", "ragfast.metrics", "ragfast.stats", "ragfast.http", "ragfast.cache",
-                 "ragfast.devices", "ragfast.deps", "ragfast.logs", "ragfast.progress", "ragfast.outdir",
-                 "ragfast.verdicts", "ragfast.results", "ragfast.failures", "ragfast.remote_cost", "ragfast.cli_help", "ragfast.settings",
-                 "ragfast.ray_support")),
+    ("records", ("ragfast.types", "ragfast.text", "ragfast.protocol", "ragfast.accounting",
+                 "ragfast.scoring", "ragfast.infra", "ragfast.outputs")),
     ("components", ("ragfast.data", "ragfast.encoders", "ragfast.retrieval", "ragfast.models", "ragfast.judges",
-                    "ragfast.serving", "ragfast.passage_store")),
+                    "ragfast.serving")),
     ("methods", ("ragfast.methods",)),
     ("runner", ("ragfast.runner",)),
-    ("top", ("ragfast.bench", "ragfast.bench_verdict", "ragfast.report", "ragfast.projection", "ragfast.commands",
-             "ragfast.cli")),
+    ("top", ("ragfast.comparison", "ragfast.commands", "ragfast.cli", "ragfast.cli_help")),
 ]
 
 
@@ -184,3 +181,11 @@ def test_no_product_module_is_huge(limit):
     big = {m: sum(1 for _ in p.open(encoding="utf-8")) for m, p in MODULES.items()}
     over = {m: n for m, n in big.items() if n > limit and m not in allowed}
     assert not over, over
+
+
+def test_the_root_floor_holds_few_modules():
+    """At most 12 modules at the package's root, ``__init__.py`` included (issue 39): a new module
+    joins the package of its role (``accounting``, ``scoring``, ``infra``, ``outputs``, ``data``,
+    ``comparison`` ...), so ``ls python/ragfast`` keeps reading as the data flow in CONTRIBUTING.md."""
+    root = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(root) <= 12, f"{len(root)} modules at python/ragfast/'s root: {root}"

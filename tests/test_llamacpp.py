@@ -127,7 +127,7 @@ def test_verbose_goes_to_llamacpp_only_and_a_silent_server_is_a_logged_guess(fak
 
 
 def test_cached_tokens_and_timings_of_llamacpp_are_booked(fake):
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
 
     for details in (True, False):  # usage.prompt_tokens_details, else llama.cpp's timings.cache_n
         gen = fake(FakeLlamaCpp(lambda b: ("<answer> x", "word", "</answer>"), usage_details=details))

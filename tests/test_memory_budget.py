@@ -131,7 +131,7 @@ def test_kept_caches_are_dropped_when_they_leave_no_room(kv_heavy, caplog):
 
 
 def test_a_budget_too_small_for_one_session_is_one_line_not_a_question_failure(kv_heavy):
-    from ragfast.failures import is_question_failure
+    from ragfast.outputs.failures import is_question_failure
     from ragfast.models.generator import HFGenerator
 
     g = HFGenerator(kv_heavy, memory_budget="100kB")

@@ -2,7 +2,7 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ragfast.metrics import (exact_match, extract_answer, f1, normalize_answer, recall_at_k, sub_exact_match,
+from ragfast.scoring.metrics import (exact_match, extract_answer, f1, normalize_answer, recall_at_k, sub_exact_match,
                              sufficient)
 
 

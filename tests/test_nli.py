@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger, forward_flops
+from ragfast.accounting.ledger import CostLedger, forward_flops
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.nli import CANONICAL_LABELS, NLIScorer, canonical_order, plan_batches
 

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.methods.searchr1.loop import SearchR1Config, build_prompt, run_searchr1
 from ragfast.retrieval.base import Hit, Retriever
@@ -126,7 +126,7 @@ def test_url_reasoner_costs_equal_the_local_model(served_tiny):
     assert rt["cached_tokens"] > 0
     # Same token counts, same FLOPs: the local run's per-call counts priced the way the URL
     # client prices a server's usage give the local run's own analytic FLOPs.
-    from ragfast.flops import completion_flops
+    from ragfast.accounting.flops import completion_flops
 
     for r in local_led.records:
         assert completion_flops(path, r.input_tokens + r.cached_tokens, r.cached_tokens,
@@ -183,7 +183,7 @@ def test_model_discovery_errors(served_tiny, monkeypatch):
 
 
 def test_bench_with_a_url_reasoner_records_usage_tokens_and_flops(served_tiny, tmp_path):
-    from ragfast.bench import make_config, run_bench
+    from ragfast.comparison.pipeline import make_config, run_bench
     from ragfast.data import sample
 
     url, path, _ = served_tiny
@@ -202,7 +202,7 @@ def test_bench_with_a_url_reasoner_records_usage_tokens_and_flops(served_tiny, t
 
 
 def test_bench_refuses_a_device_this_machine_lacks(tmp_path):
-    from ragfast.bench import make_config
+    from ragfast.comparison.pipeline import make_config
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

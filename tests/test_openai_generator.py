@@ -15,7 +15,7 @@ import pytest
 
 httpx = pytest.importorskip("httpx")
 
-from ragfast.cost import CostLedger  # noqa: E402
+from ragfast.accounting.ledger import CostLedger  # noqa: E402
 from ragfast.protocol import STOP, parse_action  # noqa: E402
 
 URL = "http://127.0.0.1:8000"
@@ -181,8 +181,8 @@ def test_usage_without_cached_tokens_warns_and_says_so(serve, caplog):
 
 # -- 5: a tiny random-weight model is not meaningful over a URL either --------------------------
 def test_the_tiny_marker_makes_a_url_reasoner_not_meaningful(serve, tiny_dir):
-    from ragfast.results import slot_entry
-    from ragfast.verdicts import RANDOM_LABEL
+    from ragfast.outputs.results import slot_entry
+    from ragfast.outputs.slot_labels import RANDOM_LABEL
 
     gen = serve(FakeServer(lambda b: {"text": ""}), tokenizer=tiny_dir)
     d = slot_entry(gen)
@@ -206,7 +206,7 @@ def test_describe_before_and_after_calls(serve):
 
 # -- 8: the URL reasoner books the cache-independent FLOPs -------------------------------------
 def test_flops_uncached_prices_every_prompt_token(serve, tiny_dir):
-    from ragfast.flops import completion_flops
+    from ragfast.accounting.flops import completion_flops
 
     gen = serve(FakeServer(lambda b: {"text": "<answer> x", "stop_reason": "</answer>"}), model_config=tiny_dir)
     led = CostLedger()
@@ -237,7 +237,7 @@ def test_a_trajectory_that_never_answers_has_no_answer(serve):
 
 def test_resume_accepts_localhost_for_127_0_0_1():
     from ragfast.models.openai_generator import canonical_url
-    from ragfast.runner.drive import fingerprint
+    from ragfast.runner.recording import fingerprint
 
     assert canonical_url("http://localhost:8000/") == canonical_url("http://127.0.0.1:8000") == "http://127.0.0.1:8000"
     assert canonical_url("http://LOCALHOST:9/v1#m") == "http://127.0.0.1:9/v1#m"
@@ -253,7 +253,7 @@ def test_resume_accepts_localhost_in_the_model_identity(serve):
 
 
 def test_a_task_stopped_by_an_error_is_not_printed_done(capsys):
-    from ragfast.progress import RunProgress, progress_task
+    from ragfast.infra.progress import RunProgress, progress_task
 
     with RunProgress(plain=True):
         with pytest.raises(RuntimeError):

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from ragfast.errors import ConfigError
-from ragfast.flops import completion_flops
-from ragfast.projection import MODEL_PRESETS, decoder_params, device_profile, project_run
+from ragfast.accounting.flops import completion_flops
+from ragfast.accounting.projection import MODEL_PRESETS, decoder_params, device_profile, project_run
 
 Q7 = MODEL_PRESETS["qwen2.5-7b"]
 

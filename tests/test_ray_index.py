@@ -90,7 +90,7 @@ def test_ray_sharded_equals_unsharded(cluster, tmp_path):
         s2, i2 = ref.search(q, 5, exclude=ex, min_score=0.0)
         _tie_aware_equal(s1, i1, s2, i2)
         assert not set(i1[5].tolist()) & set(ex[5])
-        from ragfast.cost import CostLedger
+        from ragfast.accounting.ledger import CostLedger
 
         led = CostLedger()
         idx.search(q[:2], 3, ledger=led, question_ids=["a", "b"])

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.data import load_qa, sample
 from ragfast.errors import ConfigError, DataError
 from ragfast.methods.reloop.hseq import from_triples, to_source

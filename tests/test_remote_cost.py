@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
-from ragfast.remote_cost import book, cost_items
+from ragfast.accounting.ledger import CostLedger
+from ragfast.accounting.remote_cost import book, cost_items
 from ragfast.types import State
 
 fastapi = pytest.importorskip("fastapi")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ragfast import report
+from ragfast.comparison import report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -230,7 +230,7 @@ def _balance(net, spent, saved):
 def test_verdict_opens_both_pages_with_the_summary_numbers_and_empty_slots_read_as_such(tmp_path):
     """The verdict section comes first in report.md and report.html and prints the summary's
     figures (written out here by hand); an empty slot reads as empty, never as a bare False."""
-    from ragfast import bench_verdict
+    from ragfast.comparison import verdict as bench_verdict
 
     s = _summary()
     s["slots"]["checker"] = {"name": "none", "meaningful": False}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from ragfast.errors import DataError
-from ragfast.results import (ResultsWriter, finished_ids, read_manifest, read_results, repair_tail, slot_entry,
+from ragfast.outputs.results import (ResultsWriter, finished_ids, read_manifest, read_results, repair_tail, slot_entry,
                              strip_timing, write_manifest)
 
 
@@ -111,7 +111,7 @@ def _cli(out, *extra):
 # process says so in a file and waits to be killed, so the kill lands mid-run whatever the load.
 _HELD_CLI = """
 import pathlib, runpy, sys, time
-from ragfast import results
+from ragfast.outputs import results
 hold, flag = int(sys.argv[1]), pathlib.Path(sys.argv[2])
 orig, seen = results.ResultsWriter.write, []
 def write(self, record):
@@ -214,7 +214,7 @@ def test_readers_take_both_run_layouts(tmp_path):
     """eval-reasoner and stepgap check read a run directory of either layout: the hand-written run
     commands' results.jsonl and the bench's (and generated run M's) trajectories/<m>.jsonl."""
     from ragfast.methods.searchr1.reasoner_eval import load_trajectories
-    from ragfast.results import trajectories_path
+    from ragfast.outputs.results import trajectories_path
 
     line = '{"id": "q1", "question": "Q?", "answer": "a", "golden_answers": ["a"], "em": 1.0, "turns": []}\n'
     old, new = tmp_path / "old", tmp_path / "new"

@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("ray")
 
-from ragfast.results import read_manifest, read_results, strip_timing  # noqa: E402
+from ragfast.outputs.results import read_manifest, read_results, strip_timing  # noqa: E402
 
 N = 8
 TRAJ, LEDGER = Path("trajectories") / "searchr1.jsonl", Path("ledgers") / "searchr1.jsonl"
@@ -178,7 +178,7 @@ def test_killed_ray_run_keeps_the_costs_of_its_finished_questions(data, single, 
     import signal
     import time
 
-    from ragfast.runner.drive import load_ledger
+    from ragfast.runner.recording import load_ledger
 
     out = tmp_path / "K"
     cmd = [sys.executable, "-m", "ragfast.cli", "run", "searchr1", "--model", "scripted", "--retriever", "bm25",

@@ -11,7 +11,7 @@ import pytest
 
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
-from ragfast.runner.drive import check_resume, fingerprint
+from ragfast.runner.recording import check_resume, fingerprint
 
 
 def test_specs_mean_the_same_everywhere(tmp_path):
@@ -39,7 +39,7 @@ def test_specs_mean_the_same_everywhere(tmp_path):
 
 
 def test_default_corpus_is_the_benchs():
-    from ragfast.bench import BenchConfig
+    from ragfast.comparison.pipeline import BenchConfig
 
     assert list(build.DEFAULT_CORPUS) == BenchConfig().corpus == build.DEFAULTS["corpus"]
     assert BenchConfig().batch_size == build.DEFAULTS["batch_size"]
@@ -68,7 +68,7 @@ def test_fingerprint_names_the_first_difference(tmp_path):
 
 
 def test_config_yaml_is_shared_and_flags_win(tmp_path):
-    from ragfast.bench import make_config
+    from ragfast.comparison.pipeline import make_config
     from ragfast.commands.s2g import study_settings
 
     y = tmp_path / "c.yaml"
@@ -125,10 +125,10 @@ def test_no_two_running_commands_give_one_setting_different_defaults(tmp_path, m
 
     from typer.testing import CliRunner
 
-    import ragfast.bench
+    import ragfast.comparison.pipeline
     import ragfast.commands.s2g
     from ragfast.cli import app
-    from ragfast.devices import resolve_device
+    from ragfast.infra.devices import resolve_device
     from ragfast.runner.settings import RunSettings, flag_names
 
     default = RunSettings()
@@ -157,7 +157,7 @@ def test_no_two_running_commands_give_one_setting_different_defaults(tmp_path, m
     def study(**kw):
         got[cmd_name] = {study_names.get(k, k): v for k, v in kw.items()}
 
-    monkeypatch.setattr(ragfast.bench, "run_bench", bench)
+    monkeypatch.setattr(ragfast.comparison.pipeline, "run_bench", bench)
     monkeypatch.setattr(ragfast.commands.s2g, "run_s2g_command", study)
     for cmd_name, _ in commands:
         extra = ["--out", str(tmp_path / "study")] if cmd_name == "study s2g" else []
@@ -238,7 +238,7 @@ def test_a_new_retriever_backend_is_one_table_entry(monkeypatch, tmp_path):
     then the spec works in the one factory, in ``check_paths`` and in a whole run."""
     from ragfast.data import Corpus
     from ragfast.retrieval.base import Hit, Retriever
-    from ragfast.runner.methods import run_methods
+    from ragfast.runner.run_methods import run_methods
     from ragfast.runner.settings import check_paths, make_config
 
     calls = []

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.judges.base import Judge
 from ragfast.models.scripted import ScriptedGenerator
@@ -17,7 +17,7 @@ from ragfast.methods.s2g.evaluation import evaluate, reachability, render_markdo
 from ragfast.methods.s2g.loop import JudgeStopHook, gap_query, run_s2g
 from ragfast.methods.s2g.states import RecordedStates, record_states, replay, state_prefixes
 from ragfast.methods.searchr1.loop import SearchR1Config, run_searchr1
-from ragfast.results import ResultsWriter
+from ragfast.outputs.results import ResultsWriter
 
 
 class OverlapJudge(Judge):

@@ -367,7 +367,7 @@ def test_report_s2g_gives_the_run_s_threshold(recorded_run, tmp_path):
 
 def test_bench_freezes_the_run_s_threshold_on_the_same_validation_states(recorded_run, tmp_path):
     import ragfast.runner.slots as slots_mod
-    from ragfast.bench import make_config, select_s2g_threshold
+    from ragfast.comparison.pipeline import make_config, select_s2g_threshold
     from ragfast.data import load_qa, sample
 
     qs = load_qa(sample("hotpotqa-dev"))
@@ -434,7 +434,7 @@ def test_replay_and_sweep_stop_at_a_score_equal_to_the_threshold(small_native):
 
 # -- bench: no validation question searches ---------------------------------------------------
 def test_bench_threshold_and_analysis_without_any_search(tmp_path):
-    from ragfast.bench import make_config, s2g_analysis, select_s2g_threshold
+    from ragfast.comparison.pipeline import make_config, s2g_analysis, select_s2g_threshold
     from ragfast.data import corpus_from_contexts, load_qa, sample
     from ragfast.methods.searchr1.loop import SearchR1Config, run_searchr1
     from ragfast.retrieval.bm25 import BM25Retriever
@@ -500,7 +500,7 @@ _VAL = [_line2(f"v{i}", "val", 0, 1, s, y, 0.0) for i, (s, y) in
 
 
 def test_system_level_delay_counts_from_the_first_safe_state_and_defaults():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     a = study.state_arrays(_TEST)
     r = study.system_metrics(a, "j", "probe", 0.5)
@@ -519,7 +519,7 @@ def test_system_level_delay_counts_from_the_first_safe_state_and_defaults():
 
 
 def test_evaluate_lines_given_threshold_without_validation():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     out = study.evaluate_lines(_TEST, given_threshold=0.5, n_resamples=37, seed=3)
     for lab in ("gold", "probe"):

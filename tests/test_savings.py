@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from ragfast.savings import balance, cost_value
+from ragfast.accounting.savings import balance, cost_value
 
 
 def _traj(qid, judge=0.0, reasoner=0.0, search=0.0, tok=(0, 0)):
@@ -168,7 +168,7 @@ def test_lines_and_record_by_hand():
 
 
 def test_intervals_use_the_given_bootstrap_settings():
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     rng = np.random.default_rng(4)
     nat = [_traj(f"q{i}", reasoner=float(rng.uniform(1e9, 2e9))) for i in range(9)]
@@ -182,7 +182,7 @@ def test_intervals_use_the_given_bootstrap_settings():
 
 
 def test_interval_describe_units():
-    from ragfast.savings import Interval
+    from ragfast.accounting.savings import Interval
 
     assert Interval(1.0, 0.5, 1.5).describe("ms") == "1 [0.5, 1.5] ms"
     assert Interval(1.0, 0.5, 1.5).describe() == "1 [0.5, 1.5]"

@@ -8,14 +8,14 @@ from collections import Counter
 
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
 from ragfast.models.scripted import ScriptedGenerator
 from ragfast.methods.searchr1.loop import (INVALID_OBSERVATION, SearchR1Config, SearchR1Loop, build_prompt,
                                         format_observation, parse_action, run_searchr1,
                                         truncate_whitespace_tokens)
-from ragfast.results import ResultsWriter, read_results, strip_timing
+from ragfast.outputs.results import ResultsWriter, read_results, strip_timing
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.types import Question
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.retrieval.base import Retriever
 from ragfast.retrieval.bm25 import BM25Retriever

@@ -12,7 +12,7 @@ from sklearn.metrics import average_precision_score, brier_score_loss
 
 import ragfast
 from ragfast.ops.policy import bootstrap_means
-from ragfast.stats import (BootstrapResult, average_precision, brier, calibration_table, non_inferiority,
+from ragfast.scoring.stats import (BootstrapResult, average_precision, brier, calibration_table, non_inferiority,
                            paired_bootstrap, precision_recall, sigmoid, unsafe_stop_fraction)
 
 HAS_CPP = ragfast.backends()["available"]["cpp"]

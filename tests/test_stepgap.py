@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
 from ragfast.models.base import Generator
 from ragfast.methods.stepgap.checker import CC, IE, MB, NO_GAP, check, segment

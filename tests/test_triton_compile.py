@@ -77,7 +77,7 @@ def test_specs_cover_every_choice_of_the_wrappers():
 
 def test_roofline_agrees_with_the_report_cost_table():
     from ragfast.kernels.roofline import GPUS, floor_seconds, prefix_attention_cost, topk_ip_cost
-    from ragfast.projection import DEVICES
+    from ragfast.accounting.projection import DEVICES
 
     for key in ("h100", "h200"):
         assert GPUS[key].bf16 == DEVICES[key].flops_per_s

@@ -7,9 +7,9 @@ import warnings
 import numpy as np
 import pytest
 
-from ragfast.progress import RunProgress, current, progress_task
+from ragfast.infra.progress import RunProgress, current, progress_task
 from ragfast.methods.s2g.doc_count import MIN_POSITIVES, doc_count_scores, judge_vs_doc_count
-from ragfast.verdicts import ORACLE_LABEL
+from ragfast.outputs.slot_labels import ORACLE_LABEL
 
 
 def test_plain_progress_lines_when_not_a_terminal(capsys):
@@ -101,7 +101,7 @@ def test_judge_verdict_uses_the_stop_ap_and_needs_five_positives():
 
 def test_slot_labels_say_what_the_slot_is():
     from ragfast.models.scripted import ScriptedGenerator
-    from ragfast.results import answers_label, slot_entry
+    from ragfast.outputs.results import answers_label, slot_entry
 
     assert slot_entry(ScriptedGenerator())["answers_meaningful"] == ORACLE_LABEL
     assert "random weights" in answers_label({"meaningful": False, "note": "random-weight tiny model"})
@@ -109,7 +109,7 @@ def test_slot_labels_say_what_the_slot_is():
 
 
 def test_logging_setup_file_and_third_party(tmp_path, capsys):
-    from ragfast import logs
+    from ragfast.infra import logs
 
     root = logging.getLogger()
     before = list(root.handlers)

@@ -54,9 +54,9 @@ ROOT = Path(__file__).resolve().parents[1]
 # mutmut runs each covering test once per mutant.
 CORE: dict[str, tuple[str, list[str]]] = {
     "merge": ("retrieval/merge.py", ["tests/test_merge.py"]),
-    "metrics": ("metrics.py", ["tests/test_metrics.py"]),
-    "stats": ("stats.py", ["tests/test_stats.py"]),
-    "savings": ("savings.py", ["tests/test_savings.py"]),
+    "metrics": ("scoring/metrics.py", ["tests/test_metrics.py"]),
+    "stats": ("scoring/stats.py", ["tests/test_stats.py"]),
+    "savings": ("accounting/savings.py", ["tests/test_savings.py"]),
     # test_flops checks the re-exported forward_flops against torch's FlopCounterMode.
     # Not test_openai_cost: its loopback server's request log carries state from mutmut's clean
     # run (same process) into the forked mutant runs, where
@@ -65,7 +65,7 @@ CORE: dict[str, tuple[str, list[str]]] = {
     # Not test_remote_cost either: run a second time in one process (as mutmut's forked runs
     # are), test_reported_cost_books_exactly_what_the_component_recorded_in_process books 12.2 s
     # for its 10 s (state kept from the first run).
-    "cost": ("cost.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py",
+    "cost": ("accounting/ledger.py", ["tests/test_cost_ledger.py", "tests/test_core.py", "tests/test_cost_determinism.py",
                          "tests/test_flops.py"]),
     # test_stats checks bootstrap_means against scipy and by hand
     "ops_policy": ("ops/policy.py", ["tests/test_ops_policy.py", "tests/test_policy.py", "tests/test_stats.py"]),

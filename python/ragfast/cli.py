@@ -85,8 +85,8 @@ def _root(
     Runs write a log file (ragfast.log, every message including third-party warnings) into
     their results directory.
     """
-    from ragfast.http import set_timeouts, timeouts
-    from ragfast.logs import setup
+    from ragfast.infra.http import set_timeouts, timeouts
+    from ragfast.infra.logs import setup
 
     setup(verbose=verbose, quiet=quiet)
     set_timeouts(call_timeout, total_timeout)
@@ -100,7 +100,7 @@ def _root(
 @app.command("backends")
 def backends_cmd(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table.")) -> None:
     """Say which op backends (ref, cpp, triton) are available and which one each op uses."""
-    from ragfast.deps import status
+    from ragfast.infra.deps import status
 
     info = ragfast.backends()
     info["runtimes"] = status()

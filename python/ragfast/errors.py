@@ -4,7 +4,7 @@ Beside the error types, what a failure of one component call says about the ques
 carried: :func:`blame` marks an exception raised inside a call with the component and the
 questions that call was for, and :func:`mark_transient` says whether a retry might pass (a
 connection reset, a 5xx, a timeout) or not (a 4xx, a refused input). The runner reads both to
-record a failing question as data and go on with the others (:mod:`ragfast.failures`).
+record a failing question as data and go on with the others (:mod:`ragfast.outputs.failures`).
 """
 from __future__ import annotations
 

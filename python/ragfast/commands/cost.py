@@ -24,7 +24,7 @@ def load_trajectories(results_dir: str | Path) -> dict[str, list[dict[str, Any]]
     ConfigError
         When the directory holds no trajectory records.
     """
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():
@@ -45,7 +45,7 @@ def load_trajectories(results_dir: str | Path) -> dict[str, list[dict[str, Any]]
 def report_cost(results_dir: str | Path, *, device: str = "h200", reasoner_config: str | None = None,
                 judge_config: str | None = None, batch: int = 64, dtype_bytes: int = 2) -> dict[str, Any]:
     """Write ``cost_projection.json`` and ``cost_projection.md`` into ``results_dir``; return the projection."""
-    from ragfast.projection import project_run, render_markdown
+    from ragfast.accounting.projection import project_run, render_markdown
 
     proj = project_run(load_trajectories(results_dir), device, reasoner=reasoner_config, judge=judge_config,
                        batch=batch, dtype_bytes=dtype_bytes)

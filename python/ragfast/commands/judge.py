@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ragfast.commands import serve_flags
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 from ragfast.judges.server import MAX_STATES_PER_REQUEST
 
 
@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
         from ragfast.judges import load
         from ragfast.judges.server import JudgeLimits, make_app
 
-        from ragfast.cache import set_default_max_bytes
+        from ragfast.infra.cache import set_default_max_bytes
         from ragfast.errors import ConfigError
 
         if cache_mb < 0:

@@ -14,7 +14,7 @@ from typing import Any, List, Optional
 
 import typer
 
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 
 from ragfast.errors import ConfigError
 

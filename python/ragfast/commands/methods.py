@@ -1,7 +1,7 @@
 """``ragfast run M`` for every registered method, generated from the registry and :class:`RunSettings`.
 
 Each generated command runs one method through the same runner as ``ragfast bench``
-(:func:`ragfast.runner.methods.run_methods`), so ``ragfast run s2g`` and ``ragfast bench
+(:func:`ragfast.runner.run_methods.run_methods`), so ``ragfast run s2g`` and ``ragfast bench
 --method s2g`` with the same settings write the same files: ``trajectories/``, ``ledgers/``,
 ``manifest.json``, ``summary.json`` and the report. Its flags are the fields of
 :class:`~ragfast.runner.settings.RunSettings` (one name each, old spellings as aliases from
@@ -60,9 +60,9 @@ def run_one(name: str, *, resume: bool = False, console: Any = None, progress: b
     """What ``ragfast run NAME`` does (:func:`one_method_settings`, then the bench's runner); returns the summary.
 
     ``components`` fill slots with objects the caller built (``{"head": my_model}``:
-    :func:`ragfast.runner.methods.build_slots`).
+    :func:`ragfast.runner.run_methods.build_slots`).
     """
-    from ragfast.bench import run_bench
+    from ragfast.comparison.pipeline import run_bench
 
     return run_bench(one_method_settings(name, **kw), resume=resume, console=console, progress=progress,
                      table=False, components=components)
@@ -138,15 +138,15 @@ def running_command(name: str | None) -> Callable[..., None]:
     """The typer command of ``ragfast run NAME`` (or of ``ragfast bench`` for None), flags from :class:`RunSettings`."""
 
     def command(**kw: Any) -> None:
-        from ragfast.bench import run_bench
-        from ragfast.outdir import output_dir
+        from ragfast.comparison.pipeline import run_bench
+        from ragfast.outputs.outdir import output_dir
 
         resume, progress, as_json = kw.pop("resume"), not kw.pop("no_progress"), kw.pop("as_json")
         cfg = _settings_from_flags(kw, [name] if name else None)
         with output_dir(cfg.out):
             summary = run_bench(cfg, resume=resume, progress=progress, table=not as_json)
         if as_json:
-            from ragfast.results import dumps
+            from ragfast.outputs.results import dumps
 
             print(dumps(summary, indent=2))
 

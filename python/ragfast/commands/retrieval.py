@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ragfast.commands import serve_flags
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +79,7 @@ def register(app: typer.Typer) -> None:
         """Embed a corpus (resumable, with progress) and build an index, printing the timing."""
         from rich.console import Console
 
-        from ragfast.outdir import output_dir
+        from ragfast.outputs.outdir import output_dir
 
         con = Console(stderr=True)
         with output_dir(out):
@@ -161,8 +161,8 @@ def _claim(out: Path, settings: dict) -> None:
     unknown). The same settings continue: the finished embedding chunks are kept.
     """
     from ragfast.errors import ConfigError
-    from ragfast.outdir import LOCK_FILE
-    from ragfast.runner.drive import first_difference
+    from ragfast.outputs.outdir import LOCK_FILE
+    from ragfast.runner.recording import first_difference
 
     path = out / "build.json"
     if path.exists():

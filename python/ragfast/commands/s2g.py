@@ -54,16 +54,16 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
     """
     from rich.console import Console
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.data import load_qa
     from ragfast.methods.s2g.loop import run_s2g
     from ragfast.methods.s2g.states import record_states
     from ragfast.methods.searchr1.loop import SearchR1Config, SearchR1Loop
     from ragfast.methods.s2g.study import state_lines
-    from ragfast.results import read_results, slot_entry, write_manifest
+    from ragfast.outputs.results import read_results, slot_entry, write_manifest
     from ragfast.runner import slots as build
-    from ragfast.runner.drive import MethodRecorder, data_identity, fingerprint
-    from ragfast.runner.methods import in_question_order
+    from ragfast.runner.recording import MethodRecorder, data_identity, fingerprint
+    from ragfast.runner.run_methods import in_question_order
     from ragfast.types import Trajectory
 
     con = Console(stderr=True)
@@ -186,7 +186,7 @@ def _prepare_out(out_dir: Path, fp: dict[str, Any], *, overwrite: bool, resume: 
     A directory holding a run (a finished one, or native trajectories of a killed one) is
     refused unless ``overwrite`` (cleared) or ``resume`` (its fingerprint must be ``fp``).
     """
-    from ragfast.runner.drive import check_resume
+    from ragfast.runner.recording import check_resume
 
     if resume:
         check_resume(out_dir, fp)
@@ -218,7 +218,7 @@ def study_settings(config: str | None = None, preset: str = "default", **given: 
         No ``--out`` on the command line or in ``--config``, or a setting ``run s2g`` refuses.
     """
     from ragfast.commands.methods import one_method_settings
-    from ragfast.settings import load_yaml
+    from ragfast.runner.config_file import load_yaml
 
     if given.get("out") is None and load_yaml(config).get("out") is None:
         raise ConfigError("--out is required (on the command line or in --config)")
@@ -227,8 +227,8 @@ def study_settings(config: str | None = None, preset: str = "default", **given: 
 
 def study_command(**kw: Any) -> None:
     """Run S2G on Search-R1: native run, per-state judge scores and probes, threshold, live run, report."""
-    from ragfast.devices import resolve_device
-    from ragfast.outdir import output_dir
+    from ragfast.infra.devices import resolve_device
+    from ragfast.outputs.outdir import output_dir
 
     own = {k: kw.pop(k) for k in ("gap_queries", "no_live", "overwrite", "resume", "no_progress")}
     cfg = study_settings(**kw)

@@ -11,17 +11,17 @@ from typing import Any, Optional
 
 import typer
 
-from ragfast.devices import DEVICE_HELP, device_option
+from ragfast.infra.devices import DEVICE_HELP, device_option
 from ragfast.errors import ConfigError
 from ragfast.runner import slots as build
-from ragfast.runner.drive import slot_lines
+from ragfast.runner.recording import slot_lines
 
 
 def _read_trajectories(path: str) -> list[Any]:
     """A results file, or a run directory of either layout (``results.jsonl``, or the bench's
     ``trajectories/searchr1.jsonl``, else ``trajectories/stepgap.jsonl`` of ``ragfast run stepgap``)."""
     from ragfast.errors import DataError
-    from ragfast.results import read_results, trajectories_path
+    from ragfast.outputs.results import read_results, trajectories_path
     from ragfast.types import Trajectory
 
     p = Path(path)
@@ -54,7 +54,7 @@ def _register_stepgap(app: typer.Typer) -> None:
                   contra: float = typer.Option(0.5, "--contra", help="Contradiction probability at or above which a step counts as contradicted."),
                   device: str = typer.Option("auto", "--device", callback=device_option, help=DEVICE_HELP)) -> None:
         """Label every step of saved trajectories (one batched call per stage)."""
-        from ragfast.cost import CostLedger
+        from ragfast.accounting.ledger import CostLedger
         from ragfast.methods.stepgap.checker import check
         from ragfast.methods.stepgap.rewards import process_rewards, write_jsonl
 

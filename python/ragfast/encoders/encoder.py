@@ -235,7 +235,7 @@ class Encoder:
         ----------
         texts : sequence of str
         kind : {"query", "passage", "raw"}
-        ledger : ragfast.cost.CostLedger, optional
+        ledger : ragfast.accounting.ledger.CostLedger, optional
             Receives one ``encoder`` record per text (tokens, FLOPs, its share of the seconds).
         question_ids : sequence of str, optional
             One id per text, for the per-question ledger split.
@@ -299,7 +299,7 @@ class Encoder:
 
     def _flops(self, lengths: Sequence[int]) -> list[float]:
         """Per-text forward FLOPs at the true (unpadded) lengths: the useful work."""
-        from ragfast.flops import forward_flops_per_sequence
+        from ragfast.accounting.flops import forward_flops_per_sequence
 
         if self._flops_ok:
             try:
@@ -388,7 +388,7 @@ class Embedded:
     too: the tokens and FLOPs are the same either way, so a question's recorded cost depends on
     neither what was embedded before it nor what it was batched with. ``keys`` name each entry's
     text (its kind and digest), so the ledger can count as ``reused`` the texts a question read
-    before (:meth:`ragfast.cost.CostLedger.first_reads`); ``seconds`` is the time spent embedding.
+    before (:meth:`ragfast.accounting.ledger.CostLedger.first_reads`); ``seconds`` is the time spent embedding.
     """
 
     vectors: dict[str, np.ndarray]
@@ -404,7 +404,7 @@ def record_embedded(ledger: Any, component: str, parts: Sequence[Embedded], seco
 
     Parameters
     ----------
-    ledger : ragfast.cost.CostLedger or None
+    ledger : ragfast.accounting.ledger.CostLedger or None
         Nothing is recorded without one, or when the parts hold no text.
     component : str
         The ledger component (a judge's embeddings are ``"judge"`` compute).
@@ -426,7 +426,7 @@ def record_embedded(ledger: Any, component: str, parts: Sequence[Embedded], seco
 class EmbeddingCache:
     """Vectors of texts of one ``kind``, each embedded once, kept with what embedding it cost.
 
-    An LRU capped in bytes (:class:`ragfast.cache.ByteLRU`, keyed by a digest of the text, so a
+    An LRU capped in bytes (:class:`ragfast.infra.cache.ByteLRU`, keyed by a digest of the text, so a
     long passage is never held twice). Each entry keeps its token count and FLOPs, so a hit is
     charged exactly what the miss was (see :class:`Embedded`); whether the cache held a text
     never shows in the ledger but as wall seconds.
@@ -438,11 +438,11 @@ class EmbeddingCache:
         ``encoder`` entry per text.
     kind : {"query", "passage", "raw"}
     max_bytes : int, optional
-        The cap (default :func:`ragfast.cache.default_max_bytes`).
+        The cap (default :func:`ragfast.infra.cache.default_max_bytes`).
     """
 
     def __init__(self, encoder: Any, kind: str, max_bytes: int | None = None):
-        from ragfast.cache import ByteLRU
+        from ragfast.infra.cache import ByteLRU
 
         self.encoder = encoder
         self.kind = kind
@@ -450,7 +450,7 @@ class EmbeddingCache:
 
     def get(self, text: str) -> np.ndarray | None:
         """The cached vector of ``text``, or None (no cost is recorded)."""
-        from ragfast.cache import text_key
+        from ragfast.infra.cache import text_key
 
         got = self.store.get(text_key(text))
         return None if got is None else got[0]
@@ -461,8 +461,8 @@ class EmbeddingCache:
         The returned vectors are this call's own, so an eviction in the middle of a call loses
         nothing.
         """
-        from ragfast.cache import text_key
-        from ragfast.cost import CostLedger
+        from ragfast.infra.cache import text_key
+        from ragfast.accounting.ledger import CostLedger
 
         qids = list(question_ids) if question_ids is not None else [None] * len(texts)
         reads = list(dict.fromkeys(zip(qids, texts)))  # (question, text), in order of first appearance
@@ -623,7 +623,7 @@ def encode_corpus(encoder: Encoder, corpus: Any, out_dir: str | os.PathLike, chu
     if max_chunks is not None:
         todo = todo[:max(0, int(max_chunks))]
 
-    from ragfast.progress import progress_task
+    from ragfast.infra.progress import progress_task
 
     done_rows = sum(min(chunk_size, n - i * chunk_size) for i in range(total) if _chunk_file(out, i).exists())
     # Advanced per encoder batch (not per chunk), so the bar moves every few seconds.

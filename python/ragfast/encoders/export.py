@@ -224,7 +224,7 @@ def ort_session(path: str | os.PathLike, *, threads: int | None = None, provider
     optimize : bool
         Full graph optimisation (fuses attention and layer norm on CPU).
     """
-    from ragfast.deps import onnxruntime, require_ort_providers
+    from ragfast.infra.deps import onnxruntime, require_ort_providers
 
     ort = onnxruntime()
     if providers is not None:

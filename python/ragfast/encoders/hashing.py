@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.text import EXTENDED_STOPWORDS, content_words
 
 __all__ = ["HashingEncoder", "default_encoder"]

@@ -80,7 +80,7 @@ def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_
     ragfast.errors.ConfigError
         When the spec names nothing loadable.
     """
-    from ragfast.http import is_url
+    from ragfast.infra.http import is_url
 
     if spec in ("encoder", "head"):
         return _bundled(spec, device, shared_encoder, encoder_device)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.protocol import split_documents
 from ragfast.types import State

@@ -16,8 +16,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cache import ByteLRU, text_key
-from ragfast.cost import CostLedger
+from ragfast.infra.cache import ByteLRU, text_key
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.judges.base import Judge
 from ragfast.judges.prompt import (ANSWER_PREFIX, BLOCK_SEP, NO_CONTEXT, SYSTEM_PROMPT, Verdict, as_states,
@@ -75,7 +75,7 @@ def _register_attention() -> None:
 def _forward_flops(config: Any, lengths: Sequence[int], past: Sequence[int] | None = None,
                    heads: Sequence[int] | None = None) -> list[float]:
     """Analytic FLOPs per sequence; ``heads[i]`` = positions whose lm-head logits were computed."""
-    from ragfast.flops import forward_flops_per_sequence
+    from ragfast.accounting.flops import forward_flops_per_sequence
 
     out = forward_flops_per_sequence(config, [int(n) for n in lengths],
                                      None if past is None else [int(p) for p in past], logits="last")

@@ -30,8 +30,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cache import text_key
-from ragfast.cost import CostLedger
+from ragfast.infra.cache import text_key
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ModelError
 from ragfast.judges.base import STATE_FEATURES, DocumentStateJudge
 
@@ -192,7 +192,7 @@ class CrossEncoderJudge(DocumentStateJudge):
         question_ids : sequence, optional
             One id per pair, for the per-question ledger split.
         """
-        from ragfast.flops import forward_flops_per_sequence
+        from ragfast.accounting.flops import forward_flops_per_sequence
 
         # Each question is charged each distinct pair it reads once per call, whether read now,
         # by another question of the call or from the cache (counted as reused only when the same

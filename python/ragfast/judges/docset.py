@@ -35,7 +35,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ModelError
 from ragfast.judges.base import STATE_FEATURES, DocumentStateJudge, state_features
 from ragfast.text import content_words

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError, ModelError
 from ragfast.judges.base import Judge
 from ragfast.judges.prompt import as_states, context_blocks

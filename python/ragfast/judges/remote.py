@@ -2,7 +2,7 @@
 
 It sends states to ``POST /score`` (``{"states": [{"question", "evidence", "trajectory_id"}]}``)
 and books the server's reported compute in the caller's ledger as ``judge`` (see
-:mod:`ragfast.remote_cost`); a server that reports none is booked as unknown, never as free.
+:mod:`ragfast.accounting.remote_cost`); a server that reports none is booked as unknown, never as free.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.http import auth_headers, post_json
+from ragfast.infra.http import auth_headers, post_json
 from ragfast.judges.base import Judge
-from ragfast.remote_cost import book
+from ragfast.accounting.remote_cost import book
 from ragfast.types import State
 
 __all__ = ["RemoteJudge"]

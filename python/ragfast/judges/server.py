@@ -76,7 +76,7 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
 
     Endpoints: ``POST /score`` -> ``{"scores": [float | null], "judge": str, "meaningful": bool,
     "cost": {...}}`` (null where a state could not be scored; ``cost`` holds each state's share
-    of the judge compute, see :mod:`ragfast.remote_cost`); ``GET /health`` -> the judge's ``describe()``, queue
+    of the judge compute, see :mod:`ragfast.accounting.remote_cost`); ``GET /health`` -> the judge's ``describe()``, queue
     depth and in-flight work; ``GET /metrics`` -> the same in Prometheus text format.
 
     Every request is checked on its own before it joins a micro-batch (strict types, text UTF-8
@@ -87,9 +87,9 @@ def make_app(judge: Any, *, max_wait_ms: float = 5.0, max_batch_states: int = 10
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, PlainTextResponse
 
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.errors import ConfigError, RagfastError
-    from ragfast.remote_cost import cost_items
+    from ragfast.accounting.remote_cost import cost_items
     from ragfast.serving import (FairBatcher, RequestError, fix_mmap_threshold, guard, parse_json_body, prometheus_text,
                                  rss_bytes, server_gauges)
 

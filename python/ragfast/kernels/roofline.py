@@ -2,7 +2,7 @@
 
 A kernel's floor is ``max(FLOPs / peak at its precision, bytes / HBM bandwidth)``: no real run
 is faster, so ``floor / measured`` is the fraction of the machine it uses. The bf16 peak and the
-bandwidth are those of ``ragfast report cost``'s device table (``ragfast.projection.DEVICES``,
+bandwidth are those of ``ragfast report cost``'s device table (``ragfast.accounting.projection.DEVICES``,
 checked equal by tests/test_triton_compile.py); this table adds the other precisions the kernels
 run at. Nominal dense figures from NVIDIA's H100 / H200 SXM datasheets: fp32 (CUDA cores)
 67 TFLOP/s, TF32 494.7, bf16 989 (989.4), int8 1,979 TOPS; HBM3 3.35 TB/s, HBM3e 4.8 TB/s.

@@ -1,7 +1,7 @@
 """What a method is, and the registry the runner and the command line read.
 
 A method is one :class:`Method` subclass plus one :func:`register` call in its package's
-``method.py``. The runner (:func:`ragfast.runner.methods.run_methods`) builds the slots once,
+``method.py``. The runner (:func:`ragfast.runner.run_methods.run_methods`) builds the slots once,
 calls :meth:`Method.prepare` once (S2G chooses its threshold there), then :meth:`Method.run` on
 the questions not finished yet; ``ragfast bench`` runs every registered method, ``ragfast run M``
 one of them, through that same runner, so both write the same files.
@@ -44,7 +44,7 @@ class Slots:
         A reasoner for one method: a fresh scripted oracle each call (its state is per run), else
         the one shared model.
     generator_info : dict
-        The reasoner's slot entry (:func:`ragfast.results.slot_entry`).
+        The reasoner's slot entry (:func:`ragfast.outputs.results.slot_entry`).
     judge, nli : object or None
         Built only when a method of the run asks for them.
     checker : object or None
@@ -69,7 +69,7 @@ class Slots:
 
 
 class Recorder(Protocol):
-    """Where a method puts each finished question (:class:`ragfast.runner.drive.MethodRecorder`)."""
+    """Where a method puts each finished question (:class:`ragfast.runner.recording.MethodRecorder`)."""
 
     ledger: Any
 
@@ -148,7 +148,7 @@ class Method:
         Returns the trajectories (or trajectory records: mappings with the trajectory's fields).
         The cost records go to ``recorder.ledger``. Each call to a component is wrapped in
         :func:`ragfast.errors.blame` with its component and questions, so that a failure is
-        recorded for those questions and the run goes on (:mod:`ragfast.failures`): the runner
+        recorded for those questions and the run goes on (:mod:`ragfast.outputs.failures`): the runner
         may then call ``run`` again in the same run with some of the questions, so it keeps no
         state between calls beyond what :meth:`prepare` set.
         """

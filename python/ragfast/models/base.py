@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 
 
 class Generator(ABC):

@@ -322,7 +322,7 @@ def _assemble(e: CatalogueEntry, out: Path, progress: bool) -> dict[str, Any]:
 
     Returns what the card records about where the parts came from.
     """
-    from ragfast.progress import progress_task
+    from ragfast.infra.progress import progress_task
 
     dl = downloads_dir(e.name)
     dl.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ import re
 import time
 from typing import Any, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.models.base import Generator
 from ragfast.text import (EXTENDED_STOPWORDS, NAME_SPAN_PATTERN, NUMBER_PATTERN, QUOTED_PATTERN, YEAR_PATTERN,
                           content_words, parse_number, whitespace_tokens, words)

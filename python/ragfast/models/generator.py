@@ -13,7 +13,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, MemoryBudgetError, ModelError
 from ragfast.models.base import Generator
 from ragfast.text import whitespace_tokens
@@ -538,8 +538,8 @@ class HFGenerator(Generator):
     def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
                         ledger: CostLedger | None) -> dict[str, str]:
         torch = self._torch
-        from ragfast.cost import Timer
-        from ragfast.flops import completion_flops, forward_flops_per_sequence
+        from ragfast.accounting.ledger import Timer
+        from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
         from ragfast.models.kv_buffer import cache_bytes, cache_for
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU

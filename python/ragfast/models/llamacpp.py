@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from ragfast.errors import ModelError
-from ragfast.http import wait_until_up
+from ragfast.infra.http import wait_until_up
 
 __all__ = ["PIN", "CMAKE_ARGS", "venv_dir", "server_binary", "install", "served", "stop"]
 

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 from ragfast.models.nli import CANONICAL_LABELS, plan_batches
 
@@ -147,7 +147,7 @@ class LLMNLIScorer:
         ``ledger`` receives one "nli" record per pair: its unpadded prompt tokens, the FLOPs of
         its forward pass (last position's logits only) and the batch's seconds split by FLOPs.
         """
-        from ragfast.flops import forward_flops_per_sequence
+        from ragfast.accounting.flops import forward_flops_per_sequence
 
         premises, hypotheses = list(premises), list(hypotheses)
         if len(premises) != len(hypotheses):

@@ -25,7 +25,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, ModelError
 
 #: The order of the columns :meth:`NLIScorer.score` returns.
@@ -137,7 +137,7 @@ def pair_flops(config: Any, length: int) -> float:
     The difference between a batch of two such sequences and one: what every extra sequence
     adds, whatever it is batched with. This is what the ledger charges an NLI pair.
     """
-    from ragfast.cost import forward_flops
+    from ragfast.accounting.ledger import forward_flops
 
     return float(forward_flops(config, [length, length]) - forward_flops(config, [length]))
 
@@ -366,7 +366,7 @@ class NLIScorer:
             bs = max(1, int(batch_size))
             batches = [np.arange(s, min(n, s + bs)) for s in range(0, n, bs)]
         qids = list(question_ids) if question_ids is not None else [None] * n
-        from ragfast.cost import forward_flops
+        from ragfast.accounting.ledger import forward_flops
 
         first = True
         for idx in batches:

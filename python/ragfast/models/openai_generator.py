@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError, blame
-from ragfast.http import check_url, get_json, post_json
+from ragfast.infra.http import check_url, get_json, post_json
 from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
 from ragfast.text import whitespace_tokens
@@ -209,7 +209,7 @@ class OpenAIGenerator(Generator):
             except (OSError, ValueError) as exc:
                 raise ModelError(f"cannot load a tokenizer from {tokenizer}: {exc}") from None
         if isinstance(model_config, (str, Path)):
-            from ragfast.flops import read_config
+            from ragfast.accounting.flops import read_config
 
             model_config = read_config(model_config)
         self.model_config = model_config
@@ -412,7 +412,7 @@ class OpenAIGenerator(Generator):
             cached.append(n_cached)
             produced.append(n_out)
             if self.model_config is not None:
-                from ragfast.flops import completion_flops
+                from ragfast.accounting.flops import completion_flops
 
                 flops.append(completion_flops(self.model_config, n_prompt, n_cached, n_out))
                 # cache-independent: the same call with nothing served from the prefix cache

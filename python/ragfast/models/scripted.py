@@ -11,7 +11,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.models.base import Generator
 from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
@@ -217,7 +217,7 @@ class ScriptedGenerator(Generator):
             s.docs += [_Doc(title=d.title, text=d.text, search=s.searches, rank=d.rank) for d in block]
 
     def _find_answer(self, s: _ScriptSession) -> tuple[str, _Doc, str] | None:
-        from ragfast.metrics import normalize_answer
+        from ragfast.scoring.metrics import normalize_answer
 
         golds = [(g, normalize_answer(g)) for g in s.golds]
         golds = [(g, n) for g, n in golds if n]
@@ -231,7 +231,7 @@ class ScriptedGenerator(Generator):
         return None
 
     def _guess(self, qid: str, s: _ScriptSession) -> tuple[str, _Doc | None]:
-        from ragfast.metrics import normalize_answer
+        from ragfast.scoring.metrics import normalize_answer
 
         nq = f" {normalize_answer(s.question)} "
         latest = [d for d in s.docs if d.search == s.searches]
@@ -272,7 +272,7 @@ class ScriptedGenerator(Generator):
                 if s.held == 0 or top is None or top is d:
                     claim = self._claim(d, sent, 40, f"names {gold}.")
                 else:
-                    from ragfast.metrics import normalize_answer
+                    from ragfast.scoring.metrics import normalize_answer
 
                     ng = normalize_answer(gold)
                     contains = f" {ng} " in f" {normalize_answer(top.title + ' ' + top.text)} "

@@ -5,7 +5,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 
 
 @dataclass

@@ -26,7 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ragfast.checks import as_matrix, check_exclude, check_positive_k, check_search, load_npy
-from ragfast.deps import faiss as load_faiss
+from ragfast.infra.deps import faiss as load_faiss
 from ragfast.errors import ConfigError, DataError
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.retrieval.index_meta import read_index_meta

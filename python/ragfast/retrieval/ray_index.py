@@ -19,9 +19,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ragfast.checks import as_matrix, check_exclude_range, check_search, positive_int
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
-from ragfast.ray_support import actor_device, require_ray
+from ragfast.infra.ray_support import actor_device, require_ray
 from ragfast.retrieval.dense import STORAGE_BYTES
 from ragfast.retrieval.merge import merge_topk, shard_exclude
 from ragfast.retrieval.search_cost import record_search, split_evenly

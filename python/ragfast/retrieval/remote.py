@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 from ragfast.checks import check_exclude, check_positive_k, check_question_ids
 from ragfast.errors import ConfigError, RagfastError
-from ragfast.http import auth_headers, check_url, get_json, post_json
-from ragfast.remote_cost import book
+from ragfast.infra.http import auth_headers, check_url, get_json, post_json
+from ragfast.accounting.remote_cost import book
 from ragfast.retrieval.base import Hit, Retriever
 
 __all__ = ["RemoteRetriever", "RemoteRetrievalError", "check_reachable"]

@@ -36,9 +36,9 @@ from typing import Any, Callable, Optional
 
 from pydantic import BaseModel
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError
-from ragfast.remote_cost import cost_items
+from ragfast.accounting.remote_cost import cost_items
 from ragfast.retrieval.base import Retriever
 from ragfast.serving import (API_KEY_ENV, DEFAULT_GRACEFUL_S, DEFAULT_HEAD_TIMEOUT_S, DEFAULT_KEEP_ALIVE_S,
                              DEFAULT_MAX_CONNECTIONS, FairBatcher, RequestError, check_bool, check_int, check_text_list,
@@ -97,7 +97,7 @@ def _search_parts(retriever: Retriever, parts: list[tuple[list[str], int]]) -> l
     """One retriever call for every part of a batch, at the largest k; each part gets its own k.
 
     Each query's answer is ``(hits, cost)``: its share of the encoder and search compute of the
-    call (:func:`ragfast.remote_cost.cost_items`), for clients that ask for ``return_cost``.
+    call (:func:`ragfast.accounting.remote_cost.cost_items`), for clients that ask for ``return_cost``.
     """
     queries = [q for qs, _ in parts for q in qs]
     k = max(k for _, k in parts)  # a smaller k is a prefix of the same ranking
@@ -121,7 +121,7 @@ class _DocBytes:
     """
 
     def __init__(self, max_bytes: int = 64 * 1024 * 1024):
-        from ragfast.cache import ByteLRU
+        from ragfast.infra.cache import ByteLRU
 
         self.cache = ByteLRU(max_bytes, size_of=len)
 

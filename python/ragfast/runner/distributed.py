@@ -12,14 +12,14 @@ Batch evaluation (:func:`run_on_ray`)
   worker actor runs the whole multi-turn loop over it and returns its trajectories and cost
   records in one reply. Because the batches are the same, every per-question record (answers,
   retrieved ids, scores, tokens, bytes scanned) equals the single-process one; only wall and
-  device seconds differ (:func:`ragfast.results.strip_timing`). Workers run batches in
+  device seconds differ (:func:`ragfast.outputs.results.strip_timing`). Workers run batches in
   parallel, so W workers need at least W batches: ``batch_size <= len(questions) / W``.
 - Each worker actor builds its own generator replica from a picklable factory, on a GPU when
   the cluster has GPUs (``num_gpus`` per actor; the factory is told ``device="cuda"``).
 - Retrieval is ONE shared actor (:class:`RayRetriever` proxies to it), so the corpus and index
   are loaded once, not once per worker. Every worker call is one batched ``search`` with the
   same queries a single-process loop would send.
-- Only the driver writes results (:class:`~ragfast.results.ResultsWriter`, fsynced per line),
+- Only the driver writes results (:class:`~ragfast.outputs.results.ResultsWriter`, fsynced per line),
   as batches complete; at the end the file is rewritten atomically in question order (ids of
   earlier runs that are not among ``questions`` keep their place after them).
 - Fault tolerance: worker actors are created with Ray's ``max_restarts`` and
@@ -46,9 +46,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from ragfast.checks import positive_int
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError, RagfastError
-from ragfast.results import summarise
+from ragfast.outputs.results import summarise
 from ragfast.types import Question, check_questions
 
 from ragfast.runner.ray_actors import (GENERATOR, PipelineLoop, RayRetriever, Worker, check_picklable,
@@ -95,7 +95,7 @@ def sort_results(path: str | os.PathLike, order: Sequence[str]) -> int:
     DataError
         When an id occurs twice in the file.
     """
-    from ragfast.results import json_default, read_results
+    from ragfast.outputs.results import json_default, read_results
 
     path = Path(path)
     if not path.exists():
@@ -317,7 +317,7 @@ def run_on_ray(
         A batch failed ``max_attempts`` times (the message names its question ids).
     """
     from ragfast.methods.searchr1.loop import SearchR1Config
-    from ragfast.results import ResultsWriter, read_results
+    from ragfast.outputs.results import ResultsWriter, read_results
 
     qs = check_questions(questions, "run_on_ray")
     cfg = config if config is not None else SearchR1Config()

@@ -13,9 +13,9 @@ import time
 import warnings
 from typing import Any, Callable, Iterator, Sequence
 
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError
-from ragfast.ray_support import actor_device, require_ray
+from ragfast.infra.ray_support import actor_device, require_ray
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.types import Question
 

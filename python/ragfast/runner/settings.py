@@ -2,7 +2,7 @@
 
 Each setting has one name (a field); the flag is the field's name with ``-`` for ``_`` and the
 YAML key is the field's name. The run commands' older spellings of the same settings are
-accepted as aliases in one place (:data:`ragfast.settings.BENCH_NAMES`). Built once at the edge
+accepted as aliases in one place (:data:`ragfast.runner.config_file.BENCH_NAMES`). Built once at the edge
 (:func:`make_config`), checked once (``__post_init__``), and handed down as it is: the method
 configs are made from it by each method (:meth:`ragfast.methods.base.Method.config`).
 """
@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from ragfast.devices import slot_devices
+from ragfast.infra.devices import slot_devices
 from ragfast.errors import ConfigError
-from ragfast.http import is_url
+from ragfast.infra.http import is_url
 from ragfast.methods.base import BUILTIN_PACKAGES, get, names, unknown
-from ragfast.settings import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
+from ragfast.runner.config_file import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
 
 #: The weight dtypes a local reasoner may be loaded in (``--dtype``).
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
-from ragfast.http import is_url
+from ragfast.infra.http import is_url
 from ragfast.models.hub import local_model
 
 log = logging.getLogger(__name__)

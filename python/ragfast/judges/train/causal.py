@@ -48,7 +48,7 @@ def _gap_items(ls: Any, source: str) -> list[dict[str, str]]:
     if source == "teacher" and prov.get("gap_items"):
         return list(prov["gap_items"])
     if source == "gold" and prov.get("supporting_titles"):
-        from ragfast.metrics import normalize_title
+        from ragfast.scoring.metrics import normalize_title
 
         got = {normalize_title(t) for t in ls.retrieved_titles}
         return [{"category": "evidence span", "target": normalize_title(t), "slot": "passage",

@@ -94,7 +94,7 @@ def subset_states(questions: Sequence[Question], pool: Sequence[Passage], *, n_s
     (one empty subset per question at most) in random order. Label: every supporting title
     is in the subset.
     """
-    from ragfast.metrics import sufficient
+    from ragfast.scoring.metrics import sufficient
 
     rng = np.random.default_rng(seed)
     states, labels, qids = [], [], []
@@ -141,7 +141,7 @@ def trajectory_states(questions: Sequence[Question], encoder: Any, *, k: int = 3
 
 def state_set_metrics(labels: np.ndarray, scores: np.ndarray, n_docs: np.ndarray) -> dict[str, Any]:
     """Stop AP, Brier (of sigmoid(score)) and the document-count baseline AP of one state set."""
-    from ragfast.stats import average_precision, brier, sigmoid
+    from ragfast.scoring.stats import average_precision, brier, sigmoid
 
     two = 0 < labels.sum() < labels.size
     ap = float(average_precision(labels, scores)) if two else None
@@ -156,7 +156,7 @@ def state_set_metrics(labels: np.ndarray, scores: np.ndarray, n_docs: np.ndarray
 # ---------------------------------------------------------------------------------------------
 def _pairs_for(questions: Sequence[Question], pool: Sequence[Passage], n_distractors: int, seed: int
                ) -> tuple[list[str], list[str], np.ndarray]:
-    from ragfast.metrics import normalize_title
+    from ragfast.scoring.metrics import normalize_title
 
     rng = np.random.default_rng(seed)
     qs, ds, ys = [], [], []

@@ -33,7 +33,7 @@ def build_training_states(questions: Sequence[Any], corpus: Any, features: "Feat
     stored in the judge's feature cache, so building the states costs one corpus pass. Each
     evidence block is a Search-R1 observation (``<information>Doc i(Title: ...) ...</information>``).
     A state is labelled 1 when every supporting title has been retrieved
-    (:func:`ragfast.metrics.sufficient`). The turns are :func:`ragfast.judges.train.states.dense_turns`,
+    (:func:`ragfast.scoring.metrics.sufficient`). The turns are :func:`ragfast.judges.train.states.dense_turns`,
     as for the doc-set and cross-encoder judges' trajectory states.
 
     Returns

@@ -4,7 +4,7 @@
 top-``k`` inner-product retrieval over a passage matrix (turn 1 queries the question, later
 turns the question plus the title of the previous turn's best hit, a crude bridge query as a
 multi-hop reasoner would issue), each turn one Search-R1 observation, and labels each state 1
-when every supporting title has been retrieved (:func:`ragfast.metrics.sufficient`).
+when every supporting title has been retrieved (:func:`ragfast.scoring.metrics.sufficient`).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def dense_turns(questions: Sequence[Any], passages: Sequence[Passage], P: np.nda
     k, turns : int
         Passages per turn; turns per question.
     """
-    from ragfast.metrics import normalize_title, sufficient
+    from ragfast.scoring.metrics import normalize_title, sufficient
 
     per = [[(State(q.question, [], q.id, 0), 0)] for q in questions]
     seen: list[set[int]] = [set() for _ in questions]

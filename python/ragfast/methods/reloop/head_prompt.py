@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any, Sequence
 
-from ragfast.metrics import normalize_answer
+from ragfast.scoring.metrics import normalize_answer
 from ragfast.models.extractive import render_pack
 from ragfast.text import NAME_SPAN_PATTERN, STOPWORDS, YEAR_PATTERN, words
 

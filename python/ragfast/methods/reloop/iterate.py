@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import blame
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.workspace import Workspace
@@ -77,7 +77,7 @@ class CachedEncoding:
 
     A question served from the cache is charged ``cost`` again, so its recorded encoder calls,
     tokens and FLOPs do not depend on which questions ran before it. Not counted as ``reused``:
-    that counts only what the same question read before (:meth:`ragfast.cost.CostLedger.first_reads`),
+    that counts only what the same question read before (:meth:`ragfast.accounting.ledger.CostLedger.first_reads`),
     and a question's workspace is encoded for it once.
     """
 

@@ -7,12 +7,12 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError, blame
 from ragfast.methods.reloop.hseq import METAQA_RELATIONS, HSeq, from_triples
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.planners import kg_path_plan, lm_complete
-from ragfast.metrics import exact_match, f1
+from ragfast.scoring.metrics import exact_match, f1
 from ragfast.models.base import Generator
 from ragfast.models.extractive import ExtractiveHead, render_pack
 from ragfast.methods.reloop.plan import Plan
@@ -86,7 +86,7 @@ def walk_path(plan: Plan, seq: HSeq, cfg: ReloopConfig) -> KGPathResult:
 
 def set_scores(pred: Iterable[str], golds: Sequence[str]) -> dict[str, float]:
     """Set-level precision, recall and F1 of a predicted answer set against the gold set (normalised)."""
-    from ragfast.metrics import normalize_answer
+    from ragfast.scoring.metrics import normalize_answer
 
     p = {normalize_answer(x) for x in pred}
     g = {normalize_answer(x) for x in golds}

@@ -8,7 +8,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, blame
 from ragfast.methods.reloop.config import ReloopConfig
 from ragfast.methods.reloop.head_prompt import evidence_span, head_messages
@@ -17,7 +17,7 @@ from ragfast.methods.reloop.kg import run_kg_path
 from ragfast.methods.reloop.pack import canonicalise
 from ragfast.methods.reloop.planners import llm_plans, lm_complete
 from ragfast.methods.reloop.workspace import Workspace, tatqa_workspace, text_workspace, workspace_key
-from ragfast.metrics import exact_match, f1
+from ragfast.scoring.metrics import exact_match, f1
 from ragfast.judges.base import Judge
 from ragfast.models.base import Generator
 from ragfast.models.extractive import render_pack
@@ -205,7 +205,7 @@ def run_questions(questions: Sequence[Any], kind: str, cfg: ReloopConfig, *, hea
 
 def summarise_rows(rows: Sequence[dict[str, Any]], wall: float) -> dict[str, Any]:
     """Means over finished questions (EM, F1, steps, evidence tokens...) plus summed costs."""
-    from ragfast.cost import sum_cost_dicts
+    from ragfast.accounting.ledger import sum_cost_dicts
 
     n = len(rows)
     if n == 0:

@@ -5,7 +5,7 @@ import json
 import re
 from typing import Any, Sequence
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.models.base import Generator
 from ragfast.methods.reloop.plan import ANSWER_TYPES, Plan, heuristic_plan

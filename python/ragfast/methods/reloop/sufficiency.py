@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.judges.base import Judge
 from ragfast.methods.reloop.plan import Plan, heuristic_plan
 from ragfast.text import EXTENDED_STOPWORDS, NUMBER_PATTERN, YEAR_PATTERN, content_words, whitespace_tokens, words

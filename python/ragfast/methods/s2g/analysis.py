@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ragfast.methods.s2g.policy import sweep
-from ragfast.stats import unsafe_stop_fraction
+from ragfast.scoring.stats import unsafe_stop_fraction
 
 __all__ = ["threshold_sweep"]
 

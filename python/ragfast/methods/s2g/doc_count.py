@@ -4,7 +4,7 @@ A state after more searches has read more documents, so "more documents = more l
 sufficient" is a free ranking any judge must beat. The comparison is a paired bootstrap over
 validation questions of ``stop AP(judge) - stop AP(document count)``, with the study's stop AP
 (:func:`ragfast.methods.s2g.study.stop_ap`: ties kept in input order, never merged). The
-merged-tie AP (sklearn's, :func:`ragfast.stats.average_precision`) is reported beside it, named
+merged-tie AP (sklearn's, :func:`ragfast.scoring.stats.average_precision`) is reported beside it, named
 as such.
 
 Too few positives: not measured
@@ -92,7 +92,7 @@ def judge_vs_doc_count(scores: np.ndarray, labels: np.ndarray, groups: np.ndarra
         fewer than ``min_positives`` positives or no negative.
     """
     from ragfast.methods.s2g.study import stop_ap
-    from ragfast.stats import average_precision
+    from ragfast.scoring.stats import average_precision
 
     s = np.asarray(scores, dtype=np.float64)
     y = np.asarray(labels, dtype=np.int64)

@@ -41,7 +41,7 @@ def reachability(rec: RecordedStates) -> dict[str, Any]:
         EM); ``safe_state_fraction`` over all states; ``oracle_em`` (stop at the earliest safe
         state, else native).
     """
-    from ragfast.metrics import normalize_answer
+    from ragfast.scoring.metrics import normalize_answer
 
     B, T = rec.scores.shape
     S = rec.native_searches.astype(np.int64)
@@ -99,7 +99,7 @@ def _policy(rec: RecordedStates, threshold: float) -> dict[str, Any]:
 
 
 def _paired(em_new, em_old, sr_new, sr_old, *, n_resamples: int, seed: int, margin: float) -> dict[str, Any]:
-    from ragfast.stats import non_inferiority, paired_bootstrap
+    from ragfast.scoring.stats import non_inferiority, paired_bootstrap
 
     out: dict[str, Any] = {"questions": int(len(em_new)), "em_new": float(np.mean(em_new)),
                            "em_native": float(np.mean(em_old)), "searches_new": float(np.mean(sr_new)),
@@ -144,11 +144,11 @@ def cost_balance(native: Sequence[Mapping[str, Any]], s2g: Sequence[Mapping[str,
     """Judge compute against the reasoner + retrieval compute the early stops saved.
 
     Paired by question id over the questions both runs finished, in FLOPs, tokens and seconds,
-    each with a paired-bootstrap interval (:func:`ragfast.savings.balance`): a saving whose
+    each with a paired-bootstrap interval (:func:`ragfast.accounting.savings.balance`): a saving whose
     interval includes 0 is "no measurable saving", never a negative number. ``lines`` is the
     verdict as text; ``components`` marks which ones were measured, unknown or free.
     """
-    from ragfast.savings import balance
+    from ragfast.accounting.savings import balance
 
     b = balance(native, s2g, spender="judge", components=components, n_resamples=n_resamples, seed=seed)
     out = b.to_dict()
@@ -172,7 +172,7 @@ def evaluate(results_dir: str | Path, *, n_resamples: int = 10000, seed: int = 0
         validation-versus-test precision), ``paired`` (replay on test, and live where run),
         ``cost`` (live run), ``threshold`` and ``replay_equals_live`` (per-question agreement).
     """
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():

@@ -8,7 +8,7 @@ directory: ``trajectories/searchr1.jsonl``) and labels every state the live judg
 - ``probe``: the answer-only probe from the state is exactly right (``states.jsonl``'s
   ``probe_em``, recorded by ``study s2g``);
 - ``gold``: every supporting title of the question is among the passages retrieved so far
-  (:func:`ragfast.metrics.sufficient`; needs data with supporting facts);
+  (:func:`ragfast.scoring.metrics.sufficient`; needs data with supporting facts);
 - ``teacher``: an LLM asked for the judge's JSON verdict (the S2G prompt and schema of
   :mod:`ragfast.judges.causal`): a local causal-LM directory (greedy, forced ``{"sufficient":``
   prefix) or an OpenAI-compatible ``/v1/chat/completions`` URL. Unparseable verdicts are
@@ -40,7 +40,7 @@ SOURCES = ("probe", "gold", "teacher")
 
 def native_trajectories(results_dir: str | Path) -> tuple[list[Trajectory], Path]:
     """The native trajectories of a ``study s2g`` or ``bench`` results directory, and their file."""
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     d = Path(results_dir)
     if not d.is_dir():
@@ -72,7 +72,7 @@ def _states_of(trs: Sequence[Trajectory], split: dict[str, str]) -> list[Labelle
 
 def gold_labels(states: Sequence[LabelledState], trajectories: Sequence[Trajectory]) -> int:
     """Label each state gold-sufficient iff every supporting title is retrieved; returns how many got a label."""
-    from ragfast.metrics import sufficient
+    from ragfast.scoring.metrics import sufficient
 
     sup = {tr.id: tr.supporting_titles for tr in trajectories}
     if not any(sup.values()):
@@ -155,7 +155,7 @@ class ChatTeacher:
         body = {"model": self.model, "temperature": 0.0, "max_tokens": self.max_tokens,
                 "messages": [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user_text(state)}]}
         # The shared client call: retries, bounded waits (--call-timeout/--total-timeout), one-line errors.
-        from ragfast.http import post_json
+        from ragfast.infra.http import post_json
 
         url = self.base_url + "/chat/completions"
         data = post_json(self._client, url, body, retries=self.retries, error=ModelError)

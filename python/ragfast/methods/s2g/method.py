@@ -11,7 +11,7 @@ from typing import Any, Mapping, Sequence
 from ragfast.errors import ConfigError
 from ragfast.methods.base import Method, RayPipeline, Recorder, Slots, register
 from ragfast.methods.searchr1.method import searchr1_config
-from ragfast.results import dumps as json_dumps
+from ragfast.outputs.results import dumps as json_dumps
 from ragfast.types import Question, Trajectory
 
 log = logging.getLogger(__name__)
@@ -53,7 +53,7 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
         from ragfast.methods.s2g.study import STATES_FILE, state_lines, write_state_lines
         from ragfast.methods.s2g.study_files import validation_threshold
         from ragfast.methods.searchr1.loop import SearchR1Loop
-        from ragfast.progress import TurnReporter, progress_task
+        from ragfast.infra.progress import TurnReporter, progress_task
 
         val = select_questions(load_qa(cfg.val_data), cfg.val_offset, cfg.val_limit)
         overlap = {q.id for q in val} & {q.id for q in slots.questions}
@@ -85,8 +85,8 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
 def _validation_trajectories(loop: Any, val: list[Question], task: Any) -> tuple[list[Trajectory], int]:
     """The native trajectories of the validation questions, in their order, and how many failed:
     a question whose component fails is left out of the threshold's states, as a test question
-    is recorded as failed (:func:`ragfast.failures.isolate`)."""
-    from ragfast.failures import FailureStreak, isolate
+    is recorded as failed (:func:`ragfast.outputs.failures.isolate`)."""
+    from ragfast.outputs.failures import FailureStreak, isolate
 
     done: dict[str, Trajectory] = {}
     failed: set[str] = set()

@@ -354,7 +354,7 @@ def threshold_curve(scores, state_em, native_em, native_searches, thresholds, le
     state_searches : array_like, shape (B, T), optional
         See :func:`evaluate_policy`.
     n_resamples, seed, method, confidence
-        See :func:`ragfast.stats.paired_bootstrap`.
+        See :func:`ragfast.scoring.stats.paired_bootstrap`.
     margin : float, default 0.02
         Non-inferiority margin on EM (2 points).
     searches_ci : bool, default True
@@ -368,7 +368,7 @@ def threshold_curve(scores, state_em, native_em, native_searches, thresholds, le
     -------
     ThresholdCurve
     """
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     idx = sweep(scores, thresholds, lengths, backend=backend)
     out = evaluate_policy(idx, state_em, native_em, native_searches, state_searches)

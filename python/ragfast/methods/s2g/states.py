@@ -26,7 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.types import Question, Trajectory
 
@@ -99,7 +99,7 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
         probe's own generation cost; it re-reads the state's prefix, which a live session has
         cached, so it overstates the live answer-only turn).
     """
-    from ragfast.metrics import exact_match, extract_answer, f1
+    from ragfast.scoring.metrics import exact_match, extract_answer, f1
     from ragfast.methods.searchr1.loop import STOP
 
     trs = [_as_traj(t) for t in trajectories]

@@ -202,7 +202,7 @@ def frozen_threshold(labels, scores, min_precision: float = 0.90, min_stops: int
 
 def ranking_metrics(labels, scores) -> dict[str, Any]:
     """The study's ranking figures of one state set, plus the sklearn-style merged-tie AP beside."""
-    from ragfast.stats import average_precision
+    from ragfast.scoring.stats import average_precision
 
     y, s = _ys(labels, scores)
     out: dict[str, Any] = {"states": int(y.size), "positives": int(y.sum()), "ap": stop_ap(y, s),
@@ -226,7 +226,7 @@ def system_metrics(arr: Mapping[str, np.ndarray], judge: str, label: str, thresh
     judge, label : str
         Which score and which label source (safe / unsafe) to use.
     """
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     q = arr["q"]
     nq = int(arr["questions"])
@@ -293,7 +293,7 @@ def state_lines(rec: Any, judge: str, *, trajectories: Sequence[Any] | None = No
     ``probe`` (the answer-only probe's EM) and, where ``trajectories`` carry supporting titles,
     ``gold`` (every supporting title retrieved by that state).
     """
-    from ragfast.metrics import sufficient
+    from ragfast.scoring.metrics import sufficient
 
     by_id = {t.id: t for t in trajectories or ()}
     out: list[dict[str, Any]] = []

@@ -13,7 +13,7 @@ Protocol (PeterGriffinJin/Search-R1, ``search_r1/llm_agent/generation.py`` and
 4. after ``max_turns`` turns, trajectories still running get one last generation with search
    disabled (a search there is not executed);
 5. the answer is the content of the last ``<answer>`` block of the response (never the prompt's
-   example); EM and F1 use :mod:`ragfast.metrics`.
+   example); EM and F1 use :mod:`ragfast.scoring.metrics`.
 
 Every turn is ONE batched generator call and ONE batched retrieval call over all active
 trajectories; the active set shrinks as trajectories answer.
@@ -57,7 +57,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ragfast.cost import NUMERIC_FIELDS, CostLedger
+from ragfast.accounting.ledger import NUMERIC_FIELDS, CostLedger
 from ragfast.errors import ConfigError, blame
 from ragfast.protocol import (INVALID_OBSERVATION, PROMPT_TEMPLATE, STOP, build_prompt, format_docs,
                               format_observation, parse_action)
@@ -398,7 +398,7 @@ class SearchR1Loop:
         user = [build_prompt(q) for q in new]
         fmt = getattr(gen, "format_prompt", None)
         # Every component call names its questions: a failure is recorded for them and the run
-        # goes on (ragfast.failures).
+        # goes on (ragfast.outputs.failures).
         ids = [it.qid for it in items]
         with blame("reasoner", ids):
             try:
@@ -580,7 +580,7 @@ class SearchR1Loop:
             t.extra["cost"] = {c: _round_cost(v) for c, v in per_q.get(it.qid, {}).items()}
 
     def _finalise(self, it: ActiveTrajectory, acc: dict[str, dict[str, dict[str, float]]]) -> None:
-        from ragfast.metrics import exact_match, extract_answer, f1, sub_exact_match
+        from ragfast.scoring.metrics import exact_match, extract_answer, f1, sub_exact_match
 
         tr = it.traj
         # The answer is the last <answer> of the response (generated text and observations),

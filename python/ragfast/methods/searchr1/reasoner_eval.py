@@ -8,7 +8,7 @@ Reads two ``ragfast run searchr1`` output directories on the same questions: one
   valid syntax and counted so), over all turns and over the free turns only (every turn but a
   final answer-only one, which the reasoner may open with a forced ``<answer>``);
 - searches per question, EM, F1 and sub-EM;
-- the paired 95% bootstrap CI (:func:`ragfast.stats.paired_bootstrap`, questions resampled) of
+- the paired 95% bootstrap CI (:func:`ragfast.scoring.stats.paired_bootstrap`, questions resampled) of
   the EM gain of search over closed-book;
 - seconds per question of each run.
 """
@@ -28,8 +28,8 @@ __all__ = ["load_trajectories", "protocol_stats", "evaluate_reasoner"]
 
 def load_trajectories(run_dir: str | Path) -> list[Trajectory]:
     """The Search-R1 trajectories of a run directory: ``results.jsonl`` of ``run searchr1``, or
-    ``trajectories/searchr1.jsonl`` of ``ragfast bench`` (:func:`ragfast.results.trajectories_path`)."""
-    from ragfast.results import trajectories_path
+    ``trajectories/searchr1.jsonl`` of ``ragfast bench`` (:func:`ragfast.outputs.results.trajectories_path`)."""
+    from ragfast.outputs.results import trajectories_path
 
     p = trajectories_path(run_dir, "searchr1")
     out = []
@@ -90,7 +90,7 @@ def evaluate_reasoner(search_dir: str | Path, closed_dir: str | Path, *, n_resam
     DataError
         When the closed-book run lacks a question of the search run.
     """
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     sd, cd = Path(search_dir), Path(closed_dir)
     s, c = load_trajectories(sd), load_trajectories(cd)

@@ -79,7 +79,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, DataError, blame
 from ragfast.protocol import parse_observation
 from ragfast.types import Trajectory

@@ -8,7 +8,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.cost import CostLedger
+from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import DataError
 from ragfast.methods.stepgap.checker import (CC, GAP_LABELS, IE, LABELS, MB, NO_GAP, STAGES, CheckResult, as_trajectory,
                                              check, label_fractions)

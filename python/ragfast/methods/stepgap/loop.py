@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
-from ragfast.cost import CostLedger, sum_cost_dicts
+from ragfast.accounting.ledger import CostLedger, sum_cost_dicts
 from ragfast.errors import ConfigError
 from ragfast.methods.searchr1.loop import ActiveTrajectory, SearchR1Config, SearchR1Loop, TurnContext
 from ragfast.methods.stepgap.checker import CC, GAP_LABELS, IE, MB, REPAIRS, STAGES, CheckResult, StepLabel, check

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ragfast.errors import ConfigError, DataError
-from ragfast.passage_store import map_arrow_table, write_arrow_corpus
+from ragfast.data.passage_store import map_arrow_table, write_arrow_corpus
 from ragfast.types import Passage, Question
 
 __all__ = [
@@ -670,7 +670,7 @@ def load_corpus(path: str | Path, block_size: int = 1 << 24) -> Corpus:
         Missing file, missing fields, a line that does not parse, duplicate ids.
     """
     p = _resolve(path)
-    if p.suffix.lower() == ".arrow":  # zero-copy memory map (ragfast.passage_store)
+    if p.suffix.lower() == ".arrow":  # zero-copy memory map (ragfast.data.passage_store)
         return Corpus(_check_passage_lengths(map_arrow_table(p), str(p)), str(p))
     if p.suffix.lower() == ".parquet":
         try:

@@ -1,4 +1,4 @@
-"""The driver's pieces: the results directory, the manifest's fingerprint, resume, progress and recording.
+"""Recording a run: its directory prepared, the manifest's fingerprint, the resume check, progress and writers.
 
 Every command that runs methods goes through these, so a run directory means the same thing
 whichever command wrote it:
@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from ragfast.cost import CostLedger, CostRecord
+from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError, DataError
 from ragfast.types import Trajectory
 
@@ -80,12 +80,12 @@ def fingerprint(*, method: str, data: Mapping[str, Any], questions: Sequence[Any
         Slot -> the spec the user gave (``"bm25"``, a path, a URL).
     identities : mapping, optional
         Left out before the models are loaded (resume is checked early, then again with them).
-        Slot -> the component's manifest entry (:func:`ragfast.results.slot_entry`); its ``name``
+        Slot -> the component's manifest entry (:func:`ragfast.outputs.results.slot_entry`); its ``name``
         and ``fingerprint``/``revision`` fields identify the model.
     config : mapping
         The method's settings.
     """
-    from ragfast.http import is_url
+    from ragfast.infra.http import is_url
     from ragfast.models.openai_generator import canonical_url
 
     ids = [str(q.id) for q in questions]
@@ -220,7 +220,7 @@ class LedgerFile:
     """
 
     def __init__(self, path: Path, resume: bool, finished: set[str] | None = None):
-        from ragfast.results import repair_tail
+        from ragfast.outputs.results import repair_tail
 
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -269,8 +269,8 @@ class MethodRecorder:
     """
 
     def __init__(self, traj_path: Path, ledger_path: Path, resume: bool, retry_failed: bool = False):
-        from ragfast.failures import drop_failures
-        from ragfast.results import ResultsWriter
+        from ragfast.outputs.failures import drop_failures
+        from ragfast.outputs.results import ResultsWriter
 
         self.traj_path, self.ledger_path = Path(traj_path), Path(ledger_path)
         if self.ledger_path.exists() and not resume and self.ledger_path.stat().st_size:
@@ -337,7 +337,7 @@ def load_ledger(path: Path, finished: set[str] | None, *, allow_partial_tail: bo
     DataError
         A line that is not a whole cost record: a corrupt line is refused, never dropped, since
         the ledger would then no longer add up to the summary. A torn last line left by a crash
-        is cut with :func:`ragfast.results.repair_tail` before this is called.
+        is cut with :func:`ragfast.outputs.results.repair_tail` before this is called.
     """
     led = CostLedger()
     if not Path(path).exists():

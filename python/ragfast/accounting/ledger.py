@@ -318,10 +318,10 @@ def sum_cost_dicts(dicts: Iterable[dict[str, dict[str, float]]]) -> dict[str, di
     return out
 
 
-# forward_flops lives in ragfast.flops (analytic transformer FLOPs); re-exported here because
+# forward_flops lives in ragfast.accounting.flops (analytic transformer FLOPs); re-exported here because
 # the ledger is where callers look for it.
 def forward_flops(config: Any, input_lengths: Sequence[int], past_lengths: Sequence[int] | None = None) -> float:
-    """Analytic matmul + attention FLOPs of one forward pass; see :func:`ragfast.flops.forward_flops`."""
-    from ragfast.flops import forward_flops as _ff
+    """Analytic matmul + attention FLOPs of one forward pass; see :func:`ragfast.accounting.flops.forward_flops`."""
+    from ragfast.accounting.flops import forward_flops as _ff
 
     return _ff(config, input_lengths, past_lengths)

@@ -1,4 +1,4 @@
-"""Slot verdicts from measurement: does a component's output mean anything in this run?
+"""Slot labels from measurement: does a component's output mean anything in this run?
 
 A slot's label must agree with the numbers of the same run:
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 __all__ = ["RunProgress", "Task", "current", "progress_task", "TurnReporter", "turn_reporting"]
 
-log = logging.getLogger("ragfast.progress")
+log = logging.getLogger("ragfast.infra.progress")
 
 _ACTIVE: contextvars.ContextVar["RunProgress | None"] = contextvars.ContextVar("ragfast_progress", default=None)
 

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ragfast.errors import ConfigError
-from ragfast.flops import completion_flops, forward_flops, read_config
+from ragfast.accounting.flops import completion_flops, forward_flops, read_config
 
 __all__ = ["DeviceProfile", "DEVICES", "MODEL_PRESETS", "device_profile", "model_config", "decoder_params",
            "ComponentProjection", "project_run", "project_questions"]

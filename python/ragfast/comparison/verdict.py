@@ -5,11 +5,11 @@ is paired with native Search-R1 over the same questions, every figure with a 95%
 interval over questions:
 
 - *measured*: what the checker spent against what its method saved on the other components, in
-  cache-independent FLOPs (:mod:`ragfast.savings`), from this run's own models. A component
+  cache-independent FLOPs (:mod:`ragfast.accounting.savings`), from this run's own models. A component
   that is the scripted oracle is free (a script, not compute) and one whose server reported
   nothing is unknown; the verdict names both.
 - *projected*: the same questions' recorded tokens priced with a Qwen2.5-7B reasoner on an H200
-  (:mod:`ragfast.projection`, a nominal roofline), question by question, so its interval is a
+  (:mod:`ragfast.accounting.projection`, a nominal roofline), question by question, so its interval is a
   bootstrap over questions too. It is labelled projected, never measured.
 - *quality*: ΔEM with its interval, non-inferiority within the S2G study's 2 EM points, and the
   searches saved per question.
@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Mapping, Sequence
 
-from ragfast.cost import COMPONENTS
-from ragfast.failures import failure_of
+from ragfast.accounting.ledger import COMPONENTS
+from ragfast.outputs.failures import failure_of
 from ragfast.methods.s2g.evaluation import NON_INFERIORITY_MARGIN
-from ragfast.projection import device_profile, project_questions
-from ragfast.savings import balance
+from ragfast.accounting.projection import device_profile, project_questions
+from ragfast.accounting.savings import balance
 
 __all__ = ["CHECKS", "PROJECTION_DEVICE", "PROJECTION_MODEL", "PROJECTION_BATCH", "PROJECTED_LABEL",
            "component_status", "checker_components", "checker_balance", "projection", "verdict",
@@ -72,7 +72,7 @@ def checker_components(method: str, records: Sequence[Mapping[str, Any]]) -> tup
 def checker_balance(native: Sequence[Mapping[str, Any]], other: Sequence[Mapping[str, Any]], method: str,
                     slot_info: Mapping[str, Any], cfg: Any) -> dict[str, Any]:
     """Does the method's checker (S2G's judge, StepGap's NLI and LLM stages) pay for what its
-    method saves? Paired by question, with bootstrap intervals (:func:`ragfast.savings.balance`);
+    method saves? Paired by question, with bootstrap intervals (:func:`ragfast.accounting.savings.balance`);
     ``text`` is the whole account a person reads."""
     b = balance(native, other, spender=checker_components(method, other),
                 components=component_status([native, other], slot_info), n_resamples=cfg.n_resamples, seed=cfg.seed)
@@ -170,7 +170,7 @@ def _side(bal: Mapping[str, Any], metric: str) -> dict[str, Any]:
 def verdict(summary: Mapping[str, Any]) -> dict[str, Any]:
     """summary.json's ``verdict``: per checked method, the measured and projected answers, ΔEM,
     non-inferiority and searches saved, read from the summary's own figures, with one sentence."""
-    from ragfast.stats import non_inferiority
+    from ragfast.scoring.stats import non_inferiority
 
     out: dict[str, Any] = {}
     methods = summary.get("methods", {})

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
-from ragfast.failures import answered, failure_of
-from ragfast.http import is_url
+from ragfast.outputs.failures import answered, failure_of
+from ragfast.infra.http import is_url
 from ragfast.methods.base import Method, Slots, get
 from ragfast.methods.s2g.method import select_questions
-from ragfast.progress import turn_reporting
+from ragfast.infra.progress import turn_reporting
 from ragfast.runner import slots as build
-from ragfast.runner.drive import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
+from ragfast.runner.recording import MethodRecorder, check_resume, data_identity, fingerprint, load_ledger
 from ragfast.runner.settings import RunSettings
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class RunOutcome:
     ----------
     records : dict
         method -> its trajectory records (this run's and the resumed ones), in question order;
-        a failed question's record has a ``failure`` (:func:`ragfast.failures.failure_of`).
+        a failed question's record has a ``failure`` (:func:`ragfast.outputs.failures.failure_of`).
     slot_info : dict
         slot -> its manifest entry (with the device it ran on).
     slots : Slots
@@ -85,7 +85,7 @@ def reasoner_kwargs(cfg: RunSettings) -> dict[str, Any]:
 
 def _generator_factory(cfg: RunSettings) -> tuple[Callable[[], Any], dict[str, Any]]:
     """The reasoner as a factory: a fresh scripted oracle per method (its state is per run), else one shared model."""
-    from ragfast.results import slot_entry
+    from ragfast.outputs.results import slot_entry
 
     kw = reasoner_kwargs(cfg)
     if cfg.reasoner == "scripted":
@@ -146,7 +146,7 @@ def run_config(cfg: RunSettings) -> dict[str, Any]:
 
 
 def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a run's results (:func:`ragfast.runner.drive.fingerprint`): data hashes, test question ids, slots, settings."""
+    """What decides a run's results (:func:`ragfast.runner.recording.fingerprint`): data hashes, test question ids, slots, settings."""
     from ragfast.data import load_qa
 
     data = {"test": data_identity(cfg.data)}
@@ -162,7 +162,7 @@ def run_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, A
 
 def slot_entries(cfg: RunSettings, slots: Slots) -> dict[str, Any]:
     """slot -> its manifest entry, with the device it ran on (``remote`` for a URL slot)."""
-    from ragfast.results import empty_slot, slot_entry
+    from ragfast.outputs.results import empty_slot, slot_entry
 
     def retriever_slot(r: Any) -> dict[str, Any]:
         d = slot_entry(r)
@@ -257,8 +257,8 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
     RunOutcome
         Every method's records in question order, the slots and their manifest entries.
     """
-    from ragfast.progress import RunProgress
-    from ragfast.results import answers_label, read_results, slot_entry, write_manifest
+    from ragfast.infra.progress import RunProgress
+    from ragfast.outputs.results import answers_label, read_results, slot_entry, write_manifest
 
     out = Path(out)
     run_cfg = run_config(cfg)
@@ -344,8 +344,8 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
 def _run_isolating(method: Method, questions: Sequence[Any], slots: Slots, rec: _ProgressRecorder) -> None:
     """``method.run`` over ``questions``, where a question whose component fails is recorded as
     failed (its trajectory line names the component and the error) and the others go on
-    (:func:`ragfast.failures.isolate`)."""
-    from ragfast.failures import FailureStreak, failure_record, isolate
+    (:func:`ragfast.outputs.failures.isolate`)."""
+    from ragfast.outputs.failures import FailureStreak, failure_record, isolate
 
     def record(q: Any, exc: BaseException) -> None:
         # the failed attempt's costs go with its record (the ledger file gets them in finish)
@@ -359,7 +359,7 @@ def _say_resumed(prog: Any, m: str, resume: bool, cut: int, done: int, total: in
                  retried: int = 0) -> None:
     """Say what a resume found: a torn last line cut off, how many questions were already done,
     and how many of them failed (kept, or dropped to run again with ``--retry-failed``)."""
-    from ragfast.results import read_results
+    from ragfast.outputs.results import read_results
 
     if cut:
         prog.print(f"[yellow]{m}: cut a partial last line ({cut} bytes) left by an interrupted run[/]")
@@ -391,10 +391,10 @@ def _run_on_ray(cfg: RunSettings, method: Method, slots: Slots, out: Path, resum
     import warnings
 
     from ragfast.data import load_qa
-    from ragfast.failures import drop_failures
-    from ragfast.results import finished_ids, repair_tail, write_manifest
+    from ragfast.outputs.failures import drop_failures
+    from ragfast.outputs.results import finished_ids, repair_tail, write_manifest
     from ragfast.runner.distributed import GENERATOR, PipelineLoop, run_on_ray
-    from ragfast.runner.drive import LedgerFile
+    from ragfast.runner.recording import LedgerFile
 
     m = method.name
     traj = out / TRAJECTORIES / f"{m}.jsonl"

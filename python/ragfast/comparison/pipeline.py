@@ -24,18 +24,18 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.bench_verdict import CHECKS, checker_balance, projection, verdict
-from ragfast.cost import COMPONENTS
+from ragfast.comparison.verdict import CHECKS, checker_balance, projection, verdict
+from ragfast.accounting.ledger import COMPONENTS
 from ragfast.errors import DataError, RagfastError
-from ragfast.failures import FAILED_SCORE, answered, failure_counts, failure_of
+from ragfast.outputs.failures import FAILED_SCORE, answered, failure_counts, failure_of
 from ragfast.methods.base import BUILTIN_PACKAGES, Slots, get
 from ragfast.methods.s2g.method import s2g_analysis, select_s2g_threshold
-from ragfast.outdir import LOCK_FILE
-from ragfast.runner.drive import load_ledger
-from ragfast.runner.methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
+from ragfast.outputs.outdir import LOCK_FILE
+from ragfast.runner.recording import load_ledger
+from ragfast.runner.run_methods import (build_slots, check_resumable, in_question_order, run_config, run_fingerprint,
                                     run_methods)
 from ragfast.runner.settings import PRESETS, RunSettings, check_paths, make_config
-from ragfast.results import dumps as json_dumps
+from ragfast.outputs.results import dumps as json_dumps
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ __all__ = ["BenchConfig", "RunSettings", "METHODS", "PRESETS", "make_config", "c
 
 
 def bench_fingerprint(cfg: RunSettings, run_cfg: Mapping[str, Any]) -> dict[str, Any]:
-    """What decides a bench's results (:func:`ragfast.runner.methods.run_fingerprint`)."""
+    """What decides a bench's results (:func:`ragfast.runner.run_methods.run_fingerprint`)."""
     return run_fingerprint(cfg, run_cfg)
 
 
@@ -96,7 +96,7 @@ def method_summary(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def _paired(a: np.ndarray, b: np.ndarray, cfg: RunSettings) -> dict[str, float] | None:
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     if len(a) < 2:
         return None
@@ -106,7 +106,7 @@ def _paired(a: np.ndarray, b: np.ndarray, cfg: RunSettings) -> dict[str, float] 
 
 def method_cis(records: Sequence[Mapping[str, Any]], cfg: RunSettings) -> dict[str, dict[str, float]]:
     """95% bootstrap CIs (over questions) of a method's EM and its total FLOPs / seconds per question."""
-    from ragfast.stats import paired_bootstrap
+    from ragfast.scoring.stats import paired_bootstrap
 
     if len(records) < 2:
         return {}
@@ -168,7 +168,7 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     table : bool
         Print the results table on stdout (``--json`` prints the summary instead).
     components : mapping, optional
-        Slots filled with objects the caller built (:func:`ragfast.runner.methods.build_slots`).
+        Slots filled with objects the caller built (:func:`ragfast.runner.run_methods.build_slots`).
 
     Returns
     -------
@@ -177,7 +177,7 @@ def run_bench(cfg: RunSettings, *, resume: bool = False, console: Any = None, pr
     """
     from rich.console import Console
 
-    from ragfast.logs import run_log
+    from ragfast.infra.logs import run_log
 
     console = console or Console(stderr=True)
     check_paths(cfg, tuple(components or ()))
@@ -209,7 +209,7 @@ def _run_bench(cfg: RunSettings, out: Path, resume: bool, console: Any, progress
     if done.ray:
         summary["run"]["ray"] = done.ray
     write_outputs(summary, out, done.records)
-    from ragfast import report
+    from ragfast.comparison import report
 
     if table:
         report.print_table(summary, Console())
@@ -274,7 +274,7 @@ def judge_verdict(slot_info: dict[str, Any], out: Path) -> None:
     Without a validation pass (a given --threshold, or no s2g method) the verdict says it was
     not measured; the judge's own description is never taken as the verdict.
     """
-    from ragfast.results import answers_label
+    from ragfast.outputs.results import answers_label
 
     judge = slot_info.get("judge")
     if not judge or judge.get("name") == "none":
@@ -319,7 +319,7 @@ def summarise(cfg: RunSettings, records: Mapping[str, Sequence[Mapping[str, Any]
 
 def write_outputs(summary: dict[str, Any], out: Path, records: Mapping[str, Sequence[Mapping[str, Any]]]) -> None:
     """summary.json, summary.csv, the plots, report.md and report.html."""
-    from ragfast import report
+    from ragfast.comparison import report
 
     plots, missing = report.write_plots(summary, out)
     summary["plots"] = plots

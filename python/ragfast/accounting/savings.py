@@ -32,7 +32,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.stats import paired_bootstrap
+from ragfast.scoring.stats import paired_bootstrap
 
 __all__ = ["Interval", "MetricBalance", "Balance", "METRICS", "VERDICT_METRICS", "BESIDE_METRICS", "balance",
            "cost_value", "judged_states"]
@@ -187,7 +187,7 @@ def balance(native: Sequence[Mapping[str, Any]], method: Sequence[Mapping[str, A
     metrics : sequence of str
         Which of :data:`METRICS` to compute (all by default).
     n_resamples, seed, confidence
-        Paired bootstrap settings (:func:`ragfast.stats.paired_bootstrap`).
+        Paired bootstrap settings (:func:`ragfast.scoring.stats.paired_bootstrap`).
 
     Returns
     -------

@@ -309,7 +309,7 @@ def answers_label(d: Mapping[str, Any]) -> str:
     A scripted oracle says it knows the answers; a random-weight model says so; an empty slot
     (``none``) says it is empty; anything else not meaningful exercises the compute path only.
     """
-    from ragfast.verdicts import EMPTY_LABEL, ORACLE_LABEL, RANDOM_LABEL
+    from ragfast.outputs.slot_labels import EMPTY_LABEL, ORACLE_LABEL, RANDOM_LABEL
 
     if d.get("verdict"):
         return str(d["verdict"])

@@ -33,7 +33,7 @@ DEFAULT_TOTAL_TIMEOUT_S = 900.0
 #: After this many seconds of waiting on one request, and every as many after, a line on stderr.
 WAIT_NOTICE_S = 15.0
 
-log = logging.getLogger("ragfast.http")
+log = logging.getLogger("ragfast.infra.http")
 
 
 def _env_seconds(name: str, default: float) -> float:

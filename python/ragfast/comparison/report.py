@@ -1,6 +1,6 @@
 """Bench report: the side-by-side table, summary CSV, report.md/report.html and PNG plots.
 
-Everything here reads the numbers ``ragfast.bench`` computed (``summary.json`` plus the per-method
+Everything here reads the numbers ``ragfast.comparison.pipeline`` computed (``summary.json`` plus the per-method
 trajectory files); nothing is recomputed or invented at render time.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ragfast.bench_verdict import verdict_blocks, verdict_lines
-from ragfast.cost import COMPONENTS
-from ragfast.failures import FAILED_SCORE
+from ragfast.comparison.verdict import verdict_blocks, verdict_lines
+from ragfast.accounting.ledger import COMPONENTS
+from ragfast.outputs.failures import FAILED_SCORE
 
 METHOD_LABELS = {
     "searchr1": "Search-R1 (native)",
@@ -330,7 +330,7 @@ def run_rows(summary: Mapping[str, Any]) -> list[list[str]]:
 
 def slot_label(d: Mapping[str, Any]) -> str:
     """Do a slot's answers mean anything, in words (an empty slot says so, never a bare False)."""
-    from ragfast.results import answers_label
+    from ragfast.outputs.results import answers_label
 
     return str(d.get("answers_meaningful") or answers_label(d))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-from ragfast.cost import COMPONENTS, CostLedger
+from ragfast.accounting.ledger import COMPONENTS, CostLedger
 
 __all__ = ["FIELDS", "cost_items", "book"]
 
