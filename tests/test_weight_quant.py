@@ -99,7 +99,7 @@ def qwen_dir(tmp_path_factory, random_lm):
 
 
 def test_generator_int8_reads_a_quarter_of_the_linear_bytes_and_books_them(qwen_dir):
-    from ragfast.cost import CostLedger
+    from ragfast.accounting.ledger import CostLedger
     from ragfast.models.generator import HFGenerator
 
     native = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
