@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from ragfast.errors import ConfigError, RagfastError, mark_transient
 
-__all__ = ["is_url", "check_url", "auth_headers", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
+__all__ = ["is_url", "check_url", "auth_headers", "http_module", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
            "wait_until_up",
            "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S", "WAIT_NOTICE_S", "RETRY_STATUSES"]
 
@@ -34,6 +34,24 @@ DEFAULT_TOTAL_TIMEOUT_S = 900.0
 WAIT_NOTICE_S = 15.0
 
 log = logging.getLogger("ragfast.infra.http")
+
+
+def http_module(client: Any) -> Any:
+    """The HTTP package whose client ``client`` is: ``httpx``, or ``httpx2`` for a client built on it.
+
+    Starlette's ``TestClient`` (which the tests pass for an in-process server) subclasses
+    ``httpx2.Client`` since starlette 1.10, and httpx2's clients refuse ``httpx.Timeout`` objects
+    and raise their own exception classes; the retry loop must speak the client's own package.
+    """
+    import importlib
+
+    for cls in type(client).__mro__:
+        root = cls.__module__.split(".")[0]
+        if root in ("httpx", "httpx2"):
+            return importlib.import_module(root)
+    import httpx
+
+    return httpx
 
 
 def _env_seconds(name: str, default: float) -> float:
@@ -175,8 +193,7 @@ def request_json(client: Any, method: str, url: str, payload: Any = None, *, ret
         when every attempt failed to connect, ``"<url> did not answer within ..."`` on a timeout,
         or a note that the body was not JSON.
     """
-    import httpx
-
+    httpx = http_module(client)
     call_s, total_s = timeouts()
     if timeout is not None:
         call_s = min(call_s, float(timeout))
@@ -190,7 +207,8 @@ def request_json(client: Any, method: str, url: str, payload: Any = None, *, ret
             if left <= 0:
                 break
             wait = min(call_s, left)
-            kw: dict[str, Any] = {"timeout": httpx.Timeout(wait, connect=min(wait, 10.0))}
+            # (connect, read, write, pool): both httpx and httpx2 take the tuple
+            kw: dict[str, Any] = {"timeout": (min(wait, 10.0), wait, wait, wait)}
             if method == "POST":
                 kw["json"] = payload
             try:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError
-from ragfast.infra.http import auth_headers, post_json
+from ragfast.infra.http import auth_headers, http_module, post_json
 from ragfast.judges.base import Judge
 from ragfast.accounting.remote_cost import book
 from ragfast.types import State
@@ -50,9 +50,9 @@ class RemoteJudge(Judge):
         self.url = self.base + "/score"
         self.max_states = int(max_states_per_request)
         self.retries = int(retries)
-        self._httpx = httpx
         # A server started with --api-key (or $RAGFAST_API_KEY) needs the same token.
         self.client = client if client is not None else httpx.Client(timeout=timeout, headers=auth_headers())
+        self._httpx = http_module(self.client)
         info = self._get_health()
         judge = info.get("judge") or {}
         self.name = f"{judge.get('name', 'judge')} @ {self.base}"
