@@ -417,3 +417,18 @@ def test_isolate_records_a_transient_calls_questions_and_stops_when_calls_fail_i
     # two calls in a row fail for everything they carried: the component is down, the run stops
     with pytest.raises(RagfastError, match="test: 128 questions in a row failed, none answered between them"):
         _isolate(qs, {chunks[3][0].id, chunks[4][0].id}, named=False, transient=True)
+
+
+@pytest.mark.slow
+def test_on_ray_a_refused_question_is_recorded_and_its_batch_answered(server, questions, tmp_path):
+    # Each worker actor isolates its batch's failures as the single process does: before, the
+    # refusal came back as the batch's error and stopped the run.
+    pytest.importorskip("ray")
+    from ragfast.commands.methods import run_one
+
+    server.serve(questions, refuse=[3])
+    summary = run_one("searchr1", progress=False, batch_size=2, ray="local", ray_workers=2,
+                      **_settings(server, tmp_path / "r"))
+    _check_one_refused(_records(tmp_path / "r"), questions, refused=3)
+    assert summary["methods"]["searchr1"]["failures"] == {**summary["methods"]["searchr1"]["failures"], "count": 1,
+                                                          "by_component": {"reasoner": 1}}

@@ -29,6 +29,9 @@ Batch evaluation (:func:`run_on_ray`)
   times. A batch's results reach the driver only in the reply of a successful attempt, and
   the driver writes each batch once, so no question is lost or written twice; cost records of
   failed attempts die with them and are never counted.
+- A question whose component fails (a refusal, a bad input only it triggers) is not a failed
+  batch: the worker isolates it as the single process does
+  (:func:`ragfast.outputs.failures.isolate`) and returns its failure record with the batch.
 
 The flat index sharded over Ray actors (``RayShardedIndex``) is a component: it lives in
 :mod:`ragfast.retrieval.ray_index`.

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ragfast.accounting.ledger import CostLedger, CostRecord
 from ragfast.errors import ConfigError
 from ragfast.infra.ray_support import actor_device, require_ray
+from ragfast.outputs.failures import FailureStreak, failure_record, isolate
 from ragfast.retrieval.base import Hit, Retriever
 from ragfast.types import Question
 
@@ -368,12 +369,26 @@ class Worker:
         before = self.retriever.stats()
         t0 = time.perf_counter()
         loop = self.make_loop(self.generator, self.retriever, config, ledger)
-        trajs = loop.run(list(questions))
+        records: dict[str, dict[str, Any]] = {}
+
+        def run(qs: list[Question]) -> None:
+            for t in loop.run(list(qs)):
+                rec = t.to_dict() if hasattr(t, "to_dict") else dict(t)
+                records[str(rec["id"])] = rec
+
+        def record(q: Question, exc: BaseException) -> None:
+            records[q.id] = failure_record(q, exc, ledger.for_question(q.id))
+
+        # As in one process: a question whose component fails is recorded as failed and the
+        # batch's other questions are answered (a component failing every question still stops
+        # the run, as an error of this task).
+        isolate(run, list(questions), done=lambda: set(records), record=record, forget=ledger.drop,
+                streak=FailureStreak(f"batch {batch_id}"))
         after = self.retriever.stats()
         self.batches += 1
         return {
             "batch": batch_id,
-            "records": [t.to_dict() if hasattr(t, "to_dict") else dict(t) for t in trajs],
+            "records": [records[q.id] for q in questions],
             "ledger": _records_of(ledger),
             "seconds": time.perf_counter() - t0,
             "rpc_seconds": after["rpc_seconds"] - before["rpc_seconds"],
