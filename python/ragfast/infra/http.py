@@ -21,8 +21,8 @@ from typing import Any, Callable
 
 from ragfast.errors import ConfigError, RagfastError, mark_transient
 
-__all__ = ["is_url", "check_url", "auth_headers", "http_module", "request_json", "post_json", "get_json", "set_timeouts", "timeouts",
-           "wait_until_up",
+__all__ = ["is_url", "check_url", "auth_headers", "http_module", "request_json", "post_json", "get_json",
+           "set_timeouts", "timeouts", "wait_until_up",
            "DEFAULT_CALL_TIMEOUT_S", "DEFAULT_TOTAL_TIMEOUT_S", "WAIT_NOTICE_S", "RETRY_STATUSES"]
 
 #: One attempt: long enough for a 7B reasoner to generate 500 tokens for a batch of 64 on a

@@ -372,7 +372,7 @@ class Worker:
         records: dict[str, dict[str, Any]] = {}
 
         def run(qs: list[Question]) -> None:
-            for t in loop.run(list(qs)):
+            for t in loop.run(qs):
                 rec = t.to_dict() if hasattr(t, "to_dict") else dict(t)
                 records[str(rec["id"])] = rec
 
