@@ -140,6 +140,57 @@ def test_buffered_layer_matches_dynamic_layer():
         buf.crop(2)
 
 
+def test_row_views_write_into_the_reserved_batch_buffers():
+    from transformers.cache_utils import DynamicLayer
+
+    from ragfast.models.kv_buffer import BufferedLayer
+
+    g = torch.Generator().manual_seed(5)
+    whole, parts = BufferedLayer(capacity=9), []
+    whole.reserve(5, 3, 4, torch.float32, "cpu")
+    whole.buf_k.fill_(float("nan"))  # poisoned: only what the views write may be read
+    whole.buf_v.fill_(float("nan"))
+    ref = DynamicLayer()
+    k, v = torch.randn(5, 3, 6, 4, generator=g), torch.randn(5, 3, 6, 4, generator=g)
+    ref.update(k, v)
+    for lo, hi in ((0, 2), (2, 3), (3, 5)):  # odd groups, as a prefill's last group is
+        part = whole.rows(lo, hi)
+        pk, pv = part.update(k[lo:hi, :, :4].clone(), v[lo:hi, :, :4].clone())
+        assert pk.shape == (hi - lo, 3, 4, 4)
+        part.update(k[lo:hi, :, 4:].clone(), v[lo:hi, :, 4:].clone())
+        parts.append(part)
+    whole.fill_to(6)
+    assert whole.get_seq_length() == 6
+    assert torch.equal(whole.keys, ref.keys) and torch.equal(whole.values, ref.values)
+    with pytest.raises(RuntimeError, match="row view of 9 tokens cannot take 10"):
+        parts[0].update(*(torch.zeros(2, 3, 4, 4),) * 2)  # a view that grew would write elsewhere
+
+
+def test_a_prefill_in_row_groups_gives_the_tokens_of_one_pass(llama):
+    """Groups of one to a few rows, with and without kept caches to pad in (second turn on): the same
+    greedy tokens as one prefill pass, in float32."""
+    from ragfast.errors import ConfigError
+
+    prompts = [build_prompt(q) for q in QUESTIONS]
+    obs = "\n\n<information>Doc 1(Title: \"Paris\") Paris is the capital of France.</information>\n\n"
+    sids = [f"s{i}" for i in range(len(prompts))]
+    runs = {}
+    for tokens in (0, 150, 40):
+        g = _hf(llama, max_batch=len(prompts), min_prefix=8, prefill_tokens=tokens)
+        g.start(sids, [g.format_prompt(p) for p in prompts])
+        got = []
+        for _ in range(3):
+            g.generate(sids, stop=[], max_new_tokens=6)
+            got.append([g.last_generated[s] for s in sids])
+            g.append(sids, [obs] * len(sids))
+        runs[tokens] = (got, g.stats["prefill_groups"])
+    assert runs[0][1] == 0
+    assert runs[150][1] > 3 and runs[40][1] > runs[150][1]  # the first turn's rows alone, later ones in groups
+    assert runs[150][0] == runs[0][0] and runs[40][0] == runs[0][0]
+    with pytest.raises(ConfigError, match="prefill_tokens"):
+        _hf(llama, prefill_tokens=-1)
+
+
 def test_buffered_cache_only_for_full_attention_layers(llama):
     from transformers import AutoConfig, MistralConfig
 

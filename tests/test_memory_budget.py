@@ -173,3 +173,26 @@ def test_a_run_records_the_budget_and_the_peaks(tmp_path):
     assert s["slots"]["reasoner"]["memory"]["budget_bytes"] == 2 * 10**6
     with pytest.raises(MemoryBudgetError, match="too small for one session's turn"):
         run_one("searchr1", memory_budget="10kB", out=str(tmp_path / "b"), **kw)
+
+
+def test_a_prefill_in_row_groups_is_planned_with_one_groups_activations():
+    """The 1.5B Qwen's second turn of issue 40 (64 rows, 1,000 cached and 1,000 new tokens, 500 to
+    write): in one pass the prefill's activations set the peak; in groups of 4,096 new tokens (4 rows)
+    they count 4 rows, and the cache the whole batch decodes into is what remains."""
+    from transformers import Qwen2Config
+
+    from ragfast.models.memory_budget import GenerationBytes
+
+    cfg = Qwen2Config(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                      num_key_value_heads=2, vocab_size=151936)
+    gb = GenerationBytes.of(cfg, 2)
+    assert gb.kv_per_token == 28 * 2 * 2 * 128 * 2  # 28 KiB of bf16 per token, as the issue says
+    rows, past, new, max_new, step = 64, 1000, 1000, 500, 64
+    row_act = new * gb.act_per_token + (past + new) * gb.gqa_per_position + new * (past + new)
+    base = rows * (past + new + step) * gb.kv_per_token + rows * gb.logits_per_row
+    decode = rows * (past + new + max_new) * (gb.kv_per_token + gb.kv_per_token // 28) + rows * (gb.logits_per_row + 2500)
+    whole = gb.chunk_peak(rows, past, new, max_new, step, 0, 0)
+    grouped = gb.chunk_peak(rows, past, new, max_new, step, 0, 0, prefill_tokens=4096)
+    assert whole == base + rows * row_act > decode
+    assert grouped == max(base + 4 * row_act, decode) < whole
+    assert gb.chunk_peaks([(past, new, 0)] * rows, max_new, step, 0, 4096)[-1] == grouped

@@ -175,6 +175,11 @@ class HFGenerator(Generator):
         linear layers, one scale per output channel, activations and cache in ``dtype``
         (:mod:`ragfast.models.weight_quant`). The ledger books each turn's weight bytes read as
         the reasoner's ``bytes_scanned``, so the two schemes' reads are comparable.
+    prefill_tokens : int
+        Most new (padded) tokens one prefill pass computes: a chunk whose prefill is longer runs
+        it in row groups that write into the one batch cache, which then decodes as a whole. The
+        pass's activations, not the cache, set a long turn's peak (64 rows x 1,000 new tokens of
+        the 1.5B reached 11.9 GB resident in one pass, bench/bench_kv_memory.py). 0: one pass.
     """
 
     meaningful = True
@@ -182,7 +187,7 @@ class HFGenerator(Generator):
     def __init__(self, path: Any, device: str = "cpu", dtype: Any = None, max_batch: int = 64, *,
                  kv_reuse: bool = True, max_context: int | None = None, attn_implementation: str | None = None,
                  share_prefix: bool = True, min_prefix: int = 32, memory_budget: int | str | None = "auto",
-                 kv_step: int = 64, weights: str = "native"):
+                 kv_step: int = 64, weights: str = "native", prefill_tokens: int = 4096):
         from pathlib import Path
 
         import torch
@@ -209,6 +214,9 @@ class HFGenerator(Generator):
         if kv_step < 0:
             raise ConfigError(f"kv_step must be >= 0 tokens, got {kv_step}")
         self.kv_step = int(kv_step)
+        if prefill_tokens < 0:
+            raise ConfigError(f"prefill_tokens must be >= 0 tokens, got {prefill_tokens}")
+        self.prefill_tokens = int(prefill_tokens)
         # Checked now (a bad size is one line before any model loads); "auto" is measured at the
         # first turn, when every other slot of a run has loaded.
         self._budget: int | None = None if memory_budget in (None, AUTO) else parse_size(memory_budget)
@@ -274,7 +282,7 @@ class HFGenerator(Generator):
         self.set_weights(weights)
         self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0,
                       "prefix_tokens_computed": 0, "prefix_tokens_reused": 0, "kv_peak_bytes": 0,
-                      "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0}
+                      "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0, "prefill_groups": 0}
 
     def set_weights(self, scheme: str) -> None:
         """Store the model's linear layers as ``scheme`` (``"native"`` or ``"int8"``) from now on.
@@ -438,7 +446,7 @@ class HFGenerator(Generator):
             if s.kv is None and self.kv_reuse and self.share_prefix and len(s.ids) > self.min_prefix:
                 past = len(s.ids) - 1
             spans.append((past, len(s.ids) - s.n_cached, own.get(sid, 0)))
-        return self.bytes.chunk_peaks(spans, max_new, self.kv_step, held)
+        return self.bytes.chunk_peaks(spans, max_new, self.kv_step, held, self.prefill_tokens)
 
     def _fit(self, todo: list[str], max_new: int) -> int:
         """How many of ``todo``'s first sessions the next chunk runs: at most ``max_batch``, and only as
@@ -535,12 +543,48 @@ class HFGenerator(Generator):
         sess.kv = [(k[:, :n], v[:, :n]) for k, v in sess.kv]
         sess.n_cached = n
 
+    def _prefill_groups(self, rows: int, new: int) -> list[tuple[int, int]]:
+        """Row ranges of a prefill of ``rows`` rows of ``new`` (padded) tokens: at most
+        ``prefill_tokens`` new tokens per pass (at least one row), all rows in one when 0."""
+        g = max(1, self.prefill_tokens // max(1, new)) if self.prefill_tokens else rows
+        return [(lo, min(rows, lo + g)) for lo in range(0, rows, g)]
+
+    @staticmethod
+    def _fill_past(cache: Any, sessions: list[_HFSession], n_past: list[int], P: int) -> None:
+        """Left-pad the sessions' kept keys/values into an unreserved cache, one layer at a time."""
+        if P == 0:
+            return
+        n_layers = len(sessions[next(b for b in range(len(sessions)) if n_past[b] > 0)].kv)
+        for layer in range(n_layers):
+            ref_k, ref_v = next(s.kv[layer] for s in sessions if s.kv is not None)
+            k = ref_k.new_zeros((len(sessions), ref_k.shape[0], P, ref_k.shape[2]))
+            v = ref_v.new_zeros((len(sessions), ref_v.shape[0], P, ref_v.shape[2]))
+            for b, s in enumerate(sessions):
+                if s.kv is not None:
+                    k[b, :, P - s.n_cached:] = s.kv[layer][0]
+                    v[b, :, P - s.n_cached:] = s.kv[layer][1]
+            cache.update(k, v, layer)
+
+    @staticmethod
+    def _fill_past_rows(cache: Any, sessions: list[_HFSession], n_past: list[int], P: int) -> None:
+        """Left-pad the sessions' kept keys/values straight into a reserved cache's buffers. The padding is
+        zeroed: it is masked out, but uninitialised memory may hold NaNs, and 0 x NaN is NaN."""
+        for i, layer in enumerate(cache.layers):
+            if P:
+                layer.buf_k[:, :, :P].zero_()
+                layer.buf_v[:, :, :P].zero_()
+                for b, s in enumerate(sessions):
+                    if s.kv is not None:
+                        layer.buf_k[b, :, P - n_past[b]:P] = s.kv[i][0]
+                        layer.buf_v[b, :, P - n_past[b]:P] = s.kv[i][1]
+            layer.fill_to(P)
+
     def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
                         ledger: CostLedger | None) -> dict[str, str]:
         torch = self._torch
         from ragfast.accounting.ledger import Timer
         from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
-        from ragfast.models.kv_buffer import cache_bytes, cache_for
+        from ragfast.models.kv_buffer import cache_bytes, cache_for, reserve_rows, row_view
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
@@ -570,17 +614,12 @@ class HFGenerator(Generator):
         # a batch-32 decode step) into a buffer that grows by kv_step tokens up to the whole turn.
         turn = P + F + max_new
         cache = cache_for(self.config, min(turn, P + F + self.kv_step) if self.kv_step else turn, self.kv_step, turn)
-        if P > 0:
-            n_layers = len(sessions[next(b for b in range(B) if n_past[b] > 0)].kv)
-            for layer in range(n_layers):
-                ref_k, ref_v = next(s.kv[layer] for s in sessions if s.kv is not None)
-                k = ref_k.new_zeros((B, ref_k.shape[0], P, ref_k.shape[2]))
-                v = ref_v.new_zeros((B, ref_v.shape[0], P, ref_v.shape[2]))
-                for b, s in enumerate(sessions):
-                    if s.kv is not None:
-                        k[b, :, P - s.n_cached:] = s.kv[layer][0]
-                        v[b, :, P - s.n_cached:] = s.kv[layer][1]
-                cache.update(k, v, layer)
+        groups = self._prefill_groups(B, F)
+        if not reserve_rows(cache, self.config, B, self.dtype, dev):
+            groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
+            self._fill_past(cache, sessions, n_past, P)
+        else:
+            self._fill_past_rows(cache, sessions, n_past, P)
         self._note_kv(held + cache_bytes(cache))
         # The batch cache holds the sessions' keys/values now: their own copies go (a failed turn
         # leaves them without a cache, so their next turn computes it again).
@@ -621,11 +660,26 @@ class HFGenerator(Generator):
                     layer.batch_select_indices(idx)
 
         with torch.inference_mode():
-            out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache,
-                             use_cache=True, logits_to_keep=1)
+            if len(groups) == 1:
+                last = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache,
+                                  use_cache=True, logits_to_keep=1).logits[:, -1, :]
+            else:
+                # A long prefill in row groups: each group writes its rows of the batch cache, so the
+                # forward pass's activations (the MLP's are ~30 KB per token and layer on a 1.5B) scale
+                # with the group, not the batch, and the whole batch then decodes together.
+                parts = []
+                for lo, hi in groups:
+                    view = row_view(cache, self.config, lo, hi)
+                    parts.append(self.model(input_ids=input_ids[lo:hi], attention_mask=mask[lo:hi],
+                                            position_ids=pos[lo:hi], cache=view, use_cache=True,
+                                            logits_to_keep=1).logits[:, -1, :])
+                for layer in cache.layers:
+                    layer.fill_to(P + F)
+                last = torch.cat(parts)
+                self.stats["prefill_groups"] += len(groups)
             step = 0
             while True:
-                nxt = out.logits[:, -1, :].argmax(dim=-1)
+                nxt = last.argmax(dim=-1)
                 finished_rows = []
                 toks = nxt.tolist()  # one device->host copy per step, not one per row
                 for r, b in enumerate(rows):
@@ -656,8 +710,8 @@ class HFGenerator(Generator):
                 p = torch.tensor([[next_pos[b] + len(gen[b]) - 1] for b in rows], dtype=torch.long, device=dev)
                 self.stats["decode_rows"] += len(rows)
                 self.stats["decode_steps"] += 1
-                out = self.model(input_ids=nxt.view(-1, 1), attention_mask=mask, position_ids=p, cache=cache,
-                                 use_cache=True, logits_to_keep=1)
+                last = self.model(input_ids=nxt.view(-1, 1), attention_mask=mask, position_ids=p, cache=cache,
+                                  use_cache=True, logits_to_keep=1).logits[:, -1, :]
 
         texts: dict[str, str] = {}
         flops, cached_tok, fresh_tok, out_tok, uncached, wread = [], [], [], [], [], []

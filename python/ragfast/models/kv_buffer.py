@@ -19,12 +19,17 @@ when the model's cache has other kinds of layers (sliding-window, linear attenti
 :func:`cache_for` then falls back to transformers' own cache. :func:`cache_bytes` is what a
 cache holds. :func:`extend_kv` runs one session's tokens alone (batch 1, no padding) on top of
 its cached keys/values.
+
+A long prefill runs in row groups (:func:`reserve_rows` and :func:`row_view`): the batch
+cache's buffers are allocated for every row first, and each group's forward pass writes its
+keys/values into its rows through a view, so the pass's activations scale with the group while
+the batch decodes together afterwards.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "reserve_rows", "row_view"]
 
 
 def _layer_class():
@@ -44,6 +49,7 @@ def _layer_class():
             self.limit = limit
             self.n = 0
             self.buf_k = self.buf_v = None
+            self.fixed = False  # a view of another layer's rows: growing would detach it
 
         def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
             b, h, t, d = key_states.shape
@@ -65,6 +71,9 @@ def _layer_class():
             if self.n + t > self.buf_k.shape[-2]:
                 import torch
 
+                if self.fixed:
+                    raise RuntimeError(f"a row view of {self.buf_k.shape[-2]} tokens cannot take {self.n + t}")
+
                 cap = self._grown(self.n + t)
                 grow = (lambda x: torch.cat([x[:, :, :self.n], x.new_empty(
                     (x.shape[0], x.shape[1], cap - self.n, x.shape[3]))], dim=2))
@@ -83,6 +92,28 @@ def _layer_class():
             if self.limit is not None:
                 cap = min(cap, self.limit)
             return max(cap, need)
+
+        def reserve(self, batch: int, kv_heads: int, head_dim: int, dtype: Any, device: Any) -> None:
+            """Allocate ``capacity`` tokens for ``batch`` rows now, before any keys/values arrive."""
+            import torch
+
+            self.buf_k = torch.empty((batch, kv_heads, self.capacity, head_dim), dtype=dtype, device=device)
+            self.buf_v = torch.empty_like(self.buf_k)
+            self.device, self.n, self.is_initialized = self.buf_k.device, 0, True
+            self._view()
+
+        def rows(self, lo: int, hi: int) -> "BufferedLayer":
+            """A layer over rows ``lo:hi`` of this one's buffers, filled as far: what it writes lands here."""
+            part = type(self)(self.buf_k.shape[-2])
+            part.buf_k, part.buf_v = self.buf_k[lo:hi], self.buf_v[lo:hi]
+            part.device, part.n, part.is_initialized, part.fixed = self.device, self.n, True, True
+            part._view()
+            return part
+
+        def fill_to(self, n: int) -> None:
+            """Mark the first ``n`` tokens filled (row views wrote them)."""
+            self.n = int(n)
+            self._view()
 
         def nbytes(self) -> int:
             """Bytes of the buffers (their whole capacity, filled or not)."""
@@ -158,6 +189,30 @@ def cache_for(config: Any, capacity: int, step: int = 0, limit: int | None = Non
     from transformers import DynamicCache
 
     return buffered_cache(config, capacity, step, limit) or DynamicCache(config=config)
+
+
+def reserve_rows(cache: Any, config: Any, batch: int, dtype: Any, device: Any) -> bool:
+    """Allocate a buffered cache's buffers for ``batch`` rows; False (nothing done) for another cache."""
+    cls = __getattr__("BufferedLayer")
+    if not all(isinstance(layer, cls) for layer in cache.layers):
+        return False
+    cfg = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    for layer in cache.layers:
+        layer.reserve(batch, kv_heads, head_dim, dtype, device)
+    return True
+
+
+def row_view(cache: Any, config: Any, lo: int, hi: int) -> Any:
+    """A cache over rows ``lo:hi`` of a reserved buffered cache: a forward pass on those rows writes
+    its keys/values into ``cache``'s buffers (then :meth:`BufferedLayer.fill_to` marks them)."""
+    from transformers import DynamicCache
+
+    view = DynamicCache(config=config)
+    view.layers = [layer.rows(lo, hi) for layer in cache.layers]
+    return view
 
 
 def cache_bytes(cache: Any) -> int:

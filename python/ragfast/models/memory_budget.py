@@ -254,7 +254,7 @@ class GenerationBytes:
         return self.kv_per_token * int(tokens)
 
     def chunk_peak(self, rows: int, past: int, new: int, max_new: int, step: int, held: int,
-                   held_others: int) -> int:
+                   held_others: int, prefill_tokens: int = 0) -> int:
         """The most bytes a turn of ``rows`` sessions may hold at once, the sessions' kept caches included.
 
         The batch is left-padded to ``past`` cached and ``new`` fresh tokens per row; its cache
@@ -264,7 +264,8 @@ class GenerationBytes:
         - filling the batch cache: every session's kept cache (``held``), the new cache and
           one layer's padded copy in flight;
         - the prefill: the kept caches of the sessions outside the chunk (``held_others``: the
-          chunk's own are dropped once copied), the cache and the forward pass's activations;
+          chunk's own are dropped once copied), the cache and the forward pass's activations, of
+          one row group of at most ``prefill_tokens`` new tokens (all rows when 0);
         - decoding: the cache at its largest plus one layer in flight (a growth, or finished
           rows cut out; a finished row's cut-out cache replaces its row of the batch).
         """
@@ -273,13 +274,15 @@ class GenerationBytes:
         start = min(turn, past + new + step) if step else turn
         fill = held + rows * start * self.kv_per_token + rows * past * per_layer
         seen = past + new
-        prefill = (held_others + rows * start * self.kv_per_token + rows * new * self.act_per_token
-                   + rows * seen * self.gqa_per_position + rows * new * seen + rows * self.logits_per_row)
+        g = min(rows, max(1, prefill_tokens // max(1, new))) if prefill_tokens else rows
+        prefill = (held_others + rows * start * self.kv_per_token + g * new * self.act_per_token
+                   + g * seen * self.gqa_per_position + g * new * seen + rows * self.logits_per_row)
         decode = (held_others + rows * turn * (self.kv_per_token + per_layer)
                   + rows * (self.logits_per_row + turn))
         return max(fill, prefill, decode)
 
-    def chunk_peaks(self, spans: Sequence[tuple[int, int, int]], max_new: int, step: int, held: int) -> list[int]:
+    def chunk_peaks(self, spans: Sequence[tuple[int, int, int]], max_new: int, step: int, held: int,
+                    prefill_tokens: int = 0) -> list[int]:
         """:meth:`chunk_peak` of each chunk ``spans[:b]``, b = 1, 2, ...
 
         ``spans`` holds each session's (cached tokens, new tokens, bytes of its own kept cache),
@@ -288,5 +291,5 @@ class GenerationBytes:
         out, past, new, moved = [], 0, 0, 0
         for b, (p, f, own) in enumerate(spans, 1):
             past, new, moved = max(past, p), max(new, f), moved + own
-            out.append(self.chunk_peak(b, past, new, max_new, step, held, held - moved))
+            out.append(self.chunk_peak(b, past, new, max_new, step, held, held - moved, prefill_tokens))
         return out
