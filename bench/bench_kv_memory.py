@@ -9,9 +9,11 @@ query the session wrote, or its question when it wrote none; the protocol's ``<i
 block cut at ``--obs-tokens``). Every session goes on to the next turn, so the batch stays full. Providers, each in a fresh process
 (so each has its own peak resident size), round-robin over ``--reps`` repetitions:
 
-* ``prealloc`` (anchor): ``HFGenerator(kv_step=0, memory_budget=None)``: every turn's batch
-  cache sized for the longest possible turn, the path before issue 40;
-* ``grow``: the default buffers, grown by ``kv_step`` tokens as decoding goes; no budget;
+* ``prealloc`` (anchor): ``HFGenerator(kv_step=0, memory_budget=None, prefill_tokens=0)``: every
+  turn's batch cache sized for the longest possible turn and its prefill in one pass, the path
+  before issue 40;
+* ``grow``: the default buffers, grown by ``kv_step`` tokens as decoding goes, and a long
+  prefill in row groups (``prefill_tokens``); no budget;
 * ``budget``: ``grow`` under ``--memory-budget`` (default ``auto``), which may split a turn into
   smaller chunks.
 
@@ -41,7 +43,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, print_table, row, write_csv  # noqa: E402
 
-PROVIDERS = {"prealloc": {"kv_step": 0, "memory_budget": None}, "grow": {"memory_budget": None}, "budget": {}}
+PROVIDERS = {"prealloc": {"kv_step": 0, "memory_budget": None, "prefill_tokens": 0}, "grow": {"memory_budget": None}, "budget": {}}
 
 
 def _status(key: str) -> int:
@@ -103,7 +105,7 @@ def child(args: argparse.Namespace) -> int:
                       "turn_tokens": lens, "rss_base": base,
                       "rss_peak_run": _status("VmHWM"), "rss_peak_load": load_peak, "kv_peak": mem["kv_peak_bytes"],
                       "planned_peak": mem["planned_peak_bytes"], "budget": mem["budget_bytes"],
-                      "budget_note": mem["budget"], "chunks": chunks, "context_tokens": max(
+                      "budget_note": mem["budget"], "chunks": chunks, "prefill_groups": mem["prefill_groups"], "context_tokens": max(
                           len(gen.session_tokens(s)) for s in sids),
                       "text_sha": hashlib.sha256(json.dumps(texts).encode()).hexdigest()[:16]}))
     return 0
@@ -160,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  rep {rep} {p}: {r['tokens'] / r['seconds']:.2f} tok/s, {r['tokens'] / r['cpu_seconds']:.2f} "
                   f"tok/CPU-s, RSS {r['rss_base'] / 1e9:.2f} -> "
                   f"{r['rss_peak_run'] / 1e9:.2f} GB (load peak {r['rss_peak_load'] / 1e9:.2f}), KV peak "
-                  f"{r['kv_peak'] / 1e9:.3f} GB, chunks {r['chunks']}, tokens {r['turn_tokens']}, budget {r['budget']} ({r['budget_note']}); "
+                  f"{r['kv_peak'] / 1e9:.3f} GB, chunks {r['chunks']}, prefill groups {r['prefill_groups']}, tokens {r['turn_tokens']}, budget {r['budget']} ({r['budget_note']}); "
                   f"load {os.getloadavg()[0]:.1f}", flush=True)
     anchor = [r["tokens"] / r["seconds"] for r in runs["prealloc"]]
     anchor_cpu = [r["tokens"] / r["cpu_seconds"] for r in runs["prealloc"]]

@@ -104,12 +104,14 @@ def test_kv_grows_with_what_the_rows_write(kv_heavy):
 def test_the_budget_shrinks_the_batch_and_keeps_the_text(kv_heavy, caplog):
     free, free_text, free_chunks = _turns(kv_heavy, memory_budget=None)
     assert free_chunks == [[6]] * 3
-    budget = int(free.stats["kv_peak_bytes"] * 0.65)  # keys/values alone would pass it in one chunk
+    # The free run's own peak: the plan assumes every row writes its whole turn, so it must split to stay
+    # under it (smaller budgets make it drop kept caches too: the next test).
+    budget = free.stats["kv_peak_bytes"]
     with caplog.at_level(logging.INFO, logger="ragfast.models.generator"):
         tight, text, chunks = _turns(kv_heavy, memory_budget=budget)
     assert text == free_text
     assert all(sum(c) == 6 for c in chunks) and any(len(c) > 1 for c in chunks)
-    assert tight.stats["kv_peak_bytes"] <= budget < free.stats["kv_peak_bytes"]
+    assert tight.stats["kv_peak_bytes"] < budget
     assert tight.stats["planned_peak_bytes"] <= budget
     assert tight.stats["caches_dropped_for_memory"] == 0
     lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]

@@ -282,7 +282,8 @@ class HFGenerator(Generator):
         self.set_weights(weights)
         self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0,
                       "prefix_tokens_computed": 0, "prefix_tokens_reused": 0, "kv_peak_bytes": 0,
-                      "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0, "prefill_groups": 0}
+                      "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0,
+                      "prefill_groups": 0}
 
     def set_weights(self, scheme: str) -> None:
         """Store the model's linear layers as ``scheme`` (``"native"`` or ``"int8"``) from now on.
@@ -315,7 +316,8 @@ class HFGenerator(Generator):
             d["kv_reuse_note"] = self.kv_reuse_note
         st = self.stats
         d["memory"] = {"budget_bytes": self._budget, "budget": self._budget_note or "auto (measured at the first turn)",
-                       "kv_step_tokens": self.kv_step, "kv_peak_bytes": st["kv_peak_bytes"],
+                       "kv_step_tokens": self.kv_step, "prefill_tokens": self.prefill_tokens,
+                       "prefill_groups": st["prefill_groups"], "kv_peak_bytes": st["kv_peak_bytes"],
                        "planned_peak_bytes": st["planned_peak_bytes"], "shrunk_calls": st["shrunk_calls"],
                        "smallest_chunk": st["smallest_chunk"] or None,
                        "caches_dropped_for_memory": st["caches_dropped_for_memory"]}
@@ -567,17 +569,27 @@ class HFGenerator(Generator):
 
     @staticmethod
     def _fill_past_rows(cache: Any, sessions: list[_HFSession], n_past: list[int], P: int) -> None:
-        """Left-pad the sessions' kept keys/values straight into a reserved cache's buffers. The padding is
-        zeroed: it is masked out, but uninitialised memory may hold NaNs, and 0 x NaN is NaN."""
+        """Left-pad the sessions' kept keys/values straight into a reserved cache's buffers, letting go of
+        each layer's copies once moved (so one layer at most is held twice), then hand the freed heap
+        back. The padding is zeroed: it is masked out, but uninitialised memory may hold NaNs, and
+        0 x NaN is NaN."""
+        from ragfast.models.memory_budget import release_free_heap
+
+        kept = [list(s.kv) if s.kv is not None else None for s in sessions]
+        for s in sessions:
+            s.kv, s.n_cached = None, 0  # the batch cache holds them now (a failed turn computes them again)
         for i, layer in enumerate(cache.layers):
             if P:
                 layer.buf_k[:, :, :P].zero_()
                 layer.buf_v[:, :, :P].zero_()
-                for b, s in enumerate(sessions):
-                    if s.kv is not None:
-                        layer.buf_k[b, :, P - n_past[b]:P] = s.kv[i][0]
-                        layer.buf_v[b, :, P - n_past[b]:P] = s.kv[i][1]
+                for b, kv in enumerate(kept):
+                    if kv is not None:
+                        layer.buf_k[b, :, P - n_past[b]:P] = kv[i][0]
+                        layer.buf_v[b, :, P - n_past[b]:P] = kv[i][1]
+                        kv[i] = None
             layer.fill_to(P)
+        if P:
+            release_free_heap()
 
     def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
                         ledger: CostLedger | None) -> dict[str, str]:
@@ -615,17 +627,18 @@ class HFGenerator(Generator):
         turn = P + F + max_new
         cache = cache_for(self.config, min(turn, P + F + self.kv_step) if self.kv_step else turn, self.kv_step, turn)
         groups = self._prefill_groups(B, F)
+        held_others = held - sum(own.get(i, 0) for i in sids)
         if not reserve_rows(cache, self.config, B, self.dtype, dev):
             groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
             self._fill_past(cache, sessions, n_past, P)
+            self._note_kv(held + cache_bytes(cache))
         else:
             self._fill_past_rows(cache, sessions, n_past, P)
-        self._note_kv(held + cache_bytes(cache))
+            self._note_kv(held_others + (held - held_others) // max(1, len(cache.layers)) + cache_bytes(cache))
         # The batch cache holds the sessions' keys/values now: their own copies go (a failed turn
         # leaves them without a cache, so their next turn computes it again).
         for s in sessions:
             s.kv, s.n_cached = None, 0
-        held_others = held - sum(own.get(i, 0) for i in sids)
 
         eos = set(self.eos_ids)
         stop_window = max((len(x) for x in stop), default=0) + 2

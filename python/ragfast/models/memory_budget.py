@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 from ragfast.errors import ConfigError
 
 __all__ = ["AUTO", "NONE", "GenerationBytes", "auto_budget", "format_size", "free_bytes", "held_bytes", "parse_size",
-           "rss_peak_bytes"]
+           "release_free_heap", "rss_peak_bytes"]
 
 #: The ``--memory-budget`` value that means: what the machine has free at the first turn, minus a margin.
 AUTO = "auto"
@@ -167,6 +167,35 @@ def rss_peak_bytes() -> int | None:
     return int(peak) if sys.platform == "darwin" else int(peak) * 1024  # macOS says bytes, Linux KiB
 
 
+_TRIM: list[Any] = []
+
+
+def release_free_heap() -> bool:
+    """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there is none.
+
+    The sessions' kept keys/values are many small tensors (one row, one layer: ~0.5 MB on a 1.5B),
+    which glibc serves from its heap, not from their own mappings. Once a turn has copied them
+    into its batch cache and freed them, the heap keeps their pages resident, and the prefill's
+    activations (larger, mapped anew) cannot reuse them: on Qwen2.5-Coder-1.5B, 32 rows x 1,000
+    tokens, 0.9 GB stayed resident after a prefill that held 0.9 GB of keys/values, and
+    ``malloc_trim`` gave it back in 55 ms (scratch measurement, Zen 4 EPYC).
+    """
+    if not _TRIM:
+        import ctypes
+        import ctypes.util
+
+        fn = None
+        try:
+            fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None), "malloc_trim", None)
+        except OSError:
+            pass
+        _TRIM.append(fn)
+    if _TRIM[0] is None:
+        return False
+    _TRIM[0](0)
+    return True
+
+
 def held_bytes(caches: Mapping[str, Sequence[tuple[Any, Any]] | None],
                shared: Sequence[tuple[Any, Any]] | None = None) -> tuple[int, dict[str, int]]:
     """Bytes of kept keys/values: the total, and each cache's own.
@@ -261,8 +290,8 @@ class GenerationBytes:
         starts at ``past + new + step`` tokens (the whole turn, ``past + new + max_new``, when
         ``step`` is 0) and grows to at most the whole turn. Three moments bound the turn:
 
-        - filling the batch cache: every session's kept cache (``held``), the new cache and
-          one layer's padded copy in flight;
+        - filling the batch cache: the kept caches of the sessions outside the chunk, the new
+          cache and one layer of the chunk's own (each layer's copies go once moved);
         - the prefill: the kept caches of the sessions outside the chunk (``held_others``: the
           chunk's own are dropped once copied), the cache and the forward pass's activations, of
           one row group of at most ``prefill_tokens`` new tokens (all rows when 0);
@@ -272,7 +301,7 @@ class GenerationBytes:
         per_layer = self.kv_per_token // max(1, self.layers)
         turn = past + new + max_new
         start = min(turn, past + new + step) if step else turn
-        fill = held + rows * start * self.kv_per_token + rows * past * per_layer
+        fill = held_others + rows * start * self.kv_per_token + (held - held_others) // max(1, self.layers)
         seen = past + new
         g = min(rows, max(1, prefill_tokens // max(1, new))) if prefill_tokens else rows
         prefill = (held_others + rows * start * self.kv_per_token + g * new * self.act_per_token
