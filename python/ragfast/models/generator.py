@@ -126,7 +126,10 @@ class HFGenerator(Generator):
     Memory. Keys/values grow with what the sessions hold: a turn's batch cache starts at the
     cached and new tokens plus ``kv_step`` and grows by ``kv_step`` tokens as decoding goes
     (kv_buffer.py), rows that finish are cut out at once, and each session keeps only its own
-    tokens' keys/values between turns. Before each chunk of a turn the generator adds up what
+    tokens' keys/values between turns. A turn's batch cache is allocated for all its rows first;
+    the sessions' kept keys/values move into it one layer at a time, and a prefill of more than
+    ``prefill_tokens`` new tokens runs in row groups that write their rows of it, so the forward
+    pass's activations scale with one group while the whole batch decodes together. Before each chunk of a turn the generator adds up what
     the chunk may reach (the open sessions' kept caches, the batch cache at its largest, the
     forward pass's activations: :class:`~ragfast.models.memory_budget.GenerationBytes`) and runs
     fewer sessions at once when that would pass ``memory_budget``, saying so in one log line.
