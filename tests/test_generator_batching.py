@@ -166,6 +166,38 @@ def test_row_views_write_into_the_reserved_batch_buffers():
         parts[0].update(*(torch.zeros(2, 3, 4, 4),) * 2)  # a view that grew would write elsewhere
 
 
+def test_left_padding_into_a_reserved_buffer_equals_a_padded_copy(llama):
+    """The two ways a turn's cache takes the sessions' kept keys/values: written in place into reserved
+    (NaN-poisoned) buffers, or one zero-padded copy per layer into transformers' own cache."""
+    from transformers import AutoConfig, DynamicCache
+
+    from ragfast.models.kv_buffer import buffered_cache, fill_left_padded, reserve_rows
+
+    config = AutoConfig.from_pretrained(llama)
+    g = torch.Generator().manual_seed(7)
+    lens = [5, 0, 2]  # a row with nothing cached stays all padding
+
+    def kept():
+        g.manual_seed(7)
+        return [None if n == 0 else [(torch.randn(3, n, 8, generator=g), torch.randn(3, n, 8, generator=g))
+                                     for _ in range(config.num_hidden_layers)] for n in lens]
+
+    reserved = buffered_cache(config, 9)
+    assert reserve_rows(reserved, config, 3, torch.float32, "cpu")
+    for layer in reserved.layers:
+        layer.buf_k.fill_(float("nan"))
+        layer.buf_v.fill_(float("nan"))
+    rows = kept()
+    fill_left_padded(reserved, rows, 6)
+    assert all(kv is None or all(x is None for x in kv) for kv in rows)  # each layer let go once moved
+    plain = DynamicCache(config=config)
+    fill_left_padded(plain, kept(), 6)
+    for a, b in zip(reserved.layers, plain.layers):
+        assert a.get_seq_length() == b.get_seq_length() == 6
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert torch.equal(plain.layers[0].keys[1], torch.zeros(3, 6, 8))
+
+
 def test_a_prefill_in_row_groups_gives_the_tokens_of_one_pass(llama):
     """Groups of one to a few rows, with and without kept caches to pad in (second turn on): the same
     greedy tokens as one prefill pass, in float32."""

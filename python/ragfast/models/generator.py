@@ -129,9 +129,10 @@ class HFGenerator(Generator):
     tokens' keys/values between turns. A turn's batch cache is allocated for all its rows first;
     the sessions' kept keys/values move into it one layer at a time, and a prefill of more than
     ``prefill_tokens`` new tokens runs in row groups that write their rows of it, so the forward
-    pass's activations scale with one group while the whole batch decodes together. Before each chunk of a turn the generator adds up what
-    the chunk may reach (the open sessions' kept caches, the batch cache at its largest, the
-    forward pass's activations: :class:`~ragfast.models.memory_budget.GenerationBytes`) and runs
+    pass's activations scale with one group while the whole batch decodes together. Before each
+    chunk of a turn the generator adds up what the chunk may reach (the open sessions' kept
+    caches, the batch cache at its largest, one prefill group's activations:
+    :class:`~ragfast.models.memory_budget.GenerationBytes`) and runs
     fewer sessions at once when that would pass ``memory_budget``, saying so in one log line.
     When the kept caches leave no room for even one session, the largest kept caches of other
     sessions are dropped (recomputed at their next turn) and a warning says so; when one
@@ -548,58 +549,13 @@ class HFGenerator(Generator):
         sess.kv = [(k[:, :n], v[:, :n]) for k, v in sess.kv]
         sess.n_cached = n
 
-    def _prefill_groups(self, rows: int, new: int) -> list[tuple[int, int]]:
-        """Row ranges of a prefill of ``rows`` rows of ``new`` (padded) tokens: at most
-        ``prefill_tokens`` new tokens per pass (at least one row), all rows in one when 0."""
-        g = max(1, self.prefill_tokens // max(1, new)) if self.prefill_tokens else rows
-        return [(lo, min(rows, lo + g)) for lo in range(0, rows, g)]
-
-    @staticmethod
-    def _fill_past(cache: Any, sessions: list[_HFSession], n_past: list[int], P: int) -> None:
-        """Left-pad the sessions' kept keys/values into an unreserved cache, one layer at a time."""
-        if P == 0:
-            return
-        n_layers = len(sessions[next(b for b in range(len(sessions)) if n_past[b] > 0)].kv)
-        for layer in range(n_layers):
-            ref_k, ref_v = next(s.kv[layer] for s in sessions if s.kv is not None)
-            k = ref_k.new_zeros((len(sessions), ref_k.shape[0], P, ref_k.shape[2]))
-            v = ref_v.new_zeros((len(sessions), ref_v.shape[0], P, ref_v.shape[2]))
-            for b, s in enumerate(sessions):
-                if s.kv is not None:
-                    k[b, :, P - s.n_cached:] = s.kv[layer][0]
-                    v[b, :, P - s.n_cached:] = s.kv[layer][1]
-            cache.update(k, v, layer)
-
-    @staticmethod
-    def _fill_past_rows(cache: Any, sessions: list[_HFSession], n_past: list[int], P: int) -> None:
-        """Left-pad the sessions' kept keys/values straight into a reserved cache's buffers, letting go of
-        each layer's copies once moved (so one layer at most is held twice), then hand the freed heap
-        back. The padding is zeroed: it is masked out, but uninitialised memory may hold NaNs, and
-        0 x NaN is NaN."""
-        from ragfast.models.memory_budget import release_free_heap
-
-        kept = [list(s.kv) if s.kv is not None else None for s in sessions]
-        for s in sessions:
-            s.kv, s.n_cached = None, 0  # the batch cache holds them now (a failed turn computes them again)
-        for i, layer in enumerate(cache.layers):
-            if P:
-                layer.buf_k[:, :, :P].zero_()
-                layer.buf_v[:, :, :P].zero_()
-                for b, kv in enumerate(kept):
-                    if kv is not None:
-                        layer.buf_k[b, :, P - n_past[b]:P] = kv[i][0]
-                        layer.buf_v[b, :, P - n_past[b]:P] = kv[i][1]
-                        kv[i] = None
-            layer.fill_to(P)
-        if P:
-            release_free_heap()
-
     def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
                         ledger: CostLedger | None) -> dict[str, str]:
         torch = self._torch
         from ragfast.accounting.ledger import Timer
         from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
-        from ragfast.models.kv_buffer import cache_bytes, cache_for, reserve_rows, row_view
+        from ragfast.models.kv_buffer import cache_bytes, cache_for, fill_left_padded, reserve_rows, row_view
+        from ragfast.models.memory_budget import release_free_heap
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
@@ -629,19 +585,21 @@ class HFGenerator(Generator):
         # a batch-32 decode step) into a buffer that grows by kv_step tokens up to the whole turn.
         turn = P + F + max_new
         cache = cache_for(self.config, min(turn, P + F + self.kv_step) if self.kv_step else turn, self.kv_step, turn)
-        groups = self._prefill_groups(B, F)
+        g = max(1, self.prefill_tokens // max(1, F)) if self.prefill_tokens else B  # rows per prefill pass
+        groups = [(lo, min(B, lo + g)) for lo in range(0, B, g)]
         held_others = held - sum(own.get(i, 0) for i in sids)
-        if not reserve_rows(cache, self.config, B, self.dtype, dev):
-            groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
-            self._fill_past(cache, sessions, n_past, P)
-            self._note_kv(held + cache_bytes(cache))
-        else:
-            self._fill_past_rows(cache, sessions, n_past, P)
-            self._note_kv(held_others + (held - held_others) // max(1, len(cache.layers)) + cache_bytes(cache))
-        # The batch cache holds the sessions' keys/values now: their own copies go (a failed turn
-        # leaves them without a cache, so their next turn computes it again).
+        # The batch cache takes the sessions' keys/values, one layer at a time (each layer's copies go
+        # once moved); a failed turn leaves the sessions without a cache, so their next turn computes it.
+        kept = [list(s.kv) if s.kv is not None else None for s in sessions]
         for s in sessions:
             s.kv, s.n_cached = None, 0
+        if not reserve_rows(cache, self.config, B, self.dtype, dev):
+            groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
+        fill_left_padded(cache, kept, P)
+        del kept
+        if P:
+            release_free_heap()
+        self._note_kv(held_others + (held - held_others) // max(1, len(cache.layers)) + cache_bytes(cache))
 
         eos = set(self.eos_ids)
         stop_window = max((len(x) for x in stop), default=0) + 2
@@ -676,23 +634,18 @@ class HFGenerator(Generator):
                     layer.batch_select_indices(idx)
 
         with torch.inference_mode():
-            if len(groups) == 1:
-                last = self.model(input_ids=input_ids, attention_mask=mask, position_ids=pos, cache=cache,
-                                  use_cache=True, logits_to_keep=1).logits[:, -1, :]
-            else:
-                # A long prefill in row groups: each group writes its rows of the batch cache, so the
-                # forward pass's activations (the MLP's are ~30 KB per token and layer on a 1.5B) scale
-                # with the group, not the batch, and the whole batch then decodes together.
-                parts = []
-                for lo, hi in groups:
-                    view = row_view(cache, self.config, lo, hi)
-                    parts.append(self.model(input_ids=input_ids[lo:hi], attention_mask=mask[lo:hi],
-                                            position_ids=pos[lo:hi], cache=view, use_cache=True,
-                                            logits_to_keep=1).logits[:, -1, :])
+            parts = []
+            for lo, hi in groups:
+                # A long prefill in row groups, each writing its rows of the batch cache: the pass's
+                # activations scale with the group, and the whole batch then decodes together.
+                view = cache if len(groups) == 1 else row_view(cache, self.config, lo, hi)
+                parts.append(self.model(input_ids=input_ids[lo:hi], attention_mask=mask[lo:hi], position_ids=pos[lo:hi],
+                                        cache=view, use_cache=True, logits_to_keep=1).logits[:, -1, :])
+            if len(groups) > 1:
                 for layer in cache.layers:
                     layer.fill_to(P + F)
-                last = torch.cat(parts)
                 self.stats["prefill_groups"] += len(groups)
+            last = torch.cat(parts)
             step = 0
             while True:
                 nxt = last.argmax(dim=-1)

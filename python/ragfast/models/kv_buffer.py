@@ -29,7 +29,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "reserve_rows", "row_view"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "fill_left_padded", "reserve_rows",
+           "row_view"]
 
 
 def _layer_class():
@@ -213,6 +214,39 @@ def row_view(cache: Any, config: Any, lo: int, hi: int) -> Any:
     view = DynamicCache(config=config)
     view.layers = [layer.rows(lo, hi) for layer in cache.layers]
     return view
+
+
+def fill_left_padded(cache: Any, kept: list[list[tuple[Any, Any] | None] | None], width: int) -> None:
+    """Left-pad each row's keys/values into the first ``width`` positions of an empty ``cache``.
+
+    ``kept[b]`` is row b's list of per-layer ``(keys, values)``, each ``[kv_heads, n_b, head_dim]``
+    (or None: nothing cached). Each layer's entries are set to None once moved, so a caller that
+    dropped its own references holds at most one layer twice. A reserved cache
+    (:func:`reserve_rows`) is written in place, its padding zeroed (masked out, but uninitialised
+    memory may hold NaNs, and 0 x NaN is NaN); another cache gets one padded copy per layer.
+    """
+    reserved = all(getattr(layer, "buf_k", None) is not None for layer in cache.layers)
+    for i, layer in enumerate(cache.layers):
+        if reserved:
+            buf_k, buf_v = layer.buf_k[:, :, :width], layer.buf_v[:, :, :width]
+            buf_k.zero_()
+            buf_v.zero_()
+        elif width == 0:
+            continue
+        else:
+            ref_k, ref_v = next(kv[i] for kv in kept if kv is not None)
+            buf_k = ref_k.new_zeros((len(kept), ref_k.shape[0], width, ref_k.shape[2]))
+            buf_v = ref_v.new_zeros((len(kept), ref_v.shape[0], width, ref_v.shape[2]))
+        for b, kv in enumerate(kept):
+            if kv is not None:
+                k, v = kv[i]
+                buf_k[b, :, width - k.shape[1]:] = k
+                buf_v[b, :, width - v.shape[1]:] = v
+                kv[i] = None
+        if reserved:
+            layer.fill_to(width)
+        else:
+            cache.update(buf_k, buf_v, i)
 
 
 def cache_bytes(cache: Any) -> int:
