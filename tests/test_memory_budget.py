@@ -198,3 +198,11 @@ def test_a_prefill_in_row_groups_is_planned_with_one_groups_activations():
     assert whole == base + rows * row_act > decode
     assert grouped == max(base + 4 * row_act, decode) < whole
     assert gb.chunk_peaks([(past, new, 0)] * rows, max_new, step, 0, 4096)[-1] == grouped
+
+
+def test_the_freed_heap_is_handed_back_where_the_c_library_can():
+    import platform
+
+    from ragfast.models.memory_budget import release_free_heap
+
+    assert release_free_heap() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")

@@ -174,11 +174,11 @@ def release_free_heap() -> bool:
     """Hand the C heap's free pages back to the system (glibc's ``malloc_trim``); False where there is none.
 
     The sessions' kept keys/values are many small tensors (one row, one layer: ~0.5 MB on a 1.5B),
-    which glibc serves from its heap, not from their own mappings. Once a turn has copied them
-    into its batch cache and freed them, the heap keeps their pages resident, and the prefill's
-    activations (larger, mapped anew) cannot reuse them: on Qwen2.5-Coder-1.5B, 32 rows x 1,000
-    tokens, 0.9 GB stayed resident after a prefill that held 0.9 GB of keys/values, and
-    ``malloc_trim`` gave it back in 55 ms (scratch measurement, Zen 4 EPYC).
+    which glibc serves from its heap, not from their own mappings. Once a turn has moved them
+    into its batch cache and freed them, the heap keeps their pages resident until something of
+    a fitting size reuses them. On Qwen2.5-Coder-1.5B in bf16 (32 rows x 1,000 tokens, Zen 4
+    EPYC) 0.9 GB stayed resident beside 0.9 GB of live keys/values after a prefill, and this
+    call gave it back in 55 ms.
     """
     if not _TRIM:
         import ctypes
