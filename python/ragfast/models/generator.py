@@ -181,9 +181,9 @@ class HFGenerator(Generator):
         the reasoner's ``bytes_scanned``, so the two schemes' reads are comparable.
     prefill_tokens : int
         Most new (padded) tokens one prefill pass computes: a chunk whose prefill is longer runs
-        it in row groups that write into the one batch cache, which then decodes as a whole. The
-        pass's activations, not the cache, set a long turn's peak (64 rows x 1,000 new tokens of
-        the 1.5B reached 11.9 GB resident in one pass, bench/bench_kv_memory.py). 0: one pass.
+        it in row groups that write into the one batch cache, which then decodes as a whole, so
+        the pass's activations scale with a group (the 1.5B's turn of 64 rows x up to 1,000 new
+        tokens: 11.9 GB resident in one pass, 9.8 GB in groups; bench/bench_kv_memory.py). 0: one pass.
     """
 
     meaningful = True
