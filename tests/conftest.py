@@ -70,3 +70,27 @@ def random_lm():
 
     return write
 
+
+
+# Every ISA level the C++ kernels know, in order (csrc/isa_levels.h).
+ISA_LEVELS = ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx")
+
+
+@pytest.fixture(params=ISA_LEVELS)
+def isa_level(request):
+    """Run a test at each ISA level this build carries and this CPU runs, the others skipped visibly
+    with the reason; the level in use before is restored after."""
+    try:
+        from ragfast import _C
+    except ImportError:
+        pytest.skip("ragfast._C not built")
+    info = _C.isa_info()
+    level = request.param
+    if level not in info["compiled"]:
+        pytest.skip(f"ISA level {level} is not compiled into this build")
+    if level not in info["supported"]:
+        pytest.skip(f"ISA level {level} cannot run on this CPU: it lacks {', '.join(info['missing'].get(level, []))}")
+    before = info["chosen"] or "auto"
+    assert _C.set_isa(level) == level
+    yield level
+    _C.set_isa(before)

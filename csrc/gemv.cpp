@@ -1,0 +1,212 @@
+// gemv: y[M, N] = x[M, K] . w[N, K]^T (* scale[N]) (+ bias[N]) for a few rows of x.
+//
+// Decoding a batch of one to a few sequences multiplies a few activation rows by every weight
+// matrix of the model once per token: the time is the weight bytes over the memory bandwidth,
+// and the arithmetic is idle. A GEMM library tuned for large M leaves bandwidth unused there
+// (oneDNN's bf16 M = 1 matmuls read 16.5 GB/s of the 31 GB/s a 2-core Zen 4 EPYC streams). These
+// kernels read each weight row front to back as one stream and multiply every row of x with it:
+// bf16 pairs through vdpbf16ps where the level has it, else widened to fp32 in registers (bf16 by
+// a shift, int8 by a sign extension); the threads split the output rows. Weights are fp32, bf16
+// or int8 codes with one fp32 scale per output row; x and y are fp32 or bf16 (y rounded to
+// nearest even), sums are fp32.
+//
+// The per-ISA block kernels live in csrc/isa/gemv_<level>.cpp; this file holds the portable one,
+// the dispatcher and the binding. The binding takes addresses (the Python wrapper,
+// python/ragfast/ops/gemv.py, checks shapes, dtypes, strides and devices of torch tensors and
+// keeps them alive): a decode step makes about 170 of these calls, and numpy views of bf16
+// tensors cost more than the smaller matrices' kernels.
+#include <pybind11/pybind11.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#ifdef RAGFAST_OPENMP
+#include <omp.h>
+#endif
+
+#include "gemv_common.h"
+#include "isa.h"
+#include "registry.h"
+
+namespace py = pybind11;
+
+namespace ragfast {
+namespace gemv_detail {
+
+using namespace ragfast::gemv_common;
+
+// Output rows per thread below which one thread does it all: a 2-thread team costs a few
+// microseconds, a 64-row block of a 896-deep bf16 matrix about as much.
+constexpr int64_t kMinRowsPerThread = 64;
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t b = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &b, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
+  uint32_t b;
+  std::memcpy(&b, &f, 4);
+  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40u);
+  return uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+template <typename W>
+inline float widen(W v) {
+  return float(v);
+}
+template <>
+inline float widen<uint16_t>(uint16_t v) {
+  return bf16_to_float(v);
+}
+
+// The portable block: each weight row read front to back once (one stream, as the SIMD levels
+// do), against every row of x, with 8 partial sums the compiler can keep in vector lanes.
+template <typename W>
+void block_generic(const float* x, int64_t M, int64_t K, const W* w, int64_t ldw, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  for (int64_t n = n0; n < n1; ++n) {
+    const W* r = w + n * ldw;
+    for (int64_t m = 0; m < M; ++m) {
+      const float* xm = x + m * K;
+      float a[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+      int64_t k = 0;
+      for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; ++j) a[j] += xm[k + j] * widen(r[k + j]);
+      float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+      for (; k < K; ++k) s += xm[k] * widen(r[k]);
+      y[m * ldy + n] = s;
+    }
+  }
+}
+
+void gemv_block_generic(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
+                        int64_t n1, float* y, int64_t ldy) {
+  switch (kind) {
+    case kF32: return block_generic(x, M, K, static_cast<const float*>(w), ldw, n0, n1, y, ldy);
+    case kBF16: return block_generic(x, M, K, static_cast<const uint16_t*>(w), ldw, n0, n1, y, ldy);
+    default: return block_generic(x, M, K, static_cast<const int8_t*>(w), ldw, n0, n1, y, ldy);
+  }
+}
+
+// The block kernel of the ISA level in use (csrc/isa.cpp). Levels are ordered
+// (csrc/isa_levels.h): every level from avx512 up runs the AVX-512 block, which is bound by
+// the weight bytes, not by the arithmetic BF16 or VNNI would speed up.
+BlockFn pick_block() {
+  const int level = isa::current();
+#ifdef RAGFAST_ISA_HAVE_avx512
+  if (level >= isa::kAvx512) return &gemv_block_avx512;
+#endif
+#ifdef RAGFAST_ISA_HAVE_avx2
+  if (level >= isa::kAvx2) return &gemv_block_avx2;
+#endif
+  (void)level;
+  return &gemv_block_generic;
+}
+
+// The bf16 x bf16 block of the level in use, or nullptr where the level has no bf16 dot product
+// (the weights are then widened to fp32 like the others').
+Bf16BlockFn pick_bf16_block() {
+#ifdef RAGFAST_ISA_HAVE_avx512bf16
+  if (isa::current() >= isa::kAvx512Bf16) return &gemv_block_bf16_avx512bf16;
+#endif
+  return nullptr;
+}
+
+void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uintptr_t w_addr, int kind, int64_t N,
+          int64_t ldw, uintptr_t scale_addr, uintptr_t bias_addr, uintptr_t y_addr, int64_t ldy, int threads) {
+  if (M < 0 || K < 0 || N < 0) throw std::invalid_argument("gemv: negative size");
+  if (kind != kF32 && kind != kBF16 && kind != kI8) throw std::invalid_argument("gemv: unknown weight kind");
+  if (ldx < K || ldw < K || ldy < N) throw std::invalid_argument("gemv: a row stride is shorter than its row");
+  if (kind == kI8 && !scale_addr) throw std::invalid_argument("gemv: int8 weights need their scales");
+  if (M == 0 || N == 0) return;
+  const BlockFn block = pick_block();
+  const Bf16BlockFn bf16_block = x_bf16 && kind == kBF16 ? pick_bf16_block() : nullptr;
+  const auto* scale = reinterpret_cast<const float*>(scale_addr);
+  const auto* bias = reinterpret_cast<const float*>(bias_addr);
+  py::gil_scoped_release release;
+  // x copied once, contiguous: as bf16 for the bf16 dot product, else widened to fp32; the raw
+  // sums go to an fp32 [M, N] block.
+  thread_local std::vector<float> xs, ys;
+  thread_local std::vector<uint16_t> xh;
+  ys.resize(size_t(M * N));
+  float* yf = ys.data();
+  float* xf = nullptr;
+  const uint16_t* xb = nullptr;
+  if (bf16_block) {
+    xh.resize(size_t(M * K));
+    for (int64_t m = 0; m < M; ++m)
+      std::memcpy(xh.data() + m * K, reinterpret_cast<const uint16_t*>(x_addr) + m * ldx, size_t(K) * 2);
+    xb = xh.data();
+  } else {
+    xs.resize(size_t(M * K));
+    xf = xs.data();
+  }
+  for (int64_t m = 0; xf && m < M; ++m) {
+    if (x_bf16) {
+      const auto* src = reinterpret_cast<const uint16_t*>(x_addr) + m * ldx;
+      for (int64_t k = 0; k < K; ++k) xf[m * K + k] = bf16_to_float(src[k]);
+    } else {
+      std::memcpy(xf + m * K, reinterpret_cast<const float*>(x_addr) + m * ldx, size_t(K) * sizeof(float));
+    }
+  }
+  const void* w = reinterpret_cast<const void*>(w_addr);
+  int T = 1;
+#ifdef RAGFAST_OPENMP
+  T = threads > 0 ? threads : omp_get_max_threads();
+#endif
+  T = int(std::max<int64_t>(1, std::min<int64_t>(T, N / kMinRowsPerThread)));
+  // Contiguous ranges of 4-row tiles, one per thread, then the epilogue on the same range.
+  const int64_t tiles = (N + 3) / 4;
+  auto run = [&](int t) {
+    const int64_t n0 = std::min(N, tiles * t / T * 4);
+    const int64_t n1 = std::min(N, tiles * (t + 1) / T * 4);
+    if (n0 >= n1) return;
+    if (bf16_block)
+      bf16_block(xb, M, K, static_cast<const uint16_t*>(w), ldw, n0, n1, yf, N);
+    else
+      block(xf, M, K, w, kind, ldw, n0, n1, yf, N);
+    for (int64_t m = 0; m < M; ++m) {
+      const float* src = yf + m * N;
+      for (int64_t n = n0; n < n1; ++n) {
+        float v = src[n];
+        if (scale) v *= scale[n];
+        if (bias) v += bias[n];
+        if (x_bf16)
+          reinterpret_cast<uint16_t*>(y_addr)[m * ldy + n] = float_to_bf16(v);
+        else
+          reinterpret_cast<float*>(y_addr)[m * ldy + n] = v;
+      }
+    }
+  };
+  if (T == 1) {
+    run(0);
+    return;
+  }
+#ifdef RAGFAST_OPENMP
+#pragma omp parallel num_threads(T)
+  run(omp_get_thread_num());
+#else
+  for (int t = 0; t < T; ++t) run(t);
+#endif
+}
+
+}  // namespace gemv_detail
+}  // namespace ragfast
+
+RAGFAST_REGISTER(gemv, [](py::module_& m) {
+  using namespace ragfast::gemv_detail;
+  m.def("gemv", &gemv, py::arg("x"), py::arg("x_bf16"), py::arg("M"), py::arg("K"), py::arg("ldx"), py::arg("w"),
+        py::arg("kind"), py::arg("N"), py::arg("ldw"), py::arg("scale"), py::arg("bias"), py::arg("y"),
+        py::arg("ldy"), py::arg("threads") = 0,
+        "gemv(x, x_bf16, M, K, ldx, w, kind, N, ldw, scale, bias, y, ldy, threads=0)\n"
+        "y[M,N] = x[M,K] . w[N,K]^T (* scale[N]) (+ bias[N]) on raw addresses (0: no scale / bias).\n"
+        "kind: 0 fp32, 1 bf16, 2 int8 codes (scale required). x and y share a dtype: fp32, or bf16\n"
+        "when x_bf16. Use ragfast.ops.gemv.gemv, which checks the tensors; this does not.");
+});

@@ -1,0 +1,40 @@
+// Shared by csrc/gemv.cpp (dispatcher) and its per-ISA kernels (csrc/isa/gemv_<level>.cpp).
+// Plain declarations only: see csrc/topk_ip_common.h for why nothing inline is shared.
+#pragma once
+#include <cstdint>
+
+#include "isa_compiled.h"
+
+namespace ragfast {
+namespace gemv_common {
+
+// Weight storage of a gemv call: the model's fp32 or bf16 matrix, or int8 codes (one scale per
+// output row, applied by the dispatcher after the dot products).
+enum WeightKind : int { kF32 = 0, kBF16 = 1, kI8 = 2 };
+
+// Raw dot products of a block of output rows: y[m * ldy + n] = sum_k x[m * K + k] * w[n, k] for
+// m < M and n0 <= n < n1, where w's row n starts at (element) n * ldw. x is fp32, contiguous.
+// Sums are in fp32; the order of the additions is the level's own.
+using BlockFn = void (*)(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
+                         int64_t n1, float* y, int64_t ldy);
+
+// The same for bf16 x and bf16 weights, x as bf16 (levels with a bf16 dot product).
+using Bf16BlockFn = void (*)(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t ldw, int64_t n0,
+                             int64_t n1, float* y, int64_t ldy);
+
+// csrc/isa/gemv_<level>.cpp, compiled with the level (isa_compiled.h says which are)
+#ifdef RAGFAST_ISA_HAVE_avx2
+void gemv_block_avx2(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
+                     int64_t n1, float* y, int64_t ldy);
+#endif
+#ifdef RAGFAST_ISA_HAVE_avx512
+void gemv_block_avx512(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
+                       int64_t n1, float* y, int64_t ldy);
+#endif
+#ifdef RAGFAST_ISA_HAVE_avx512bf16
+void gemv_block_bf16_avx512bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t ldw, int64_t n0,
+                                int64_t n1, float* y, int64_t ldy);
+#endif
+
+}  // namespace gemv_common
+}  // namespace ragfast

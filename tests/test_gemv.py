@@ -1,0 +1,134 @@
+"""gemv (ragfast.ops.gemv): every compiled level against the reference, on fresh random inputs."""
+import numpy as np
+import pytest
+import torch
+
+from ragfast.ops.gemv import GemvWeight, gemv, gemv_ref
+from ragfast.ops.registry import available
+
+pytestmark = pytest.mark.skipif(not available()["cpp"], reason="ragfast._C not built")
+
+STORAGE = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.int8}
+
+
+def seeded():
+    return torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+
+
+def weights(storage, n, k, g, row_stride=None):
+    """A [n, k] weight (a row-strided view when row_stride > k), its scales for int8."""
+    cols = row_stride or k
+    if storage == "int8":
+        full = torch.randint(-127, 128, (n, cols), generator=g, dtype=torch.int8)
+        return full[:, :k], torch.rand(n, generator=g) * 0.02 + 1e-3
+    return torch.randn(n, cols, generator=g).to(STORAGE[storage])[:, :k], None
+
+
+def bound(x, w, scales, bias, ref32, x_dtype):
+    """How far a correct kernel may land from the reference: fp32 sums in another order
+    (K ulps of the absolute sum), plus the output's rounding in bf16 (twice: ours and the ref's)."""
+    wf = w.float() if scales is None else w.float() * scales[:, None]
+    mag = x.float().abs().reshape(-1, x.shape[-1]) @ wf.abs().T
+    tol = 4e-7 * x.shape[-1] * mag + 1e-6
+    if bias is not None:
+        tol = tol + 1e-6 * bias.abs()
+    if x_dtype == torch.bfloat16:
+        tol = tol + 2 ** -7 * ref32.abs().reshape(tol.shape)
+    return tol
+
+
+@pytest.mark.parametrize("storage", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_every_level_matches_the_reference(isa_level, storage, x_dtype):
+    g = seeded()
+    for M, K, N in [(1, 1, 1), (1, 15, 3), (2, 16, 4), (3, 17, 5), (4, 100, 130), (5, 33, 9), (9, 896 + 3, 67),
+                    (17, 64, 8)]:
+        w, scales = weights(storage, N, K, g, row_stride=K + 5)
+        assert w.stride(0) == K + 5  # the kernel reads row-strided weights in place
+        bias = torch.randn(N, generator=g) if N % 2 else None
+        x = torch.randn(M, K, generator=g).to(x_dtype)
+        op = GemvWeight(w, scales, bias)
+        out = torch.full((M, N), float("nan"), dtype=x_dtype)  # poisoned: every element must be written
+        got = op(x, out=out)
+        assert got is out
+        ref32 = gemv_ref(x.float(), w, scales, bias)
+        err = (got.float() - ref32).abs()
+        assert torch.isfinite(got).all()
+        assert (err <= bound(x, w, scales, bias, ref32, x_dtype)).all(), (isa_level, storage, M, K, N, err.max())
+        # The public op, on either backend, agrees too.
+        for backend in ("cpp", "ref"):
+            y = gemv(x, w, scales, bias, backend=backend)
+            assert y.dtype == x_dtype and y.shape == (M, N)
+            assert ((y.float() - ref32).abs() <= bound(x, w, scales, bias, ref32, x_dtype)).all()
+
+
+def test_strided_inputs_and_outputs(isa_level):
+    g = seeded()
+    M, K, N = 6, 77, 41
+    w, _ = weights("bf16", N, K, g)
+    big = torch.randn(M, 2 * K + 3, generator=g).to(torch.bfloat16)
+    op = GemvWeight(w)
+    ref32 = gemv_ref(big[:, :K].float(), w)
+    for x in (big[:, :K], big[:, ::2][:, :K], big[:, :K].unsqueeze(0).expand(2, M, K)[1]):
+        assert not x.is_contiguous()
+        out_big = torch.full((M, N + 9), float("nan"), dtype=torch.bfloat16)
+        out = out_big[:, 3:N + 3]
+        op(x, out=out)
+        expect = gemv_ref(x.float(), w)
+        assert ((out.float() - expect).abs() <= bound(x, w, None, None, expect, torch.bfloat16)).all()
+        assert torch.isnan(out_big[:, :3]).all() and torch.isnan(out_big[:, N + 3:]).all()  # nothing outside
+    # Leading dimensions are kept: [2, 3, K] -> [2, 3, N].
+    x3 = big[:, :K].reshape(2, 3, K)
+    y3 = op(x3)
+    assert y3.shape == (2, 3, N)
+    assert ((y3.reshape(M, N).float() - ref32).abs() <= bound(big[:, :K], w, None, None, ref32, torch.bfloat16)).all()
+
+
+def test_threads_split_rows_without_changing_a_bit(isa_level):
+    g = seeded()
+    w, scales = weights("int8", 517, 260, g)
+    x = torch.randn(3, 260, generator=g).to(torch.bfloat16)
+    op = GemvWeight(w, scales, torch.randn(517, generator=g))
+    one = op(x, threads=1)
+    for t in (2, 3, 8):
+        assert torch.equal(op(x, threads=t), one)
+
+
+def test_nan_and_empty_rows():
+    g = seeded()
+    w, _ = weights("bf16", 70, 40, g)
+    x = torch.randn(2, 40, generator=g).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    y = GemvWeight(w)(x)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+    assert GemvWeight(w)(x[:0]).shape == (0, 70)
+
+
+def test_bad_input_is_refused_with_what_is_wrong():
+    w = torch.zeros(8, 16, dtype=torch.int8)
+    with pytest.raises(ValueError, match="scales"):
+        GemvWeight(w)
+    with pytest.raises(ValueError, match="scales"):
+        GemvWeight(w.float(), torch.ones(8))
+    with pytest.raises(ValueError, match="2-D fp32, bf16 or int8"):
+        GemvWeight(w.half())
+    with pytest.raises(ValueError, match="bias has 7 values for 8"):
+        GemvWeight(w.float(), bias=torch.ones(7))
+    op = GemvWeight(w.float())
+    with pytest.raises(ValueError, match=r"x must be .*\[\.\.\., 16\]"):
+        op(torch.zeros(2, 15))
+    with pytest.raises(ValueError, match=r"x must be"):
+        op(torch.zeros(2, 16, dtype=torch.float16))
+    with pytest.raises(ValueError, match="out must be"):
+        op(torch.zeros(2, 16), out=torch.zeros(2, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="x must be"):
+        gemv(torch.zeros(2, 15), w.float(), backend="ref")  # the reference checks alike
+
+
+def test_default_rows_follow_the_level(isa_level):
+    """fp32 and int8 weights take gemv at every level; bf16 only where vdpbf16ps reads them as they are."""
+    from ragfast.ops.gemv import default_rows
+
+    assert default_rows(torch.float32) == 8 and default_rows(torch.int8) == 2
+    assert default_rows(torch.bfloat16) == (8 if isa_level in ("avx512bf16", "amx") else 0)
+    assert default_rows(torch.float16) == 0
