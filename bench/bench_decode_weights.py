@@ -1,15 +1,20 @@
-"""Local generation by weight precision: fp32 (the anchor), bf16, and weight-only int8.
+"""Local generation by weight precision and matmul: fp32, bf16, weight-only int8; gemv on and off.
 
 The reasoner is the cost of a bench with a real model, and decoding a few sequences reads every
 weight once per step, so bytes per weight set the pace there; prefill is matmul-bound. Providers
 (the default reasoner, ``qwen2.5-coder-0.5b-searchr1``, its adapter merged; ``--model`` for
 another catalogued model or directory), all loaded in this process:
 
-* ``fp32`` (anchor): ``HFGenerator(dtype="float32")``, what the default bench runs;
+* ``fp32``: ``HFGenerator(dtype="float32")``, what the default bench runs;
 * ``bf16``: ``dtype="bfloat16"``;
-* ``int8``: ``weights="int8"`` with float32 activations (models/weight_quant.py: torch's
-  ``_weight_int8pack_mm``, one scale per output channel);
-* ``int8-bf16``: ``weights="int8"`` with bfloat16 activations.
+* ``int8``: ``weights="int8"`` with float32 activations (models/weight_quant.py: one scale per
+  output channel);
+* ``int8-bf16``: ``weights="int8"`` with bfloat16 activations;
+* ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``: the same with every pass on
+  torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``), as before gemv.
+
+The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner
+before gemv); every ratio is against it.
 
 Workload, per batch size in ``--batches`` (default 1 and 64): the Search-R1 prompts of the first B
 bundled hotpotqa-dev questions (the instruction's keys/values shared, as in a run); one call
@@ -20,7 +25,7 @@ first step feeding one token per row). Round-robin over the providers, ``--reps`
 Beside them, the read floor: a decode step at B = 1 cannot beat the weight bytes it reads
 (``HFGenerator.weight_info.read_bytes``) over the memory read bandwidth, measured in the same run
 (a sum over a 1 GiB buffer). And the greedy text: how many of the B=64 rows generate exactly the
-fp32 tokens, and the mean share of each row's tokens that agree before the first difference.
+anchor's tokens, and the mean share of each row's tokens that agree before the first difference.
 
 Run ``python bench/bench_decode_weights.py`` on a quiet machine (about 15 minutes on 2 cores for
 0.5B); rows go to bench/results/bench_decode_weights.csv in the harness schema.
@@ -28,6 +33,7 @@ Run ``python bench/bench_decode_weights.py`` on a quiet machine (about 15 minute
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -38,6 +44,7 @@ from bench.harness import print_table, row, write_csv  # noqa: E402
 
 PROVIDERS = {"fp32": ("float32", "native"), "bf16": ("bfloat16", "native"), "int8": ("float32", "int8"),
              "int8-bf16": ("bfloat16", "int8")}
+PROVIDERS.update({f"{k}-torch": v for k, v in list(PROVIDERS.items())})
 
 
 def cpu_model() -> str:
@@ -63,13 +70,17 @@ def read_bandwidth(reps: int = 5) -> float:
     return x.nbytes / statistics.median(ts)
 
 
-def load(model: str, dtype: str, weights: str):
-    from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
-    from ragfast.models.generator import HFGenerator
+def load(model: str, dtype: str, weights: str, torch_only: bool = False):
     from ragfast.models.catalogue import resolve
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
+    from ragfast.models.weight_quant import set_gemv_rows
 
     kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64)
-    return SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
+    gen = SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
+    if torch_only:
+        gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0))
+    return gen
 
 
 def one(gen, prompts: list[str], tokens: int, tag: str) -> dict:
@@ -92,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-searchr1",
                     help="a bundled reasoner adapter, a catalogue name or a model directory")
-    ap.add_argument("--providers", default=",".join(PROVIDERS), help="comma-separated, of " + ", ".join(PROVIDERS))
+    ap.add_argument("--providers", default="fp32-torch,fp32,bf16-torch,bf16,int8-torch,int8,int8-bf16",
+                    help="comma-separated, the anchor first, of " + ", ".join(PROVIDERS))
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per row")
     ap.add_argument("--reps", type=int, default=3)
@@ -114,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     gens = {}
     for n in names:
         t0 = time.perf_counter()
-        gens[n] = load(args.model, *PROVIDERS[n])
+        gens[n] = load(args.model, *PROVIDERS[n], torch_only=n.endswith("-torch"))
         print(f"loaded {n}: {gens[n].describe()['weights']}, {gens[n].weight_info.read_bytes / 1e6:.0f} MB read per "
               f"pass ({time.perf_counter() - t0:.0f} s)", flush=True)
     qs = load_qa("hotpotqa-dev")
@@ -136,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = [row("read_bandwidth", "torch sum 1 GiB", "", "bandwidth", "GB/s", [x / 1e9 for x in bw])]
     print(f"\nread bandwidth {bw_med / 1e9:.1f} GB/s (median of {len(bw)}); CPU {cpu_model()}")
     for b in batches:
-        anchor = res.get(("fp32", b))
+        anchor = res.get((names[0], b))
         for n in names:
             rs = res[(n, b)]
             dec = [r["dec_tokens"] / r["t_dec"] for r in rs]
@@ -148,15 +160,16 @@ def main(argv: list[str] | None = None) -> int:
             if anchor:
                 rd = [x / (a["dec_tokens"] / a["t_dec"]) for x, a in zip(dec, anchor)]
                 rp = [x / (a["prefill_tokens"] / a["t_pre"]) for x, a in zip(pre, anchor)]
-                rows.append(row("decode", n, params, "vs_fp32", "x", rd))
-                rows.append(row("prefill", n, params, "vs_fp32", "x", rp))
-                line += f"  ({statistics.median(rd):.2f}x / {statistics.median(rp):.2f}x fp32)"
+                rows.append(row("decode", n, params, f"vs_{names[0]}", "x", rd))
+                rows.append(row("prefill", n, params, f"vs_{names[0]}", "x", rp))
+                line += f"  ({statistics.median(rd):.2f}x / {statistics.median(rp):.2f}x {names[0]})"
                 same = [x == y for x, y in zip(rs[0]["ids"], anchor[0]["ids"])]
                 agree = []
                 for x, y in zip(rs[0]["ids"], anchor[0]["ids"]):
                     k = next((i for i, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
                     agree.append(k / max(len(y), 1))
-                line += f"  greedy = fp32 on {sum(same)}/{len(same)} rows, {statistics.mean(agree):.0%} of tokens before a change"
+                line += (f"  greedy = {names[0]} on {sum(same)}/{len(same)} rows, {statistics.mean(agree):.0%} of tokens "
+                         "before a change")
             if b == 1:
                 floor = gens[n].weight_info.read_bytes / bw_med
                 step = statistics.median([r["t_dec"] / r["dec_tokens"] for r in rs])

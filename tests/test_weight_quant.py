@@ -113,7 +113,9 @@ def test_generator_int8_reads_a_quarter_of_the_linear_bytes_and_books_them(qwen_
     rows = sum(m.weight.shape[0] for m in lin)
     bias = sum(m.bias.nbytes for m in lin if m.bias is not None)
     assert q8.weight_info.read_bytes == other + sum(m.weight.numel() for m in lin) + 4 * rows + bias
-    assert q8.describe()["weights"].startswith("int8 weight-only") and native.describe()["weights"] == "float32 weights"
+    assert q8.describe()["weights"].startswith("int8 weight-only") and native.describe()["weights"] == (
+        f"float32 weights; passes of <= {native.weight_info.gemv_rows} rows on ragfast's gemv"
+        if native.weight_info.gemv_rows else "float32 weights")
     # the same greedy turn: the ledger books the weights once per forward pass of each row
     for gen in (native, q8):
         led = CostLedger()
@@ -148,10 +150,97 @@ def test_head_of_a_frozen_model_runs_one_mm_not_a_bmm_over_weight_copies(qwen_di
 
     from ragfast.models.generator import HFGenerator
 
+    from ragfast.models.weight_quant import set_gemv_rows
+
     gen = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
     gen.model.requires_grad_(False)
+    set_gemv_rows(gen.model, 0)  # torch's matmul for the head: the path this guards
     ids = torch.randint(0, 100, (4, 9))
     with torch.inference_mode(), profile() as prof:
         gen.model(input_ids=ids, logits_to_keep=1)
     ops = {e.key for e in prof.key_averages()}
     assert "aten::bmm" not in ops, sorted(ops)
+
+
+needs_cpp = pytest.mark.skipif(not __import__("ragfast.ops.registry", fromlist=["available"]).available()["cpp"],
+                               reason="ragfast._C not built")
+
+
+@needs_cpp
+@pytest.mark.parametrize("scheme,dtype", [("native", torch.float32), ("native", torch.bfloat16),
+                                          ("int8", torch.bfloat16), ("int8", torch.float32)])
+def test_few_row_passes_run_gemv_and_the_rest_torch(scheme, dtype, monkeypatch):
+    from ragfast.models.weight_quant import set_gemv_rows
+    from ragfast.ops.gemv import GemvWeight, default_rows, gemv_ref
+
+    g = torch.Generator().manual_seed(5)
+    lin = torch.nn.Linear(37, 29, bias=True).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(29, 37, generator=g))
+        lin.bias.copy_(torch.randn(29, generator=g))
+    keys = set(lin.state_dict())
+    w32, b32 = lin.weight.detach().float().clone(), lin.bias.detach().float().clone()
+    model = torch.nn.Sequential(lin)
+    info = apply_weights(model, scheme)
+    layer = model[0]
+    assert info.gemv_rows == layer.ragfast_gemv_rows == default_rows(layer.ragfast_gemv.weight.dtype)
+    GEMV_ROWS = 3  # any count: the layer takes what it is given
+    assert set_gemv_rows(model, GEMV_ROWS) == GEMV_ROWS
+    if scheme == "native":
+        assert isinstance(layer, torch.nn.Linear) and set(layer.state_dict()) == keys  # loads and saves as before
+    calls = []
+    real = GemvWeight.__call__
+    monkeypatch.setattr(GemvWeight, "__call__", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+    for rows in (1, GEMV_ROWS, GEMV_ROWS + 1):
+        x = torch.randn(rows, 2, 37, generator=g)[:, 1].to(dtype)  # strided rows
+        calls.clear()
+        with torch.inference_mode():
+            y = layer(x)
+        assert len(calls) == (rows <= GEMV_ROWS)
+        if scheme == "native":
+            expect = gemv_ref(x.float(), w32, None, b32)
+        else:
+            expect = gemv_ref(x.float(), *quantize_int8(w32), b32)  # fp32 scales: the more exact of the two paths
+        mag = x.float().abs() @ w32.abs().T + b32.abs()
+        tol = 1e-4 * mag + (2 ** -7 if dtype == torch.bfloat16 else 1e-6) * expect.abs()
+        if rows > GEMV_ROWS and dtype == torch.bfloat16:
+            tol = tol + 2 ** -7 * mag  # torch's bf16 paths round the dequantised weight and the bias too
+        assert y.dtype == dtype and bool(((y.float() - expect).abs() <= tol + 1e-5).all()), rows
+    # Off: every pass on torch.
+    assert set_gemv_rows(model, 0) == 0
+    calls.clear()
+    with torch.inference_mode():
+        layer(torch.randn(1, 37).to(dtype))
+    assert not calls
+
+
+@needs_cpp
+def test_gradients_never_take_gemv(monkeypatch):
+    from ragfast.ops.gemv import GemvWeight
+
+    lin = torch.nn.Linear(8, 3)
+    model = torch.nn.Sequential(lin)
+    apply_weights(model, "native")
+    monkeypatch.setattr(GemvWeight, "__call__", lambda *a, **k: pytest.fail("gemv under autograd"))
+    x = torch.randn(1, 8, requires_grad=True)
+    model[0](x).sum().backward()
+    assert x.grad is not None and model[0].weight.grad is not None
+
+
+@needs_cpp
+def test_generator_greedy_tokens_with_and_without_gemv(qwen_dir):
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.weight_quant import set_gemv_rows
+
+    gen = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
+    assert "gemv" in gen.describe()["weights"]
+    prompts = [gen.format_prompt("Who wrote Hamlet?"), gen.format_prompt("Capital of Peru?")]
+    out = {}
+    for rows in (4, 0):
+        assert set_gemv_rows(gen.model, rows) == rows
+        gen.start(["a", "b"], prompts)
+        gen.generate(["a", "b"], stop=[], max_new_tokens=8)
+        out[rows] = [list(gen.last_generated[s]) for s in ("a", "b")]
+        gen.end(["a", "b"])
+    assert out[4] == out[0] and all(len(t) == 8 for t in out[0])
+    assert set_gemv_rows(gen.model) == 8  # the default for fp32 weights, at every level

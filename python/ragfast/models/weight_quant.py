@@ -1,25 +1,34 @@
-"""Weight-only int8 linear layers for local generation (``HFGenerator(weights="int8")``).
+"""How a local generator's linear layers store their weights and run their passes.
 
 Decoding a few sequences at a time reads every weight once per step and does little arithmetic
-on it, so its time is the weight bytes over the memory bandwidth. Storing the linear layers'
-weights as int8 with one scale per output channel reads a quarter of fp32's bytes (half of
-bf16's); activations, the KV cache, norms and embeddings keep the model's dtype. A forward pass
-runs torch's own ``aten._weight_int8pack_mm`` (x @ int8 weightᵀ, then the per-channel scale;
-its input in bf16), except a pass of more than :data:`KERNEL_ROWS` tokens in bf16/fp16
-(prefill), which runs the dtype's matmul on the weight dequantised for the call. bench/bench_decode_weights.py
-measures both against the fp32 and bf16 models in the same run; :func:`int8_linear_ref` is the
-reference the tests hold both paths to.
+on it, so its time is the weight bytes over the memory bandwidth. Two things follow here:
 
-The quantisation is symmetric round-to-nearest per output channel (scale = max |w| / 127), the
-scheme of weight-only int8 in llama.cpp's Q8_0 (which uses blocks of 32) and gpt-fast. It is
-opt-in: the default reasoner's held-out EM was measured with fp32 weights.
+* **int8 weights** (``HFGenerator(weights="int8")``): the linear layers' weights as int8 with one
+  scale per output channel, a quarter of fp32's bytes (half of bf16's); activations, the KV
+  cache, norms and embeddings keep the model's dtype. A pass runs torch's own
+  ``aten._weight_int8pack_mm`` (x @ int8 weightᵀ, then the per-channel scale; its input in
+  bf16), except a pass of more than :data:`KERNEL_ROWS` tokens in bf16/fp16 (prefill), which runs
+  the dtype's matmul on the weight dequantised for the call. :func:`int8_linear_ref` is the
+  reference the tests hold these paths to. The quantisation is symmetric round-to-nearest per
+  output channel (scale = max |w| / 127), the scheme of weight-only int8 in llama.cpp's Q8_0
+  (which uses blocks of 32) and gpt-fast. It is opt-in: the default reasoner's held-out EM was
+  measured with fp32 weights.
+* **gemv for few rows**: every linear layer on the CPU, native or int8, runs its passes of a
+  few rows on ragfast's gemv kernel (:mod:`ragfast.ops.gemv`), which reads the weights at the
+  memory's rate where oneDNN's matmul reads them at half of it; the rows per weight storage
+  and ISA level are where it was measured to win (:func:`ragfast.ops.gemv.default_rows`,
+  :func:`set_gemv_rows`).
+
+bench/bench_decode_weights.py measures every combination, gemv on and off, in one run.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 from ragfast.errors import ConfigError
+from ragfast.ops.gemv import GemvWeight
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
 WEIGHTS = ("native", "int8")
@@ -64,6 +73,37 @@ def int8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
     return y.to(x.dtype)
 
 
+def _gemv_dtypes() -> tuple:
+    import torch
+
+    return (torch.float32, torch.bfloat16)
+
+
+def _gemv_fits(layer: Any, x: Any, torch: Any) -> bool:
+    """Whether ``layer``'s pass over ``x`` takes its gemv: few rows, on the CPU, nothing to differentiate."""
+    g = layer.ragfast_gemv
+    return (g is not None and x.numel() <= layer.ragfast_gemv_rows * layer.in_features and x.device.type == "cpu"
+            and (x.dtype == torch.bfloat16 or x.dtype == torch.float32)
+            and not (torch.is_grad_enabled() and x.requires_grad))
+
+
+@functools.lru_cache(maxsize=None)
+def _decode_linear_class():
+    import torch
+
+    class DecodeLinear(torch.nn.Linear):
+        """``nn.Linear`` whose passes of few rows run ragfast's gemv kernel (same parameters, same
+        state dict; anything else, gradients included, takes ``nn.Linear``'s own path)."""
+
+        def forward(self, x: Any) -> Any:
+            if (_gemv_fits(self, x, torch) and self.weight.dtype == self.ragfast_gemv_dtype
+                    and not (torch.is_grad_enabled() and self.weight.requires_grad)):
+                return self.ragfast_gemv(x)
+            return super().forward(x)
+
+    return DecodeLinear
+
+
 def _int8_module_class():
     import torch
 
@@ -83,8 +123,11 @@ def _int8_module_class():
             self.kernel = self.in_features % 16 == 0
             self.kernel_rows = 1 << 62 if act_dtype == torch.float32 else KERNEL_ROWS
             self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
+            self.ragfast_gemv, self.ragfast_gemv_rows = None, 0  # set by apply_weights
 
         def forward(self, x: Any) -> Any:
+            if _gemv_fits(self, x, torch):
+                return self.ragfast_gemv(x)
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
             if self.kernel and x2.shape[0] <= self.kernel_rows:
@@ -126,15 +169,18 @@ class WeightInfo:
     scheme: str
     linear_layers: int
     read_bytes: int
+    gemv_rows: int = 0
 
     def describe(self, act_dtype: str) -> str:
         """One phrase for the report's reasoner slot, e.g. ``"int8 weight-only (activations float32)"``."""
+        kernel = f"; passes of <= {self.gemv_rows} rows on ragfast's gemv" if self.gemv_rows else ""
         if self.scheme == "native":
-            return f"{act_dtype} weights"
-        return f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype})"
+            return f"{act_dtype} weights{kernel}"
+        return (f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype}"
+                f"{kernel})")
 
 
-def apply_weights(model: Any, scheme: str) -> WeightInfo:
+def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> WeightInfo:
     """Store ``model``'s linear layers as ``scheme`` says, in place, and count the bytes a pass reads.
 
     Parameters
@@ -144,6 +190,12 @@ def apply_weights(model: Any, scheme: str) -> WeightInfo:
         own int8 copy and the embedding table keeps the model's dtype).
     scheme : str
         One of :data:`WEIGHTS`.
+    gemv_rows : int, optional
+        Passes of up to this many rows on the CPU run ragfast's gemv kernel, which reads the
+        weights of a decode step at a small batch at the memory's rate where oneDNN's matmul
+        does not. Default: per weight storage and ISA level, where it was measured to win
+        (:func:`ragfast.ops.gemv.default_rows`); 0, no compiled kernels, or
+        ``RAGFAST_BACKEND=ref``: torch's matmul for every pass.
 
     Returns
     -------
@@ -163,16 +215,45 @@ def apply_weights(model: Any, scheme: str) -> WeightInfo:
     for name, mod in targets:
         if cls is None:
             read += mod.weight.nbytes + (0 if mod.bias is None else mod.bias.nbytes)
+            if (type(mod) in (torch.nn.Linear, _decode_linear_class()) and mod.weight.dtype in _gemv_dtypes()
+                    and mod.weight.device.type == "cpu"):
+                mod.__class__ = _decode_linear_class()  # same parameters; only forward differs
+                mod.ragfast_gemv_dtype = mod.weight.dtype
+                mod.ragfast_gemv, mod.ragfast_gemv_rows = GemvWeight(mod.weight, None, mod.bias), 0
             continue
         codes, scales = quantize_int8(mod.weight)
         new = cls(codes, scales, mod.bias, act_dtype)
+        if codes.device.type == "cpu":
+            new.ragfast_gemv = GemvWeight(codes, scales, new.bias)
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model
         setattr(parent, name.rpartition(".")[2], new)
         read += codes.nbytes + new.scales.nbytes + (0 if new.bias is None else new.bias.nbytes)
+    rows = set_gemv_rows(model, gemv_rows)
     # The norms' weights (the other parameters but the embedding table) are read every pass too.
     linear_params = {id(p) for _, m in targets for p in m.parameters(recurse=False)}
     embed_params = {id(p) for p in embed.parameters()} if embed is not None else set()
     for p in model.parameters():
         if id(p) not in linear_params and id(p) not in embed_params:
             read += p.nbytes
-    return WeightInfo(scheme=scheme, linear_layers=len(targets), read_bytes=int(read))
+    return WeightInfo(scheme=scheme, linear_layers=len(targets), read_bytes=int(read), gemv_rows=rows)
+
+
+def set_gemv_rows(model: Any, rows: int | None = None) -> int:
+    """Let ``model``'s prepared linear layers run passes of up to ``rows`` rows on gemv (0: none;
+    None: :func:`ragfast.ops.gemv.default_rows` for each layer's weights).
+
+    Returns the most rows any layer now takes on gemv: 0 where the compiled kernel is not
+    available (no build, or ``RAGFAST_BACKEND=ref``) or no layer was prepared by :func:`apply_weights`.
+    """
+    from ragfast.ops.gemv import default_rows
+    from ragfast.ops.registry import default_backend
+
+    if rows is not None and rows < 0:
+        raise ConfigError(f"gemv rows must be >= 0, got {rows}")
+    off = default_backend("gemv") != "cpp"
+    most = 0
+    for m in model.modules():
+        if getattr(m, "ragfast_gemv", None) is not None:
+            m.ragfast_gemv_rows = 0 if off else default_rows(m.ragfast_gemv.weight.dtype) if rows is None else rows
+            most = max(most, m.ragfast_gemv_rows)
+    return most
