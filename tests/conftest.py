@@ -71,7 +71,6 @@ def random_lm():
     return write
 
 
-
 # Every ISA level the C++ kernels know, in order (csrc/isa_levels.h).
 ISA_LEVELS = ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx")
 

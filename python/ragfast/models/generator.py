@@ -184,8 +184,9 @@ class HFGenerator(Generator):
     prefill_tokens : int
         Most new (padded) tokens one prefill pass computes: a chunk whose prefill is longer runs
         it in row groups that write into the one batch cache, which then decodes as a whole, so
-        the pass's activations scale with a group (the 1.5B's turn of 64 rows x up to 1,000 new
-        tokens: 11.9 GB resident in one pass, 9.8 GB in groups; bench/bench_kv_memory.py). 0: one pass.
+        the pass's activations scale with a group (the 1.5B's turns of 64 rows x up to 1,000 new
+        tokens peaked at 7.3 GB resident in groups with the growing cache, 11.0 GB in one pass with
+        each turn preallocated; bench/bench_kv_memory.py). 0: one pass.
     """
 
     meaningful = True
@@ -629,7 +630,7 @@ class HFGenerator(Generator):
                 # A long prefill in row groups, each writing its rows of the batch cache: the pass's
                 # activations scale with the group, and the whole batch then decodes together. The
                 # row view is never kept: a view pins its whole buffer, and cutting finished rows out
-                # replaces the buffers (a kept view held the 1.5B's first 2.3 GB through decoding).
+                # replaces the buffers (a kept view held about 1.6 GB of the 1.5B's through decoding).
                 parts.append(self.model(input_ids=input_ids[lo:hi], attention_mask=mask[lo:hi], position_ids=pos[lo:hi],
                                         cache=cache if len(groups) == 1 else row_view(cache, self.config, lo, hi),
                                         use_cache=True, logits_to_keep=1).logits[:, -1, :])

@@ -79,8 +79,8 @@ class GemvWeight:
     Parameters
     ----------
     weight : torch.Tensor
-        ``[N, K]`` fp32, bf16 or int8 on the CPU, rows contiguous (``stride(1) == 1``). Held, not
-        copied: the caller's later in-place changes to it are seen.
+        ``[N, K]`` fp32, bf16 or int8 on the CPU. Held, not copied, when its rows are contiguous
+        (``stride(1) == 1``; else copied once), so the caller's later in-place changes are seen.
     scales : torch.Tensor, optional
         ``[N]``, required for int8 codes.
     bias : torch.Tensor, optional
