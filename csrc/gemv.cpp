@@ -96,8 +96,9 @@ void gemv_block_generic(const float* x, int64_t M, int64_t K, const void* w, int
 }
 
 // The block kernel of the ISA level in use (csrc/isa.cpp). Levels are ordered
-// (csrc/isa_levels.h): every level from avx512 up runs the AVX-512 block, which is bound by
-// the weight bytes, not by the arithmetic BF16 or VNNI would speed up.
+// (csrc/isa_levels.h): every level from avx512 up runs the AVX-512 block for fp32 and int8
+// weights (and bf16 weights under fp32 x); bf16 x bf16 has its own block where the level has
+// vdpbf16ps (pick_bf16_block).
 BlockFn pick_block() {
   const int level = isa::current();
 #ifdef RAGFAST_ISA_HAVE_avx512
@@ -162,7 +163,7 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   T = threads > 0 ? threads : omp_get_max_threads();
 #endif
   T = int(std::max<int64_t>(1, std::min<int64_t>(T, N / kMinRowsPerThread)));
-  // Contiguous ranges of 4-row tiles, one per thread, then the epilogue on the same range.
+  // Contiguous ranges of output rows (multiples of 4), one per thread, then the epilogue on the same range.
   const int64_t tiles = (N + 3) / 4;
   auto run = [&](int t) {
     const int64_t n0 = std::min(N, tiles * t / T * 4);
