@@ -148,13 +148,13 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   } else {
     xs.resize(size_t(M * K));
     xf = xs.data();
-  }
-  for (int64_t m = 0; xf && m < M; ++m) {
-    if (x_bf16) {
-      const auto* src = reinterpret_cast<const uint16_t*>(x_addr) + m * ldx;
-      for (int64_t k = 0; k < K; ++k) xf[m * K + k] = bf16_to_float(src[k]);
-    } else {
-      std::memcpy(xf + m * K, reinterpret_cast<const float*>(x_addr) + m * ldx, size_t(K) * sizeof(float));
+    for (int64_t m = 0; m < M; ++m) {
+      if (x_bf16) {
+        const auto* src = reinterpret_cast<const uint16_t*>(x_addr) + m * ldx;
+        for (int64_t k = 0; k < K; ++k) xf[m * K + k] = bf16_to_float(src[k]);
+      } else {
+        std::memcpy(xf + m * K, reinterpret_cast<const float*>(x_addr) + m * ldx, size_t(K) * sizeof(float));
+      }
     }
   }
   const void* w = reinterpret_cast<const void*>(w_addr);
