@@ -18,6 +18,7 @@ from ragfast.errors import ConfigError, MemoryBudgetError, ModelError
 from ragfast.models.base import Generator
 from ragfast.models.memory_budget import (AUTO, GenerationBytes, auto_budget, format_size, held_bytes, parse_size,
                                           release_free_heap)
+from ragfast.ops.argmax import argmax as greedy_pick
 from ragfast.text import whitespace_tokens
 
 log = logging.getLogger(__name__)
@@ -639,9 +640,12 @@ class HFGenerator(Generator):
                     layer.fill_to(P + F)
                 self.stats["prefill_groups"] += len(groups)
             last = torch.cat(parts)
+            # ragfast's argmax on the CPU: torch's is not vectorised for bf16 logits (17 ms of a
+            # 285 ms step at 64 rows of the 0.5B); the same answer, the first of equal values.
+            pick = greedy_pick if last.device.type == "cpu" else (lambda t: t.argmax(dim=-1))
             step = 0
             while True:
-                nxt = last.argmax(dim=-1)
+                nxt = pick(last)
                 finished_rows = []
                 toks = nxt.tolist()  # one device->host copy per step, not one per row
                 for r, b in enumerate(rows):
