@@ -24,8 +24,11 @@ first step feeding one token per row). Round-robin over the providers, ``--reps`
 
 Beside them, the read floor: a decode step at B = 1 cannot beat the weight bytes it reads
 (``HFGenerator.weight_info.read_bytes``) over the memory read bandwidth, measured in the same run
-(a sum over a 1 GiB buffer). And the greedy text: how many of the B=64 rows generate exactly the
-anchor's tokens, and the mean share of each row's tokens that agree before the first difference.
+(a sum over a 1 GiB buffer). At B >= 16 the compute floor instead: the step's linear-layer flops
+(2 x B x their multiply-adds per token) at the rate torch's matmul reaches on a large product of
+the model's MLP shape in the provider's activation dtype, measured in the same run. And the
+greedy text: how many of the B=64 rows generate exactly the anchor's tokens, and the mean share
+of each row's tokens that agree before the first difference.
 
 Run ``python bench/bench_decode_weights.py`` on a quiet machine (about 15 minutes on 2 cores for
 0.5B); rows go to bench/results/bench_decode_weights.csv in the harness schema.
@@ -68,6 +71,28 @@ def read_bandwidth(reps: int = 5) -> float:
         x.sum()
         ts.append(time.perf_counter() - t0)
     return x.nbytes / statistics.median(ts)
+
+
+def matmul_rate(dtype, hidden: int, inter: int, reps: int = 5) -> float:
+    """FLOP/s of torch's matmul on a large product of the model's own MLP shape in ``dtype``
+    (512 rows, ``[512, hidden] x [hidden, inter]``; median): the rate a batched decode step's
+    linear layers could reach at best."""
+    import torch
+
+    x, w = torch.randn(512, hidden).to(dtype), torch.randn(inter, hidden).to(dtype)
+    torch.nn.functional.linear(x, w)
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.nn.functional.linear(x, w)
+        ts.append(time.perf_counter() - t0)
+    return 2 * 512 * hidden * inter / statistics.median(ts)
+
+
+def linear_params(model) -> int:
+    """Multiply-adds per token of the model's linear layers (its head included)."""
+    return sum(m.in_features * m.out_features for m in model.modules()
+               if hasattr(m, "in_features") and hasattr(m, "out_features"))
 
 
 def load(model: str, dtype: str, weights: str, torch_only: bool = False):
@@ -136,8 +161,13 @@ def main(argv: list[str] | None = None) -> int:
         one(g, prompts[:2], 2, "warm")
     bw = []
     res: dict[tuple[str, int], list[dict]] = {}
+    act = {n: "bfloat16" if PROVIDERS[n][0] == "bfloat16" else "float32" for n in names}
+    rate: dict[str, list[float]] = {a: [] for a in set(act.values())}
+    cfg = g0.config
     for rep in range(args.reps):
         bw.append(read_bandwidth())
+        for a in rate:
+            rate[a].append(matmul_rate(getattr(torch, a), cfg.hidden_size, cfg.intermediate_size))
         for b in batches:
             for n, g in gens.items():
                 r = one(g, prompts[:b], args.tokens, f"r{rep}")
@@ -147,6 +177,11 @@ def main(argv: list[str] | None = None) -> int:
     bw_med = statistics.median(bw)
     rows = [row("read_bandwidth", "torch sum 1 GiB", "", "bandwidth", "GB/s", [x / 1e9 for x in bw])]
     print(f"\nread bandwidth {bw_med / 1e9:.1f} GB/s (median of {len(bw)}); CPU {cpu_model()}")
+    for a, rs_ in rate.items():
+        rows.append(row("matmul_rate", f"torch {a}", f"512x{cfg.hidden_size}x{cfg.intermediate_size}", "flops", "GFLOP/s",
+                        [x / 1e9 for x in rs_]))
+        print(f"torch {a} matmul [512 x {cfg.hidden_size}] x [{cfg.hidden_size} x {cfg.intermediate_size}]: "
+              f"{statistics.median(rs_) / 1e9:.0f} GFLOP/s (median of {len(rs_)})")
     for b in batches:
         anchor = res.get((names[0], b))
         for n in names:
@@ -176,6 +211,12 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row("decode", n, params, "step_vs_read_floor", "x",
                                 [r["t_dec"] / r["dec_tokens"] / floor for r in rs]))
                 line += f"  step {step * 1e3:.1f} ms = {step / floor:.2f}x the read floor ({floor * 1e3:.1f} ms)"
+            if b >= 16:  # batched: the linear layers' flops at the best matmul rate of the run
+                floor = 2 * b * linear_params(gens[n].model) / statistics.median(rate[act[n]])
+                step = statistics.median([r["t_dec"] / (r["dec_tokens"] / b) for r in rs])
+                rows.append(row("decode", n, params, "step_vs_compute_floor", "x",
+                                [r["t_dec"] / (r["dec_tokens"] / b) / floor for r in rs]))
+                line += f"  step {step * 1e3:.1f} ms = {step / floor:.2f}x the compute floor ({floor * 1e3:.1f} ms)"
             print(line)
     print_table(rows, f"decode by weight precision ({args.model}; {cpu_model()})")
     print(f"rows -> {write_csv(rows, args.csv)}")
