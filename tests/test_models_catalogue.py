@@ -265,13 +265,23 @@ def test_a_bundled_adapters_base_is_fetched_on_first_use(cache, monkeypatch):
     assert calls == ["smollm2"]  # the second call finds the entry ready
 
 
-def test_the_default_reasoner_is_a_bundled_adapter_on_a_catalogued_base():
-    """The default bench's reasoner slot: a bundled LoRA adapter whose files and card agree, over a
-    catalogue base, trained on none of the evaluation questions."""
-    from ragfast.models.searchr1_reasoner import ADAPTERS, adapter_dir
+def test_the_default_reasoner_is_a_bundled_adapter():
+    from ragfast.models.searchr1_reasoner import ADAPTERS
     from ragfast.runner.settings import RunSettings
 
-    name = RunSettings().reasoner
+    assert RunSettings().reasoner in ADAPTERS
+
+
+# Decoder layers of each bundled adapter's base (the catalogue's config.json says the same).
+BASE_LAYERS = {"qwen2.5-coder-0.5b": 24, "qwen2.5-coder-1.5b": 28, "smollm2": 30}
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b-searchr1", "qwen2.5-coder-1.5b-searchr1", "smollm2-searchr1"])
+def test_a_bundled_adapter_sits_on_a_catalogued_base_and_its_files_agree(name):
+    """A bundled LoRA adapter whose files and card agree, over a catalogue base, trained on none of
+    the evaluation questions."""
+    from ragfast.models.searchr1_reasoner import ADAPTERS, adapter_dir
+
     assert name in ADAPTERS and cat.is_catalogued(ADAPTERS[name][0])
     d = adapter_dir(name)
     card = json.loads((d / "ragfast_reasoner.json").read_text())
@@ -285,5 +295,6 @@ def test_the_default_reasoner_is_a_bundled_adapter_on_a_catalogued_base():
     with safe_open(str(d / "adapter_model.safetensors"), "pt") as f:
         keys = list(f.keys())
     layers = {int(k.split(".layers.")[1].split(".")[0]) for k in keys}
-    n_layers = 24  # Qwen2.5-Coder-0.5B
-    assert layers == set(range(n_layers - card["lora"]["top_layers"], n_layers))
+    n_layers = BASE_LAYERS[card["base"]]
+    top = card["lora"].get("top_layers") or n_layers
+    assert layers == set(range(n_layers - top, n_layers))

@@ -111,8 +111,9 @@ def register(app: typer.Typer) -> None:
 
     @app.command("merge-reasoner")
     def merge_reasoner_cmd(
-        name: str = typer.Argument("smollm2-searchr1", help="A bundled reasoner (smollm2-searchr1) or an adapter "
-                                   "directory (train-reasoner's OUT/adapter)."),
+        name: str = typer.Argument("smollm2-searchr1", help="A bundled reasoner (qwen2.5-coder-0.5b-searchr1, "
+                                   "qwen2.5-coder-1.5b-searchr1, smollm2-searchr1) or an adapter directory "
+                                   "(train-reasoner's OUT/adapter)."),
         out: Path = typer.Option(..., "--out", help="Where the merged Hugging Face directory goes (new or empty)."),
         base: Optional[str] = typer.Option(None, "--base", help="Base model of an adapter directory (catalogue name "
                                            "or local directory); a bundled reasoner knows its own."),

@@ -30,6 +30,7 @@ __all__ = ["ADAPTERS", "ANSWER_PREFIX", "SearchR1Reasoner", "adapter_dir", "is_a
 #: Bundled adapters: slot name -> (catalogue base, adapter directory inside the package).
 ADAPTERS: dict[str, tuple[str, str]] = {
     "qwen2.5-coder-0.5b-searchr1": ("qwen2.5-coder-0.5b", "adapters/qwen2_5_coder_0_5b_searchr1"),
+    "qwen2.5-coder-1.5b-searchr1": ("qwen2.5-coder-1.5b", "adapters/qwen2_5_coder_1_5b_searchr1"),
     "smollm2-searchr1": ("smollm2", "adapters/smollm2_searchr1"),
 }
 
@@ -38,7 +39,7 @@ ANSWER_PREFIX = "<answer>"
 
 
 def is_adapter(name: str) -> bool:
-    """Whether ``name`` is a bundled reasoner adapter (``smollm2-searchr1``)."""
+    """Whether ``name`` is a bundled reasoner adapter (a key of :data:`ADAPTERS`)."""
     return name in ADAPTERS
 
 

