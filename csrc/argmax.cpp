@@ -17,13 +17,10 @@
 #include <cstring>
 #include <stdexcept>
 
-#ifdef RAGFAST_OPENMP
-#include <omp.h>
-#endif
-
 #include "argmax_common.h"
 #include "isa.h"
 #include "registry.h"
+#include "threads.h"
 
 namespace py = pybind11;
 
@@ -82,24 +79,10 @@ void argmax(uintptr_t x_addr, bool bf16, int64_t M, int64_t N, int64_t ldx, uint
   const char* x = reinterpret_cast<const char*>(x_addr);
   auto* out = reinterpret_cast<int64_t*>(out_addr);
   py::gil_scoped_release release;
-  int T = 1;
-#ifdef RAGFAST_OPENMP
-  T = threads > 0 ? threads : omp_get_max_threads();
-#endif
-  T = int(std::max<int64_t>(1, std::min<int64_t>({int64_t(T), M, M * N / kMinValuesPerThread})));
-  auto run = [&](int t) {
+  const int T = team_size(threads, std::min(M, M * N / kMinValuesPerThread));
+  run_team(T, [&](int t) {
     for (int64_t m = M * t / T; m < M * (t + 1) / T; ++m) out[m] = row(x + size_t(m * ldx) * width, N, bf16);
-  };
-  if (T == 1) {
-    run(0);
-    return;
-  }
-#ifdef RAGFAST_OPENMP
-#pragma omp parallel num_threads(T)
-  run(omp_get_thread_num());
-#else
-  for (int t = 0; t < T; ++t) run(t);
-#endif
+  });
 }
 
 }  // namespace argmax_detail

@@ -24,13 +24,10 @@
 #include <string>
 #include <vector>
 
-#ifdef RAGFAST_OPENMP
-#include <omp.h>
-#endif
-
 #include "gemv_common.h"
 #include "isa.h"
 #include "registry.h"
+#include "threads.h"
 
 namespace py = pybind11;
 
@@ -158,11 +155,7 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
     }
   }
   const void* w = reinterpret_cast<const void*>(w_addr);
-  int T = 1;
-#ifdef RAGFAST_OPENMP
-  T = threads > 0 ? threads : omp_get_max_threads();
-#endif
-  T = int(std::max<int64_t>(1, std::min<int64_t>(T, N / kMinRowsPerThread)));
+  const int T = team_size(threads, N / kMinRowsPerThread);
   // Contiguous ranges of output rows (multiples of 4), one per thread, then the epilogue on the same range.
   const int64_t tiles = (N + 3) / 4;
   auto run = [&](int t) {
@@ -186,16 +179,7 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
       }
     }
   };
-  if (T == 1) {
-    run(0);
-    return;
-  }
-#ifdef RAGFAST_OPENMP
-#pragma omp parallel num_threads(T)
-  run(omp_get_thread_num());
-#else
-  for (int t = 0; t < T; ++t) run(t);
-#endif
+  run_team(T, run);
 }
 
 }  // namespace gemv_detail
