@@ -293,3 +293,23 @@ def test_run_command_with_the_tiny_model(tmp_path):
     with pytest.raises(ConfigError, match="cannot reach the reasoner server"):
         run_one("searchr1", reasoner="http://127.0.0.1:9", index="bm25", data="hotpotqa-dev", offset=0, limit=1,
                 out=str(tmp_path / "o3"), progress=False)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_greedy_picks_equal_torch_argmax_in_every_dtype(qwen2, dtype, monkeypatch):
+    """The CPU generator picks greedy tokens with ragfast's argmax (fp32, bf16) or torch's (other
+    dtypes): the tokens are those of torch.argmax on the same logits, and no dtype is refused."""
+    import ragfast.models.generator as G
+
+    g = _gen(qwen2, dtype=dtype)
+    prompts = [g.format_prompt(build_prompt(q)) for q in QUESTIONS]
+    sids = [f"d{i}" for i in range(len(prompts))]
+    g.start(sids, prompts)
+    g.generate(sids, stop=[], max_new_tokens=12)
+    ours = [list(g.last_generated[s]) for s in sids]
+    g.end(sids)
+    monkeypatch.setattr(G, "greedy_pick", lambda t: t.argmax(dim=-1))
+    g.start(sids, prompts)
+    g.generate(sids, stop=[], max_new_tokens=12)
+    assert [list(g.last_generated[s]) for s in sids] == ours
+    g.end(sids)
