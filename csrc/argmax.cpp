@@ -57,7 +57,7 @@ int64_t argmax_row_generic(const void* row, int64_t n, bool bf16) {
 }
 
 // The row kernel of the ISA level in use (csrc/isa.cpp); every level from avx512 up runs the
-// AVX-512 one (wider lanes add nothing a max and a compare need).
+// AVX-512 one (their extra instructions add nothing a maximum and a compare need).
 RowFn pick_row() {
   const int level = isa::current();
 #ifdef RAGFAST_ISA_HAVE_avx512
