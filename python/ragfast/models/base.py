@@ -1,5 +1,6 @@
 """The generator interface every pipeline talks to: :class:`Generator` (the judge's is
-:class:`ragfast.judges.base.Judge`).
+:class:`ragfast.judges.base.Judge`), and the stop-string cut and session checks every generator
+shares.
 
 Each concrete model says what fills its slot (``describe()``) and whether its outputs mean
 anything (``meaningful``): a scripted agent or a random-weight model only exercises the compute
@@ -8,9 +9,52 @@ path, and every report says so.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger
+
+__all__ = ["Generator", "cut_at_stop", "check_sessions", "check_new_sessions"]
+
+
+def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
+    """Cut ``text`` right after the earliest occurrence of any stop string.
+
+    Returns
+    -------
+    (text, stopped)
+        The text up to and including the stop string, and whether one was found.
+    """
+    best = -1
+    for s in stop:
+        if not s:
+            continue
+        i = text.find(s)
+        if i >= 0 and (best < 0 or i + len(s) < best):
+            best = i + len(s)
+    if best < 0:
+        return text, False
+    return text[:best], True
+
+
+def check_sessions(sessions: Mapping[str, Any], ids: Sequence[str], who: str) -> None:
+    """Raise unless every id names an open session, once (``who`` names the caller in the message)."""
+    missing = [i for i in ids if i not in sessions]
+    if missing:
+        raise KeyError(f"{who}: no open session for id(s) {missing[:5]} (call start() first)")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{who}: duplicate session ids in one call")
+
+
+def check_new_sessions(sessions: Mapping[str, Any], ids: Sequence[str], prompts: Sequence[str], who: str) -> None:
+    """Raise unless there is one prompt per id and no id is open already or repeated."""
+    # Checked before any session opens, so a refused call leaves no half-started batch behind.
+    if len(ids) != len(prompts):
+        raise ValueError(f"{who}: {len(ids)} ids but {len(prompts)} prompts")
+    seen: set[str] = set()
+    for i in ids:
+        if i in sessions or i in seen:
+            raise ValueError(f"{who}: session {i!r} is already open")
+        seen.add(i)
 
 
 class Generator(ABC):

@@ -15,57 +15,17 @@ from typing import Any, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, MemoryBudgetError, ModelError
-from ragfast.models.base import Generator
+from ragfast.models.base import Generator, check_new_sessions, check_sessions, cut_at_stop
+from ragfast.models.kv_buffer import extend_kv
 from ragfast.models.memory_budget import (AUTO, GenerationBytes, auto_budget, format_size, held_bytes, parse_size,
                                           release_free_heap)
+from ragfast.models.prefix_share import common_prefix, share_nested
 from ragfast.ops.argmax import argmax as greedy_pick
 from ragfast.text import whitespace_tokens
 
 log = logging.getLogger(__name__)
 
-__all__ = ["HFGenerator", "cut_at_stop", "check_sessions", "check_new_sessions",
-           "whitespace_tokens"]
-
-
-def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
-    """Cut ``text`` right after the earliest occurrence of any stop string.
-
-    Returns
-    -------
-    (text, stopped)
-        The text up to and including the stop string, and whether one was found.
-    """
-    best = -1
-    for s in stop:
-        if not s:
-            continue
-        i = text.find(s)
-        if i >= 0 and (best < 0 or i + len(s) < best):
-            best = i + len(s)
-    if best < 0:
-        return text, False
-    return text[:best], True
-
-
-def check_sessions(sessions: Mapping[str, Any], ids: Sequence[str], who: str) -> None:
-    """Raise unless every id names an open session, once (``who`` names the caller in the message)."""
-    missing = [i for i in ids if i not in sessions]
-    if missing:
-        raise KeyError(f"{who}: no open session for id(s) {missing[:5]} (call start() first)")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{who}: duplicate session ids in one call")
-
-
-def check_new_sessions(sessions: Mapping[str, Any], ids: Sequence[str], prompts: Sequence[str], who: str) -> None:
-    """Raise unless there is one prompt per id and no id is open already or repeated."""
-    # Checked before any session opens, so a refused call leaves no half-started batch behind.
-    if len(ids) != len(prompts):
-        raise ValueError(f"{who}: {len(ids)} ids but {len(prompts)} prompts")
-    seen: set[str] = set()
-    for i in ids:
-        if i in sessions or i in seen:
-            raise ValueError(f"{who}: session {i!r} is already open")
-        seen.add(i)
+__all__ = ["HFGenerator", "whitespace_tokens"]
 
 
 @dataclass
@@ -74,15 +34,7 @@ class _HFSession:
     n_cached: int = 0  # leading tokens whose keys/values are in `kv`
     kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), each [kv_heads, n_cached, head_dim]
     truncations: int = 0  # times the context cap cut the front off
-
-
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+    prompt: tuple[int, ...] = ()  # the prompt's tokens (the context cap may cut them out of `ids`)
 
 
 def _contiguous_input(module: Any, args: tuple) -> tuple:
@@ -376,13 +328,31 @@ class HFGenerator(Generator):
             toks = self.encode(p)
             if not toks:
                 raise ValueError(f"HFGenerator.start: empty prompt for session {i!r}")
-            self._sessions[i] = _HFSession(ids=toks)
+            self._sessions[i] = _HFSession(ids=toks, prompt=tuple(toks))
 
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
         check_sessions(self._sessions, ids, "HFGenerator.append")
         for i, t in zip(ids, texts):
             toks = self._pending.pop(t, None)
             self._sessions[i].ids.extend(toks if toks is not None else self.encode(t))
+
+    def rewind(self, ids: Sequence[str], pieces: Sequence[Sequence[str]]) -> None:
+        """Cut each session back to its prompt plus ``pieces`` (the text after the prompt, in the
+        order it was appended), keeping the keys/values of the tokens that still match.
+
+        What ``end`` + ``start`` + ``append`` of the same pieces would hold, without re-reading the
+        prefix: S2G's stop rewinds a session to the state it judged, whose tokens it already has.
+        """
+        check_sessions(self._sessions, ids, "HFGenerator.rewind")
+        if len(ids) != len(pieces):
+            raise ValueError(f"HFGenerator.rewind: {len(ids)} ids but {len(pieces)} lists of pieces")
+        for i, p in zip(ids, pieces):
+            s = self._sessions[i]
+            new = list(s.prompt) + [t for x in p if x for t in self.encode(x)]
+            keep = min(common_prefix(s.ids, new), s.n_cached)
+            s.ids = new
+            self._crop(s, keep)
+            self.last_generated.pop(i, None)
 
     def end(self, ids: Sequence[str]) -> None:
         for i in ids:
@@ -551,7 +521,7 @@ class HFGenerator(Generator):
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
         sessions = [self._sessions[i] for i in sids]
-        paid = self._share_prefix(sessions) if self.kv_reuse and self.share_prefix else None
+        paid = self._share_prefix(sessions) if self.kv_reuse and self.share_prefix else {}
         held, own = self._held()
         B = len(sessions)
         n_past = [s.n_cached for s in sessions]
@@ -717,12 +687,12 @@ class HFGenerator(Generator):
             chunks, pasts = [n_new[b]] + [1] * n_dec, [n_past[b]] + [n_past[b] + n_new[b] + j for j in range(n_dec)]
             fresh_b, cached_b = n_new[b], n_past[b]
             f_b = 0.0
-            if paid is not None and paid[0] == b:
-                # This row pays for the shared prefix computed once for the chunk (decoder only, no lm head).
-                f_b = forward_flops_per_sequence(self.config, [paid[1]], [0], head="none")[0]
-                fresh_b, cached_b = fresh_b + paid[1], cached_b - paid[1]
+            for n_b, past_b in paid.get(b, ()):
+                # This row pays for keys/values computed once for the chunk (decoder only, no lm head).
+                f_b += forward_flops_per_sequence(self.config, [n_b], [past_b], head="none")[0]
+                fresh_b, cached_b = fresh_b + n_b, cached_b - n_b
             flops.append(f_b + sum(forward_flops_per_sequence(self.config, chunks, pasts, logits="last")))
-            wread.append(w_read * (len(chunks) + (paid is not None and paid[0] == b)))
+            wread.append(w_read * (len(chunks) + len(paid.get(b, ()))))
             # The same call with nothing cached: what the URL backend books as the cache-independent figure.
             uncached.append(completion_flops(self.config, n_past[b] + n_new[b], 0, len(g)))
             cached_tok.append(cached_b)
@@ -735,49 +705,51 @@ class HFGenerator(Generator):
                              flops_uncached=uncached, bytes_scanned=wread)
         return texts
 
-    def _share_prefix(self, sessions: list[_HFSession]) -> tuple[int, int] | None:
-        """Seed sessions without a cache with the keys/values of a prefix they share.
+    def _share_prefix(self, sessions: list[_HFSession]) -> dict[int, list[tuple[int, int]]]:
+        """Seed sessions with the keys/values of prefixes they share.
 
         Sessions matching the kept prefix take its first tokens. The others, if two or more
         share ``min_prefix`` tokens, get that common prefix computed once (one batch-1 forward
         pass); a lone one gets its own prompt but the last token computed the same way, kept for
-        the next sessions (one-at-a-time calls). Each session keeps at least one token to
-        compute, whose logits start its turn.
+        the next sessions (one-at-a-time calls). Then rows whose tokens extend one another
+        (S2G's probes of one session's states) share the longest one's keys/values
+        (:func:`ragfast.models.prefix_share.share_nested`). Each session keeps at least one
+        token to compute, whose logits start its turn.
 
         Returns
         -------
-        (row, tokens) or None
-            The row whose ledger entry books the prefix computed here, and its length.
+        dict
+            Row -> ``[(tokens, past), ...]``: what was computed here for the chunk, booked by that
+            row's ledger entry.
         """
+        paid: dict[int, list[tuple[int, int]]] = {}
         cold = [b for b, s in enumerate(sessions) if s.kv is None and len(s.ids) > self.min_prefix]
-        rest = []
-        for b in cold:
-            if not self._seed(sessions[b]):
-                rest.append(b)
-        if not rest:
-            return None
-        first = sessions[rest[0]].ids
-        n = len(first) - 1
-        for b in rest[1:]:
-            n = min(n, _common_prefix(first, sessions[b].ids), len(sessions[b].ids) - 1)
-        if len(rest) == 1 or n < self.min_prefix:
-            # Nothing shared inside this chunk: the first one's prompt becomes the kept prefix.
+        rest = [b for b in cold if not self._seed(sessions[b])]
+        if rest:
+            first = sessions[rest[0]].ids
             n = len(first) - 1
-        prefix = list(first[:n])
-        from ragfast.models.kv_buffer import extend_kv
-
-        self._template = (prefix, extend_kv(self.model, self.config, prefix, None, self.device))
-        self.stats["prefix_tokens_computed"] += n
-        for b in rest:
-            self._seed(sessions[b], count=b != rest[0])
-        return rest[0], n
+            for b in rest[1:]:
+                n = min(n, common_prefix(first, sessions[b].ids), len(sessions[b].ids) - 1)
+            if len(rest) == 1 or n < self.min_prefix:
+                # Nothing shared inside this chunk: the first one's prompt becomes the kept prefix.
+                n = len(first) - 1
+            prefix = list(first[:n])
+            self._template = (prefix, extend_kv(self.model, self.config, prefix, None, self.device))
+            self.stats["prefix_tokens_computed"] += n
+            for b in rest:
+                self._seed(sessions[b], count=b != rest[0])
+            paid[rest[0]] = [(n, 0)]
+        for b, more in share_nested(self.model, self.config, sessions, self.min_prefix, self.device,
+                                    self.stats).items():
+            paid.setdefault(b, []).extend(more)
+        return paid
 
     def _seed(self, sess: _HFSession, count: bool = True) -> bool:
         """Give a session the kept prefix's keys/values for the tokens they share; False if too few."""
         if self._template is None:
             return False
         ids, kv = self._template
-        m = min(_common_prefix(ids, sess.ids), len(sess.ids) - 1)
+        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
         if m < self.min_prefix:
             return False
         sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]

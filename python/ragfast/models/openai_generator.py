@@ -15,7 +15,7 @@ from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, ModelError, blame
 from ragfast.infra.http import check_url, get_json, post_json
 from ragfast.models.base import Generator
-from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
+from ragfast.models.base import check_new_sessions, check_sessions, cut_at_stop
 from ragfast.text import whitespace_tokens
 
 __all__ = ["OpenAIGenerator", "canonical_url"]

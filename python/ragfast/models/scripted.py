@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError
 from ragfast.models.base import Generator
-from ragfast.models.generator import check_new_sessions, check_sessions, cut_at_stop
+from ragfast.models.base import check_new_sessions, check_sessions, cut_at_stop
 from ragfast.protocol import observation_blocks
 from ragfast.text import whitespace_tokens
 

@@ -148,7 +148,7 @@ class SearchR1Reasoner(HFGenerator):
 
     def mark_final(self, ids: Sequence[str]) -> None:
         """The next generation of these sessions is the answer-only one: it opens with ``<answer>``."""
-        from ragfast.models.generator import check_sessions
+        from ragfast.models.base import check_sessions
 
         check_sessions(self._sessions, ids, "SearchR1Reasoner.mark_final")
         self._final.update(ids)

@@ -313,7 +313,9 @@ def render_markdown(ev: Mapping[str, Any], manifest: Mapping[str, Any] | None = 
             L.append(f"| {unit} | {saved} | {_f(x['judge'])} | {_f(x['net'])} | {_f(x['judge_over_saved'])} | "
                      f"{_f(max(0.0, x['break_even_judge']))} | {_f(max(0.0, x['break_even_per_judge_call']))} |")
         L += ["", f"{c['judge_states']} judged states over {c['questions']} questions; the answer-only turn is "
-                  "costed as the probe, which re-reads the prefix, so the saving is conservative."]
+                  "costed as the probe from that state (after the cached prefix where the reasoner shares "
+                  "nested prefixes, as a local one does; re-reading the prefix otherwise, which makes the "
+                  "saving conservative)."]
     if "cost" in ev:
         c = ev["cost"]
         L += ["", "## Total cost: does the judge pay for the searches it saves?", "",

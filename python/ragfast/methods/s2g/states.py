@@ -75,14 +75,6 @@ def state_prefixes(traj: Trajectory | Mapping[str, Any]) -> list[str]:
     return ["".join(prefix_pieces(tr, s)) for s in range(tr.searches + 1)]
 
 
-def _user_prompt(generator: Any, question: str) -> str:
-    from ragfast.methods.searchr1.loop import build_prompt
-
-    u = build_prompt(question)
-    fmt = getattr(generator, "format_prompt", None)
-    return fmt(u) if fmt else u
-
-
 def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generator: Any, *,
                  max_new_tokens: int = 500, batch_size: int = 64, ledger: CostLedger | None = None
                  ) -> list[list[dict[str, Any]]]:
@@ -95,30 +87,32 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
     Returns
     -------
     list of list of dict
-        Per trajectory, per state: ``{"answer", "em", "f1", "text", "flops", "seconds"}`` (the
-        probe's own generation cost; it re-reads the state's prefix, which a live session has
-        cached, so it overstates the live answer-only turn).
+        Per trajectory, per state: ``{"answer", "em", "f1", "text", "flops", "seconds"}``: the
+        probe's own generation cost. On a generator that shares nested prefixes (HFGenerator) a
+        trajectory's longest state pays for computing the prefix and the other states pay for
+        their answer-only turn after it, as a live session with its cache does; on any other
+        generator each probe re-reads its prefix, which overstates the live turn.
     """
     from ragfast.scoring.metrics import exact_match, extract_answer, f1
-    from ragfast.methods.searchr1.loop import STOP
+    from ragfast.methods.searchr1.loop import STOP, open_sessions
 
     trs = [_as_traj(t) for t in trajectories]
-    jobs: list[tuple[int, int, str, str]] = []  # (traj, state, session id, prefix)
+    jobs: list[tuple[int, int, str, list[str]]] = []  # (traj, state, session id, prefix pieces)
     for i, tr in enumerate(trs):
-        for s, pre in enumerate(state_prefixes(tr)):
-            jobs.append((i, s, f"{tr.id}\x00probe{s}", pre))
-    out: list[list[dict[str, Any]]] = [[{} for _ in state_prefixes(tr)] for tr in trs]
+        for s in range(tr.searches + 1):
+            jobs.append((i, s, f"{tr.id}\x00probe{s}", prefix_pieces(tr, s)))
+    out: list[list[dict[str, Any]]] = [[{} for _ in range(tr.searches + 1)] for tr in trs]
     for lo in range(0, len(jobs), max(1, batch_size)):
         chunk = jobs[lo:lo + batch_size]
         ids = [j[2] for j in chunk]
         if hasattr(generator, "bind_questions"):
             generator.bind_questions({sid: Question(trs[i].id, trs[i].question, list(trs[i].golden_answers))
                                       for i, _, sid, _ in chunk})
-        generator.start(ids, [_user_prompt(generator, trs[i].question) for i, _, _, _ in chunk])
+        # The pieces one by one, as the live session appended them: a state's tokens are then a
+        # prefix of the next state's, and a generator that shares nested prefixes
+        # (HFGenerator) computes each trajectory's longest state once for all its probes.
+        open_sessions(generator, ids, [trs[i].question for i, _, _, _ in chunk], [j[3] for j in chunk])
         try:
-            nonempty = [(sid, pre) for _, _, sid, pre in chunk if pre]
-            if nonempty:
-                generator.append([a for a, _ in nonempty], [b for _, b in nonempty])
             if hasattr(generator, "mark_final"):
                 generator.mark_final(ids)
             sub = CostLedger()
@@ -131,8 +125,8 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
             for r in sub.records:
                 r.question_id = names.get(r.question_id, r.question_id)
             ledger.merge(sub)
-        for (i, s, sid, pre), text in zip(chunk, texts):
-            ans = extract_answer(pre + text)
+        for (i, s, sid, pieces), text in zip(chunk, texts):
+            ans = extract_answer("".join(pieces) + text)
             golds = trs[i].golden_answers
             c = per.get(sid, {}).get("reasoner", {})
             out[i][s] = {"answer": ans, "em": float(exact_match(ans, golds)), "f1": float(f1(ans, golds)),
@@ -365,8 +359,9 @@ def replay_cost(rec: RecordedStates, threshold: float) -> dict[str, Any] | None:
     """Estimated cost balance of a threshold from recorded per-state costs (no live run).
 
     For a trajectory stopped at state t: saved = what the native run spent after t (reasoner,
-    encoder, search) minus the answer-only generation from t (the probe's cost: an
-    overestimate, as the probe re-reads the prefix a live session has cached, so ``saved`` is
+    encoder, search) minus the answer-only generation from t (the probe's cost: the turn after
+    a cached prefix where the generator shares nested prefixes, as the live loop's rewound
+    session does; otherwise an overestimate that re-reads the prefix, so ``saved`` is
     conservative). Judge cost = scoring states 0..t (or 0..S-1 when it never stops: the live
     loop judges each state the reasoner searches from), from the recording pass's per-state split. None when the recording has no costs.
     """

@@ -173,6 +173,19 @@ class ActiveTrajectory:
         return self.traj.id
 
 
+def open_sessions(gen: Any, ids: Sequence[str], questions: Sequence[str], pieces: Sequence[Sequence[str]]) -> None:
+    """Start one session per id on the Search-R1 prompt of its question (in the generator's
+    chat format where it has one) and append its ``pieces`` one by one, as the loop appended
+    them, so the session holds the tokens the live one held."""
+    fmt = getattr(gen, "format_prompt", None)
+    user = [build_prompt(q) for q in questions]
+    gen.start(list(ids), [fmt(u) for u in user] if fmt else user)
+    for k in range(max((len(p) for p in pieces), default=0)):
+        rows = [(i, p[k]) for i, p in zip(ids, pieces) if k < len(p) and p[k]]
+        if rows:
+            gen.append([i for i, _ in rows], [t for _, t in rows])
+
+
 class TurnContext:
     """What a hook gets after each turn: the running trajectories and ways to steer them.
 
@@ -250,8 +263,11 @@ class TurnContext:
         prompt, in the order it was appended); what the session held beyond it is dropped.
 
         The turns stay in ``item.traj`` as they were recorded; ``item.response`` becomes
-        ``pieces``. The generator re-reads the rebuilt prefix at the next generation (the cost
-        lands in the ledger with that generation).
+        ``pieces``. A generator with ``rewind`` (:class:`ragfast.models.generator.HFGenerator`)
+        cuts the session back and keeps the keys/values of the prefix; any other is rebuilt
+        (``end``, ``start``, the pieces appended one by one as the loop appended them) and
+        re-reads the prefix at the next generation (its cost lands in the ledger with that
+        generation).
         """
         items = list(items)
         if len(items) != len(pieces):
@@ -260,15 +276,12 @@ class TurnContext:
             return
         gen = self.loop.generator
         ids = [it.qid for it in items]
-        fmt = getattr(gen, "format_prompt", None)
-        user = [build_prompt(it.question) for it in items]
-        gen.end(ids)
-        text = ["".join(p) for p in pieces]
-        keep = [(i, t) for i, t in zip(ids, text) if t]
         with blame("reasoner", ids):
-            gen.start(ids, [fmt(u) for u in user] if fmt else user)
-            if keep:
-                gen.append([i for i, _ in keep], [t for _, t in keep])
+            if hasattr(gen, "rewind"):
+                gen.rewind(ids, [list(p) for p in pieces])
+            else:
+                gen.end(ids)
+                open_sessions(gen, ids, [it.question for it in items], pieces)
         for it, p in zip(items, pieces):
             it.response = list(p)
 

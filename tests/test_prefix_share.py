@@ -1,0 +1,160 @@
+"""Nested prefixes shared inside one generate call, and rewinding a session.
+
+Oracles: the same calls with sharing off (``share_prefix=False``: every row prefilled on its
+own, left-padded) for the greedy tokens and the token books, and a session opened afresh with the
+same pieces for ``rewind``. The model is a tiny random-weight Qwen2 (fp32, one thread), the
+trajectories are the scripted oracle's native runs over real HotpotQA passages.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragfast.accounting.ledger import CostLedger
+from ragfast.methods.s2g.states import prefix_pieces, probe_states
+from ragfast.methods.searchr1.loop import SearchR1Config, open_sessions, run_searchr1
+from ragfast.models.prefix_share import common_prefix, plan_nested
+from ragfast.models.scripted import ScriptedGenerator
+
+torch = pytest.importorskip("torch")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_common_prefix():
+    assert common_prefix([1, 2, 3], [1, 2, 4]) == 2
+    assert common_prefix([1, 2], [1, 2, 3]) == 2
+    assert common_prefix([], [1]) == 0
+    assert common_prefix(np.array([5]), [6]) == 0
+
+
+def _simulate(ids, cached, steps, min_prefix):
+    """Replay the plan on token lists: every seed's source must hold the tokens it gives."""
+    held = [list(x[:c]) for x, c in zip(ids, cached)]
+    for kind, b, src, n in steps:
+        assert n <= len(ids[b]) - 1 and n >= len(held[b]) + min_prefix
+        if kind == "compute":
+            assert src == -1
+            held[b] = list(ids[b][:n])
+        else:
+            assert len(held[src]) >= n and held[src][:n] == list(ids[b][:n])
+            held[b] = list(held[src][:n])
+    return held
+
+
+def test_plan_computes_each_chain_once_and_seeds_the_rest():
+    prompt = list(range(100, 140))
+    chain = [prompt + list(range(k * 50)) + [7, 8] for k in range(4)]  # state k: k blocks, then "<answer>"
+    other = [prompt[:6] + [999] * 60]  # another question: shares 6 tokens only
+    ids = chain + other
+    cached = [0] * len(ids)
+    steps = plan_nested(ids, cached, min_prefix=8)
+    held = _simulate(ids, cached, steps, 8)
+    assert [s for s in steps if s[0] == "compute"] == [("compute", 3, -1, len(chain[3]) - 1)]
+    for k in range(3):  # each shorter state takes everything but its own tail from the longest
+        assert len(held[k]) == 40 + k * 50
+    assert held[4] == []  # 6 shared tokens are under min_prefix
+    # A row already holding the instruction gains from nobody: nothing planned for it.
+    assert plan_nested([prompt + [1] * 30, prompt + [2] * 30], [40, 40], min_prefix=8) == []
+    # A lone row: nothing to share.
+    assert plan_nested([prompt + [1] * 30], [0], min_prefix=8) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_plan_on_random_branching_sessions(seed):
+    rng = np.random.default_rng(seed)
+    roots = [list(rng.integers(0, 50, 30)) for _ in range(3)]
+    ids, cached = [], []
+    for _ in range(int(rng.integers(2, 14))):
+        r = roots[int(rng.integers(0, 3))]
+        cut = int(rng.integers(5, 31))
+        ids.append(r[:cut] + list(rng.integers(0, 50, int(rng.integers(1, 20)))))
+        cached.append(int(rng.integers(0, min(cut, 12))))
+    steps = plan_nested(ids, cached, min_prefix=4)
+    held = _simulate(ids, cached, steps, 4)
+    # Every row ends holding the longest prefix it shares with a row that holds all but its last
+    # token, or within min_prefix of it (a smaller gain is not worth a step).
+    for b, x in enumerate(ids):
+        for d in range(len(ids)):
+            if d != b and len(held[d]) == len(ids[d]) - 1:
+                best = min(common_prefix(held[d], x), len(x) - 1)
+                assert len(held[b]) > best - 4 or best < cached[b] + 4
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory, random_lm):
+    from transformers import Qwen2Config
+
+    return random_lm(Qwen2Config, tmp_path_factory.mktemp("qwen"), 5, hidden_size=64, intermediate_size=96,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=8192)
+
+
+@pytest.fixture(scope="module")
+def native():
+    from ragfast.data import corpus_from_contexts, load_qa, sample
+    from ragfast.retrieval.bm25 import BM25Retriever
+
+    qs = load_qa(sample("hotpotqa-dev"))[:5]
+    trs = run_searchr1(qs, ScriptedGenerator(), BM25Retriever.build(corpus_from_contexts(qs)),
+                       SearchR1Config(batch_size=5, topk=2))
+    assert sum(t.searches for t in trs) >= 5  # nested states to share
+    return trs
+
+
+def test_probes_share_nested_prefixes_and_equal_unshared_probes(qwen, native):
+    from ragfast.models.generator import HFGenerator
+
+    got, books, stats = {}, {}, {}
+    for share in (True, False):
+        g = HFGenerator(qwen, share_prefix=share, min_prefix=8)
+        led = CostLedger()
+        out = probe_states(native, g, max_new_tokens=6, ledger=led)
+        got[share] = [[p["text"] for p in o] for o in out]
+        books[share] = led.totals()["reasoner"]
+        stats[share] = dict(g.stats)
+    assert got[True] == got[False]
+    # Every prompt token is booked once, computed or cached, either way; sharing computes fewer.
+    assert (books[True]["input_tokens"] + books[True]["cached_tokens"]
+            == books[False]["input_tokens"] + books[False]["cached_tokens"])
+    assert books[True]["input_tokens"] < 0.6 * books[False]["input_tokens"]
+    # What a row took from another is booked cached; what was computed for it is booked input.
+    assert [books[k]["cached_tokens"] for k in (True, False)] == [stats[k]["prefix_tokens_reused"] for k in (True, False)]
+    assert books[True]["flops"] < 0.6 * books[False]["flops"]
+    assert stats[True]["prefill_padding_tokens"] < 0.1 * stats[False]["prefill_padding_tokens"]
+    # the longest state of each trajectory was computed (on top of the shared instruction)
+    assert stats[True]["prefix_tokens_computed"] > stats[True]["prefix_tokens_reused"] / 10
+
+
+def test_rewind_keeps_the_prefix_and_equals_a_fresh_session(qwen, native):
+    from ragfast.methods.searchr1.loop import STOP
+    from ragfast.models.generator import HFGenerator
+
+    tr = max(native, key=lambda t: t.searches)
+    full, back = prefix_pieces(tr, tr.searches), prefix_pieces(tr, 1)
+    g = HFGenerator(qwen, min_prefix=8)
+    open_sessions(g, ["a"], [tr.question], [full])
+    g.generate(["a"], stop=list(STOP), max_new_tokens=5)  # cached: every token but the new ones' last
+    g.rewind(["a"], [back])
+    open_sessions(g, ["b"], [tr.question], [back])
+    assert g.session_tokens("a") == g.session_tokens("b")
+    ref = HFGenerator(qwen, share_prefix=False)
+    open_sessions(ref, ["b"], [tr.question], [back])
+    want = ref.generate(["b"], stop=list(STOP), max_new_tokens=8)
+    led = CostLedger()
+    assert g.generate(["a"], stop=list(STOP), max_new_tokens=8, ledger=led) == want
+    assert g.last_generated["a"] == ref.last_generated["b"]
+    # The rewound session computed only its last token again (the logits that start its turn).
+    assert led.totals()["reasoner"]["input_tokens"] == 1
+    # Pieces that differ from what the session holds: only the tokens that still match are kept.
+    other = back[:-1] + ["<information>another observation</information>\n\n"]
+    g.rewind(["a"], [other])
+    ref.end(["b"])
+    open_sessions(ref, ["b"], [tr.question], [other])
+    assert g.session_tokens("a") == ref.session_tokens("b")
+    assert g.generate(["a"], stop=list(STOP), max_new_tokens=8) == ref.generate(["b"], stop=list(STOP),
+                                                                                max_new_tokens=8)
+    assert g.last_generated["a"] == ref.last_generated["b"]
+    with pytest.raises(ValueError, match="rewind"):
+        g.rewind(["a"], [])
+    with pytest.raises(KeyError, match="rewind"):
+        g.rewind(["zz"], [back])
