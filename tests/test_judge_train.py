@@ -284,6 +284,26 @@ def test_causal_lora_sft_tiny_qwen2(tmp_path):
     np.testing.assert_allclose(CausalJudge(out2 / "merged", attention="ref").stop_scores(sts), packed, atol=1e-5)
 
 
+def test_causal_judge_top_layers_and_bf16(tmp_path):
+    """--top-layers adapts only the last layers, and bf16 autocast trains (the loss falls)."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    from ragfast.judges.train.causal import train_causal_judge
+    from ragfast.models.tiny import tiny_path
+
+    base = tiny_path("qwen2")
+    layers = json.loads((Path(base) / "config.json").read_text())["num_hidden_layers"]
+    card = train_causal_judge(_labelled(), base, tmp_path / "j", epochs=4, lr=3e-2, batch_size=3, r=4, dropout=0.0,
+                              bf16=True, top_layers=1, log=lambda m: None)
+    ep = card["epoch_mean_loss"]
+    assert card["finished"] and card["bf16"] is True and card["top_layers"] == 1 and ep["3"] < ep["0"]
+    with safe_open(str(tmp_path / "j" / "adapter" / "adapter_model.safetensors"), "pt") as f:
+        adapted = {int(k.split(".layers.")[1].split(".")[0]) for k in f.keys()}
+    assert adapted == {layers - 1}
+
+
 # -- the bundled doc-set judge (default) and the cross-encoder judge ---------------------------------
 @pytest.fixture(scope="module")
 def docset_judge():

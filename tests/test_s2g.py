@@ -378,6 +378,29 @@ def test_run_s2g_command_end_to_end(tmp_path, monkeypatch):
         run_s2g_command(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "y"))
 
 
+def test_study_builds_the_reasoner_in_the_precision_asked(tmp_path, monkeypatch):
+    import ragfast.runner.slots as slots_mod
+    from ragfast.commands.s2g import run_s2g_command, study_settings
+
+    seen = {}
+    real = slots_mod.reasoner
+
+    def spy(spec, **kw):
+        seen.update(kw)
+        return real(spec, **kw)
+
+    monkeypatch.setattr(slots_mod, "reasoner", spy)
+    monkeypatch.setattr(slots_mod, "judge", lambda spec, **kw: ScoresStateZeroJudge())
+    kw = dict(model="scripted", data="hotpotqa-dev", out=str(tmp_path / "o"), retriever="bm25", threshold=0.5,
+              offset=52, limit=2, batch_size=2, n_resamples=50, progress=False, live=False)
+    run_s2g_command(**kw, dtype="bfloat16", weights="int8", memory_budget="2GB")
+    assert (seen["dtype"], seen["weights"], seen["memory_budget"]) == ("bfloat16", "int8", "2GB")
+    with pytest.raises(ConfigError, match="config.dtype"):  # a resume in another precision is refused
+        run_s2g_command(**kw, resume=True)
+    s = study_settings(None, out=str(tmp_path / "p"), dtype="bfloat16", threads=1)
+    assert (s.dtype, s.threads) == ("bfloat16", 1)
+
+
 def test_rest_cost_and_replay_cost_on_a_constructed_trajectory():
     from ragfast.methods.s2g.states import replay_cost, rest_cost
     from ragfast.types import Trajectory, Turn

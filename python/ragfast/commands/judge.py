@@ -34,6 +34,9 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume/--no-resume", help="causal: continue OUT/checkpoint."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="causal: stop after this many steps "
                                                                           "(checkpointed; --resume continues)."),
+        bf16: bool = typer.Option(False, "--bf16/--fp32", help="causal: bf16 autocast for forward and backward."),
+        top_layers: Optional[int] = typer.Option(None, "--top-layers", help="causal: LoRA on the last N decoder "
+                                                                           "layers only (backward stops there)."),
         limit: Optional[int] = typer.Option(None, "--limit", help="encoder: only the first N questions (quick runs)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
         val_fraction: float = typer.Option(0.2, help="head: share of questions held out for validation."),
@@ -49,7 +52,7 @@ def register(app: typer.Typer) -> None:
         train_judge_command(kind=kind, out=out, data=data, dev=dev, base=base, labels=labels,
                             label_source=label_source, epochs=epochs, lr=lr, lora_r=lora_r, resume=resume,
                             max_steps=max_steps, limit=limit, threads=threads, val_fraction=val_fraction, seed=seed,
-                            k=k, turns=turns, encoder=encoder, device=device)
+                            k=k, turns=turns, encoder=encoder, device=device, bf16=bf16, top_layers=top_layers)
 
     @app.command("serve-judge")
     def serve_judge(

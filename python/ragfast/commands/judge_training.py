@@ -41,7 +41,8 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                         epochs: int | None = None, lr: float | None = None, lora_r: int = 8, resume: bool = False,
                         max_steps: int | None = None, limit: int | None = None, threads: int | None = None,
                         val_fraction: float = 0.2, seed: int = 0, k: int = 3, turns: int = 4,
-                        encoder: str = "minilm", device: str = "cpu") -> dict[str, Any]:
+                        encoder: str = "minilm", device: str = "cpu", bf16: bool = False,
+                        top_layers: int | None = None) -> dict[str, Any]:
     """Dispatch ``train-judge`` by ``kind``; prints one summary line; returns the card."""
     if kind == "docset":
         from ragfast.judges.train.documents import train_docset_judge
@@ -66,7 +67,8 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
         base = local_model(base, "--base")  # a catalogue name or hub id -> its local directory
 
         card = train_causal_judge(labels, base, out, source=label_source, epochs=epochs or 2, lr=lr or 2e-4,
-                                  r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, log=_echo)
+                                  r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, bf16=bf16,
+                                  top_layers=top_layers, log=_echo)
         typer.echo(f"{'wrote ' + card['merged'] if card['finished'] else 'checkpointed ' + str(Path(out) / 'checkpoint')}: "
                    f"{card['steps']} steps, loss {_f(card['loss_first'])} -> {_f(card['loss_last'])}")
         return card

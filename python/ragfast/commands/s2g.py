@@ -38,7 +38,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                     max_new_tokens: int = 500, max_obs_tokens: int = 500, gap_queries: bool = False,
                     live: bool = True, n_resamples: int = 10000, corpus: str | Sequence[str] | None = None,
                     encoder: str = "minilm", device: str = "cpu", overwrite: bool = False,
-                    resume: bool = False, progress: bool = True) -> dict[str, Any]:
+                    resume: bool = False, progress: bool = True, dtype: str | None = None,
+                    weights: str = "native", memory_budget: str | int | None = "auto",
+                    threads: int | None = None) -> dict[str, Any]:
     """What ``ragfast study s2g`` does; returns the evaluation it reports.
 
     With ``resume``, the native and live passes continue their files (``native.jsonl``,
@@ -51,6 +53,9 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
         On a missing threshold source, overlapping validation and test questions, an output
         directory that already holds a run (without ``overwrite`` or ``resume``), or a resume
         whose settings, data or questions differ from the run on disk.
+
+    ``dtype``, ``weights``, ``memory_budget`` and ``threads`` are the local reasoner's, as in
+    ``ragfast run``.
     """
     from rich.console import Console
 
@@ -99,9 +104,16 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                      questions=questions,
                      slots={"reasoner": model, "retriever": retriever, "judge": judge, "encoder": encoder,
                             "corpus": corpus},
-                     config={**study_cfg, "threshold": threshold, "live": live})
+                     # the reasoner's precision where it is not the default (earlier runs resume as they were)
+                     config={**study_cfg, "threshold": threshold, "live": live, **({"dtype": dtype} if dtype else {}),
+                             **({"weights": weights} if weights != "native" else {})})
     _prepare_out(out_dir, fp, overwrite=overwrite, resume=resume)  # before any model loads
-    gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns)
+    if threads is not None:
+        import torch
+
+        torch.set_num_threads(threads)
+    gen = build.reasoner(model, seed=seed, device=device, batch_size=batch_size, max_turns=max_turns, dtype=dtype,
+                         weights=weights, memory_budget=memory_budget)
     # The corpus comes from every question of both files (deduplicated by id: validation and test
     # may be two slices of one file), so it does not depend on --limit.
     pool = list({q.id: q for q in list(all_test) + list(all_val)}.values())
@@ -205,7 +217,8 @@ def _prepare_out(out_dir: Path, fp: dict[str, Any], *, overwrite: bool, resume: 
 #: its own, so it names its directory).
 STUDY_SETTINGS = ("reasoner", "data", "out", "index", "judge", "limit", "offset", "batch_size", "corpus", "encoder",
                   "device", "val_data", "val_offset", "val_limit", "threshold", "min_precision", "budget", "topk",
-                  "seed", "max_new_tokens", "max_obs_tokens", "n_resamples")
+                  "seed", "max_new_tokens", "max_obs_tokens", "n_resamples", "dtype", "weights", "memory_budget",
+                  "threads")
 
 
 def study_settings(config: str | None = None, preset: str = "default", **given: Any) -> Any:
@@ -240,7 +253,8 @@ def study_command(**kw: Any) -> None:
                         max_new_tokens=cfg.max_new_tokens, max_obs_tokens=cfg.max_obs_tokens,
                         gap_queries=own["gap_queries"], live=not own["no_live"], n_resamples=cfg.n_resamples,
                         corpus=cfg.corpus, encoder=cfg.encoder, device=resolve_device(cfg.device),
-                        overwrite=own["overwrite"], resume=own["resume"], progress=not own["no_progress"])
+                        overwrite=own["overwrite"], resume=own["resume"], progress=not own["no_progress"],
+                        dtype=cfg.dtype, weights=cfg.weights, memory_budget=cfg.memory_budget, threads=cfg.threads)
 
 
 def _study_parameters() -> list[inspect.Parameter]:

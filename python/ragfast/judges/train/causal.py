@@ -117,7 +117,8 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
                        dropout: float = 0.05, batch_size: int = 4, max_length: int = 4096,
                        target_modules: Sequence[str] = DEFAULT_TARGET_MODULES, save_every: int = 50,
                        resume: bool = False, max_steps: int | None = None, decision_weight: float = 1.0,
-                       seed: int = 0, device: str = "cpu", log: Callable[[str], None] = print) -> dict[str, Any]:
+                       seed: int = 0, device: str = "cpu", bf16: bool = False, top_layers: int | None = None,
+                       log: Callable[[str], None] = print) -> dict[str, Any]:
     """LoRA-fine-tune a causal LM to emit the judge's JSON verdict for labelled states.
 
     Parameters
@@ -144,6 +145,10 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         Stop after this many steps in total (a checkpoint is written; resume continues).
     decision_weight : float
         Extra weight of the decision token's loss (the token the STOP score reads).
+    bf16, top_layers
+        bf16 autocast for forward and backward, and LoRA on the last ``top_layers`` decoder
+        layers only (:func:`ragfast.models.lora_sft.lora_sft`): what fits a 0.5B judge's
+        training into the time goal on two cores.
 
     Returns
     -------
@@ -188,7 +193,8 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         run = lora_sft(judge.model, examples, out, pad_id=pad, identity={"source": source, "n_examples": len(examples)},
                        loss_fn=lambda m, i, a, y: _sft_loss(m, i, a, y, decision_weight), epochs=epochs, lr=lr, r=r,
                        alpha=alpha, dropout=dropout, batch_size=batch_size, target_modules=target_modules,
-                       save_every=save_every, resume=resume, max_steps=max_steps, seed=seed, device=device, log=log)
+                       save_every=save_every, resume=resume, max_steps=max_steps, seed=seed, device=device,
+                       bf16=bf16, top_layers=top_layers, log=log)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("in the model", f"in {base}")) from None
     model, step, losses, epoch_loss, targets = run.model, run.steps, run.losses, run.epoch_loss, run.targets
@@ -198,7 +204,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         "states_labelled": n_lab, "examples": len(examples), "skipped_too_long": n_lab - len(examples),
         "positives": int(sum(e["y"] for e in examples)), "epochs": epochs, "steps": step, "finished": finished,
         "lora": {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": targets}, "lr": lr,
-        "batch_size": batch_size, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "batch_size": batch_size, "bf16": bf16, "top_layers": top_layers, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "epoch_mean_loss": {k: float(np.mean(v)) for k, v in epoch_loss.items()},
         "seconds_this_run": round(run.seconds, 1),
         "target": 'JSON after {"sufficient": ; loss on the target tokens only',
