@@ -1,4 +1,6 @@
-"""Judge scoring, prefix-packed against naive, on a tiny random-weight Qwen2 judge.
+"""Judge scoring, prefix-packed against naive, on a causal judge: a tiny random-weight Qwen2 by
+default, or a real one (``--judge qwen2.5-coder-0.5b``, a catalogue name, or a judge directory
+such as ``train-judge --kind causal``'s ``OUT/merged``).
 
 Workload (issue 5): 64 trajectories, T = 4 states each, every turn adding one observation of
 3 documents of about 150 tokens, and a system prompt of about 250 tokens. The naive path scores
@@ -8,10 +10,10 @@ every state as its own full prompt; the packed path scores each trajectory in on
 Reported, from the ledger and from medians of interleaved repetitions in one process:
 fresh tokens computed (naive / packed), analytic FLOPs (naive / packed), wall time
 (naive / packed), and the largest score difference between the two paths. Targets: >= 2.5x
-fewer tokens, >= 2x wall time on the CPU. The judge has random weights: its scores mean
-nothing, only the compute path is measured.
+fewer tokens, >= 2x wall time on the CPU, scores equal within 1e-4. With the tiny judge the
+scores mean nothing, only the compute path is measured.
 
-    python bench/bench_judge.py [--quick] [--attention ref|flex|triton] [--csv PATH]
+    python bench/bench_judge.py [--quick] [--judge SPEC] [--attention ref|flex|triton] [--csv PATH]
 """
 from __future__ import annotations
 
@@ -75,6 +77,8 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--attention", default="ref", choices=["ref", "flex", "triton"])
+    ap.add_argument("--judge", default="tiny", help="tiny (random weights) | a catalogue name | a causal-LM "
+                                                    "judge directory")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--csv", default=str(Path(__file__).resolve().parent / "results" / "bench_judge.csv"))
     args = ap.parse_args()
@@ -85,15 +89,18 @@ def main() -> None:
 
     from ragfast.accounting.ledger import CostLedger
     from ragfast.judges.causal import CausalJudge
+    from ragfast.models.hub import local_model
     from ragfast.models.tiny import tiny_path
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    judge = CausalJudge(tiny_path("qwen2"), attention=args.attention)
+    path = tiny_path("qwen2") if args.judge == "tiny" else local_model(args.judge, "--judge")
+    judge = CausalJudge(path, attention=args.attention)
     states = build_states(judge.tokenizer, args.trajectories, args.turns, 3, 150)
     S = len(judge._sys_ids)
     lens = [len(judge.prompt_ids(s)) for s in states]
-    print(f"judge: {judge.describe()['name']} (random weights: scores are meaningless; compute path only)")
+    print(f"judge: {judge.describe()['name']}" + (" (random weights: scores are meaningless; compute path only)"
+                                                  if args.judge == "tiny" else f" ({path})"))
     print(f"{args.trajectories} trajectories x {args.turns} states = {len(states)} states; system prompt {S} tokens; "
           f"state prompts {min(lens)}..{max(lens)} tokens; attention={args.attention}; torch threads "
           f"{torch.get_num_threads()}")
@@ -123,7 +130,8 @@ def main() -> None:
     tok_ratio_total = (n["input_tokens"] + n["cached_tokens"]) / (p["input_tokens"] + p["cached_tokens"])
     flop_ratio = n["flops"] / p["flops"]
     wall = np.asarray(t_naive) / np.asarray(t_packed)
-    params = f"traj={args.trajectories},T={args.turns},docs/turn=3,doc_tok~150,sys={S},attn={args.attention}"
+    params = (f"judge={args.judge},traj={args.trajectories},T={args.turns},docs/turn=3,doc_tok~150,sys={S},"
+              f"attn={args.attention}")
     rows = [
         row("judge_score", "naive", params, "seconds", "s", t_naive),
         row("judge_score", "packed", params, "seconds", "s", t_packed),
