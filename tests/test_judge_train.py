@@ -295,10 +295,12 @@ def test_causal_judge_top_layers_and_bf16(tmp_path):
 
     base = tiny_path("qwen2")
     layers = json.loads((Path(base) / "config.json").read_text())["num_hidden_layers"]
+    said = []
     card = train_causal_judge(_labelled(), base, tmp_path / "j", epochs=4, lr=3e-2, batch_size=3, r=4, dropout=0.0,
-                              bf16=True, top_layers=1, log=lambda m: None)
+                              bf16=True, top_layers=1, log=said.append)
     ep = card["epoch_mean_loss"]
     assert card["finished"] and card["bf16"] is True and card["top_layers"] == 1 and ep["3"] < ep["0"]
+    assert any(m.startswith("step 1: loss ") for m in said) and card["median_step_seconds"] > 0  # progress moves
     with safe_open(str(tmp_path / "j" / "adapter" / "adapter_model.safetensors"), "pt") as f:
         adapted = {int(k.split(".layers.")[1].split(".")[0]) for k in f.keys()}
     assert adapted == {layers - 1}

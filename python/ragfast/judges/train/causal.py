@@ -189,12 +189,17 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     from ragfast.models.lora_sft import lora_sft
 
     pad = judge.tokenizer.pad_token_id if judge.tokenizer.pad_token_id is not None else 0
+
+    def on_step(step: int, loss: float, sec: float) -> None:
+        if step == 1 or step % 10 == 0:  # progress that moves: a 0.5B judge's step takes tens of seconds
+            log(f"step {step}: loss {loss:.4f}, {sec:.1f} s/step")
+
     try:
         run = lora_sft(judge.model, examples, out, pad_id=pad, identity={"source": source, "n_examples": len(examples)},
                        loss_fn=lambda m, i, a, y: _sft_loss(m, i, a, y, decision_weight), epochs=epochs, lr=lr, r=r,
                        alpha=alpha, dropout=dropout, batch_size=batch_size, target_modules=target_modules,
                        save_every=save_every, resume=resume, max_steps=max_steps, seed=seed, device=device,
-                       bf16=bf16, top_layers=top_layers, log=log)
+                       bf16=bf16, top_layers=top_layers, on_step=on_step, log=log)
     except ConfigError as exc:
         raise ConfigError(str(exc).replace("in the model", f"in {base}")) from None
     model, step, losses, epoch_loss, targets = run.model, run.steps, run.losses, run.epoch_loss, run.targets
@@ -207,6 +212,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         "batch_size": batch_size, "bf16": bf16, "top_layers": top_layers, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "epoch_mean_loss": {k: float(np.mean(v)) for k, v in epoch_loss.items()},
         "seconds_this_run": round(run.seconds, 1),
+        "median_step_seconds": float(np.median(run.all_step_seconds)) if run.all_step_seconds else None,
         "target": 'JSON after {"sufficient": ; loss on the target tokens only',
     }
     if finished:
