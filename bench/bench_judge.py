@@ -100,7 +100,7 @@ def main() -> None:
     S = len(judge._sys_ids)
     lens = [len(judge.prompt_ids(s)) for s in states]
     print(f"judge: {judge.describe()['name']}" + (" (random weights: scores are meaningless; compute path only)"
-                                                  if args.judge == "tiny" else f" ({path})"))
+                                                  if args.judge == "tiny" else ""))
     print(f"{args.trajectories} trajectories x {args.turns} states = {len(states)} states; system prompt {S} tokens; "
           f"state prompts {min(lens)}..{max(lens)} tokens; attention={args.attention}; torch threads "
           f"{torch.get_num_threads()}")
