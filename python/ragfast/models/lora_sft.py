@@ -128,7 +128,7 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
              micro_batch: int | None = None, target_modules: Sequence[str] = DEFAULT_TARGET_MODULES,
              save_every: int = 50, resume: bool = False, max_steps: int | None = None, seed: int = 0,
              device: str = "cpu", bf16: bool = False, lr_floor: float = 0.05, top_layers: int | None = None,
-             on_step: Callable[[int, float, float], None] | None = None,
+             replay_budget_bytes: int = 4 << 30, on_step: Callable[[int, float, float], None] | None = None,
              log: Callable[[str], None] = print) -> LoraRun:
     """LoRA-fine-tune ``model`` on ``examples``; checkpoints in ``OUT/checkpoint``.
 
@@ -161,7 +161,12 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
     top_layers : int, optional
         Adapt only the last ``top_layers`` decoder layers. Backward then stops at the lowest
         adapted layer (nothing below it needs a gradient), so a step costs about
-        ``1 + 2 * top_layers / layers`` forward passes instead of 3.
+        ``1 + 2 * top_layers / layers`` forward passes instead of 3. With two epochs or more
+        (and a Llama or Qwen2 decoder), the frozen layers run once per example before the first
+        step (:mod:`ragfast.models.frozen_layers`) and every step starts at the lowest adapted
+        layer: the same losses for a fraction of the time.
+    replay_budget_bytes : int
+        Memory the cached hidden states may take; past it the frozen layers run in every step.
     on_step : callable, optional
         Called as ``on_step(step, loss, seconds)`` after each step.
 
@@ -179,6 +184,8 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
     except ImportError as exc:
         raise ConfigError("LoRA fine-tuning needs peft: pip install 'ragfast[train]'") from exc
     from safetensors.torch import load_file, save_file
+
+    from ragfast.models.frozen_layers import frozen_inputs, replay_from, supports_replay
 
     if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:
         raise ConfigError("epochs, batch_size, r and save_every must be >= 1")
@@ -238,6 +245,25 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
             shutil.rmtree(ckpt)
         tmp.rename(ckpt)
 
+    autocast = (lambda: torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16)) if bf16 \
+        else contextlib.nullcontext
+    decoder = model.get_base_model().get_decoder()
+    first = None if top_layers is None else int(model.config.num_hidden_layers) - int(top_layers)
+    cached: list[Any] = []
+    if first is not None and epochs >= 2 and step < total and supports_replay(model.get_base_model(), first):
+        width = int(model.config.hidden_size) * (2 if next(decoder.parameters()).dtype == torch.bfloat16 else 4)
+        need = sum(len(e["input_ids"]) for e in examples) * width
+        if need <= replay_budget_bytes:
+            t_cache = time.perf_counter()
+            log(f"running the {first} frozen layers once on {len(examples)} examples ({need / 2**30:.2f} GiB kept)")
+            every = max(1, len(examples) // 10)
+            cached = frozen_inputs(decoder, first, [e["input_ids"] for e in examples], device=device, context=autocast,
+                                   on_progress=lambda i: i % every == 0 and log(f"  frozen layers: {i}/{len(examples)}"))
+            log(f"frozen layers done in {time.perf_counter() - t_cache:.0f} s")
+        else:
+            log(f"frozen layers run in every step: caching them would take {need / 2**30:.1f} GiB "
+                f"(budget {replay_budget_bytes / 2**30:.1f} GiB)")
+
     def pack(idx: Sequence[int]) -> tuple[Any, Any, Any]:
         W = max(len(examples[i]["input_ids"]) for i in idx)
         ids = torch.full((len(idx), W), pad_id, dtype=torch.long)
@@ -251,12 +277,16 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
             att[j, :n] = 1
         return ids.to(device), att.to(device), lab.to(device)
 
+    def packed_hidden(idx: Sequence[int], W: int) -> Any:
+        h = cached[idx[0]].new_zeros((len(idx), W, cached[idx[0]].shape[-1]))
+        for j, i in enumerate(idx):
+            h[j, :cached[i].shape[0]] = cached[i]
+        return h
+
     def n_targets(i: int) -> int:
         # Targets are labels that a position predicts (the first token predicts nothing).
         return sum(1 for x in examples[i]["labels"][1:] if x != -100)
 
-    autocast = (lambda: torch.autocast(device_type=str(device).split(":")[0], dtype=torch.bfloat16)) if bf16 \
-        else contextlib.nullcontext
     t0, c0 = time.perf_counter(), time.process_time()
     step_seconds: list[float] = []  # this run's (the checkpoint keeps every run's)
     done = step
@@ -279,8 +309,12 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
                 if w == 0.0:
                     continue
                 ids, att, lab = pack(sub)
-                with autocast():
-                    loss = loss_fn(model, ids, att, lab)
+                # The swap lasts one pass only: checkpoints must see the model's own layer names.
+                with replay_from(decoder, first) if cached else contextlib.nullcontext() as replayed:
+                    if replayed is not None:
+                        replayed.hidden = packed_hidden(sub, ids.shape[1])
+                    with autocast():
+                        loss = loss_fn(model, ids, att, lab)
                 (loss.float() * w).backward()
                 step_loss += float(loss.detach()) * w
             torch.nn.utils.clip_grad_norm_(params, 1.0)

@@ -114,8 +114,8 @@ def _sft_loss(model: Any, ids: Any, att: Any, lab: Any, decision_weight: float) 
 
 def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, out_dir: str | Path, *,
                        source: str = "auto", epochs: int = 2, lr: float = 2e-4, r: int = 16, alpha: float = 32.0,
-                       dropout: float = 0.05, batch_size: int = 4, max_length: int = 4096,
-                       target_modules: Sequence[str] = DEFAULT_TARGET_MODULES, save_every: int = 50,
+                       dropout: float = 0.05, batch_size: int = 4, micro_batch: int = 1, max_length: int = 4096,
+                       target_modules: Sequence[str] = DEFAULT_TARGET_MODULES, save_every: int = 10,
                        resume: bool = False, max_steps: int | None = None, decision_weight: float = 1.0,
                        seed: int = 0, device: str = "cpu", bf16: bool = False, top_layers: int | None = None,
                        log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -133,6 +133,10 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         Label source; ``auto`` = the first of teacher, gold, probe present.
     epochs, lr, r, alpha, dropout, batch_size
         Optimisation and LoRA settings.
+    micro_batch : int
+        Examples per forward pass inside a step (the step's loss is the same token mean). One
+        example per pass needs no padding, so attention runs torch's causal kernel; a padded
+        batch's masked attention takes the O(length^2) math path.
     max_length : int
         Longer examples are skipped (counted in the card).
     target_modules : sequence of str
@@ -181,7 +185,9 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     if not resume and ckpt.exists():
         raise ConfigError(f"{ckpt} exists: pass --resume to continue it, or choose another --out")
     torch.manual_seed(seed)
-    judge = CausalJudge(base, device=device, dtype="fp32")
+    # bf16 holds the frozen base in bf16 (the LoRA weights and the optimizer stay fp32): under
+    # autocast alone every linear layer re-cast its fp32 weights and activations at each call.
+    judge = CausalJudge(base, device=device, dtype="bf16" if bf16 else "fp32")
     examples = sft_examples(judge, states, source, max_length)
     n_lab = sum(1 for s in states if s.labels.get(source) is not None)
     if not examples:
@@ -197,7 +203,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
     try:
         run = lora_sft(judge.model, examples, out, pad_id=pad, identity={"source": source, "n_examples": len(examples)},
                        loss_fn=lambda m, i, a, y: _sft_loss(m, i, a, y, decision_weight), epochs=epochs, lr=lr, r=r,
-                       alpha=alpha, dropout=dropout, batch_size=batch_size, target_modules=target_modules,
+                       alpha=alpha, dropout=dropout, batch_size=batch_size, micro_batch=micro_batch, target_modules=target_modules,
                        save_every=save_every, resume=resume, max_steps=max_steps, seed=seed, device=device,
                        bf16=bf16, top_layers=top_layers, on_step=on_step, log=log)
     except ConfigError as exc:
@@ -209,7 +215,7 @@ def train_causal_judge(labelled: str | Path | Sequence[Any], base: str | Path, o
         "states_labelled": n_lab, "examples": len(examples), "skipped_too_long": n_lab - len(examples),
         "positives": int(sum(e["y"] for e in examples)), "epochs": epochs, "steps": step, "finished": finished,
         "lora": {"r": r, "alpha": alpha, "dropout": dropout, "target_modules": targets}, "lr": lr,
-        "batch_size": batch_size, "bf16": bf16, "top_layers": top_layers, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
+        "batch_size": batch_size, "micro_batch": micro_batch, "bf16": bf16, "top_layers": top_layers, "decision_weight": decision_weight, "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
         "epoch_mean_loss": {k: float(np.mean(v)) for k, v in epoch_loss.items()},
         "seconds_this_run": round(run.seconds, 1),
         "median_step_seconds": float(np.median(run.all_step_seconds)) if run.all_step_seconds else None,
