@@ -34,9 +34,11 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(False, "--resume/--no-resume", help="causal: continue OUT/checkpoint."),
         max_steps: Optional[int] = typer.Option(None, "--max-steps", help="causal: stop after this many steps "
                                                                           "(checkpointed; --resume continues)."),
-        bf16: bool = typer.Option(False, "--bf16/--fp32", help="causal: bf16 autocast for forward and backward."),
+        bf16: bool = typer.Option(False, "--bf16/--fp32", help="causal: the frozen base in bf16, bf16 autocast for forward and "
+                                                                  "backward (LoRA weights and optimizer fp32)."),
         top_layers: Optional[int] = typer.Option(None, "--top-layers", help="causal: LoRA on the last N decoder "
-                                                                           "layers only (backward stops there)."),
+                                                                           "layers only (backward stops there; with 2+ "
+                                                                           "epochs the frozen layers run once)."),
         limit: Optional[int] = typer.Option(None, "--limit", help="encoder: only the first N questions (quick runs)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
         val_fraction: float = typer.Option(0.2, help="head: share of questions held out for validation."),
