@@ -162,8 +162,8 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
         Adapt only the last ``top_layers`` decoder layers. Backward then stops at the lowest
         adapted layer (nothing below it needs a gradient), so a step costs about
         ``1 + 2 * top_layers / layers`` forward passes instead of 3. With two epochs or more
-        (and a Llama or Qwen2 decoder), the frozen layers run once per example before the first
-        step (:mod:`ragfast.models.frozen_layers`) and every step starts at the lowest adapted
+        (and a Llama, Qwen2 or Qwen3 decoder), the frozen layers run once per example before the
+        first step (:mod:`ragfast.models.frozen_layers`) and every step starts at the lowest adapted
         layer: the same losses for a fraction of the time.
     replay_budget_bytes : int
         Memory the cached hidden states may take; past it the frozen layers run in every step.
