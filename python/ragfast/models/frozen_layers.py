@@ -11,11 +11,12 @@ is paid once instead of once per epoch.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["supports_replay", "frozen_inputs", "replay_from"]
+__all__ = ["supports_replay", "frozen_inputs", "cache_frozen_inputs", "replay_from"]
 
 # Decoders whose forward is embed -> layers -> norm, with no scaling of the embeddings in
 # between (Gemma's is applied after the embedding lookup, so it would be applied twice).
@@ -70,6 +71,30 @@ def frozen_inputs(decoder: Any, first: int, examples: Sequence[Sequence[int]], *
     finally:
         hook.remove()
         decoder.train(was_training)
+    return got
+
+
+def cache_frozen_inputs(decoder: Any, first: int, examples: Sequence[Sequence[int]], *, budget_bytes: int,
+                        device: str = "cpu", context: Callable[[], Any] = contextlib.nullcontext,
+                        log: Callable[[str], None] = print) -> list[Any]:
+    """:func:`frozen_inputs` of every example if they fit ``budget_bytes``, else ``[]``.
+
+    The size is the examples' tokens times the hidden width in the decoder's parameter dtype
+    (the residual stream's: bf16 weights keep bf16 states, fp32 weights under autocast fp32).
+    Progress goes to ``log`` every tenth of the examples.
+    """
+    width = int(decoder.config.hidden_size) * (2 if next(decoder.parameters()).dtype == torch.bfloat16 else 4)
+    need = sum(len(e) for e in examples) * width
+    if need > budget_bytes:
+        log(f"frozen layers run in every step: caching them would take {need / 2**30:.1f} GiB "
+            f"(budget {budget_bytes / 2**30:.1f} GiB)")
+        return []
+    t0 = time.perf_counter()
+    log(f"running the {first} frozen layers once on {len(examples)} examples ({need / 2**30:.2f} GiB kept)")
+    every = max(1, len(examples) // 10)
+    got = frozen_inputs(decoder, first, examples, device=device, context=context,
+                        on_progress=lambda i: i % every == 0 and log(f"  frozen layers: {i}/{len(examples)}"))
+    log(f"frozen layers done in {time.perf_counter() - t0:.0f} s")
     return got
 
 

@@ -185,7 +185,7 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
         raise ConfigError("LoRA fine-tuning needs peft: pip install 'ragfast[train]'") from exc
     from safetensors.torch import load_file, save_file
 
-    from ragfast.models.frozen_layers import frozen_inputs, replay_from, supports_replay
+    from ragfast.models.frozen_layers import cache_frozen_inputs, replay_from, supports_replay
 
     if epochs < 1 or batch_size < 1 or r < 1 or save_every < 1:
         raise ConfigError("epochs, batch_size, r and save_every must be >= 1")
@@ -251,18 +251,8 @@ def lora_sft(model: Any, examples: Sequence[Mapping[str, Any]], out_dir: str | P
     first = None if top_layers is None else int(model.config.num_hidden_layers) - int(top_layers)
     cached: list[Any] = []
     if first is not None and epochs >= 2 and step < total and supports_replay(model.get_base_model(), first):
-        width = int(model.config.hidden_size) * (2 if next(decoder.parameters()).dtype == torch.bfloat16 else 4)
-        need = sum(len(e["input_ids"]) for e in examples) * width
-        if need <= replay_budget_bytes:
-            t_cache = time.perf_counter()
-            log(f"running the {first} frozen layers once on {len(examples)} examples ({need / 2**30:.2f} GiB kept)")
-            every = max(1, len(examples) // 10)
-            cached = frozen_inputs(decoder, first, [e["input_ids"] for e in examples], device=device, context=autocast,
-                                   on_progress=lambda i: i % every == 0 and log(f"  frozen layers: {i}/{len(examples)}"))
-            log(f"frozen layers done in {time.perf_counter() - t_cache:.0f} s")
-        else:
-            log(f"frozen layers run in every step: caching them would take {need / 2**30:.1f} GiB "
-                f"(budget {replay_budget_bytes / 2**30:.1f} GiB)")
+        cached = cache_frozen_inputs(decoder, first, [e["input_ids"] for e in examples], budget_bytes=replay_budget_bytes,
+                                     device=device, context=autocast, log=log)
 
     def pack(idx: Sequence[int]) -> tuple[Any, Any, Any]:
         W = max(len(examples[i]["input_ids"]) for i in idx)
