@@ -13,7 +13,8 @@ fresh tokens computed (naive / packed), analytic FLOPs (naive / packed), wall ti
 fewer tokens, >= 2x wall time on the CPU, scores equal within 1e-4. With the tiny judge the
 scores mean nothing, only the compute path is measured.
 
-    python bench/bench_judge.py [--quick] [--judge SPEC] [--attention ref|flex|triton] [--csv PATH]
+    python bench/bench_judge.py [--quick] [--judge SPEC] [--attention ref|flex|triton] [--dtype fp32|bf16]
+                                [--csv PATH]
 """
 from __future__ import annotations
 
@@ -79,6 +80,8 @@ def main() -> None:
     ap.add_argument("--attention", default="ref", choices=["ref", "flex", "triton"])
     ap.add_argument("--judge", default="tiny", help="tiny (random weights) | a catalogue name | a causal-LM "
                                                     "judge directory")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                    help="judge weights and compute (bf16: the scores of the two paths round apart)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--csv", default=str(Path(__file__).resolve().parent / "results" / "bench_judge.csv"))
     args = ap.parse_args()
@@ -95,7 +98,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     path = tiny_path("qwen2") if args.judge == "tiny" else local_model(args.judge, "--judge")
-    judge = CausalJudge(path, attention=args.attention)
+    judge = CausalJudge(path, attention=args.attention, dtype=args.dtype)
     states = build_states(judge.tokenizer, args.trajectories, args.turns, 3, 150)
     S = len(judge._sys_ids)
     lens = [len(judge.prompt_ids(s)) for s in states]
@@ -103,7 +106,7 @@ def main() -> None:
                                                   if args.judge == "tiny" else ""))
     print(f"{args.trajectories} trajectories x {args.turns} states = {len(states)} states; system prompt {S} tokens; "
           f"state prompts {min(lens)}..{max(lens)} tokens; attention={args.attention}; torch threads "
-          f"{torch.get_num_threads()}")
+          f"{torch.get_num_threads()}; {args.dtype}")
 
     # Warm-up: also computes the system-prompt KV once (the packed path's only one-off cost).
     led_first = CostLedger()
@@ -131,7 +134,7 @@ def main() -> None:
     flop_ratio = n["flops"] / p["flops"]
     wall = np.asarray(t_naive) / np.asarray(t_packed)
     params = (f"judge={args.judge},traj={args.trajectories},T={args.turns},docs/turn=3,doc_tok~150,sys={S},"
-              f"attn={args.attention}")
+              f"attn={args.attention},dtype={args.dtype}")
     rows = [
         row("judge_score", "naive", params, "seconds", "s", t_naive),
         row("judge_score", "packed", params, "seconds", "s", t_packed),

@@ -306,6 +306,38 @@ def test_causal_judge_top_layers_and_bf16(tmp_path):
     assert adapted == {layers - 1}
 
 
+def test_train_judge_cli_decision_weight(tmp_path):
+    """--decision-weight reaches the loss: one step from the same start costs more with a heavier decision token."""
+    from ragfast.models.tiny import tiny_path
+
+    labels = tmp_path / "labelled_states.jsonl"
+    labels.write_text("".join(json.dumps(s.to_dict()) + "\n" for s in _labelled()))
+    cards = {}
+    for w in ("0", "5"):
+        out = tmp_path / f"w{w}"
+        r = subprocess.run([sys.executable, "-m", "ragfast.cli", "train-judge", "--kind", "causal", "--base",
+                            str(tiny_path("qwen2")), "--labels", str(labels), "--out", str(out), "--max-steps", "1",
+                            "--decision-weight", w, "--lora-r", "4"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        cards[w] = json.loads((out / "train_judge.json").read_text())
+    assert cards["0"]["decision_weight"] == 0.0 and cards["5"]["decision_weight"] == 5.0
+    # same seed, data and adapter start: the step-1 loss differs only by 5 x the decision token's loss
+    assert cards["5"]["loss_first"] > cards["0"]["loss_first"] + 1.0
+
+
+def test_load_causal_judge_dtype():
+    """The factory's dtype reaches a causal-LM judge (report s2g --judge-dtype); a bad one is one error."""
+    import torch
+
+    from ragfast.judges import load as load_judge
+
+    assert next(load_judge("tiny").model.parameters()).dtype == torch.float32  # the CPU default
+    j = load_judge("tiny", dtype="bf16")
+    assert next(j.model.parameters()).dtype == torch.bfloat16 and j.describe()["dtype"] == "bfloat16"
+    with pytest.raises(ConfigError, match="unknown dtype"):
+        load_judge("tiny", dtype="int3")
+
+
 # -- the bundled doc-set judge (default) and the cross-encoder judge ---------------------------------
 @pytest.fixture(scope="module")
 def docset_judge():

@@ -39,6 +39,10 @@ def register(app: typer.Typer) -> None:
         top_layers: Optional[int] = typer.Option(None, "--top-layers", help="causal: LoRA on the last N decoder "
                                                                            "layers only (backward stops there; with 2+ "
                                                                            "epochs the frozen layers run once)."),
+        decision_weight: float = typer.Option(1.0, "--decision-weight", help="causal: extra weight of the decision "
+                                                                             "token's loss (' true'/' false', the "
+                                                                             "token the STOP score reads) beside the "
+                                                                             "mean loss of the whole verdict."),
         limit: Optional[int] = typer.Option(None, "--limit", help="encoder: only the first N questions (quick runs)."),
         threads: Optional[int] = typer.Option(None, "--threads", help="torch CPU threads."),
         val_fraction: float = typer.Option(0.2, help="head: share of questions held out for validation."),
@@ -54,7 +58,8 @@ def register(app: typer.Typer) -> None:
         train_judge_command(kind=kind, out=out, data=data, dev=dev, base=base, labels=labels,
                             label_source=label_source, epochs=epochs, lr=lr, lora_r=lora_r, resume=resume,
                             max_steps=max_steps, limit=limit, threads=threads, val_fraction=val_fraction, seed=seed,
-                            k=k, turns=turns, encoder=encoder, device=device, bf16=bf16, top_layers=top_layers)
+                            k=k, turns=turns, encoder=encoder, device=device, bf16=bf16, top_layers=top_layers,
+                            decision_weight=decision_weight)
 
     @app.command("serve-judge")
     def serve_judge(

@@ -42,7 +42,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
                         max_steps: int | None = None, limit: int | None = None, threads: int | None = None,
                         val_fraction: float = 0.2, seed: int = 0, k: int = 3, turns: int = 4,
                         encoder: str = "minilm", device: str = "cpu", bf16: bool = False,
-                        top_layers: int | None = None) -> dict[str, Any]:
+                        top_layers: int | None = None, decision_weight: float = 1.0) -> dict[str, Any]:
     """Dispatch ``train-judge`` by ``kind``; prints one summary line; returns the card."""
     if kind == "docset":
         from ragfast.judges.train.documents import train_docset_judge
@@ -68,7 +68,7 @@ def train_judge_command(*, kind: str, out: Path, data: str = "hotpotqa-train", d
 
         card = train_causal_judge(labels, base, out, source=label_source, epochs=epochs or 2, lr=lr or 2e-4,
                                   r=lora_r, resume=resume, max_steps=max_steps, seed=seed, device=device, bf16=bf16,
-                                  top_layers=top_layers, log=_echo)
+                                  top_layers=top_layers, decision_weight=decision_weight, log=_echo)
         typer.echo(f"{'wrote ' + card['merged'] if card['finished'] else 'checkpointed ' + str(Path(out) / 'checkpoint')}: "
                    f"{card['steps']} steps, loss {_f(card['loss_first'])} -> {_f(card['loss_last'])}")
         return card

@@ -56,6 +56,11 @@ def s2g_report_cmd(
                                                           "s2g_judges.json holds every source."),
     min_precision: float = typer.Option(0.90, "--min-precision", help="With --judge: validation precision the "
                                                                       "frozen threshold must reach."),
+    judge_dtype: Optional[str] = typer.Option(None, "--judge-dtype", help="With --judge: weights and compute of the "
+                                                                          "causal-LM judges: fp32 | bf16 | fp16 "
+                                                                          "(default fp32 on the CPU; bf16 is faster "
+                                                                          "where the CPU has bf16 instructions, "
+                                                                          "and rounds the scores)."),
 ) -> None:
     """Four-part S2G evaluation and the judge's cost balance; writes s2g_report.md/.json."""
     report_s2g(results_dir, n_resamples=n_resamples, seed=seed, margin=margin)
@@ -64,7 +69,7 @@ def s2g_report_cmd(
         from ragfast.methods.s2g.judges import compare_judges, render_judges
 
         cmp = compare_judges(results_dir, judge, labels=labels, min_precision=min_precision, seed=seed,
-                             log=lambda m: typer.echo(m, err=True))
+                             judge_dtype=judge_dtype, log=lambda m: typer.echo(m, err=True))
         md = render_judges(cmp)
         d = Path(results_dir)
         (d / "s2g_judges.md").write_text(md, encoding="utf-8")

@@ -50,7 +50,7 @@ def _bundled(name: str, device: str, shared_encoder: Any, encoder_device: str | 
 
 
 def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_device: str | None = None,
-         check: bool = True) -> Any:
+         check: bool = True, dtype: str | None = None) -> Any:
     """The judge a spec names.
 
     Parameters
@@ -74,6 +74,9 @@ def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_
         The retrieval encoder's device (default ``device``).
     check : bool
         For a URL: connect once now, so an unreachable server is one error line up front.
+    dtype : {"fp32", "bf16", "fp16"}, optional
+        Weights and compute of a causal-LM judge (default: fp32 on the CPU, bf16 on CUDA); the
+        other judges ignore it.
 
     Raises
     ------
@@ -99,9 +102,9 @@ def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_
     if spec == "tiny":
         from ragfast.models.tiny import tiny_path
 
-        return CausalJudge(tiny_path("qwen2"), device=device)
+        return CausalJudge(tiny_path("qwen2"), device=device, dtype=dtype)
     if is_catalogued(spec) or is_hub_id(spec):  # e.g. smollm2: the structured zero-shot causal judge
-        return CausalJudge(local_model(spec, "judge"), device=device)
+        return CausalJudge(local_model(spec, "judge"), device=device, dtype=dtype)
     from ragfast.judges.cross import CrossEncoderJudge
     from ragfast.judges.docset import DocSetJudge
     from ragfast.judges.head import EncoderJudge
@@ -113,5 +116,5 @@ def load(spec: str, device: str = "cpu", *, shared_encoder: Any = None, encoder_
     if p.suffix == ".safetensors" or (p.is_dir() and (p / "encoder_judge.safetensors").exists()):
         return EncoderJudge(p, device=device)
     if p.is_dir() and (p / "config.json").exists():
-        return CausalJudge(p, device=device)
+        return CausalJudge(p, device=device, dtype=dtype)
     raise ConfigError(f"--judge {spec!r}: expected {SPECS}")

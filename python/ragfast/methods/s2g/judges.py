@@ -50,7 +50,7 @@ def cluster_bootstrap_dap(labels: np.ndarray, a: np.ndarray, b: np.ndarray, grou
 
 def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, Any]], *, labels: str = "probe",
                    min_precision: float = 0.90, min_stops: int = 10, n_resamples: int = 2000, seed: int = 0,
-                   log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
+                   judge_dtype: str | None = None, log: Callable[[str], None] = lambda m: None) -> dict[str, Any]:
     """Score the recorded states of a ``study s2g`` directory with each judge and compare them.
 
     Parameters
@@ -64,6 +64,8 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
         The label source of the ΔAP intervals and of the rendered tables (``s2g_judges.json``
         holds every source).
     min_precision, min_stops : the frozen threshold's rule.
+    judge_dtype : {"fp32", "bf16", "fp16"}, optional
+        Weights and compute of the causal-LM judges among ``judges`` (their default otherwise).
 
     Returns
     -------
@@ -102,7 +104,7 @@ def compare_judges(results_dir: str | Path, judges: Sequence[str | tuple[str, An
             order.append(recorded[0])
             continue
         else:
-            name, judge = str(spec), load_judge(str(spec))
+            name, judge = str(spec), load_judge(str(spec), dtype=judge_dtype)
         per = dict(zip(qids, score_states([trs[q] for q in qids], judge, score_initial=True)))
         for x in lines:
             if x["state"] is not None:
