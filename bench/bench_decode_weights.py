@@ -10,6 +10,8 @@ another catalogued model or directory), all loaded in this process:
 * ``int8``: ``weights="int8"`` with float32 activations (models/weight_quant.py: one scale per
   output channel);
 * ``int8-bf16``: ``weights="int8"`` with bfloat16 activations;
+* ``w8a8``, ``w8a8-bf16``: ``weights="w8a8"`` (the same int8 weights; passes of more than 16
+  rows round their activations to int8 per token and multiply integers, ``torch._int_mm``);
 * ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``: the same with every pass on
   torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``), as before gemv.
 
@@ -46,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import print_table, row, write_csv  # noqa: E402
 
 PROVIDERS = {"fp32": ("float32", "native"), "bf16": ("bfloat16", "native"), "int8": ("float32", "int8"),
-             "int8-bf16": ("bfloat16", "int8")}
+             "int8-bf16": ("bfloat16", "int8"), "w8a8": ("float32", "w8a8"), "w8a8-bf16": ("bfloat16", "w8a8")}
 PROVIDERS.update({f"{k}-torch": v for k, v in list(PROVIDERS.items())})
 
 

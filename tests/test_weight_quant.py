@@ -6,7 +6,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ragfast.errors import ConfigError  # noqa: E402
-from ragfast.models.weight_quant import KERNEL_ROWS, apply_weights, int8_linear_ref, quantize_int8  # noqa: E402
+from ragfast.models.weight_quant import (KERNEL_ROWS, apply_weights, int8_linear_ref, quantize_int8,  # noqa: E402
+                                         w8a8_linear_ref)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -83,6 +84,45 @@ def test_int8_layer_at_each_torch_isa_level(level):
     assert r.returncode == 0, r.stderr[-2000:]
 
 
+@pytest.mark.parametrize("depth", [37, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_w8a8_layer_equals_its_reference_above_the_kernel_rows(dtype, bias, depth):
+    """Passes of more than KERNEL_ROWS rows round the activations to int8 (torch._int_mm); fewer
+    take the weight-only path. Fresh random, odd-sized, non-contiguous inputs; a zero row too."""
+    g = torch.Generator().manual_seed(depth + 3 * bias)
+    lin = torch.nn.Linear(depth, 29, bias=bias).to(dtype)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(29, depth, generator=g) * torch.rand(29, 1, generator=g) * 2)
+        if bias:
+            lin.bias.copy_(torch.randn(29, generator=g))
+    model = torch.nn.Sequential(lin)
+    info = apply_weights(model, "w8a8")
+    layer = model[0]
+    assert info.scheme == "w8a8" and layer.codes.dtype == torch.int8
+    many = torch.randn(2 * depth, 3 * KERNEL_ROWS + 5, generator=g).to(dtype)[::2].t()  # strided rows
+    many[4] = 0.0  # an all-zero row keeps scale 1 and gives the bias alone
+    big = torch.randn(2, KERNEL_ROWS + 3, depth, generator=g).to(dtype) * 40  # 3-D, wide range
+    few = torch.randn(depth, KERNEL_ROWS, generator=g).to(dtype).t()
+    assert not many.is_contiguous() and not few.is_contiguous()
+    for inp in (many, big):
+        with torch.inference_mode():
+            got = model(inp)
+        want = w8a8_linear_ref(inp, layer.codes, quantize_int8(lin.weight)[1], layer.bias)
+        assert got.shape == (*inp.shape[:-1], 29) and got.dtype == dtype
+        # integer sums are exact: only the final scaling (fp32) and the output's rounding differ
+        tol = 1e-5 if dtype == torch.float32 else 2 ** -8
+        torch.testing.assert_close(got.float(), want.float(), rtol=tol, atol=tol * float(want.abs().max()))
+        if dtype == torch.float32:  # and it is not the weight-only computation
+            assert float((got - int8_linear_ref(inp, layer.codes, layer.scales, layer.bias)).abs().max()) > 1e-4
+    if bias:
+        torch.testing.assert_close(model(many)[4].float(), layer.bias.float(), rtol=0, atol=0)
+    with torch.inference_mode():
+        got = model(few)
+    want = int8_linear_ref(few, layer.codes, layer.scales, layer.bias)
+    torch.testing.assert_close(got.float(), want.float(), rtol=3e-2, atol=3e-2 * float(want.abs().max()))
+
+
 def test_unknown_scheme_is_one_line():
     with pytest.raises(ConfigError, match="unknown weights 'int4'"):
         apply_weights(torch.nn.Sequential(torch.nn.Linear(4, 4)), "int4")
@@ -134,6 +174,26 @@ def test_generator_int8_reads_a_quarter_of_the_linear_bytes_and_books_them(qwen_
         b = q8.model(input_ids=ids).logits
     assert float((a - b).abs().max()) < 0.2 * float(a.abs().max())
     assert float((a - b).abs().max()) > 0  # it really is another computation
+
+
+def test_generator_w8a8_follows_the_native_model(qwen_dir):
+    """A prompt of more than KERNEL_ROWS tokens takes the integer path in every linear layer."""
+    from ragfast.models.generator import HFGenerator
+
+    native = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
+    w8 = HFGenerator(qwen_dir, dtype="float32", memory_budget=None, weights="w8a8")
+    q8 = HFGenerator(qwen_dir, dtype="float32", memory_budget=None, weights="int8")
+    assert w8.weight_info.read_bytes == q8.weight_info.read_bytes  # the same int8 weights are read
+    assert w8.describe()["weights"].startswith("int8 weights per output channel, int8 activations per token")
+    ids = torch.tensor([native.encode("The quick brown fox jumps over the lazy dog while the cat sleeps in the "
+                                      "warm afternoon sun by the old river bank")])
+    assert ids.shape[1] > KERNEL_ROWS
+    with torch.inference_mode():
+        a, b, c = (g.model(input_ids=ids).logits for g in (native, w8, q8))
+    assert float((a - b).abs().max()) < 0.2 * float(a.abs().max())  # see the int8 test above
+    assert float((b - c).abs().max()) > 0  # the activations were rounded too
+    w8.start(["a"], [w8.format_prompt("Who wrote Hamlet?")])
+    assert len(w8.generate(["a"], stop=[], max_new_tokens=4)) == 1
 
 
 def test_weights_setting_is_checked():

@@ -130,10 +130,12 @@ class HFGenerator(Generator):
         (cached + new + ``max_new_tokens`` tokens per row), the older path, kept as the
         benchmark's anchor (bench/bench_kv_memory.py).
     weights : str
-        ``"native"`` (default: the linear layers in ``dtype``) or ``"int8"``: weight-only int8
-        linear layers, one scale per output channel, activations and cache in ``dtype``
-        (:mod:`ragfast.models.weight_quant`). The ledger books each turn's weight bytes read as
-        the reasoner's ``bytes_scanned``, so the two schemes' reads are comparable.
+        ``"native"`` (default: the linear layers in ``dtype``), ``"int8"``: weight-only int8
+        linear layers, one scale per output channel, activations and cache in ``dtype``, or
+        ``"w8a8"``: the same weights, with the activations of passes of more than 16 rows also
+        rounded to int8 per token for integer matmuls (:mod:`ragfast.models.weight_quant`). The
+        ledger books each turn's weight bytes read as the reasoner's ``bytes_scanned``, so the
+        schemes' reads are comparable.
     prefill_tokens : int
         Most new (padded) tokens one prefill pass computes: a chunk whose prefill is longer runs
         it in row groups that write into the one batch cache, which then decodes as a whole, so
@@ -242,7 +244,7 @@ class HFGenerator(Generator):
                       "prefill_groups": 0}
 
     def set_weights(self, scheme: str) -> None:
-        """Store the model's linear layers as ``scheme`` (``"native"`` or ``"int8"``) from now on.
+        """Store the model's linear layers as ``scheme`` (``"native"``, ``"int8"`` or ``"w8a8"``) from now on.
 
         Called by the constructor; a subclass that changes the weights after loading (an adapter
         merged into them) calls it again once they are final.

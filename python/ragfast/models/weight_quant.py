@@ -13,6 +13,14 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   output channel (scale = max |w| / 127), the scheme of weight-only int8 in llama.cpp's Q8_0
   (which uses blocks of 32) and gpt-fast. It is opt-in: the default reasoner's held-out EM was
   measured with fp32 weights.
+* **int8 weights and activations** (``weights="w8a8"``): the same int8 weights; a pass of more
+  than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill) also rounds its input
+  to int8, one symmetric scale per row (token), and multiplies integers with torch's
+  ``_int_mm`` (exact int32 sums; oneDNN's VNNI / AMX-INT8 kernels), then applies both scales.
+  Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
+  batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
+  where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. Opt-in
+  for the same reason as int8, and coarser: an outlier channel sets its row's scale.
 * **gemv for few rows**: every linear layer on the CPU, native or int8, runs its passes of a
   few rows on ragfast's gemv kernel (:mod:`ragfast.ops.gemv`), which reads the weights at the
   memory's rate where oneDNN's matmul reads them at half of it; the rows per weight storage
@@ -31,7 +39,7 @@ from ragfast.errors import ConfigError
 from ragfast.ops.gemv import GemvWeight
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
-WEIGHTS = ("native", "int8")
+WEIGHTS = ("native", "int8", "w8a8")
 #: Rows (tokens in a forward pass) up to which an int8 layer with bf16/fp16 activations runs
 #: torch's int8 kernel; more take the dequantised weight through the dtype's own matmul. The
 #: kernel reads half of bf16's bytes but does its arithmetic slower than oneDNN's bf16 matmul: on
@@ -73,6 +81,27 @@ def int8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
     return y.to(x.dtype)
 
 
+def quantize_rows_int8(x: Any) -> tuple[Any, Any]:
+    """Symmetric per-row int8 codes and float32 scales of a ``[rows, k]`` activation (as
+    :func:`quantize_int8` does for a weight's output channels)."""
+    return quantize_int8(x)
+
+
+def w8a8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
+    """Reference of the ``w8a8`` pass: ``x``'s rows rounded to int8 (:func:`quantize_rows_int8`),
+    the integer products summed exactly (float64), both scales applied, ``bias`` added; returned
+    in ``x``'s dtype."""
+    import torch
+
+    shape = x.shape
+    xq, xs = quantize_rows_int8(x.reshape(-1, shape[-1]))
+    acc = xq.double() @ codes.double().T
+    y = (acc * xs.double()[:, None] * scales.double()[None, :]).float()
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype).reshape(*shape[:-1], codes.shape[0])
+
+
 def _gemv_dtypes() -> tuple:
     import torch
 
@@ -110,8 +139,10 @@ def _int8_module_class():
     class Int8Linear(torch.nn.Module):
         """A linear layer whose weight is stored as int8 codes with one scale per output channel."""
 
-        def __init__(self, codes: Any, scales: Any, bias: Any, act_dtype: Any):
+        def __init__(self, codes: Any, scales: Any, bias: Any, act_dtype: Any, int8_acts: bool = False):
             super().__init__()
+            self.int8_acts = bool(int8_acts)  # w8a8: passes of more than KERNEL_ROWS rows in integers
+            self.register_buffer("scales32", scales.float() if int8_acts else None)
             self.in_features, self.out_features = codes.shape[1], codes.shape[0]
             self.register_buffer("codes", codes)
             # The kernel wants the scales in the activations' dtype.
@@ -121,7 +152,7 @@ def _int8_module_class():
             # of 16 (seen as wrong results and crashes at depths 8, 24 and 37, on its AVX2 and
             # AVX-512 paths alike); such a layer always multiplies the dequantised weight.
             self.kernel = self.in_features % 16 == 0
-            self.kernel_rows = 1 << 62 if act_dtype == torch.float32 else KERNEL_ROWS
+            self.kernel_rows = 1 << 62 if act_dtype == torch.float32 and not int8_acts else KERNEL_ROWS
             self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
             self.ragfast_gemv, self.ragfast_gemv_rows = None, 0  # set by apply_weights
 
@@ -139,13 +170,24 @@ def _int8_module_class():
                 if self.bias is not None:
                     y = y + self.bias
                 return y.reshape(*shape[:-1], self.out_features)
+            if self.int8_acts and not (torch.is_grad_enabled() and x.requires_grad):
+                # Many rows, bound by the arithmetic: integer multiply-adds, twice bf16's rate.
+                xf = x2.float()
+                amax = xf.abs().amax(dim=1)
+                xs = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+                xq = torch.round(xf / xs[:, None]).clamp_(-127, 127).to(torch.int8)
+                y = torch._int_mm(xq, self.codes.t()).float().mul_(xs[:, None]).mul_(self.scales32)
+                if self.bias is not None:
+                    y = y + self.bias.float()
+                return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
             # Many rows in bf16/fp16 (prefill): bound by the arithmetic, where the kernel lost to
             # the dtype's own matmul on the weight dequantised for the call.
             w = self.codes.to(x.dtype) * self.scales[:, None]
             return torch.nn.functional.linear(x, w, self.bias)
 
         def extra_repr(self) -> str:
-            return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per-channel"
+            acts = f", activations int8 per row above {self.kernel_rows} rows" if self.int8_acts else ""
+            return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per-channel{acts}"
 
     return Int8Linear
 
@@ -157,7 +199,8 @@ class WeightInfo:
     Attributes
     ----------
     scheme : str
-        ``"native"`` (the model's dtype) or ``"int8"`` (weight-only int8 linear layers).
+        ``"native"`` (the model's dtype), ``"int8"`` (weight-only int8 linear layers) or
+        ``"w8a8"`` (int8 weights, and int8 activations in passes of many rows).
     linear_layers : int
         Linear layers whose weight the scheme stores (all of them for native).
     read_bytes : int
@@ -176,6 +219,9 @@ class WeightInfo:
         kernel = f"; passes of <= {self.gemv_rows} rows on ragfast's gemv" if self.gemv_rows else ""
         if self.scheme == "native":
             return f"{act_dtype} weights{kernel}"
+        if self.scheme == "w8a8":
+            return (f"int8 weights per output channel, int8 activations per token in passes of more than "
+                    f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers; otherwise activations {act_dtype}{kernel})")
         return (f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype}"
                 f"{kernel})")
 
@@ -206,9 +252,9 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
     if scheme not in WEIGHTS:
         raise ConfigError(f"unknown weights {scheme!r}; expected one of {', '.join(WEIGHTS)}")
     act_dtype = next(model.parameters()).dtype
-    if scheme == "int8" and act_dtype not in (torch.float32, torch.bfloat16, torch.float16):
+    if scheme != "native" and act_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"int8 weights need float activations, the model is {act_dtype}")
-    cls = _int8_module_class() if scheme == "int8" else None
+    cls = _int8_module_class() if scheme != "native" else None
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
     read = 0
@@ -222,7 +268,7 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
                 mod.ragfast_gemv, mod.ragfast_gemv_rows = GemvWeight(mod.weight, None, mod.bias), 0
             continue
         codes, scales = quantize_int8(mod.weight)
-        new = cls(codes, scales, mod.bias, act_dtype)
+        new = cls(codes, scales, mod.bias, act_dtype, int8_acts=scheme == "w8a8")
         if codes.device.type == "cpu":
             new.ragfast_gemv = GemvWeight(codes, scales, new.bias)
         parent = model.get_submodule(name.rpartition(".")[0]) if "." in name else model

@@ -23,7 +23,7 @@ from ragfast.runner.config_file import BENCH_NAMES, RUN_ONLY, check_types, load_
 #: The weight dtypes a local reasoner may be loaded in (``--dtype``).
 DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
 #: How a local reasoner stores its linear layers' weights (``--weights``; models/weight_quant.py).
-WEIGHTS: tuple[str, ...] = ("native", "int8")
+WEIGHTS: tuple[str, ...] = ("native", "int8", "w8a8")
 #: RELOOP's planners (``--planner``).
 PLANNERS: tuple[str, ...] = ("heuristic", "kg-path", "llm")
 
@@ -404,7 +404,9 @@ HELP: dict[str, str] = {
     "prompt_budget": "Context cap in tokens (reference: 4096).",
     "dtype": "Local reasoner weights: float32 | bfloat16 | float16 (default: the checkpoint's).",
     "weights": "Local reasoner's linear layers: native (in --dtype) | int8 (weight-only, one scale per output "
-               "channel; activations in --dtype). Opt-in: held-out EM was measured with native fp32.",
+               "channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per token, "
+               "in passes of more than 16 rows: integer matmuls for batched decode and prefill). Opt-in: held-out "
+               "EM was measured with native weights.",
     "threads": "torch CPU threads of this process (not with --ray).",
     "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "
                      "5.5GiB; past it the batch runs in smaller chunks. auto (default): free memory at the first turn "
