@@ -63,7 +63,7 @@ def test_int8_layer_equals_the_reference_on_odd_noncontiguous_inputs(dtype, bias
 
 @pytest.mark.parametrize("level", ["avx2", "avx512"])
 def test_int8_layer_at_each_torch_isa_level(level):
-    """torch's int8 kernel at each CPU level it dispatches to (ATEN_CPU_CAPABILITY), in a fresh process."""
+    """torch's int8 kernels at each CPU level they dispatch to (ATEN_CPU_CAPABILITY, oneDNN's cap), in a fresh process."""
     import platform
     import subprocess
     import sys
@@ -76,11 +76,15 @@ def test_int8_layer_at_each_torch_isa_level(level):
         pytest.skip("this CPU has no AVX-512")
     code = ("import sys, torch; sys.path.insert(0, %r); from test_weight_quant import check_layer\n"
             "assert torch.backends.cpu.get_cpu_capability().lower().startswith(%r), torch.backends.cpu.get_cpu_capability()\n"
+            "from test_weight_quant import check_w8a8\n"
             "for dt in (torch.float32, torch.bfloat16):\n"
             "    for depth in (37, 48, 96):\n"
-            "        check_layer(dt, True, depth, seed=depth)\n" % (str(Path(__file__).parent), level))
+            "        check_layer(dt, True, depth, seed=depth)\n"
+            "        check_w8a8(dt, True, depth)\n" % (str(Path(__file__).parent), level))
+    # torch._int_mm (w8a8) runs oneDNN, which picks its own level: capped alike
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": level})
+                       env={**__import__("os").environ, "ATEN_CPU_CAPABILITY": level,
+                            "ONEDNN_MAX_CPU_ISA": {"avx2": "AVX2", "avx512": "ALL"}[level]})
     assert r.returncode == 0, r.stderr[-2000:]
 
 
@@ -88,8 +92,15 @@ def test_int8_layer_at_each_torch_isa_level(level):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_w8a8_layer_equals_its_reference_above_the_kernel_rows(dtype, bias, depth):
+    check_w8a8(dtype, bias, depth)
+
+
+def check_w8a8(dtype, bias: bool, depth: int) -> None:
     """Passes of more than KERNEL_ROWS rows round the activations to int8 (torch._int_mm); fewer
-    take the weight-only path. Fresh random, odd-sized, non-contiguous inputs; a zero row too."""
+    take the weight-only path. Fresh random, odd-sized, non-contiguous inputs; a zero row too.
+    Where torch's int8 matmul is not exact (no VNNI or AMX), asking for w8a8 is one error."""
+    from ragfast.models.weight_quant import int8_matmul_exact
+
     g = torch.Generator().manual_seed(depth + 3 * bias)
     lin = torch.nn.Linear(depth, 29, bias=bias).to(dtype)
     with torch.no_grad():
@@ -97,6 +108,13 @@ def test_w8a8_layer_equals_its_reference_above_the_kernel_rows(dtype, bias, dept
         if bias:
             lin.bias.copy_(torch.randn(29, generator=g))
     model = torch.nn.Sequential(lin)
+    a = torch.randint(-127, 128, (KERNEL_ROWS + 1, depth), generator=g, dtype=torch.int8)
+    exact = torch.equal(torch._int_mm(a, a.t().contiguous()).long(), a.long() @ a.long().T)
+    assert int8_matmul_exact() == exact
+    if not exact:
+        with pytest.raises(ConfigError, match="w8a8 needs exact int8 matmuls"):
+            apply_weights(model, "w8a8")
+        return
     info = apply_weights(model, "w8a8")
     layer = model[0]
     assert info.scheme == "w8a8" and layer.codes.dtype == torch.int8

@@ -81,25 +81,40 @@ def int8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
     return y.to(x.dtype)
 
 
-def quantize_rows_int8(x: Any) -> tuple[Any, Any]:
-    """Symmetric per-row int8 codes and float32 scales of a ``[rows, k]`` activation (as
-    :func:`quantize_int8` does for a weight's output channels)."""
-    return quantize_int8(x)
-
-
 def w8a8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
-    """Reference of the ``w8a8`` pass: ``x``'s rows rounded to int8 (:func:`quantize_rows_int8`),
-    the integer products summed exactly (float64), both scales applied, ``bias`` added; returned
-    in ``x``'s dtype."""
+    """Reference of the ``w8a8`` pass: ``x``'s rows rounded to int8 as a weight's output channels
+    are (:func:`quantize_int8`), the integer products summed exactly (float64), both scales
+    applied, ``bias`` added; returned in ``x``'s dtype."""
     import torch
 
     shape = x.shape
-    xq, xs = quantize_rows_int8(x.reshape(-1, shape[-1]))
+    xq, xs = quantize_int8(x.reshape(-1, shape[-1]))
     acc = xq.double() @ codes.double().T
     y = (acc * xs.double()[:, None] * scales.double()[None, :]).float()
     if bias is not None:
         y = y + bias.float()
     return y.to(x.dtype).reshape(*shape[:-1], codes.shape[0])
+
+
+@functools.lru_cache(maxsize=None)
+def int8_matmul_exact() -> bool:
+    """Whether torch's ``_int_mm`` gives exact int32 sums on this CPU (checked once per process).
+
+    oneDNN's int8 matmul without VNNI or AMX (AVX2, AVX-512 before VNNI) multiplies pairs into
+    saturating int16 sums, so ±127 operands come out wrong (seen with ``ONEDNN_MAX_CPU_ISA=AVX2``
+    and ``AVX512_CORE`` on a Zen 4: 40-55% of random products wrong). ``w8a8`` needs exact sums.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    a = torch.randint(-127, 128, (33, 96), generator=g, dtype=torch.int8)
+    b = torch.randint(-127, 128, (96, 24), generator=g, dtype=torch.int8)
+    a[0], b[:, 0] = 127, -127  # the extremes: every pair's sum overflows int16 as unsigned x signed
+    try:
+        got = torch._int_mm(a, b)
+    except RuntimeError:
+        return False
+    return bool(torch.equal(got.long(), a.long() @ b.long()))
 
 
 def _gemv_dtypes() -> tuple:
@@ -172,10 +187,7 @@ def _int8_module_class():
                 return y.reshape(*shape[:-1], self.out_features)
             if self.int8_acts and not (torch.is_grad_enabled() and x.requires_grad):
                 # Many rows, bound by the arithmetic: integer multiply-adds, twice bf16's rate.
-                xf = x2.float()
-                amax = xf.abs().amax(dim=1)
-                xs = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
-                xq = torch.round(xf / xs[:, None]).clamp_(-127, 127).to(torch.int8)
+                xq, xs = quantize_int8(x2)  # one scale per row (token)
                 y = torch._int_mm(xq, self.codes.t()).float().mul_(xs[:, None]).mul_(self.scales32)
                 if self.bias is not None:
                     y = y + self.bias.float()
@@ -254,6 +266,9 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
     act_dtype = next(model.parameters()).dtype
     if scheme != "native" and act_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"int8 weights need float activations, the model is {act_dtype}")
+    if scheme == "w8a8" and not int8_matmul_exact():
+        raise ConfigError("--weights w8a8 needs exact int8 matmuls (AVX-512 VNNI, AVX-VNNI or AMX); torch's int8 "
+                          "matmul on this CPU saturates: use --weights int8")
     cls = _int8_module_class() if scheme != "native" else None
     targets = [(name, mod) for name, mod in model.named_modules() if isinstance(mod, torch.nn.Linear)]
     embed = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
