@@ -190,7 +190,7 @@ def _int8_module_class():
                 xq, xs = quantize_int8(x2)  # one scale per row (token)
                 y = torch._int_mm(xq, self.codes.t()).float().mul_(xs[:, None]).mul_(self.scales32)
                 if self.bias is not None:
-                    y = y + self.bias.float()
+                    y.add_(self.bias)  # in place on the fp32 sums: one [rows x outputs] pass fewer
                 return y.to(x.dtype).reshape(*shape[:-1], self.out_features)
             # Many rows in bf16/fp16 (prefill): bound by the arithmetic, where the kernel lost to
             # the dtype's own matmul on the weight dequantised for the call.
