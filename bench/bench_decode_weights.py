@@ -12,8 +12,11 @@ another catalogued model or directory), all loaded in this process:
 * ``int8-bf16``: ``weights="int8"`` with bfloat16 activations;
 * ``w8a8``, ``w8a8-bf16``: ``weights="w8a8"`` (the same int8 weights; passes of more than 16
   rows round their activations to int8 per token and multiply integers, ``torch._int_mm``);
-* ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``: the same with every pass on
-  torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``), as before gemv.
+* ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``, ...: the same on torch's own
+  kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``)
+  and every attention on torch's SDPA (ragfast's decode-attention kernel off:
+  ``set_decode_attention(model, False)``), as before either kernel. ``bf16-torch`` is the bf16
+  generator that issue 38's batch-64 goal is measured against.
 
 The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner
 before gemv); every ratio is against it.
@@ -98,6 +101,7 @@ def linear_params(model) -> int:
 
 
 def load(model: str, dtype: str, weights: str, torch_only: bool = False):
+    from ragfast.models.attention import set_decode_attention
     from ragfast.models.catalogue import resolve
     from ragfast.models.generator import HFGenerator
     from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
@@ -107,6 +111,7 @@ def load(model: str, dtype: str, weights: str, torch_only: bool = False):
     gen = SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
     if torch_only:
         gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0))
+        set_decode_attention(gen.model, False)
     return gen
 
 

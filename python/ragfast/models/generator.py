@@ -197,6 +197,11 @@ class HFGenerator(Generator):
         except (OSError, ValueError) as exc:
             raise ModelError(f"cannot load a causal LM from {p}: {exc}") from None
         self.model.to(self.device).eval()
+        if not attn_implementation:
+            from ragfast.models.attention import set_decode_attention
+
+            # Decode steps' attention on the kernel (models/attention.py; SDPA elsewhere).
+            set_decode_attention(self.model)
         self.config = self.model.config
         self.kv_reuse_note = ""
         if self.kv_reuse:

@@ -1,0 +1,90 @@
+"""The decode-attention kernel inside a transformers model.
+
+transformers calls a model's attention through its ``AttentionInterface`` by name. This module
+registers ``ragfast_decode``: a pass of one query token per row on the CPU (a decode step) runs
+:func:`ragfast.ops.decode_attention.decode_attention` with the model's padding mask; every other
+pass (prefill, a GPU, a mask of another form) runs transformers' own SDPA function, which is what
+the model ran before. :func:`set_decode_attention` switches a loaded model between the two.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["ATTN_IMPL", "set_decode_attention", "decode_attention_on"]
+
+#: The name registered with transformers' AttentionInterface.
+ATTN_IMPL = "ragfast_decode"
+_REGISTERED = False
+
+
+def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
+    """Whether a call is one the kernel computes exactly as SDPA would (a decode step on the CPU)."""
+    import torch
+
+    if query.shape[2] != 1 or query.device.type != "cpu" or dropout:
+        return False
+    if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks")):
+        return False  # attention variants the kernel does not compute
+    if mask is None:
+        return True
+    return (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == 1
+            and mask.shape[3] == key.shape[2])
+
+
+def _register() -> None:
+    global _REGISTERED
+    if _REGISTERED:
+        return
+    from transformers import AttentionInterface
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    from ragfast.ops.decode_attention import decode_attention
+
+    def ragfast_decode(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        if not _fits(query, key, value, attention_mask, dropout, kwargs):
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                          **kwargs)
+        mask = None
+        if attention_mask is not None:
+            mask = attention_mask[:, 0, 0, :].expand(query.shape[0], key.shape[2])
+        out = decode_attention(query, key, value, mask, scaling)  # [B, H, 1, D]
+        return out.transpose(1, 2), None  # [B, 1, H, D], as the layer's output projection reads it
+
+    AttentionInterface.register(ATTN_IMPL, ragfast_decode)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ATTN_IMPL, sdpa_mask)
+    _REGISTERED = True
+
+
+def decode_attention_on(model: Any) -> bool:
+    """Whether ``model`` runs its decode steps' attention on the kernel."""
+    return getattr(model.config, "_attn_implementation", None) == ATTN_IMPL
+
+
+def set_decode_attention(model: Any, on: bool = True) -> bool:
+    """Run ``model``'s decode-step attention on ragfast's kernel (``on``) or on SDPA; returns whether it does.
+
+    Only a model that runs SDPA (or already the kernel) on the CPU is switched, and only where the
+    compiled extension is built: other attention implementations (eager, flash) are left as
+    they are, and so are models on a GPU.
+
+    Parameters
+    ----------
+    model : transformers.PreTrainedModel
+        A loaded model.
+    on : bool
+        ``True``: the kernel; ``False``: transformers' SDPA.
+    """
+    from ragfast.ops.registry import cpp_module
+
+    current = getattr(model.config, "_attn_implementation", None)
+    if current not in ("sdpa", ATTN_IMPL):
+        return False
+    want = ATTN_IMPL if on and cpp_module() is not None and model.device.type == "cpu" else "sdpa"
+    if want == ATTN_IMPL:
+        _register()
+    if want != current:
+        model.set_attn_implementation(want)
+    return decode_attention_on(model)

@@ -1,0 +1,110 @@
+"""w8a8 (ragfast.ops.w8a8): the compiled row quantiser and sum scaler against their references, bit for bit."""
+import numpy as np
+import pytest
+import torch
+
+from ragfast.ops.registry import available
+from ragfast.ops.w8a8 import dequantize_sums, quantize_rows
+
+pytestmark = pytest.mark.skipif(not available()["cpp"], reason="ragfast._C not built")
+
+
+def seeded():
+    return torch.Generator().manual_seed(int(np.random.SeedSequence().entropy % 2**31))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quantize_rows_equals_the_reference(isa_level, dtype):
+    g = seeded()
+    for M, K in [(1, 1), (2, 7), (17, 48), (5, 203), (64, 896), (3, 4864)]:
+        x = (torch.randn(M, 2 * K + 3, generator=g) * torch.rand(M, 1, generator=g) * 50).to(dtype)
+        x = x[:, 3::2]  # strided columns: copied once
+        x[0, 0] = 0.0
+        if M > 2:
+            x[1] = 0.0  # a zero row: scale 1, codes 0
+            # exact ties: multiples of half a step, where rounding goes to the even code
+            s = float(x[2].float().abs().max()) / 127.0
+            x[2, : min(K, 9)] = torch.tensor([(j - 4) * 0.5 * s for j in range(min(K, 9))]).to(dtype)
+        for xx in (x, x.contiguous()):
+            c1, s1 = quantize_rows(xx, backend="ref")
+            c2, s2 = quantize_rows(xx, backend="cpp")
+            assert c2.dtype == torch.int8 and c2.shape == (M, K) and c2.is_contiguous()
+            assert torch.equal(s1, s2) and torch.equal(c1, c2)
+            assert int(c2.abs().max()) <= 127
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_dequantize_sums_equals_the_reference(isa_level, dtype, bias):
+    g = seeded()
+    for M, N in [(1, 1), (3, 7), (17, 29), (64, 4864)]:
+        acc = torch.randint(-2**24, 2**24, (M, N), generator=g, dtype=torch.int32)
+        xs, ws = torch.rand(M, generator=g) / 100, torch.rand(N, generator=g) / 100
+        b = torch.randn(N, generator=g) if bias else None
+        want = dequantize_sums(acc, xs, ws, b, dtype, backend="ref")
+        got = dequantize_sums(acc, xs, ws, b, dtype, backend="cpp")
+        assert got.dtype == dtype and torch.equal(got, want)
+        wide = torch.full((M, N + 11), float("nan"), dtype=dtype)  # poisoned; the sums go to a column slice
+        out = dequantize_sums(acc, xs, ws, b, out=wide[:, 5:5 + N], backend="cpp")
+        assert torch.equal(out, want) and torch.equal(wide[:, 5:5 + N], want)
+        assert torch.isnan(wide[:, :5].float()).all() and torch.isnan(wide[:, 5 + N:].float()).all()
+
+
+def test_the_results_do_not_depend_on_threads():
+    from ragfast.ops.w8a8 import dequantize_sums_cpp, quantize_rows_cpp
+
+    g = seeded()
+    x = torch.randn(33, 4099, generator=g).to(torch.bfloat16)
+    acc = torch.randint(-2**20, 2**20, (33, 5001), generator=g, dtype=torch.int32)
+    xs, ws = torch.rand(33, generator=g), torch.rand(5001, generator=g)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            outs.append((*quantize_rows_cpp(x), dequantize_sums_cpp(acc, xs, ws, None, torch.bfloat16)))
+    finally:
+        torch.set_num_threads(before)
+    for o in outs:
+        assert all(torch.equal(a, b) for a, b in zip(o, outs[0]))
+
+
+@pytest.mark.parametrize("backend", ["cpp", "ref"])
+def test_bad_input_is_one_line(backend):
+    for bad in (torch.zeros(3, 0), torch.zeros(3, 4, dtype=torch.float16), torch.zeros(4)):
+        with pytest.raises(ValueError, match="w8a8: x must be") as e:
+            quantize_rows(bad, backend=backend)
+        assert "\n" not in str(e.value)
+    acc = torch.zeros(2, 3, dtype=torch.int32)
+    for args, match in (((acc.float(), torch.ones(2), torch.ones(3)), "sums must be"),
+                        ((acc, torch.ones(3), torch.ones(3)), "row scales"),
+                        ((acc, torch.ones(2), torch.ones(3), torch.ones(4)), "bias")):
+        with pytest.raises(ValueError, match=match):
+            dequantize_sums(*args, backend=backend)
+    with pytest.raises(ValueError, match="out must be"):
+        dequantize_sums(acc, torch.ones(2), torch.ones(3), out=torch.zeros(3, 2), backend=backend)
+
+
+def test_a_wide_w8a8_layer_runs_in_column_blocks_and_equals_its_reference():
+    """A layer wider than 2 x W8A8_COLUMNS (the lm head's case) takes the blocked path: the same
+    values as the reference, each block's scales and bias in their own columns."""
+    from ragfast.models.weight_quant import (KERNEL_ROWS, W8A8_COLUMNS, apply_weights, int8_matmul_exact,
+                                             quantize_int8, w8a8_linear_ref)
+
+    if not int8_matmul_exact():
+        pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
+    g = seeded()
+    n = 2 * W8A8_COLUMNS + 37
+    lin = torch.nn.Linear(48, n).to(torch.bfloat16)
+    with torch.no_grad():
+        lin.weight.copy_(torch.randn(n, 48, generator=g) * torch.rand(n, 1, generator=g))
+        lin.bias.copy_(torch.randn(n, generator=g))
+    model = torch.nn.Sequential(lin)
+    scales = quantize_int8(lin.weight)[1]
+    apply_weights(model, "w8a8")
+    x = torch.randn(KERNEL_ROWS + 3, 48, generator=g).to(torch.bfloat16)
+    with torch.inference_mode():
+        got = model(x)
+    want = w8a8_linear_ref(x, model[0].codes, scales, lin.bias)
+    assert got.shape == (KERNEL_ROWS + 3, n)
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -8, atol=2 ** -8 * float(want.abs().max()))
