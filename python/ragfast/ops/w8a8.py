@@ -9,8 +9,8 @@ weights with torch's ``_int_mm``. Around that product are two elementwise passes
   returned as fp32 or bf16.
 
 As torch expressions they were ten ops and four dtype copies, about 50 ms of a 235 ms batch-64
-decode step of Qwen2.5-Coder-0.5B (two threads, AMD EPYC Zen 4; bench/bench_w8a8.py measures both
-in one run). Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch
+decode step of Qwen2.5-Coder-0.5B in torch's profiler (two threads, AMD EPYC Zen 4);
+bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one run. Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch
 expressions: the oracle) and ``cpp`` (``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one
 pass each, the same arithmetic in the same order, so the same bits; threads over the rows).
 """
