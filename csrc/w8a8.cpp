@@ -8,9 +8,11 @@
 // Both are what the torch expressions they replace compute, in the same order and precision
 // (so the results are the same bits), in one pass each: as ten torch ops they were about 50 ms of
 // a 235 ms batch-64 decode step of Qwen2.5-Coder-0.5B (two threads, AMD EPYC Zen 4), mostly the
-// copies between int8, int32, fp32 and bf16. Portable code the compiler vectorises at the
-// build's base level (division and the 1.5 * 2^23 rounding trick need nothing more); threads
-// split the rows. The binding takes addresses (python/ragfast/ops/w8a8.py checks the tensors).
+// copies between int8, int32, fp32 and bf16. The per-ISA row kernels live in
+// csrc/isa/w8a8_<level>.cpp; this file holds the portable rows (which the compiler vectorises at
+// the build's base level: division and the 1.5 * 2^23 rounding trick need nothing more), the
+// dispatcher and the binding, which takes addresses (python/ragfast/ops/w8a8.py checks the
+// tensors). Threads split the rows.
 #include <pybind11/pybind11.h>
 
 #include <algorithm>
@@ -19,13 +21,17 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "isa.h"
 #include "registry.h"
 #include "threads.h"
+#include "w8a8_common.h"
 
 namespace py = pybind11;
 
 namespace ragfast {
 namespace w8a8_detail {
+
+using namespace ragfast::w8a8_common;
 
 // Elements per thread below which one thread does it all (a 2-thread team costs a few us).
 constexpr int64_t kMinPerThread = 1 << 14;
@@ -85,6 +91,41 @@ void quantize_rows(const X* x, int64_t ldx, int64_t m0, int64_t m1, int64_t K, i
   }
 }
 
+template <bool BF16>
+void dequantize_rows(const int32_t* acc, int64_t m0, int64_t m1, int64_t N, const float* xs, const float* ws,
+                     const float* bias, void* y, int64_t ldy);
+
+void quantize_row_generic(const void* x, bool bf16, int64_t K, int8_t* codes, float* scale) {
+  if (bf16)
+    quantize_rows(static_cast<const uint16_t*>(x), K, 0, 1, K, codes, scale);
+  else
+    quantize_rows(static_cast<const float*>(x), K, 0, 1, K, codes, scale);
+}
+
+void dequantize_row_generic(const int32_t* acc, int64_t N, float s, const float* ws, const float* bias, void* y,
+                            bool bf16) {
+  if (bf16)
+    dequantize_rows<true>(acc, 0, 1, N, &s, ws, bias, y, N);
+  else
+    dequantize_rows<false>(acc, 0, 1, N, &s, ws, bias, y, N);
+}
+
+// The row kernels of the ISA level in use (csrc/isa.cpp): every level from avx512 up runs the
+// AVX-512 ones; below it, the portable ones.
+QuantizeRowFn pick_quantize() {
+#ifdef RAGFAST_ISA_HAVE_avx512
+  if (isa::current() >= isa::kAvx512) return &w8a8_quantize_row_avx512;
+#endif
+  return &quantize_row_generic;
+}
+
+DequantizeRowFn pick_dequantize() {
+#ifdef RAGFAST_ISA_HAVE_avx512
+  if (isa::current() >= isa::kAvx512) return &w8a8_dequantize_row_avx512;
+#endif
+  return &dequantize_row_generic;
+}
+
 void w8a8_quantize(uintptr_t x, bool bf16, int64_t M, int64_t K, int64_t ldx, uintptr_t codes, uintptr_t scales,
                    int threads) {
   if (M < 0 || K < 1) throw std::invalid_argument("w8a8_quantize: rows must be >= 0 and each row non-empty");
@@ -92,14 +133,12 @@ void w8a8_quantize(uintptr_t x, bool bf16, int64_t M, int64_t K, int64_t ldx, ui
   if (M == 0) return;
   py::gil_scoped_release release;
   const int T = team_size(threads, std::min(M, M * K / kMinPerThread));
+  const QuantizeRowFn row = pick_quantize();
+  const size_t width = bf16 ? 2 : 4;
   run_team(T, [&](int t) {
-    const int64_t m0 = M * t / T, m1 = M * (t + 1) / T;
-    if (bf16)
-      quantize_rows(reinterpret_cast<const uint16_t*>(x), ldx, m0, m1, K, reinterpret_cast<int8_t*>(codes),
-                    reinterpret_cast<float*>(scales));
-    else
-      quantize_rows(reinterpret_cast<const float*>(x), ldx, m0, m1, K, reinterpret_cast<int8_t*>(codes),
-                    reinterpret_cast<float*>(scales));
+    for (int64_t m = M * t / T; m < M * (t + 1) / T; ++m)
+      row(reinterpret_cast<const char*>(x) + size_t(m * ldx) * width, bf16, K, reinterpret_cast<int8_t*>(codes) + m * K,
+          reinterpret_cast<float*>(scales) + m);
   });
 }
 
@@ -136,12 +175,11 @@ void w8a8_dequantize(uintptr_t acc, int64_t M, int64_t N, uintptr_t xs, uintptr_
   const auto* x = reinterpret_cast<const float*>(xs);
   const auto* w = reinterpret_cast<const float*>(ws);
   const auto* b = reinterpret_cast<const float*>(bias);
+  const DequantizeRowFn row = pick_dequantize();
+  const size_t width = bf16 ? 2 : 4;
   run_team(T, [&](int t) {
-    const int64_t m0 = M * t / T, m1 = M * (t + 1) / T;
-    if (bf16)
-      dequantize_rows<true>(a, m0, m1, N, x, w, b, reinterpret_cast<void*>(y), ldy);
-    else
-      dequantize_rows<false>(a, m0, m1, N, x, w, b, reinterpret_cast<void*>(y), ldy);
+    for (int64_t m = M * t / T; m < M * (t + 1) / T; ++m)
+      row(a + m * N, N, x[m], w, b, reinterpret_cast<char*>(y) + size_t(m * ldy) * width, bf16);
   });
 }
 

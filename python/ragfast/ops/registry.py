@@ -26,6 +26,10 @@ BACKENDS = ("ref", "cpp", "triton")
 
 # op name -> backend name -> implementation
 _REGISTRY: dict[str, dict[str, Callable[..., Any]]] = {}
+# (op, backend asked, device, RAGFAST_BACKEND) -> resolve's answer. A decode step resolves about 380
+# times (every layer's ops), and answering afresh took 5.6 ms of a 220 ms batch-64 step of
+# Qwen2.5-Coder-0.5B (w8a8, two threads, AMD EPYC Zen 4). Cleared whenever an op is registered.
+_RESOLVED: dict[tuple[str, str | None, str, str], tuple[str, Callable[..., Any]]] = {}
 
 
 class BackendError(RuntimeError):
@@ -37,6 +41,7 @@ def register(op: str, backend: str, fn: Callable[..., Any]) -> Callable[..., Any
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; expected one of {BACKENDS}")
     _REGISTRY.setdefault(op, {})[backend] = fn
+    _RESOLVED.clear()
     return fn
 
 
@@ -104,6 +109,10 @@ def resolve(op: str, backend: str | None = None, device: str = "cpu") -> tuple[s
         When the named backend does not exist, is not available here, or has no
         implementation of this op.
     """
+    key = (op, backend, device, os.environ.get("RAGFAST_BACKEND", ""))
+    hit = _RESOLVED.get(key)
+    if hit is not None:
+        return hit
     impls = _REGISTRY.get(op)
     if not impls:
         raise BackendError(f"unknown op {op!r}; known: {sorted(_REGISTRY)}")
@@ -115,7 +124,8 @@ def resolve(op: str, backend: str | None = None, device: str = "cpu") -> tuple[s
     if not available()[name]:
         why = _triton_status()[1] if name == "triton" else "ragfast._C did not import (no compiler at install?)"
         raise BackendError(f"backend {name!r} is not available here: {why}")
-    return name, impls[name]
+    _RESOLVED[key] = (name, impls[name])
+    return _RESOLVED[key]
 
 
 def _topk_ip_paths(c) -> dict[str, Any] | None:

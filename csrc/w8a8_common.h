@@ -1,0 +1,24 @@
+// Shared by csrc/w8a8.cpp (dispatcher) and its per-ISA row kernels (csrc/isa/w8a8_<level>.cpp).
+// Plain declarations only: see csrc/topk_ip_common.h for why nothing inline is shared.
+#pragma once
+#include <cstdint>
+
+#include "isa_compiled.h"
+
+namespace ragfast {
+namespace w8a8_common {
+
+// One row of K values (fp32, or bf16 when `bf16`) to int8 codes and its scale (csrc/w8a8.cpp).
+using QuantizeRowFn = void (*)(const void* x, bool bf16, int64_t K, int8_t* codes, float* scale);
+// One row of N int32 sums to floats: float(acc) * s * ws[n] (+ bias[n]), fp32 or bf16 out.
+using DequantizeRowFn = void (*)(const int32_t* acc, int64_t N, float s, const float* ws, const float* bias, void* y,
+                                 bool bf16);
+
+#ifdef RAGFAST_ISA_HAVE_avx512
+void w8a8_quantize_row_avx512(const void* x, bool bf16, int64_t K, int8_t* codes, float* scale);
+void w8a8_dequantize_row_avx512(const int32_t* acc, int64_t N, float s, const float* ws, const float* bias, void* y,
+                                bool bf16);
+#endif
+
+}  // namespace w8a8_common
+}  // namespace ragfast
