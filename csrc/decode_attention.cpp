@@ -128,7 +128,7 @@ void decode_attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uin
   const int team = team_size(threads, tasks / kMinTasksPerThread);
   run_team(team, [&](int th) {
     thread_local std::vector<float> scratch;
-    scratch.resize(size_t(G * (2 * Dp + Tp + 2)) + 16);
+    scratch.resize(size_t(G * (2 * Dp + Tp + 2) + 16 * Dp) + 16);
     // 64-byte aligned start (the SIMD level's loads do not need it, but full lines help)
     float* base = scratch.data();
     base += (16 - (reinterpret_cast<uintptr_t>(base) / 4) % 16) % 16;

@@ -27,8 +27,8 @@ struct Task {
   float scale;
   bool bf16;        // q, k, v and out are bf16 (else fp32)
   // The task's own floats, 64-byte aligned, laid out as: the scaled queries [G][Dp], the output
-  // sums [G][Dp], the scores [G][Tp], the maxima [G] and the softmax sums [G], with Dp and Tp
-  // D and T rounded up to 16: G * (2 * Dp + Tp + 2) floats.
+  // sums [G][Dp], the scores [G][Tp], the maxima [G], the softmax sums [G] and 16 widened key rows
+  // [16][Dp], with Dp and Tp D and T rounded up to 16: G * (2 * Dp + Tp + 2) + 16 * Dp floats.
   float* scratch;
 };
 

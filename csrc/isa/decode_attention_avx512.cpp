@@ -1,8 +1,9 @@
 // decode_attention task kernel, ISA level "avx512" (flags set for this file in CMake); every level
 // above it runs this one too. The three passes of csrc/decode_attention.cpp's portable task with
-// 16 fp32 lanes: each key row is widened once (bf16 by a shift) into at most 16 registers and
-// dotted with the G scaled queries; the softmax's exponentials are a vector polynomial; each value
-// row is widened once and added into the G output rows.
+// 16 fp32 lanes: keys 16 at a time, each row widened once (bf16 by a shift) and dotted with the G
+// scaled queries, a head's 16 partial-sum vectors summed by one transpose-and-add tree; the
+// softmax's exponentials by a vector polynomial; the values with the heads' sums in registers
+// (head dims 64 and 128; any other D <= 256 adds into sums kept in memory).
 #include <immintrin.h>
 
 #include <cmath>
@@ -57,6 +58,83 @@ inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(static_cast<__mmask16>(~zero), _mm512_scalef_ps(p, n));
 }
 
+// r[j] = the sum of v[j]'s 16 lanes, for j < 16: a transpose-and-add tree (45 shuffles and adds,
+// where 16 horizontal sums take about 130).
+inline __m512 sum16(const __m512* v) {
+  __m512 a[8];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [v2i 0+2, v2i+1 0+2, v2i 1+3, v2i+1 1+3]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  __m512 c[4];
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of v4i .. v4i+3
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // add the four 128-bit lanes: block i of the result is c[i]'s lanes summed
+  const __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_f32x4(c[2], c[3], _MM_SHUFFLE(3, 1, 3, 1)));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(2, 0, 2, 0)),
+                       _mm512_shuffle_f32x4(e0, e1, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+// Writes head h's output row: the weighted sums times 1 / the exponentials' sum (0 with no visible key).
+inline void write_row(const Task& a, int64_t h, const __m512* sums, int64_t nd, float total) {
+  const __m512 inv = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
+  void* oh = static_cast<char*>(a.out) + size_t(h * a.o_sh) * (a.bf16 ? 2 : 4);
+  for (int64_t c = 0; c < nd; ++c) store16(oh, 16 * c, _mm512_mul_ps(sums[c], inv), lanes(a.D - 16 * c), a.bf16);
+}
+
+// Pass 3 for D <= 16 * ND: the heads in groups whose sums stay in registers (at most 24 vectors),
+// each visible value row widened once per group.
+template <int ND>
+void weigh_values(const Task& a, const float* e, int64_t Tp, const float* total, float*) {
+  constexpr int HB = 24 / ND;
+  const int64_t G = a.G, groups = (G + HB - 1) / HB, per = (G + groups - 1) / groups;
+  const size_t w = a.bf16 ? 2 : 4;
+  for (int64_t h0 = 0; h0 < G; h0 += per) {
+    const int64_t hb = G - h0 < per ? G - h0 : per;
+    __m512 sums[HB][ND];
+    for (int i = 0; i < HB; ++i)
+      for (int c = 0; c < ND; ++c) sums[i][c] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < a.T; ++t) {
+      if (a.mask && !a.mask[t]) continue;
+      const void* vt = static_cast<const char*>(a.v) + size_t(t * a.v_st) * w;
+      __m512 vr[ND];
+      for (int c = 0; c < ND; ++c) vr[c] = load16(vt, 16 * c, lanes(a.D - 16 * c), a.bf16);
+      for (int i = 0; i < HB; ++i) {
+        if (i >= hb) break;
+        const __m512 p = _mm512_set1_ps(e[(h0 + i) * Tp + t]);
+        for (int c = 0; c < ND; ++c) sums[i][c] = _mm512_fmadd_ps(p, vr[c], sums[i][c]);
+      }
+    }
+    for (int64_t i = 0; i < hb; ++i) write_row(a, h0 + i, sums[i], ND, total[h0 + i]);
+  }
+}
+
+// Pass 3 for any D <= 256: each value row widened once and added into the G sums kept in scratch.
+void weigh_values_any(const Task& a, const float* e, int64_t Tp, const float* total, float* acc, int64_t nd,
+                      int64_t Dp) {
+  const size_t w = a.bf16 ? 2 : 4;
+  __m512 vr[16];
+  for (int64_t t = 0; t < a.T; ++t) {
+    if (a.mask && !a.mask[t]) continue;
+    const void* vt = static_cast<const char*>(a.v) + size_t(t * a.v_st) * w;
+    for (int64_t c = 0; c < nd; ++c) vr[c] = load16(vt, 16 * c, lanes(a.D - 16 * c), a.bf16);
+    for (int64_t h = 0; h < a.G; ++h) {
+      const __m512 p = _mm512_set1_ps(e[h * Tp + t]);
+      float* ah = acc + h * Dp;
+      for (int64_t c = 0; c < nd; ++c)
+        _mm512_storeu_ps(ah + 16 * c, _mm512_fmadd_ps(p, vr[c], _mm512_loadu_ps(ah + 16 * c)));
+    }
+  }
+  __m512 sums[16];
+  for (int64_t h = 0; h < a.G; ++h) {
+    for (int64_t c = 0; c < nd; ++c) sums[c] = _mm512_loadu_ps(acc + h * Dp + 16 * c);
+    write_row(a, h, sums, nd, total[h]);
+  }
+}
+
 }  // namespace
 
 void decode_attention_task_avx512(const Task& a) {
@@ -66,6 +144,7 @@ void decode_attention_task_avx512(const Task& a) {
   float* s = acc + G * Dp;
   float* mx = s + G * Tp;
   float* sum = mx + G;
+  float* kb = sum + G;  // 16 key rows widened to fp32, [16][Dp]
   const float ninf = -INFINITY;
   const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t h = 0; h < G; ++h) {
@@ -77,28 +156,34 @@ void decode_attention_task_avx512(const Task& a) {
     mx[h] = ninf;
   }
   const size_t w = a.bf16 ? 2 : 4;
-  // Pass 1: scores. One key row in registers (at most 16 x 16 lanes: D <= 256), G dot products.
-  __m512 kr[16];
-  for (int64_t t = 0; t < T; ++t) {
-    if (a.mask && !a.mask[t]) {
-      for (int64_t h = 0; h < G; ++h) s[h * Tp + t] = ninf;
-      continue;
+  // Pass 1: scores, 16 keys at a time. The block's visible rows are widened once into kb; each head
+  // dots its query with the 16 rows (16 vectors of partial sums) and sums them with one tree.
+  const __m512 vninf = _mm512_set1_ps(ninf);
+  for (int64_t t0 = 0; t0 < T; t0 += 16) {
+    __mmask16 on = lanes(T - t0);
+    if (a.mask) on &= _mm_mask_cmpneq_epi8_mask(on, _mm_maskz_loadu_epi8(on, a.mask + t0), _mm_setzero_si128());
+    for (int j = 0; j < 16; ++j) {
+      float* kj = kb + j * Dp;
+      if (!((on >> j) & 1)) {  // not read: zeros, so its lane's sum is a number (then masked)
+        for (int64_t c = 0; c < nd; ++c) _mm512_storeu_ps(kj + 16 * c, _mm512_setzero_ps());
+        continue;
+      }
+      const void* kt = static_cast<const char*>(a.k) + size_t((t0 + j) * a.k_st) * w;
+      for (int64_t c = 0; c < nd; ++c) _mm512_storeu_ps(kj + 16 * c, load16(kt, 16 * c, lanes(D - 16 * c), a.bf16));
     }
-    const void* kt = static_cast<const char*>(a.k) + size_t(t * a.k_st) * w;
-    for (int64_t c = 0; c < nd; ++c) kr[c] = load16(kt, 16 * c, lanes(D - 16 * c), a.bf16);
     for (int64_t h = 0; h < G; ++h) {
       const float* qh = qs + h * Dp;
-      __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(qh), kr[0]);
-      __m512 x1 = _mm512_setzero_ps();
-      int64_t c = 1;
-      for (; c + 1 < nd; c += 2) {
-        x0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), kr[c], x0);
-        x1 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c + 16), kr[c + 1], x1);
+      __m512 v[16];
+      const __m512 q0 = _mm512_loadu_ps(qh);
+      for (int j = 0; j < 16; ++j) v[j] = _mm512_mul_ps(q0, _mm512_loadu_ps(kb + j * Dp));
+      for (int64_t c = 1; c < nd; ++c) {
+        const __m512 qc = _mm512_loadu_ps(qh + 16 * c);
+        for (int j = 0; j < 16; ++j) v[j] = _mm512_fmadd_ps(qc, _mm512_loadu_ps(kb + j * Dp + 16 * c), v[j]);
       }
-      if (c < nd) x0 = _mm512_fmadd_ps(_mm512_loadu_ps(qh + 16 * c), kr[c], x0);
-      const float x = _mm512_reduce_add_ps(_mm512_add_ps(x0, x1));
-      s[h * Tp + t] = x;
-      mx[h] = x > mx[h] ? x : mx[h];
+      const __m512 r = _mm512_mask_blend_ps(on, vninf, sum16(v));  // masked keys: -inf
+      _mm512_storeu_ps(s + h * Tp + t0, r);
+      const float m = _mm512_reduce_max_ps(r);
+      mx[h] = m > mx[h] ? m : mx[h];
     }
   }
   // Pass 2: e^(s - max) in place, and their sums (masked keys hold -inf: 0).
@@ -116,24 +201,11 @@ void decode_attention_task_avx512(const Task& a) {
     }
     sum[h] = _mm512_reduce_add_ps(tot);
   }
-  // Pass 3: the values, each row widened once and added into the G output rows.
-  __m512 vr[16];
-  for (int64_t t = 0; t < T; ++t) {
-    if (a.mask && !a.mask[t]) continue;
-    const void* vt = static_cast<const char*>(a.v) + size_t(t * a.v_st) * w;
-    for (int64_t c = 0; c < nd; ++c) vr[c] = load16(vt, 16 * c, lanes(D - 16 * c), a.bf16);
-    for (int64_t h = 0; h < G; ++h) {
-      const __m512 p = _mm512_set1_ps(s[h * Tp + t]);
-      float* ah = acc + h * Dp;
-      for (int64_t c = 0; c < nd; ++c)
-        _mm512_storeu_ps(ah + 16 * c, _mm512_fmadd_ps(p, vr[c], _mm512_loadu_ps(ah + 16 * c)));
-    }
-  }
-  for (int64_t h = 0; h < G; ++h) {
-    const __m512 inv = _mm512_set1_ps(sum[h] > 0.f ? 1.f / sum[h] : 0.f);  // no visible key: zeros
-    void* oh = static_cast<char*>(a.out) + size_t(h * a.o_sh) * w;
-    for (int64_t c = 0; c < nd; ++c)
-      store16(oh, 16 * c, _mm512_mul_ps(_mm512_loadu_ps(acc + h * Dp + 16 * c), inv), lanes(D - 16 * c), a.bf16);
+  // Pass 3: the values, weighted by the exponentials, then divided by their sums.
+  switch (nd) {
+    case 4: return weigh_values<4>(a, s, Tp, sum, acc);
+    case 8: return weigh_values<8>(a, s, Tp, sum, acc);
+    default: return weigh_values_any(a, s, Tp, sum, acc, nd, Dp);
   }
 }
 
