@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "bf16_scalar.h"
 #include "decode_attention_common.h"
 #include "isa.h"
 #include "registry.h"
@@ -38,22 +39,14 @@ using namespace ragfast::decode_attention_common;
 constexpr int64_t kMinTasksPerThread = 4;
 
 inline float load(const void* p, int64_t i, bool bf16) {
-  if (!bf16) return static_cast<const float*>(p)[i];
-  uint32_t b = uint32_t(static_cast<const uint16_t*>(p)[i]) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
+  return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
 }
 
 inline void store(void* p, int64_t i, float f, bool bf16) {
-  if (!bf16) {
+  if (bf16)
+    static_cast<uint16_t*>(p)[i] = float_to_bf16(f);
+  else
     static_cast<float*>(p)[i] = f;
-    return;
-  }
-  uint32_t b;  // round to nearest even; NaN stays a (quiet) NaN
-  std::memcpy(&b, &f, 4);
-  static_cast<uint16_t*>(p)[i] = (b & 0x7fffffffu) > 0x7f800000u ? uint16_t((b >> 16) | 0x40u)
-                                                                   : uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
 // The portable task: the same three passes as the SIMD levels (scores, softmax, weighted values).

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "bf16_scalar.h"
 #include "gemv_common.h"
 #include "isa.h"
 #include "registry.h"
@@ -39,29 +40,6 @@ using namespace ragfast::gemv_common;
 // Output rows per thread below which one thread does it all: a 2-thread team costs a few
 // microseconds, a 64-row block of a 896-deep bf16 matrix about as much.
 constexpr int64_t kMinRowsPerThread = 64;
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t b = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40u);
-  return uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-template <typename W>
-inline float widen(W v) {
-  return float(v);
-}
-template <>
-inline float widen<uint16_t>(uint16_t v) {
-  return bf16_to_float(v);
-}
 
 // The portable block: each weight row read front to back once (one stream, as the SIMD levels
 // do), against every row of x, with 8 partial sums the compiler can keep in vector lanes.

@@ -21,6 +21,7 @@
 #include <cstring>
 #include <stdexcept>
 
+#include "bf16_scalar.h"
 #include "isa.h"
 #include "registry.h"
 #include "threads.h"
@@ -35,29 +36,6 @@ using namespace ragfast::w8a8_common;
 
 // Elements per thread below which one thread does it all (a 2-thread team costs a few us).
 constexpr int64_t kMinPerThread = 1 << 14;
-
-inline float bf16_to_float(uint16_t h) {
-  uint32_t b = uint32_t(h) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
-inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays a (quiet) NaN
-  uint32_t b;
-  std::memcpy(&b, &f, 4);
-  if ((b & 0x7fffffffu) > 0x7f800000u) return uint16_t((b >> 16) | 0x40u);
-  return uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-template <typename X>
-inline float widen(X v) {
-  return float(v);
-}
-template <>
-inline float widen<uint16_t>(uint16_t v) {
-  return bf16_to_float(v);
-}
 
 inline uint32_t bits(float f) {
   uint32_t b;
