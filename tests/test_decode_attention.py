@@ -145,3 +145,45 @@ def test_generator_decodes_with_the_kernel_as_with_sdpa(qwen_dir, monkeypatch):
         assert out[True] == out[False] and all(len(t) == 6 for t in out[True])
     finally:
         op.register("decode_attention", "cpp", real)
+
+
+@needs_cpp
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_hook_routes_each_pass(dtype, monkeypatch):
+    """Which passes the registered attention gives the kernel: decode steps of enough rows x heads,
+    or a bf16 step with no mask; prefill and small padded steps go to SDPA. Both answer alike."""
+    import types
+
+    import ragfast.ops.decode_attention as op
+    from ragfast.models import attention
+    from ragfast.ops.registry import cpp_module
+
+    attention._register()
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    hook = ALL_ATTENTION_FUNCTIONS[attention.ATTN_IMPL]
+    calls = []
+    real = op.decode_attention_cpp
+    monkeypatch.setattr(op, "decode_attention_cpp", lambda *a, **k: calls.append(1) or real(*a, **k))
+    op.register("decode_attention", "cpp", op.decode_attention_cpp)
+    fast = cpp_module().isa_current() in attention.FAST_LEVELS
+    try:
+        g = seeded()
+        module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False)
+        for B, Lq, masked, want in ((4, 1, True, True), (1, 1, True, False), (1, 1, False, dtype == torch.bfloat16),
+                                    (4, 3, True, False)):
+            q = torch.randn(B, 4, Lq, 16, generator=g).to(dtype)
+            k, v = (torch.randn(B, 2, 9, 16, generator=g).to(dtype) for _ in range(2))
+            mask = None
+            if masked:
+                mask = torch.ones(B, 1, Lq, 9, dtype=torch.bool)
+                mask[:, :, :, 0] = False
+            calls.clear()
+            out, _ = hook(module, q, k, v, mask, scaling=0.25)
+            assert bool(calls) == (want and fast), (B, Lq, masked)
+            assert out.shape == (B, Lq, 4, 16)
+            if Lq == 1:
+                m = None if mask is None else mask[:, 0, 0, :]
+                check(out.transpose(1, 2), decode_attention_ref(q, k, v, m, 0.25), dtype)
+    finally:
+        op.register("decode_attention", "cpp", real)

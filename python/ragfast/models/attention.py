@@ -2,10 +2,12 @@
 
 transformers calls a model's attention through its ``AttentionInterface`` by name. This module
 registers ``ragfast_decode``: a pass of one query token per row on the CPU (a decode step) of at
-least :data:`MIN_TASKS` rows x key/value heads, at an ISA level where the kernel wins
-(:data:`FAST_LEVELS`), runs :func:`ragfast.ops.decode_attention.decode_attention` with the model's
-padding mask; every other pass (prefill, a batch of one, a GPU, a mask of another form) runs
-transformers' own SDPA function, which is what the model ran before. :func:`set_decode_attention` switches a loaded model between the two.
+least :data:`MIN_TASKS` rows x key/value heads (any size in bf16 without a padding mask), at an
+ISA level where the kernel wins (:data:`FAST_LEVELS`), runs
+:func:`ragfast.ops.decode_attention.decode_attention` with the model's padding mask; every other
+pass (prefill, a small padded batch, a GPU, a mask of another form) runs transformers' own SDPA
+function, which is what the model ran before. :func:`set_decode_attention` switches a loaded
+model between the two.
 """
 from __future__ import annotations
 
@@ -16,10 +18,12 @@ __all__ = ["ATTN_IMPL", "set_decode_attention", "decode_attention_on"]
 #: The name registered with transformers' AttentionInterface.
 ATTN_IMPL = "ragfast_decode"
 _REGISTERED = False
-#: Rows x key/value heads below which a decode step stays on SDPA. The kernel runs one task per
-#: (row, key/value head), so a batch of one (two tasks) has no parallel work to split: there it ran
-#: at 0.63-1.07x SDPA, and at 1.16-1.89x from 16 rows (bench/bench_decode_attention.py, Qwen2.5's
-#: 0.5B and 1.5B shapes, 256 and 1,024 cached tokens, two threads, AMD EPYC Zen 4).
+#: Rows x key/value heads below which a decode step stays on SDPA, unless it is bf16 with no mask.
+#: The kernel runs one task per (row, key/value head), so a batch of one (two tasks) has no parallel
+#: work to split: with a padding mask it ran there at 0.73-1.06x SDPA, and at 1.29-2.04x from 16
+#: rows (bench/bench_decode_attention.py, Qwen2.5's 0.5B and 1.5B shapes, bf16 and fp32, 256 and
+#: 1,024 cached tokens, two threads, AMD EPYC Zen 4). Without a mask (one session, nothing padded)
+#: SDPA's bf16 path is slow: the kernel ran at 6.5-7.7x it there at one row (fp32: 0.94-1.14x).
 MIN_TASKS = 8
 #: ISA levels whose task kernel beats SDPA. Below them the portable task (scalar exponentials) ran
 #: at 0.28-0.43x SDPA (forced to avx2 with torch restricted alike, same CPU), so SDPA stays.
@@ -34,7 +38,8 @@ def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: d
 
     if query.shape[2] != 1 or query.device.type != "cpu" or dropout:
         return False
-    if query.shape[0] * key.shape[1] < MIN_TASKS or cpp_module().isa_current() not in FAST_LEVELS:
+    few = query.shape[0] * key.shape[1] < MIN_TASKS
+    if (few and not (mask is None and query.dtype == torch.bfloat16)) or cpp_module().isa_current() not in FAST_LEVELS:
         return False
     if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
         return False
