@@ -71,6 +71,16 @@ def random_lm():
     return write
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory, random_lm):
+    """A random-weight two-layer Qwen2 (4 query / 2 key-value heads, head dim 16) for generator tests."""
+    from transformers import Qwen2Config
+
+    return random_lm(Qwen2Config, tmp_path_factory.mktemp("qwen"), 5, hidden_size=64, intermediate_size=96,
+                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                     max_position_embeddings=8192)
+
+
 # Every ISA level the C++ kernels know, in order (csrc/isa_levels.h).
 ISA_LEVELS = ("generic", "avx2", "avx512", "avx512vnni", "avx512bf16", "amx")
 

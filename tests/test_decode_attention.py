@@ -96,18 +96,8 @@ def test_bad_input_is_one_line(backend):
         assert "\n" not in str(e.value)
 
 
-@pytest.fixture(scope="module")
-def qwen_dir(tmp_path_factory, random_lm):
-    from transformers import Qwen2Config
-
-    out = tmp_path_factory.mktemp("qa")
-    random_lm(Qwen2Config, out, seed=5, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
-    return out
-
-
 @needs_cpp
-def test_generator_decodes_with_the_kernel_as_with_sdpa(qwen_dir, monkeypatch):
+def test_generator_decodes_with_the_kernel_as_with_sdpa(tiny_qwen2_dir, monkeypatch):
     """HFGenerator turns the kernel on; its batched, left-padded decode steps run it (counted) and
     give SDPA's greedy tokens (fp32: in bf16 near-equal logits of a random model may flip, the
     op's bf16 results are checked above); prefill passes stay on SDPA."""
@@ -124,7 +114,7 @@ def test_generator_decodes_with_the_kernel_as_with_sdpa(qwen_dir, monkeypatch):
     monkeypatch.setattr(op, "decode_attention_cpp", lambda *a, **k: calls.append(a[0].shape) or real(*a, **k))
     op.register("decode_attention", "cpp", op.decode_attention_cpp)
     try:
-        gen = HFGenerator(qwen_dir, dtype="float32", memory_budget=None)
+        gen = HFGenerator(tiny_qwen2_dir, dtype="float32", memory_budget=None)
         assert decode_attention_on(gen.model)
         # prompts of different lengths: left padding in the prompt and, after a first turn, in the
         # cache; four rows x two key/value heads reach MIN_TASKS

@@ -81,15 +81,6 @@ def test_plan_on_random_branching_sessions(seed):
 
 
 @pytest.fixture(scope="module")
-def qwen(tmp_path_factory, random_lm):
-    from transformers import Qwen2Config
-
-    return random_lm(Qwen2Config, tmp_path_factory.mktemp("qwen"), 5, hidden_size=64, intermediate_size=96,
-                     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                     max_position_embeddings=8192)
-
-
-@pytest.fixture(scope="module")
 def native():
     from ragfast.data import corpus_from_contexts, load_qa, sample
     from ragfast.retrieval.bm25 import BM25Retriever
@@ -101,12 +92,12 @@ def native():
     return trs
 
 
-def test_probes_share_nested_prefixes_and_equal_unshared_probes(qwen, native):
+def test_probes_share_nested_prefixes_and_equal_unshared_probes(tiny_qwen2_dir, native):
     from ragfast.models.generator import HFGenerator
 
     got, books, stats = {}, {}, {}
     for share in (True, False):
-        g = HFGenerator(qwen, share_prefix=share, min_prefix=8)
+        g = HFGenerator(tiny_qwen2_dir, share_prefix=share, min_prefix=8)
         led = CostLedger()
         out = probe_states(native, g, max_new_tokens=6, ledger=led)
         got[share] = [[p["text"] for p in o] for o in out]
@@ -125,19 +116,19 @@ def test_probes_share_nested_prefixes_and_equal_unshared_probes(qwen, native):
     assert stats[True]["prefix_tokens_computed"] > stats[True]["prefix_tokens_reused"] / 10
 
 
-def test_rewind_keeps_the_prefix_and_equals_a_fresh_session(qwen, native):
+def test_rewind_keeps_the_prefix_and_equals_a_fresh_session(tiny_qwen2_dir, native):
     from ragfast.methods.searchr1.loop import STOP
     from ragfast.models.generator import HFGenerator
 
     tr = max(native, key=lambda t: t.searches)
     full, back = prefix_pieces(tr, tr.searches), prefix_pieces(tr, 1)
-    g = HFGenerator(qwen, min_prefix=8)
+    g = HFGenerator(tiny_qwen2_dir, min_prefix=8)
     open_sessions(g, ["a"], [tr.question], [full])
     g.generate(["a"], stop=list(STOP), max_new_tokens=5)  # cached: every token but the new ones' last
     g.rewind(["a"], [back])
     open_sessions(g, ["b"], [tr.question], [back])
     assert g.session_tokens("a") == g.session_tokens("b")
-    ref = HFGenerator(qwen, share_prefix=False)
+    ref = HFGenerator(tiny_qwen2_dir, share_prefix=False)
     open_sessions(ref, ["b"], [tr.question], [back])
     want = ref.generate(["b"], stop=list(STOP), max_new_tokens=8)
     led = CostLedger()

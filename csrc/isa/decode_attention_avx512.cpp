@@ -88,7 +88,7 @@ inline void write_row(const Task& a, int64_t h, const __m512* sums, int64_t nd, 
 // Pass 3 for D <= 16 * ND: the heads in groups whose sums stay in registers (at most 24 vectors),
 // each visible value row widened once per group.
 template <int ND>
-void weigh_values(const Task& a, const float* e, int64_t Tp, const float* total, float*) {
+void weigh_values(const Task& a, const float* e, int64_t Tp, const float* total) {
   constexpr int HB = 24 / ND;
   const int64_t G = a.G, groups = (G + HB - 1) / HB, per = (G + groups - 1) / groups;
   const size_t w = a.bf16 ? 2 : 4;
@@ -116,6 +116,7 @@ void weigh_values(const Task& a, const float* e, int64_t Tp, const float* total,
 void weigh_values_any(const Task& a, const float* e, int64_t Tp, const float* total, float* acc, int64_t nd,
                       int64_t Dp) {
   const size_t w = a.bf16 ? 2 : 4;
+  for (int64_t i = 0; i < a.G * Dp; i += 16) _mm512_storeu_ps(acc + i, _mm512_setzero_ps());
   __m512 vr[16];
   for (int64_t t = 0; t < a.T; ++t) {
     if (a.mask && !a.mask[t]) continue;
@@ -149,10 +150,8 @@ void decode_attention_task_avx512(const Task& a) {
   const __m512 scale = _mm512_set1_ps(a.scale);
   for (int64_t h = 0; h < G; ++h) {
     const void* qh = static_cast<const char*>(a.q) + size_t(h * a.q_sh) * (a.bf16 ? 2 : 4);
-    for (int64_t c = 0; c < nd; ++c) {
+    for (int64_t c = 0; c < nd; ++c)
       _mm512_storeu_ps(qs + h * Dp + 16 * c, _mm512_mul_ps(load16(qh, 16 * c, lanes(D - 16 * c), a.bf16), scale));
-      _mm512_storeu_ps(acc + h * Dp + 16 * c, _mm512_setzero_ps());
-    }
     mx[h] = ninf;
   }
   const size_t w = a.bf16 ? 2 : 4;
@@ -203,8 +202,8 @@ void decode_attention_task_avx512(const Task& a) {
   }
   // Pass 3: the values, weighted by the exponentials, then divided by their sums.
   switch (nd) {
-    case 4: return weigh_values<4>(a, s, Tp, sum, acc);
-    case 8: return weigh_values<8>(a, s, Tp, sum, acc);
+    case 4: return weigh_values<4>(a, s, Tp, sum);
+    case 8: return weigh_values<8>(a, s, Tp, sum);
     default: return weigh_values_any(a, s, Tp, sum, acc, nd, Dp);
   }
 }

@@ -149,7 +149,12 @@ def dequantize_sums(acc: Any, xs: Any, ws: Any, bias: Any = None, dtype: Any = N
     return fn(acc, xs, ws, bias, dtype, out)
 
 
-register("w8a8_quantize", "ref", lambda x: (_check_x(x), quantize_rows_ref(x))[1])
+def _quantize_rows_checked_ref(x: Any) -> tuple[Any, Any]:
+    _check_x(x)  # the op's inputs; quantize_rows_ref also takes any float weight (quantize_int8)
+    return quantize_rows_ref(x)
+
+
+register("w8a8_quantize", "ref", _quantize_rows_checked_ref)
 register("w8a8_quantize", "cpp", quantize_rows_cpp)
 register("w8a8_dequantize", "ref", dequantize_sums_ref)
 register("w8a8_dequantize", "cpp", dequantize_sums_cpp)
