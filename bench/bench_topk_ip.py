@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import subprocess
 import sys
@@ -55,17 +56,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.harness import Row, row, write_csv  # noqa: E402
 
 from ragfast.ops import quantize, topk_ip  # noqa: E402
-from ragfast.ops.topk_ip import default_path, topk_ip_torch  # noqa: E402
+from ragfast.ops.topk_ip import NO_NATIVE_BF16, default_path, topk_ip_torch  # noqa: E402
 from ragfast.ops.topk_ip_choice import TABLE_PATH, cpu_model, machine_key  # noqa: E402
 
 OP = "topk_ip"
 STORAGES = ("fp32", "fp16", "bf16", "int8")
-# what a forced level restricts the anchors to (set before torch / faiss import: a subprocess)
-ANCHOR_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_OPT_LEVEL": "avx2"},
+# what a forced level restricts the anchors to (set before torch / faiss import: a subprocess);
+# oneDNN (torch's bf16 matmul) is capped too, or a forced level on an AMX Xeon would time
+# torch-bf16 on AMX tiles that no CPU of that level has
+ANCHOR_ENV = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "FAISS_OPT_LEVEL": "avx2",
+                       "ONEDNN_MAX_CPU_ISA": "AVX2"},
               "generic": {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
-                          "FAISS_OPT_LEVEL": "generic"},
+                          "FAISS_OPT_LEVEL": "generic", "ONEDNN_MAX_CPU_ISA": "SSE41"},
               # an AVX-512 CPU without BF16 (Cascade Lake, Ice Lake) still runs the anchors' AVX-512 fp32 code
-              "avx512vnni": {"FAISS_OPT_LEVEL": "avx512"}}
+              "avx512": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+              "avx512vnni": {"FAISS_OPT_LEVEL": "avx512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE_VNNI"},
+              "avx512bf16": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16"}}
 
 
 def timed(fn, reps: int, budget_s: float) -> np.ndarray:
@@ -100,13 +106,20 @@ def timed_round_robin(fns: dict, reps: int, budget_s: float) -> dict:
     return {name: np.asarray(v) for name, v in out.items()}
 
 
-def fastest_path(med: dict, storage: str) -> str:
-    """The chooser's path for one cell from this run's medians: ``cpp`` (``kernel-<storage>``),
-    ``torch`` (``torchpath-<storage>``) or ``torch_bf16`` (``torchbf16-<storage>``, bf16 only),
-    whichever was measured and fastest; ties keep the earlier of that order."""
+def fastest_path(meds: dict | list[dict], storage: str) -> str:
+    """The chooser's path for one cell from this run's medians (one dict per corpus size):
+    ``cpp`` (``kernel-<storage>``), ``torch`` (``torchpath-<storage>``) or ``torch_bf16``
+    (``torchbf16-<storage>``, bf16 only), whichever was measured at every size and lost least
+    to the size's fastest path (geometric mean over the sizes: a cell is one batch class at any
+    d); ties keep the earlier of that order."""
+    meds = [meds] if isinstance(meds, dict) else meds
     cand = {"cpp": f"kernel-{storage}", "torch": f"torchpath-{storage}", "torch_bf16": f"torchbf16-{storage}"}
-    timed_paths = {path: med[name] for path, name in cand.items() if name in med}
-    return min(timed_paths, key=timed_paths.get)
+    names = {path: name for path, name in cand.items() if all(name in m for m in meds)}
+
+    def slowdown(name: str) -> float:
+        return math.fsum(math.log(m[name] / min(m[n] for n in names.values())) for m in meds)
+
+    return min(names, key=lambda path: slowdown(names[path]))
 
 
 def read_bandwidth(reps: int) -> float:
@@ -260,6 +273,10 @@ def run_level(args, argv) -> int:
         for st in STORAGES:
             if f"ragfast-{st}" in providers:
                 providers += [f"kernel-{st}", f"torchpath-{st}"] + (["torchbf16-bf16"] if st == "bf16" else [])
+    if level in NO_NATIVE_BF16 and {"torch-bf16", "torchbf16-bf16"} & set(providers):
+        # a CPU of this level multiplies bf16 in torch at well under 1 GFLOP/s: minutes per call
+        providers = [p for p in providers if p not in ("torch-bf16", "torchbf16-bf16")]
+        print(f"torch-bf16 and the torch_bf16 path skipped at {level}: no native bf16 matmul in torch there")
     cells: dict = {}
     torch.set_num_threads(args.threads)
     try:
@@ -328,7 +345,7 @@ def run_level(args, argv) -> int:
             base = min(anchors) if anchors else None
             for st in STORAGES:
                 if f"kernel-{st}" in med:
-                    cells.setdefault(level, {}).setdefault(st, {})[str(B)] = fastest_path(med, st)
+                    cells.setdefault(level, {}).setdefault(st, {}).setdefault(str(B), []).append(med)
             for name in size_providers:
                 pp = params + (f",path={paths[name]}" if name in paths else "")
                 ratio = base / med[name] if base else float("nan")
@@ -347,6 +364,8 @@ def run_level(args, argv) -> int:
     path = write_csv(rows, args.out)
     print(f"\n{len(rows)} rows -> {path}")
     if args.calibrate and cells:
+        cells = {lvl: {st: {b: fastest_path(meds, st) for b, meds in per_b.items()} for st, per_b in per.items()}
+                 for lvl, per in cells.items()}
         write_choice(cells, [a for a in argv if a != "--child"], Path(args.choice_out))
     return 0
 

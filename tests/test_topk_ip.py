@@ -884,6 +884,48 @@ def test_bench_calibrate_picks_the_fastest_of_three_paths():
     assert mod.fastest_path(med, "int8") == "torch"
     assert mod.fastest_path(med, "fp32") == "cpp"  # a tie keeps the kernels
     assert set(topk_ip_choice.PATHS) >= {"cpp", "torch", "torch_bf16"}  # names the chooser reads
+    # one cell, two corpus sizes: the path that loses least over both (geometric mean), not the
+    # last size's winner (kernels 1.41x faster at d=384, 0.96x at d=768: a measured avx2 cell)
+    d384, d768 = {"kernel-fp32": 30.3, "torchpath-fp32": 42.7}, {"kernel-fp32": 56.3, "torchpath-fp32": 53.9}
+    assert mod.fastest_path([d768, d384], "fp32") == mod.fastest_path([d384, d768], "fp32") == "cpp"
+    assert mod.fastest_path([d768, dict(d384, **{"kernel-fp32": 45.0})], "fp32") == "torch"
+    # a path not timed at every size is not a candidate
+    assert mod.fastest_path([med, {"kernel-bf16": 2.0, "torchpath-bf16": 3.0}], "bf16") == "cpp"
+
+
+@pytest.mark.parametrize("level", ["avx2", "avx512bf16"])
+def test_calibration_times_torch_bf16_only_where_torch_has_a_bf16_matmul(monkeypatch, level):
+    # Below AVX-512 torch multiplies bf16 at under 1 GFLOP/s (5.6 s for 64 x 4096 x 4096 on a
+    # Xeon forced to AVX2): the first-use calibration of such a CPU must not time that path.
+    import importlib
+
+    mod = importlib.import_module("ragfast.ops.topk_ip")  # the module, not ragfast.ops' function
+    seen = {}
+
+    def fake_calibrate(calls, lvl, reps, progress):
+        seen.update({st: sorted(calls(st, 1)) for st in ("fp32", "bf16")})
+        return {lvl: {}}
+
+    monkeypatch.setattr(mod, "isa_level", lambda: level)
+    monkeypatch.setattr(mod, "calibrate", fake_calibrate)
+    assert mod.calibrate_default_path() == {level: {}}
+    assert seen["fp32"] == ["cpp", "torch"]
+    assert seen["bf16"] == (["cpp", "torch"] if level in mod.NO_NATIVE_BF16 else ["cpp", "torch", "torch_bf16"])
+
+
+def test_calibration_corpus_is_as_large_as_the_last_level_cache(monkeypatch):
+    # an in-cache corpus picks torch where a streamed index picks the kernels (Intel Xeon, 300 MiB
+    # L3): the calibration's fp32 rows of 384 fill the last-level cache, clamped to 20k-400k rows
+    import importlib
+
+    mod = importlib.import_module("ragfast.ops.topk_ip")
+    for llc, rows in ((1 << 20, 20_000), (32 << 20, 21_845), (300 << 20, 204_800), (2 << 30, 400_000)):
+        monkeypatch.setattr(mod, "last_level_cache_bytes", lambda llc=llc: llc)
+        assert mod.calibration_rows() == rows
+    monkeypatch.setattr(mod, "last_level_cache_bytes", lambda: 300 << 20)
+    assert mod.calibration_rows(768) == 102_400
+    monkeypatch.undo()
+    assert mod.last_level_cache_bytes() >= 1 << 15  # this machine's, read from sysfs or the default
 
 
 def test_machine_table_shipped_cached_or_calibrated(tmp_path, monkeypatch, caplog):

@@ -14,14 +14,15 @@ _HELP = "\n\n".join((
     ('Measure which top-k path is faster on this machine and cache the choice.'),
     ('For every corpus storage (fp32, fp16, bf16, int8) and batch class (1, 4, 16, 64, 256 queries) it '
      'times the compiled kernels at the ISA level in use against torch mm + topk (for bf16 also torch\'s '
-     'bf16 mm, re-scored exactly) on a 20,000 x 384 random corpus (round-robin, median of --reps calls) '
-     'and keeps the fastest. Every path gives the same results; only speed changes.'),
+     'bf16 mm, re-scored exactly) on a random 384-d corpus as large as the last-level cache (20,000 to '
+     '400,000 rows: an index that streams from memory, not one that sits in cache; round-robin, median of '
+     '--reps calls) and keeps the fastest. Every path gives the same results; only speed changes.'),
     ('The table is cached under $RAGFAST_CACHE/topk_ip_choice/ (default ~/.cache/ragfast), keyed by CPU '
      'model and features, and from then on is preferred to a shipped table for this CPU (levels not '
      'measured keep the shipped cells). Without this command, a CPU with no shipped table calibrates once '
      'at its first default topk_ip call (RAGFAST_CALIBRATE=0 turns that off). To calibrate another ISA '
      'level, set RAGFAST_ISA. `ragfast backends` shows the table in use. Takes a few seconds to a minute, '
-     'depending on load.'),
+     'depending on the cache size and load.'),
 ))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -492,13 +493,40 @@ def default_path(batch: int, storage: str = "fp32"):
 
 def choice_table() -> dict[str, Any]:
     """This machine's default-path table (:func:`ragfast.ops.topk_ip_choice.machine_table`): the
-    shipped one measured on this CPU, else a cached calibration, else one calibrated now (a few
-    seconds, once per machine; ``RAGFAST_CALIBRATE=0``: none)."""
+    shipped one measured on this CPU, else a cached calibration, else one calibrated now (seconds
+    to half a minute, once per machine; ``RAGFAST_CALIBRATE=0``: none)."""
     return machine_table(calibrate_with=_calibrate_now)
 
 
 def _calibrate_now() -> dict[str, Any]:
     return calibrate_default_path()
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache's size in bytes (Linux sysfs), 32 MiB where it cannot be read."""
+    sizes = []
+    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        try:
+            text = f.read_text().strip().upper()
+            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
+            sizes.append(int(text.rstrip("KMG")) * mult)
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=32 << 20)
+
+
+def calibration_rows(dim: int = 384) -> int:
+    """Rows of the calibration corpus: its fp32 vectors as large as the last-level cache,
+    clamped to 20,000-400,000 (the calibration: a few seconds on a desktop, about 30 on a
+    300 MiB-L3 Xeon)."""
+    return int(min(400_000, max(20_000, last_level_cache_bytes() // (4 * dim))))
+
+
+#: ISA levels whose CPUs have no bf16 matmul in torch worth timing: oneDNN needs AVX-512 for
+#: bf16, and without it torch's own bf16 gemm ran a 64 x 4096 x 4096 product in 5.6 s on an
+#: Intel Xeon forced to AVX2 (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2; 21 ms at
+#: AVX512_CORE_BF16): a calibration there would spend a minute to learn that torch_bf16 loses.
+NO_NATIVE_BF16 = ("avx2", "generic")
 
 
 def calibrate_default_path(reps: int = 3, progress=None) -> dict[str, Any]:
@@ -513,22 +541,25 @@ def calibrate_default_path(reps: int = 3, progress=None) -> dict[str, Any]:
     progress : callable, optional
         ``progress(storage, B, {path: median s}, chosen)`` after each cell.
     """
-    # 20,000 x 384 unit vectors: each cell's calls take milliseconds, the whole grid a few
-    # seconds, and the paths' order matches the benchmark's 200k-row corpora on the two
-    # machines measured (it is the kernels' per-row cost against mm's that decides).
+    # A corpus as large as the last-level cache (fp32 bytes), 20,000 to 400,000 rows of 384: a
+    # corpus that fits in cache favours torch's matmul, which is compute-bound there, while an
+    # index worth choosing a path for streams from memory. On an Intel Xeon (300 MiB L3)
+    # 20,000 rows chose torch for fp32 at B >= 16, where at 200,000 rows the kernels ran
+    # 1.5-3.3x torch (bench/bench_topk_ip.py --calibrate, 2026-12-06).
+    level = isa_level()
     g = torch.Generator().manual_seed(0)
-    corpus = torch.nn.functional.normalize(torch.randn(20_000, 384, generator=g), dim=1)
+    corpus = torch.nn.functional.normalize(torch.randn(calibration_rows(), 384, generator=g), dim=1)
     stores = {"fp32": corpus, **{dt: quantize(corpus, dt) for dt in ("fp16", "bf16", "int8")}}
 
     def calls(storage: str, B: int):
         q = torch.nn.functional.normalize(torch.randn(B, 384, generator=g), dim=1)
         fns = {"cpp": lambda: topk_ip(q, stores[storage], 10, backend="cpp"),
                "torch": lambda: topk_ip_torch(q, stores[storage], 10)}
-        if storage == "bf16":
+        if storage == "bf16" and level not in NO_NATIVE_BF16:
             fns["torch_bf16"] = lambda: topk_ip_torch(q, stores[storage], 10, bf16=True)
         return fns
 
-    return calibrate(calls, isa_level(), reps=reps, progress=progress)
+    return calibrate(calls, level, reps=reps, progress=progress)
 
 
 # ----------------------------------------------------------------------------- Triton backend

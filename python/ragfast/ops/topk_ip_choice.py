@@ -10,9 +10,10 @@ keyed by machine: CPU model name and the CPU features ragfast detects (``_C.isa_
 * ``topk_ip_choice.json`` next to this module ships the tables measured by ``python
   bench/bench_topk_ip.py --calibrate`` (compiled kernels forced vs the torch path on the same
   storage, timed round-robin), one per machine, each naming its machine and command;
-* on a machine with no shipped table, the first default ``topk_ip`` call runs a calibration of
-  a few seconds (:func:`calibrate`: 20,000 x 384 random unit vectors, every storage and batch
-  class, round-robin medians), logs one line, and caches the table under
+* on a machine with no shipped table, the first default ``topk_ip`` call runs a calibration
+  (:func:`calibrate` over random 384-d unit vectors as large as the last-level cache, 20,000 to
+  400,000 rows: a few seconds on a desktop CPU, about 30 on a 300 MiB-L3 Xeon; every storage
+  and batch class, round-robin medians), logs one line, and caches the table under
   ``$RAGFAST_CACHE/topk_ip_choice/`` (default ``~/.cache/ragfast``); ``RAGFAST_CALIBRATE=0``
   turns that off. ``ragfast backends`` shows which table is in use;
 * ``ragfast calibrate`` runs the same calibration on demand (progress per cell) and caches it
