@@ -13,8 +13,11 @@ rows of activations, for each weight storage:
 
 Round-robin over the providers, ``--reps`` times; medians. Beside them the read floor: the step's
 weight bytes over the read bandwidth of a sum over a 1 GiB buffer, measured in the same run.
-``RAGFAST_ISA`` forces a lower kernel level (the anchors are torch's whatever it is). Rows go to
-bench/results/bench_gemv.csv in the harness schema.
+``RAGFAST_ISA`` forces a lower kernel level (the anchors are torch's whatever it is, unless
+restricted too: ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``). Rows
+go to bench/results/bench_gemv.csv in the harness schema. ``--write-table`` also writes this
+machine's rows per storage at the level in use (gemv faster than torch at every measured row count
+up to them) into ``python/ragfast/ops/gemv_rows.json``, the table the generator's layers read.
 """
 from __future__ import annotations
 
@@ -28,6 +31,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.bench_decode_weights import cpu_model, read_bandwidth  # noqa: E402
 from bench.harness import print_table, row, write_csv  # noqa: E402
+from ragfast.ops.gemv_rows import TABLE_PATH, rows_from_ratios  # noqa: E402
+from ragfast.ops.machine import machine_key, match_table  # noqa: E402
 
 
 def layer_shapes(model: str) -> list[tuple[int, int]]:
@@ -49,11 +54,14 @@ def layer_shapes(model: str) -> list[tuple[int, int]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="qwen2.5-coder-0.5b", help="a catalogue name or a model directory")
-    ap.add_argument("--rows", default="1,2,4,8,16", help="activation rows M, comma-separated")
+    ap.add_argument("--rows", default="1,2,3,4,6,8,16", help="activation rows M, comma-separated")
     ap.add_argument("--storage", default="bf16,int8,fp32")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_gemv.csv"))
+    ap.add_argument("--write-table", nargs="?", const=str(TABLE_PATH), default=None, metavar="PATH",
+                    help="write this machine's rows per storage (gemv faster than torch at every measured "
+                         f"row count up to them) into the shipped table (default {TABLE_PATH.name})")
     args = ap.parse_args(argv)
 
     import torch
@@ -134,7 +142,37 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{line}  {statistics.median(t_ours) / floor:4.2f}x the read floor ({floor * 1e3:.2f} ms)", flush=True)
     print_table(out, f"one decode step's linear layers ({args.model}; {cpu_model()})")
     print(f"rows -> {write_csv(out, args.csv)}")
+    if args.write_table:
+        rows = {st: rows_from_ratios({M: statistics.median(res[(st, M, "torch")]) / statistics.median(res[(st, M, "gemv")])
+                                      for M in rows_list}) for st in stores}
+        write_table(rows, _C.isa_current(), ["bench/bench_gemv.py", *(argv if argv is not None else sys.argv[1:])],
+                    Path(args.write_table))
     return 0
+
+
+def write_table(rows: dict[str, int], level: str, argv: list[str], path: Path) -> None:
+    """Merge this machine's measured rows at ``level`` into the table file (one entry per machine:
+    CPU model and features), leaving other machines' entries alone."""
+    import datetime
+    import os
+
+    raw = json.loads(path.read_text()) if path.exists() else {}
+    machines = raw.get("machines", [])
+    key = machine_key()
+    mine = match_table(machines, key)
+    if mine is None:
+        mine = dict(key, rows={}, runs={})
+        machines.append(mine)
+    mine["machine"] = f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}"
+    mine.setdefault("rows", {})[level] = rows
+    mine.setdefault("runs", {})[level] = {
+        "measured": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "load_1min_at_write": round(os.getloadavg()[0], 2), "command": "python " + " ".join(argv)}
+    table = {"about": "gemv rows per machine (CPU model and features) / ISA level / weight storage: gemv runs "
+                      "passes of up to that many rows (it beat torch's matmul at every measured row count up to "
+                      "it); written by bench/bench_gemv.py --write-table", "machines": machines}
+    path.write_text(json.dumps(table, indent=1) + "\n")
+    print(f"gemv rows at {level} ({key['cpu']}): {rows} -> {path}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Speed tables: a CPU without a shipped table would calibrate topk_ip's path and gemv's rows at
+# its first default call in every test process (seconds each); tests of the calibration set it.
+os.environ.setdefault("RAGFAST_CALIBRATE", "0")
 
 import pytest
 

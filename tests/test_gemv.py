@@ -1,4 +1,6 @@
 """gemv (ragfast.ops.gemv): every compiled level against the reference, on fresh random inputs."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -125,10 +127,93 @@ def test_bad_input_is_refused_with_what_is_wrong():
         gemv(torch.zeros(2, 15), w.float(), backend="ref")  # the reference checks alike
 
 
-def test_default_rows_follow_the_level(isa_level):
-    """fp32 and int8 weights take gemv at every level; bf16 only where vdpbf16ps reads them as they are."""
+def test_default_rows_follow_the_level(isa_level, monkeypatch):
+    """Each storage takes this machine's rows at the level in use; bf16 only where vdpbf16ps reads
+    the weights as they are."""
+    from ragfast.ops import gemv_rows
     from ragfast.ops.gemv import default_rows
 
-    assert default_rows(torch.float32) == 8 and default_rows(torch.int8) == 2
-    assert default_rows(torch.bfloat16) == (8 if isa_level in ("avx512bf16", "amx") else 0)
+    asked = []
+    monkeypatch.setattr(gemv_rows, "machine_rows",
+                        lambda level: asked.append(level) or {"fp32": 5, "bf16": 7, "int8": 3})
+    assert default_rows(torch.float32) == 5 and default_rows(torch.int8) == 3
+    assert default_rows(torch.bfloat16) == (7 if isa_level in ("avx512bf16", "amx") else 0)
     assert default_rows(torch.float16) == 0
+    assert set(asked) == {isa_level}
+
+
+def test_rows_from_ratios_stop_at_the_first_loss():
+    from ragfast.ops.gemv_rows import rows_from_ratios
+
+    assert rows_from_ratios({1: 1.46, 2: 1.07, 3: 0.92, 4: 1.2}) == 2  # the Xeon's bf16: a later win does not count
+    assert rows_from_ratios({8: 1.1, 1: 1.8, 4: 1.4, 2: 1.7}) == 8
+    assert rows_from_ratios({1: 0.95, 4: 1.12}) == 0  # the Xeon's fp32: MKL's sgemv wins at one row
+    assert rows_from_ratios({1: 1.0}) == 0  # a tie keeps torch
+
+
+def test_shipped_rows_are_valid_and_keyed_by_machine():
+    from ragfast.ops.gemv_rows import STORAGES, shipped_tables
+
+    tables = shipped_tables()
+    assert {t["cpu"] for t in tables} >= {"AMD EPYC", "Intel(R) Xeon(R) Processor"}
+    for t in tables:
+        assert t["features"] == sorted(t["features"]) and t["machine"].startswith(t["cpu"])
+        for level, rows in t["rows"].items():
+            assert level in t["runs"] and set(rows) <= set(STORAGES)
+            assert t["runs"][level]["command"].startswith("python bench/bench_gemv.py")
+
+
+def test_machine_rows_shipped_then_cached_then_calibrated_else_fallback(tmp_path, monkeypatch, caplog):
+    import json
+    import logging
+
+    from ragfast.ops import gemv_rows
+
+    key = {"cpu": "Test CPU 9000", "features": ["avx2", "fma"]}
+    monkeypatch.setattr(gemv_rows, "machine_key", lambda: dict(key))
+    monkeypatch.setattr(gemv_rows, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CACHE", str(tmp_path))
+    table = tmp_path / "shipped.json"
+    table.write_text(json.dumps({"machines": [dict(key, rows={"avx2": {"fp32": 4, "bf16": 0, "int8": 2}},
+                                                   runs={"avx2": {"command": "python bench/bench_gemv.py"}})]}))
+    monkeypatch.setattr(gemv_rows, "TABLE_PATH", table)
+    calls = []
+    monkeypatch.setattr(gemv_rows, "calibrate_rows", lambda: calls.append(1) or {"fp32": 6, "bf16": 1, "int8": 0})
+    monkeypatch.setenv("RAGFAST_CALIBRATE", "0")
+    assert gemv_rows.machine_rows("avx2") == {"fp32": 4, "bf16": 0, "int8": 2}  # shipped
+    assert gemv_rows.machine_rows("avx512") == gemv_rows.FALLBACK and not calls  # none, and no calibration asked
+    monkeypatch.setattr(gemv_rows, "_MACHINE", {})
+    monkeypatch.setenv("RAGFAST_CALIBRATE", "1")
+    with caplog.at_level(logging.INFO, logger="ragfast.ops.gemv_rows"):
+        assert gemv_rows.machine_rows("avx512") == {"fp32": 6, "bf16": 1, "int8": 0}
+    assert len(calls) == 1 and "calibrated" in caplog.text
+    assert gemv_rows.machine_rows("avx512") == {"fp32": 6, "bf16": 1, "int8": 0} and len(calls) == 1  # this process
+    monkeypatch.setattr(gemv_rows, "_MACHINE", {})
+    assert gemv_rows.machine_rows("avx512")["fp32"] == 6 and len(calls) == 1  # the cache, in a new process
+    cached = json.loads(gemv_rows.cache_file("gemv_rows", key).read_text())
+    assert cached["cpu"] == key["cpu"] and cached["rows"]["avx512"] == {"fp32": 6, "bf16": 1, "int8": 0}
+    monkeypatch.setattr(gemv_rows, "calibrate_rows", lambda: 1 / 0)
+    monkeypatch.setattr(gemv_rows, "_MACHINE", {})
+    assert gemv_rows.machine_rows("avx512vnni") == gemv_rows.FALLBACK  # a failed calibration never fails a load
+
+
+def test_bench_writes_this_machines_rows_and_keeps_the_others(tmp_path, monkeypatch):
+    import importlib.util
+    import json
+
+    from ragfast.ops import gemv_rows
+
+    spec = importlib.util.spec_from_file_location("bench_gemv_t", Path(__file__).resolve().parent.parent / "bench" / "bench_gemv.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    path = tmp_path / "rows.json"
+    other = {"cpu": "Other", "features": ["avx2"], "rows": {"avx2": {"fp32": 1}}, "runs": {"avx2": {"command": "x"}}}
+    path.write_text(json.dumps({"machines": [other]}))
+    monkeypatch.setattr(mod, "machine_key", lambda: {"cpu": "Test CPU", "features": ["avx2", "fma"]})
+    mod.write_table({"fp32": 0, "bf16": 2, "int8": 3}, "amx", ["bench/bench_gemv.py", "--write-table"], path)
+    mod.write_table({"fp32": 8}, "avx2", ["bench/bench_gemv.py", "--write-table"], path)
+    tables = gemv_rows.shipped_tables(str(path))
+    assert tables[0] == other
+    mine = tables[1]
+    assert mine["rows"] == {"amx": {"fp32": 0, "bf16": 2, "int8": 3}, "avx2": {"fp32": 8}}
+    assert mine["runs"]["amx"]["command"] == "python bench/bench_gemv.py --write-table"

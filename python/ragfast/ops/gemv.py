@@ -20,19 +20,17 @@ from ragfast.ops.registry import cpp_module, register, resolve
 
 __all__ = ["GemvWeight", "default_rows", "gemv", "gemv_ref", "weight_kind"]
 
-#: Rows of x up to which gemv beat torch's matmul on one decode step's linear layers of
-#: Qwen2.5-Coder-0.5B (bench/bench_gemv.py, two threads, AMD EPYC Zen 4 at its own avx512bf16
-#: level and forced to avx2 with torch and oneDNN restricted alike), per weight storage: fp32
-#: 1.2-4x at 1-8 rows on both levels; int8 1.1-1.2x at one row and even at two; bf16 1.1-1.8x
-#: torch's oneDNN matmul at 1-8 rows where vdpbf16ps reads the weights as they are, but where
-#: the weights must be widened (avx2, avx512, avx512vnni) it lost to torch at 1-2 rows (0.85-0.98x).
-_ROWS = {"fp32": 8, "int8": 2, "bf16": 8}
-
-
 def default_rows(weight_dtype: Any) -> int:
     """Rows up to which a linear layer with ``weight_dtype`` weights runs gemv by default at the ISA
-    level in use (0: never; see ``_ROWS`` for the measurements behind it)."""
+    level in use (0: never): this machine's measured rows (:mod:`ragfast.ops.gemv_rows`).
+
+    bf16 weights take gemv only at levels with a bf16 dot product (avx512bf16, amx): where the
+    kernel must widen them (avx2, avx512, avx512vnni) it lost to torch's oneDNN matmul at 1-2
+    rows (0.85-0.98x on a Zen 4 EPYC forced to those levels, torch and oneDNN restricted alike).
+    """
     import torch
+
+    from ragfast.ops.gemv_rows import machine_rows
 
     c = cpp_module()
     if c is None:
@@ -40,9 +38,10 @@ def default_rows(weight_dtype: Any) -> int:
     name = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.int8: "int8"}.get(weight_dtype)
     if name is None:
         return 0
-    if name == "bf16" and c.isa_current() not in ("avx512bf16", "amx"):
+    level = c.isa_current()
+    if name == "bf16" and level not in ("avx512bf16", "amx"):
         return 0
-    return _ROWS[name]
+    return machine_rows(level)[name]
 
 
 def weight_kind(dtype: Any) -> int | None:

@@ -22,12 +22,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
+from ragfast.ops.machine import last_level_cache_bytes
 from ragfast.ops.registry import register, resolve
 from ragfast.checks import check_k, check_min_score
 from ragfast.ops.topk_ip_bf16 import bf16_bound_ok, topk_ip_torch_bf16
@@ -500,19 +500,6 @@ def choice_table() -> dict[str, Any]:
 
 def _calibrate_now() -> dict[str, Any]:
     return calibrate_default_path()
-
-
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache's size in bytes (Linux sysfs), 32 MiB where it cannot be read."""
-    sizes = []
-    for f in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        try:
-            text = f.read_text().strip().upper()
-            mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1:], 1)
-            sizes.append(int(text.rstrip("KMG")) * mult)
-        except (OSError, ValueError):
-            continue
-    return max(sizes, default=32 << 20)
 
 
 def calibration_rows(dim: int = 384) -> int:

@@ -27,16 +27,17 @@ with a cheaper selection), so the choice changes speed only.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
+
+from ragfast.ops.machine import cache_file as machine_cache_file
+from ragfast.ops.machine import cpu_model, machine_key, match_table
 
 __all__ = ["BATCH_CLASSES", "Choice", "batch_class", "cache_file", "calibrate", "choose", "cpu_model", "load_table",
            "machine_key", "machine_table", "save_calibration", "shipped_tables", "TABLE_PATH"]
@@ -96,39 +97,9 @@ def load_table(path: str | None = None) -> dict[str, Any]:
         return {"cells": {}}
     table = json.loads(p.read_text())
     if "machines" in table:
-        return _match(shipped_tables(str(p)), machine_key()) or {"cells": {}}
+        return match_table(shipped_tables(str(p)), machine_key()) or {"cells": {}}
     _validate(table, p)
     return table
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_model() -> str:
-    """The CPU's model name (``/proc/cpuinfo``), else what ``platform`` knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_key(features: list[str] | None = None) -> dict[str, Any]:
-    """What a table is keyed by: ``{"cpu": model name, "features": sorted CPU features}``; the
-    features default to ``ragfast._C.isa_info()["cpu"]`` (the ones the ISA levels need, the OS's
-    AMX permission included), empty without the compiled module."""
-    return {"cpu": cpu_model(), "features": sorted(_cpu_features() if features is None else features)}
-
-
-@functools.lru_cache(maxsize=1)
-def _cpu_features() -> tuple[str, ...]:
-    # fixed for the process (the AMX permission included): looked up once, not per topk_ip call
-    try:
-        from ragfast import _C
-
-        return tuple(_C.isa_info()["cpu"])
-    except ImportError:
-        return ()
 
 
 def shipped_tables(path: str | None = None) -> list[dict[str, Any]]:
@@ -154,20 +125,10 @@ def _validate(table: dict[str, Any], where: Any) -> None:
                     raise ValueError(f"{where}: cell {isa}/{storage}/{b} is {choice!r}, a path for bf16 storage only")
 
 
-def _match(tables: list[dict[str, Any]], key: dict[str, Any]) -> dict[str, Any] | None:
-    for t in tables:
-        if t.get("cpu") == key["cpu"] and sorted(t.get("features", [])) == key["features"]:
-            return t
-    return None
-
-
 def cache_file(key: dict[str, Any] | None = None) -> Path:
     """Where this machine's (or ``key``'s) calibrated table is cached:
     ``$RAGFAST_CACHE/topk_ip_choice/<hash of the machine key>.json``."""
-    key = machine_key() if key is None else key
-    root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser()
-    digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return root / "topk_ip_choice" / f"{digest}.json"
+    return machine_cache_file("topk_ip_choice", machine_key() if key is None else key)
 
 
 # Timings of one calibration cell: path -> a callable that runs one search.
@@ -267,7 +228,7 @@ def machine_table(calibrate_with: Callable[[], dict[str, Any]] | None = None) ->
             calibrated = dict(t, source=f"calibrated on this machine ({cache})")
         except (OSError, ValueError) as exc:
             log.warning("ignoring the unreadable topk_ip calibration %s: %s", cache, exc)
-    table = _match(shipped_tables(), key)
+    table = match_table(shipped_tables(), key)
     if table is not None:
         table = dict(table, source=f"shipped ({TABLE_PATH.name}: {table.get('machine')})")
     if calibrated is not None and (table is None or calibrated.get("explicit")):
