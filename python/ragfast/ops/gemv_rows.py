@@ -126,7 +126,7 @@ def calibrate_rows(reps: int = 5, progress: Callable[[str, int, float], None] | 
             if progress is not None:
                 progress(st, M, ratios[M])
         out[st] = rows_from_ratios(ratios)
-        del layers
+        layers.clear()  # before the next storage's copies are made
     return out
 
 
