@@ -313,3 +313,24 @@ def test_greedy_picks_equal_torch_argmax_in_every_dtype(qwen2, dtype, monkeypatc
     g.generate(sids, stop=[], max_new_tokens=12)
     assert [list(g.last_generated[s]) for s in sids] == ours
     g.end(sids)
+
+
+def test_the_head_gets_row_major_input_even_at_one_row(tiny_qwen2_dir):
+    # transformers hands the head hidden[:, -1:, :]; at one row torch calls that view contiguous,
+    # and its bf16 matmul on it ran 20x slower than on a copy (Qwen2.5-0.5B's head, Intel Xeon)
+    import torch
+
+    from ragfast.models.generator import HFGenerator
+
+    gen = HFGenerator(tiny_qwen2_dir, dtype="bfloat16", memory_budget=None)
+    head = gen.model.get_output_embeddings()
+    d = head.in_features
+    seen = []
+    head.register_forward_pre_hook(lambda m, a: seen.append((tuple(a[0].shape), a[0].stride())))  # after ours
+    for B in (1, 3):
+        h = torch.randn(B, 7, d, dtype=torch.bfloat16)
+        with torch.inference_mode():
+            y = head(h[:, -1:, :])
+        assert torch.equal(y, torch.nn.functional.linear(h[:, -1:, :].clone(memory_format=torch.contiguous_format),
+                                                         head.weight))
+    assert seen == [((1, 1, d), (d, d, 1)), ((3, 1, d), (d, d, 1))]
