@@ -28,8 +28,9 @@ MIN_TASKS = 8
 #: ISA levels whose task kernel beats SDPA. Below them the portable task (scalar exponentials) ran
 #: at 0.28-0.43x SDPA (forced to avx2 with torch restricted alike, same CPU), so SDPA stays. Not
 #: amx: on the one AMX machine measured (an Emerald Rapids Xeon, 2 vCPUs, 2026-12-06) the same
-#: AVX-512 kernel ran at 0.60-1.11x SDPA on the shapes above and took the batch-64 bf16 decode of
-#: the default reasoner from 330 to 303 tok/s; the avx512* levels were measured on Zen 4 only.
+#: AVX-512 kernel ran at 0.60-1.11x SDPA on the shapes above, no consistent gain, and the default
+#: reasoner's batch-64 bf16 decode with it and without it was equal within that VM's noise; the
+#: avx512* levels were measured on Zen 4 only.
 FAST_LEVELS = ("avx512", "avx512vnni", "avx512bf16")
 
 
