@@ -135,7 +135,7 @@ def test_default_rows_follow_the_level(isa_level, monkeypatch):
 
     asked = []
     monkeypatch.setattr(gemv_rows, "machine_rows",
-                        lambda level: asked.append(level) or {"fp32": 5, "bf16": 7, "int8": 3})
+                        lambda level, calibrate_with: asked.append(level) or {"fp32": 5, "bf16": 7, "int8": 3})
     assert default_rows(torch.float32) == 5 and default_rows(torch.int8) == 3
     assert default_rows(torch.bfloat16) == (7 if isa_level in ("avx512bf16", "amx") else 0)
     assert default_rows(torch.float16) == 0
@@ -178,23 +178,28 @@ def test_machine_rows_shipped_then_cached_then_calibrated_else_fallback(tmp_path
                                                    runs={"avx2": {"command": "python bench/bench_gemv.py"}})]}))
     monkeypatch.setattr(gemv_rows, "TABLE_PATH", table)
     calls = []
-    monkeypatch.setattr(gemv_rows, "calibrate_rows", lambda: calls.append(1) or {"fp32": 6, "bf16": 1, "int8": 0})
+
+    def calib():
+        calls.append(1)
+        return {"fp32": 6, "bf16": 1, "int8": 0}
+
     monkeypatch.setenv("RAGFAST_CALIBRATE", "0")
-    assert gemv_rows.machine_rows("avx2") == {"fp32": 4, "bf16": 0, "int8": 2}  # shipped
-    assert gemv_rows.machine_rows("avx512") == gemv_rows.FALLBACK and not calls  # none, and no calibration asked
+    assert gemv_rows.machine_rows("avx2", calib) == {"fp32": 4, "bf16": 0, "int8": 2}  # shipped
+    assert gemv_rows.machine_rows("avx512", calib) == gemv_rows.FALLBACK and not calls  # no calibration asked
     monkeypatch.setattr(gemv_rows, "_MACHINE", {})
     monkeypatch.setenv("RAGFAST_CALIBRATE", "1")
-    with caplog.at_level(logging.INFO, logger="ragfast.ops.gemv_rows"):
-        assert gemv_rows.machine_rows("avx512") == {"fp32": 6, "bf16": 1, "int8": 0}
-    assert len(calls) == 1 and "calibrated" in caplog.text
-    assert gemv_rows.machine_rows("avx512") == {"fp32": 6, "bf16": 1, "int8": 0} and len(calls) == 1  # this process
+    assert gemv_rows.machine_rows("avx512") == gemv_rows.FALLBACK  # nothing to calibrate with
     monkeypatch.setattr(gemv_rows, "_MACHINE", {})
-    assert gemv_rows.machine_rows("avx512")["fp32"] == 6 and len(calls) == 1  # the cache, in a new process
+    with caplog.at_level(logging.INFO, logger="ragfast.ops.gemv_rows"):
+        assert gemv_rows.machine_rows("avx512", calib) == {"fp32": 6, "bf16": 1, "int8": 0}
+    assert len(calls) == 1 and "calibrated" in caplog.text
+    assert gemv_rows.machine_rows("avx512", calib) == {"fp32": 6, "bf16": 1, "int8": 0} and len(calls) == 1
+    monkeypatch.setattr(gemv_rows, "_MACHINE", {})
+    assert gemv_rows.machine_rows("avx512", calib)["fp32"] == 6 and len(calls) == 1  # the cache, in a new process
     cached = json.loads(gemv_rows.cache_file("gemv_rows", key).read_text())
     assert cached["cpu"] == key["cpu"] and cached["rows"]["avx512"] == {"fp32": 6, "bf16": 1, "int8": 0}
-    monkeypatch.setattr(gemv_rows, "calibrate_rows", lambda: 1 / 0)
     monkeypatch.setattr(gemv_rows, "_MACHINE", {})
-    assert gemv_rows.machine_rows("avx512vnni") == gemv_rows.FALLBACK  # a failed calibration never fails a load
+    assert gemv_rows.machine_rows("avx512vnni", lambda: 1 / 0) == gemv_rows.FALLBACK  # a failure never fails a load
 
 
 def test_bench_writes_this_machines_rows_and_keeps_the_others(tmp_path, monkeypatch):

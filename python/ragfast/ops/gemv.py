@@ -41,7 +41,13 @@ def default_rows(weight_dtype: Any) -> int:
     level = c.isa_current()
     if name == "bf16" and level not in ("avx512bf16", "amx"):
         return 0
-    return machine_rows(level)[name]
+    return machine_rows(level, calibrate_with=_calibrate_rows)[name]
+
+
+def _calibrate_rows() -> dict[str, int]:
+    from ragfast.ops.gemv_rows import calibrate_rows
+
+    return calibrate_rows(GemvWeight)
 
 
 def weight_kind(dtype: Any) -> int | None:

@@ -74,15 +74,15 @@ def shipped_tables(path: str | None = None) -> list[dict[str, Any]]:
     return tables
 
 
-def calibrate_rows(reps: int = 5, progress: Callable[[str, int, float], None] | None = None) -> dict[str, int]:
+def calibrate_rows(prepare: Callable[..., Callable[[Any], Any]], reps: int = 5,
+                   progress: Callable[[str, int, float], None] | None = None) -> dict[str, int]:
     """Measure this machine's rows at the ISA level in use: for each storage, gemv against torch's
     matmul (fp32 / bf16: ``F.linear``; int8: ``_weight_int8pack_mm``, what a layer runs without
     gemv) over layers of Qwen2.5-0.5B's MLP shapes whose weights together are as large as the
     last-level cache (at least 64 MiB), at each of :data:`ROW_COUNTS`; round-robin, medians of
-    ``reps``. ``progress(storage, M, ratio)`` after each cell."""
+    ``reps``. ``prepare(weight, scales)`` makes a layer's gemv (:class:`ragfast.ops.gemv.GemvWeight`,
+    passed in: that module reads this one); ``progress(storage, M, ratio)`` after each cell."""
     import torch
-
-    from ragfast.ops.gemv import GemvWeight
 
     g = torch.Generator().manual_seed(0)
     shapes = [(4864, 896), (896, 4864)]
@@ -96,10 +96,10 @@ def calibrate_rows(reps: int = 5, progress: Callable[[str, int, float], None] | 
             if st == "int8":
                 scales = w.abs().amax(dim=1).clamp_min(1e-8) / 127.0
                 codes = torch.round(w / scales[:, None]).to(torch.int8)
-                layers.append((GemvWeight(codes, scales), codes, scales.to(torch.bfloat16)))
+                layers.append((prepare(codes, scales), codes, scales.to(torch.bfloat16)))
             else:
                 wt = w.to(torch.float32 if st == "fp32" else torch.bfloat16)
-                layers.append((GemvWeight(wt), wt, None))
+                layers.append((prepare(wt), wt, None))
         xdt = torch.float32 if st == "fp32" else torch.bfloat16
 
         def step(M: int, who: str) -> float:
@@ -130,9 +130,10 @@ def calibrate_rows(reps: int = 5, progress: Callable[[str, int, float], None] | 
     return out
 
 
-def machine_rows(level: str) -> dict[str, int]:
+def machine_rows(level: str, calibrate_with: Callable[[], dict[str, int]] | None = None) -> dict[str, int]:
     """This machine's rows per storage at ISA ``level``: the shipped table's, else a cached
-    calibration's, else one calibrated now and cached (``RAGFAST_CALIBRATE=0``: :data:`FALLBACK`)."""
+    calibration's, else one made now by ``calibrate_with`` (:func:`calibrate_rows` bound to the
+    kernel) and cached, else (none given, or ``RAGFAST_CALIBRATE=0``) :data:`FALLBACK`."""
     got = _MACHINE.get(level)
     if got is not None:
         return got
@@ -145,10 +146,10 @@ def machine_rows(level: str) -> dict[str, int]:
             rows = json.loads(cache.read_text()).get("rows", {}).get(level)
         except (OSError, ValueError) as exc:
             log.warning("ignoring the unreadable gemv calibration %s: %s", cache, exc)
-    if rows is None and os.environ.get("RAGFAST_CALIBRATE", "1") != "0":
+    if rows is None and calibrate_with is not None and os.environ.get("RAGFAST_CALIBRATE", "1") != "0":
         t0 = time.perf_counter()
         try:
-            rows = calibrate_rows()
+            rows = calibrate_with()
         except Exception as exc:  # never fail a model load over a speed table
             log.warning("gemv: calibration failed (%s); fallback rows %s", exc, FALLBACK)
         else:
