@@ -141,6 +141,17 @@ def test_cached_tokens_and_timings_of_llamacpp_are_booked(fake):
                                        "predicted_ms": 0.4}
 
 
+@pytest.mark.parametrize("features,args", [(("avx2", "avx512f", "amx-tile", "amx-int8"), ("--no-repack",)),
+                                           (("avx2", "avx512f", "avx512bf16"), ())])
+def test_an_amx_cpu_serves_without_repacking(monkeypatch, features, args):
+    # ggml's AMX matmul (taken with repacking) died at its first tile instruction on an AMX Xeon
+    import ragfast.models.llamacpp as lc
+    import ragfast.ops.machine as machine
+
+    monkeypatch.setattr(machine, "cpu_features", lambda: features)
+    assert lc.cpu_args() == args
+
+
 def test_a_build_past_its_time_limit_is_stopped_whole(tmp_path):
     from ragfast.errors import ModelError
     from ragfast.models.llamacpp import install

@@ -34,7 +34,7 @@ from typing import Callable, Iterator
 from ragfast.errors import ModelError
 from ragfast.infra.http import wait_until_up
 
-__all__ = ["PIN", "CMAKE_ARGS", "venv_dir", "server_binary", "install", "served", "stop"]
+__all__ = ["PIN", "CMAKE_ARGS", "cpu_args", "venv_dir", "server_binary", "install", "served", "stop"]
 
 #: The version the README's figures and tests/test_llamacpp.py were measured with (llama.cpp's
 #: build number as the package version); a newer one may rename flags or response fields.
@@ -152,6 +152,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def cpu_args() -> tuple[str, ...]:
+    """Server flags this CPU needs: ``--no-repack`` where it has AMX.
+
+    With weight repacking on, ggml runs its AMX matmul, which faulted at its first tile
+    instruction (SIGILL at ``tilezero``: the server died loading the model) in build 11434 on an
+    Emerald Rapids Xeon VM whose AMX ragfast's own kernels use; without repacking it serves.
+    """
+    from ragfast.ops.machine import cpu_features
+
+    return ("--no-repack",) if "amx-tile" in cpu_features() else ()
+
+
 @contextmanager
 def served(binary: Path, gguf: Path, log: Path, *, port: int | None = None, parallel: int = 1,
            ctx_per_slot: int = 4096, threads: int | None = None, start_timeout: float = 300.0,
@@ -161,7 +173,7 @@ def served(binary: Path, gguf: Path, log: Path, *, port: int | None = None, para
     ``parallel`` slots of ``ctx_per_slot`` tokens each (``--parallel``, ``--ctx-size`` =
     their product: one slot per concurrent session, so continuous batching decodes them
     together and each keeps its own prompt cache), ``threads`` CPU threads (default:
-    llama.cpp's own choice), ``--metrics`` on. The server runs in its own session and is
+    llama.cpp's own choice), ``--metrics`` on, and :func:`cpu_args`. The server runs in its own session and is
     stopped on the way out, also on an error.
 
     Raises
@@ -172,7 +184,7 @@ def served(binary: Path, gguf: Path, log: Path, *, port: int | None = None, para
     """
     port = port or _free_port()
     cmd = [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--parallel", str(parallel),
-           "--ctx-size", str(parallel * ctx_per_slot), "--no-webui", "--metrics", *extra]
+           "--ctx-size", str(parallel * ctx_per_slot), "--no-webui", "--metrics", *cpu_args(), *extra]
     if threads:
         cmd += ["--threads", str(threads)]
     with open(log, "ab") as out:
