@@ -39,10 +39,10 @@ TABLE_PATH = Path(__file__).with_name("gemv_rows.json")
 STORAGES = ("fp32", "bf16", "int8")
 #: Row counts a calibration measures.
 ROW_COUNTS = (1, 2, 3, 4, 6, 8)
-#: Rows without a table or a calibration (``RAGFAST_CALIBRATE=0``): the least any measured
-#: machine's table allows where gemv won at one row on both (a Zen 4 EPYC: fp32 8, bf16 8,
-#: int8 2; an Emerald Rapids Xeon: fp32 0, bf16 2, int8 1), fp32 from the EPYC (on the Xeon
-#: MKL's sgemv was 1.06x gemv at one row).
+#: Rows without a table or a calibration (``RAGFAST_CALIBRATE=0``): bf16 2 and int8 1, the least
+#: that the tables of the two machines measured give (a Zen 4 EPYC: fp32 8, bf16 8, int8 2; an
+#: Emerald Rapids Xeon: fp32 0, bf16 2, int8 1-3 by level), and fp32 8 from the EPYC (on the Xeon
+#: MKL's sgemv was 1.05-1.11x gemv at one row, so its table says 0).
 FALLBACK = {"fp32": 8, "bf16": 2, "int8": 1}
 
 _MACHINE: dict[str, dict[str, int]] = {}  # ISA level -> rows, this process
