@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ragfast.ops.machine import cache_file, last_level_cache_bytes, machine_key, match_table
+from ragfast.ops.machine import cache_file, last_level_cache_bytes, machine_key, match_table, write_table
 
 __all__ = ["FALLBACK", "ROW_COUNTS", "STORAGES", "TABLE_PATH", "calibrate_rows", "machine_rows",
            "rows_from_ratios", "shipped_tables"]
@@ -168,10 +168,7 @@ def _save(cache: Path, key: dict[str, Any], level: str, rows: dict[str, int]) ->
     table = dict(key, rows={**old.get("rows", {}), level: rows},
                  measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     try:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(table, indent=1) + "\n")
-        tmp.replace(cache)
+        write_table(cache, table)
     except OSError as exc:
         return f"not cached: {exc}"
     return str(cache)

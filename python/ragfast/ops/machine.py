@@ -14,7 +14,8 @@ import platform
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_file", "cpu_model", "cpu_features", "last_level_cache_bytes", "machine_key", "match_table"]
+__all__ = ["cache_file", "cpu_model", "cpu_features", "last_level_cache_bytes", "machine_key", "match_table",
+           "write_table"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -61,6 +62,20 @@ def cache_file(kind: str, key: dict[str, Any]) -> Path:
     root = Path(os.environ.get("RAGFAST_CACHE") or Path.home() / ".cache" / "ragfast").expanduser()
     digest = hashlib.sha1(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return root / kind / f"{digest}.json"
+
+
+def write_table(path: Path, table: dict[str, Any]) -> None:
+    """Write a table as JSON through a temporary file, so that a reader never sees half of it.
+
+    Raises
+    ------
+    OSError
+        The directory cannot be made or written.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(table, indent=1) + "\n")
+    tmp.replace(path)
 
 
 def last_level_cache_bytes() -> int:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ragfast.ops.machine import cache_file as machine_cache_file
-from ragfast.ops.machine import cpu_model, machine_key, match_table
+from ragfast.ops.machine import cpu_model, machine_key, match_table, write_table
 
 __all__ = ["BATCH_CLASSES", "Choice", "batch_class", "cache_file", "calibrate", "choose", "cpu_model", "load_table",
            "machine_key", "machine_table", "save_calibration", "shipped_tables", "TABLE_PATH"]
@@ -194,10 +194,7 @@ def save_calibration(cells: dict[str, Any], command: str, *, explicit: bool = Fa
     table = dict(key, machine=f"{key['cpu']}, {os.cpu_count()} logical CPUs, features: {' '.join(key['features'])}",
                  command=command, measured=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                  explicit=bool(explicit), cells=merged)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(table, indent=1) + "\n")
-    tmp.replace(path)  # a reader never sees half a table
+    write_table(path, table)
     _MACHINE.pop(_tag(key), None)  # this process re-reads it
     return table, path
 
