@@ -13,8 +13,8 @@ another catalogued model or directory), all loaded in this process:
 * ``w8a8``, ``w8a8-bf16``: ``weights="w8a8"`` (the same int8 weights; passes of more than 16
   rows round their activations to int8 per token and multiply integers, ``torch._int_mm``);
 * ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``, ...: the same on torch's own
-  kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``)
-  and every attention on torch's SDPA (ragfast's decode-attention kernel off:
+  kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``;
+  the weights not prepacked for oneDNN: ``set_packed(model, False)``) and every attention on torch's SDPA (ragfast's decode-attention kernel off:
   ``set_decode_attention(model, False)``), as before either kernel. ``bf16-torch`` is the bf16
   generator that issue 38's batch-64 goal is measured against.
 
@@ -105,12 +105,13 @@ def load(model: str, dtype: str, weights: str, torch_only: bool = False):
     from ragfast.models.catalogue import resolve
     from ragfast.models.generator import HFGenerator
     from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
-    from ragfast.models.weight_quant import set_gemv_rows
+    from ragfast.models.weight_quant import set_gemv_rows, set_packed
 
     kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64)
     gen = SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
     if torch_only:
-        gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0))
+        gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0),
+                                              packed_layers=set_packed(gen.model, False))
         set_decode_attention(gen.model, False)
     return gen
 
