@@ -223,6 +223,55 @@ def test_a_prefill_in_row_groups_gives_the_tokens_of_one_pass(llama):
         _hf(llama, prefill_tokens=-1)
 
 
+def test_prefill_groups_split_by_length_pad_less_and_give_the_tokens_of_one_pass(llama, monkeypatch):
+    """Rows of very different lengths: with passes priced low, the prefill splits where the padding
+    was, each group computing only its own longest row; the greedy tokens stay those of one pass."""
+    import ragfast.models.kv_buffer as kvb
+
+    prompts = [build_prompt(q) for q in QUESTIONS]
+    sids = [f"s{i}" for i in range(len(prompts))]
+    out = {}
+    for cheap in (False, True):
+        monkeypatch.setattr(kvb, "PASS_TOKENS", 1 if cheap else 10**9)  # 10**9: never split
+        g = _hf(llama, max_batch=len(prompts), min_prefix=8, prefill_tokens=4096)
+        g.start(sids, [g.format_prompt(p) for p in prompts])
+        g.generate(sids, stop=[], max_new_tokens=6)
+        out[cheap] = ([g.last_generated[s] for s in sids], g.stats["prefill_groups"], g.stats["prefill_padding_tokens"])
+    assert out[False][1] == 0 and out[True][1] > 1
+    assert out[True][2] < out[False][2]
+    assert out[True][0] == out[False][0]
+
+
+def test_prefill_groups_are_the_cheapest_contiguous_split():
+    """Against every contiguous split of random rows (brute force): the same cost, every group
+    within the budget unless it is one row."""
+    import itertools
+    import random
+
+    from ragfast.models.kv_buffer import prefill_groups
+
+    rng = random.Random(3)
+
+    def cost(groups, new, c):
+        return sum((hi - lo) * max(new[lo:hi]) + c for lo, hi in groups)
+
+    for _ in range(300):
+        n = rng.randint(1, 7)
+        new = sorted(rng.randint(1, 60) for _ in range(n)) if rng.random() < 0.5 else [rng.randint(1, 60) for _ in range(n)]
+        budget, c = rng.choice([0, 30, 80, 500]), rng.choice([0, 5, 40])
+        got = prefill_groups(new, budget, c)
+        assert [lo for lo, _ in got] == [0] + [hi for _, hi in got[:-1]] and got[-1][1] == n  # contiguous, all rows
+        if budget == 0:
+            assert got == [(0, n)]
+            continue
+        assert all(hi - lo == 1 or (hi - lo) * max(new[lo:hi]) <= budget for lo, hi in got)
+        best = min(cost(list(zip((0,) + cuts, cuts + (n,))), new, c)
+                   for k in range(n) for cuts in itertools.combinations(range(1, n), k)
+                   if all(hi - lo == 1 or (hi - lo) * max(new[lo:hi]) <= budget
+                          for lo, hi in zip((0,) + cuts, cuts + (n,))))
+        assert cost(got, new, c) == best
+
+
 def test_cutting_finished_rows_out_frees_the_prefill_buffers(llama):
     """Once a row finishes, the batch's buffers are replaced by ones without it; nothing may still
     hold the first ones (a kept row view of the grouped prefill did: 2.3 GB of the 1.5B's peak)."""

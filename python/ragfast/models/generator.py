@@ -150,7 +150,10 @@ class HFGenerator(Generator):
         it in row groups that write into the one batch cache, which then decodes as a whole, so
         the pass's activations scale with a group (the 1.5B's turns of 64 rows x up to 1,000 new
         tokens peaked at 7.3 GB resident in groups with the growing cache, 11.0 GB in one pass with
-        each turn preallocated; bench/bench_kv_memory.py). 0: one pass.
+        each turn preallocated; bench/bench_kv_memory.py). Rows of a chunk come sorted by their
+        new tokens, and each group pads only to its own longest row, so a prefill is also split
+        where that saves more padding than a pass costs (:func:`~ragfast.models.kv_buffer.prefill_groups`).
+        0: one pass.
     """
 
     meaningful = True
@@ -532,7 +535,8 @@ class HFGenerator(Generator):
         torch = self._torch
         from ragfast.accounting.ledger import Timer
         from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
-        from ragfast.models.kv_buffer import cache_bytes, cache_for, fill_left_padded, reserve_rows, row_view
+        from ragfast.models.kv_buffer import (cache_bytes, cache_for, fill_left_padded, prefill_groups, reserve_rows,
+                                              row_view)
 
         timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
         timer.__enter__()
@@ -545,7 +549,6 @@ class HFGenerator(Generator):
         n_new = [len(f) for f in fresh]
         P, F = max(n_past), max(n_new)
         dev = self.device
-        self.stats["prefill_padding_tokens"] += B * F - sum(n_new)
 
         # Left-pad caches and new tokens: row b = [pad | cache_b][pad | new_b]. Built on the host
         # and moved once, rather than one small copy per row.
@@ -562,8 +565,7 @@ class HFGenerator(Generator):
         # a batch-32 decode step) into a buffer that grows by kv_step tokens up to the whole turn.
         turn = P + F + max_new
         cache = cache_for(self.config, min(turn, P + F + self.kv_step) if self.kv_step else turn, self.kv_step, turn)
-        g = max(1, self.prefill_tokens // max(1, F)) if self.prefill_tokens else B  # rows per prefill pass
-        groups = [(lo, min(B, lo + g)) for lo in range(0, B, g)]
+        groups = prefill_groups(n_new, self.prefill_tokens)  # each pads to its own longest row
         held_others = held - sum(own.get(i, 0) for i in sids)
         # The batch cache takes the sessions' keys/values, one layer at a time (each layer's copies go
         # once moved); a failed turn leaves the sessions without a cache, so their next turn computes it.
@@ -572,6 +574,8 @@ class HFGenerator(Generator):
             s.kv, s.n_cached = None, 0
         if not reserve_rows(cache, self.config, B, self.dtype, dev):
             groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
+        widths = [max(n_new[lo:hi]) for lo, hi in groups]
+        self.stats["prefill_padding_tokens"] += sum((hi - lo) * w for (lo, hi), w in zip(groups, widths)) - sum(n_new)
         fill_left_padded(cache, kept, P)
         del kept
         if P:
@@ -613,14 +617,17 @@ class HFGenerator(Generator):
 
         with torch.inference_mode():
             parts = []
-            for lo, hi in groups:
+            for (lo, hi), w in zip(groups, widths):
                 # A long prefill in row groups, each writing its rows of the batch cache: the pass's
-                # activations scale with the group, and the whole batch then decodes together. The
-                # row view is never kept: a view pins its whole buffer, and cutting finished rows out
-                # replaces the buffers (a kept view held about 1.6 GB of the 1.5B's through decoding).
-                parts.append(self.model(input_ids=input_ids[lo:hi], attention_mask=mask[lo:hi], position_ids=pos[lo:hi],
-                                        cache=cache if len(groups) == 1 else row_view(cache, self.config, lo, hi),
-                                        use_cache=True, logits_to_keep=1).logits[:, -1, :])
+                # activations scale with the group, and the whole batch then decodes together. A
+                # group computes only its own longest row's width (the rest of its left padding is
+                # zeroed, not computed). The row view is never kept: a view pins its whole buffer,
+                # and cutting finished rows out replaces the buffers (a kept view held about 1.6 GB
+                # of the 1.5B's through decoding).
+                parts.append(self.model(input_ids=input_ids[lo:hi, F - w:], attention_mask=mask[lo:hi],
+                                        position_ids=pos[lo:hi, F - w:], use_cache=True, logits_to_keep=1,
+                                        cache=cache if len(groups) == 1 else row_view(cache, self.config, lo, hi,
+                                                                                      skip=F - w)).logits[:, -1, :])
             if len(groups) > 1:
                 for layer in cache.layers:
                     layer.fill_to(P + F)

@@ -23,14 +23,20 @@ its cached keys/values.
 A long prefill runs in row groups (:func:`reserve_rows` and :func:`row_view`): the batch
 cache's buffers are allocated for every row first, and each group's forward pass writes its
 keys/values into its rows through a view, so the pass's activations scale with the group while
-the batch decodes together afterwards.
+the batch decodes together afterwards. :func:`prefill_groups` chooses the groups: the rows come
+sorted by their new tokens' count, and a group pads only to its own longest row (a view that
+starts past the shorter rows' padding), so splitting a prefill also saves its padding.
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "fill_left_padded", "reserve_rows",
-           "row_view"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "fill_left_padded",
+           "prefill_groups", "reserve_rows", "row_view", "PASS_TOKENS"]
+
+#: A forward pass's fixed cost in tokens' worth of work (reading every weight once, the Python
+#: and op overhead of a pass), the price :func:`prefill_groups` puts on one more group.
+PASS_TOKENS = 64
 
 
 def _layer_class():
@@ -103,11 +109,16 @@ def _layer_class():
             self.device, self.n, self.is_initialized = self.buf_k.device, 0, True
             self._view()
 
-        def rows(self, lo: int, hi: int) -> "BufferedLayer":
-            """A layer over rows ``lo:hi`` of this one's buffers, filled as far: what it writes lands here."""
+        def rows(self, lo: int, hi: int, skip: int = 0) -> "BufferedLayer":
+            """A layer over rows ``lo:hi`` of this one's buffers, filled as far plus ``skip`` zeroed
+            positions (padding the group's pass does not compute): what it writes lands here."""
             part = type(self)(self.buf_k.shape[-2])
             part.buf_k, part.buf_v = self.buf_k[lo:hi], self.buf_v[lo:hi]
-            part.device, part.n, part.is_initialized, part.fixed = self.device, self.n, True, True
+            if skip:
+                # masked out, but 0 x NaN is NaN: uninitialised memory must not reach the attention
+                part.buf_k[:, :, self.n:self.n + skip].zero_()
+                part.buf_v[:, :, self.n:self.n + skip].zero_()
+            part.device, part.n, part.is_initialized, part.fixed = self.device, self.n + skip, True, True
             part._view()
             return part
 
@@ -206,14 +217,55 @@ def reserve_rows(cache: Any, config: Any, batch: int, dtype: Any, device: Any) -
     return True
 
 
-def row_view(cache: Any, config: Any, lo: int, hi: int) -> Any:
+def row_view(cache: Any, config: Any, lo: int, hi: int, skip: int = 0) -> Any:
     """A cache over rows ``lo:hi`` of a reserved buffered cache: a forward pass on those rows writes
-    its keys/values into ``cache``'s buffers (then :meth:`BufferedLayer.fill_to` marks them)."""
+    its keys/values into ``cache``'s buffers (then :meth:`BufferedLayer.fill_to` marks them).
+
+    ``skip`` positions after the filled part are zeroed and passed over: a group whose longest row
+    has ``skip`` fewer new tokens than the batch's writes them right-aligned, as left padding puts them.
+    """
     from transformers import DynamicCache
 
     view = DynamicCache(config=config)
-    view.layers = [layer.rows(lo, hi) for layer in cache.layers]
+    view.layers = [layer.rows(lo, hi, skip) for layer in cache.layers]
     return view
+
+
+def prefill_groups(new: list[int], budget: int, pass_tokens: int | None = None) -> list[tuple[int, int]]:
+    """Contiguous row groups ``(lo, hi)`` for a prefill whose rows have ``new[b]`` new tokens.
+
+    Each group pads its rows to its own longest; the groups minimise the padded tokens computed
+    plus ``pass_tokens`` (default :data:`PASS_TOKENS`) per group, with at most ``budget`` padded tokens in a group (a row alone
+    may pass it). ``budget`` 0: one group. Rows sorted by ``new`` (as ``HFGenerator`` chunks them)
+    make the most of it; any order is valid.
+
+    Examples
+    --------
+    >>> prefill_groups([10, 12, 40, 41], budget=4096, pass_tokens=20)
+    [(0, 2), (2, 4)]
+    >>> prefill_groups([10, 12, 40, 41], budget=0)
+    [(0, 4)]
+    """
+    n = len(new)
+    if not budget or n <= 1:
+        return [(0, n)]
+    pass_tokens = PASS_TOKENS if pass_tokens is None else pass_tokens
+    inf = float("inf")
+    best, cut = [0.0] + [inf] * n, [0] * (n + 1)
+    for j in range(1, n + 1):  # best[j]: the cheapest grouping of rows [0, j)
+        top = 0
+        for i in range(j - 1, -1, -1):
+            top = max(top, new[i])
+            if (j - i) * top > budget and j - i > 1:
+                break  # wider groups only pad more
+            cost = best[i] + (j - i) * top + pass_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], n
+    while j:
+        groups.append((cut[j], j))
+        j = cut[j]
+    return groups[::-1]
 
 
 def fill_left_padded(cache: Any, kept: list[list[tuple[Any, Any] | None] | None], width: int) -> None:
