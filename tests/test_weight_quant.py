@@ -363,7 +363,7 @@ def test_packed_passes_equal_f_linear_on_odd_noncontiguous_inputs(dtype, bias):
     info = apply_weights(model, "native")
     assert info.packed_layers == 1 and "prepacked" in info.describe(str(dtype))
     assert set(lin.state_dict()) == keys  # saves and loads as before
-    set_gemv_rows(model, 0)  # every pass on the packed weight, one row included
+    set_gemv_rows(model, 0)  # every pass on the packed weight but one fp32 row
     inputs = [torch.randn(37, 9, generator=g).to(dtype).t(),  # transposed view
               torch.randn(3, 10, 74, generator=g).to(dtype)[:, ::2, ::2],  # 3-D, strided both ways
               torch.randn(1, 37, generator=g).to(dtype),
@@ -371,7 +371,8 @@ def test_packed_passes_equal_f_linear_on_odd_noncontiguous_inputs(dtype, bias):
     tol = 1e-5 if dtype == torch.float32 else 2 ** -7
     for x in inputs:
         with torch.inference_mode():
-            assert _ran_packed(lambda: lin(x))
+            one_fp32_row = dtype == torch.float32 and x.numel() == 37  # MKL's sgemv
+            assert _ran_packed(lambda: lin(x)) != one_fp32_row
             got, want = lin(x), ref(x)
         assert got.shape == want.shape and got.dtype == dtype
         mag = x.float().abs() @ ref.weight.float().abs().T + (ref.bias.float().abs() if bias else 0)
