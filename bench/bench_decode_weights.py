@@ -14,8 +14,9 @@ another catalogued model or directory), all loaded in this process:
   rows round their activations to int8 per token and multiply integers, ``torch._int_mm``);
 * ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``, ...: the same on torch's own
   kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``;
-  the weights not prepacked for oneDNN: ``set_packed(model, False)``) and every attention on torch's SDPA (ragfast's decode-attention kernel off:
-  ``set_decode_attention(model, False)``), as before either kernel. ``bf16-torch`` is the bf16
+  bf16 weights not prepacked for oneDNN: ``set_packed(model, False)``) and every attention on
+  torch's SDPA (ragfast's decode-attention kernel off: ``set_decode_attention(model, False)``), as
+  before either kernel. ``bf16-torch`` is the bf16
   generator that issue 38's batch-64 goal is measured against.
 
 The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner

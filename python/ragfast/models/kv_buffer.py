@@ -235,9 +235,9 @@ def prefill_groups(new: list[int], budget: int, pass_tokens: int | None = None) 
     """Contiguous row groups ``(lo, hi)`` for a prefill whose rows have ``new[b]`` new tokens.
 
     Each group pads its rows to its own longest; the groups minimise the padded tokens computed
-    plus ``pass_tokens`` (default :data:`PASS_TOKENS`) per group, with at most ``budget`` padded tokens in a group (a row alone
-    may pass it). ``budget`` 0: one group. Rows sorted by ``new`` (as ``HFGenerator`` chunks them)
-    make the most of it; any order is valid.
+    plus ``pass_tokens`` (default :data:`PASS_TOKENS`) per group, with at most ``budget`` padded
+    tokens in a group (a row alone may pass it). ``budget`` 0: one group. Rows sorted by ``new``
+    (as ``HFGenerator`` chunks them) make the most of it; any order is valid.
 
     Examples
     --------

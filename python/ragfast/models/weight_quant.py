@@ -144,10 +144,7 @@ def _decode_linear_class():
             if _gemv_fits(self, x, torch) and self.weight.dtype == self.ragfast_gemv_dtype:
                 return self.ragfast_gemv(x)
             packed = self.ragfast_packed
-            # One fp32 row keeps MKL's sgemv, which reads at the memory's rate (oneDNN packed: 0.90x
-            # it at one row, 1.7x at four; Intel Xeon, AMX).
-            if (packed is not None and x.dtype == packed.dtype and x.device.type == "cpu"
-                    and (x.dtype != torch.float32 or x.numel() > self.in_features)):
+            if packed is not None and x.dtype == packed.dtype and x.device.type == "cpu":
                 if self.ragfast_packed_version != self.weight._version:
                     pack_weight(self)  # the weight changed in place since it was packed
                     packed = self.ragfast_packed
@@ -164,17 +161,17 @@ PACK_ROWS_HINT = 1024
 
 
 def packing_supported(weight: Any) -> bool:
-    """Whether oneDNN can run ``weight`` (a CPU linear layer's, fp32 or bf16) prepacked in this torch.
+    """Whether ``weight`` (a CPU linear layer's) gets a copy prepacked for oneDNN: bf16 weights
+    where oneDNN supports bf16 on this CPU (AVX-512 and up).
 
-    bf16 needs oneDNN's bf16 support on this CPU (AVX-512 and up); without it torch's own bf16
-    matmul is all there is.
+    fp32 weights are not packed: torch runs them on MKL's sgemm, which packed oneDNN beat by only
+    1.04x (prefill) and 1.11x (B = 64 decode) in the generator, for twice the fp32 weights' bytes
+    (Intel Xeon, AMX; bf16 gained 1.34x at B = 64).
     """
     import torch
 
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
         return False
-    if weight.dtype == torch.float32:
-        return True
     return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
@@ -182,10 +179,10 @@ def pack_weight(layer: Any) -> None:
     """Give a prepared native layer a copy of its weight in oneDNN's blocked layout.
 
     torch's matmul hands oneDNN the row-major weight, and oneDNN re-blocks it on every call: at
-    64 rows that re-blocking was a third of a bf16 projection's time (Intel Xeon, AMX; fp32 on
-    oneDNN prepacked beat MKL's sgemm 1.2-1.7x at 4-64 rows). The copy costs the weight's bytes
-    again in memory; its results equal ``F.linear``'s on contiguous inputs. The weight's version
-    counter is kept, so an in-place change (an adapter merged later) repacks at the next pass.
+    64 rows that re-blocking was about a third of a bf16 projection's time (Intel Xeon, AMX). The
+    copy costs the weight's bytes again in memory; its results equal ``F.linear``'s on contiguous
+    inputs. The weight's version counter is kept, so an in-place change (an adapter merged later)
+    repacks at the next pass.
     """
     import torch
 
@@ -319,9 +316,9 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None, pack: b
         (:func:`ragfast.ops.gemv.default_rows`); 0, no compiled kernels, or
         ``RAGFAST_BACKEND=ref``: torch's matmul for every pass.
     pack : bool
-        Native layers' other passes run on a copy of the weight prepacked for oneDNN
-        (:func:`pack_weight`; where oneDNN supports the weight's dtype on this CPU), at the cost of
-        the weight's bytes again in memory. False: torch's ``F.linear``.
+        Native bf16 layers' other passes run on a copy of the weight prepacked for oneDNN
+        (:func:`pack_weight`, :func:`packing_supported`), at the cost of the weight's bytes again
+        in memory. False: torch's ``F.linear``.
 
     Returns
     -------
