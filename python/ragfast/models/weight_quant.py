@@ -304,7 +304,7 @@ class WeightInfo:
                 f"{kernel})")
 
 
-def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None, pack: bool = True) -> WeightInfo:
+def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> WeightInfo:
     """Store ``model``'s linear layers as ``scheme`` says, in place, and count the bytes a pass reads.
 
     Parameters
@@ -320,10 +320,6 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None, pack: b
         does not. Default: per weight storage and ISA level, where it was measured to win
         (:func:`ragfast.ops.gemv.default_rows`); 0, no compiled kernels, or
         ``RAGFAST_BACKEND=ref``: torch's matmul for every pass.
-    pack : bool
-        Native bf16 layers' other passes run on a copy of the weight prepacked for oneDNN
-        (:func:`pack_weight`, :func:`packing_supported`), at the cost of the weight's bytes again
-        in memory. False: torch's ``F.linear``.
 
     Returns
     -------
@@ -361,7 +357,8 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None, pack: b
         setattr(parent, name.rpartition(".")[2], new)
         read += codes.nbytes + new.scales.nbytes + (0 if new.bias is None else new.bias.nbytes)
     rows = set_gemv_rows(model, gemv_rows)
-    packed = set_packed(model, pack) if cls is None else 0
+    # Native bf16 layers' other passes on a copy of the weight prepacked for oneDNN (set_packed).
+    packed = set_packed(model) if cls is None else 0
     # The norms' weights (the other parameters but the embedding table) are read every pass too.
     linear_params = {id(p) for _, m in targets for p in m.parameters(recurse=False)}
     embed_params = {id(p) for p in embed.parameters()} if embed is not None else set()
