@@ -334,3 +334,29 @@ def test_the_head_gets_row_major_input_even_at_one_row(tiny_qwen2_dir):
         assert torch.equal(y, torch.nn.functional.linear(h[:, -1:, :].clone(memory_format=torch.contiguous_format),
                                                          head.weight))
     assert seen == [((1, 1, d), (d, d, 1)), ((3, 1, d), (d, d, 1))]
+
+
+@pytest.mark.parametrize("features, want", [(("avx2", "avx512f"), None), (("avx512f", "avx512bf16"), "bfloat16"),
+                                            (("avx512f", "amx-tile", "amx-bf16"), "bfloat16"), ((), None)])
+def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(tiny_qwen2_dir, monkeypatch, features, want):
+    import torch
+
+    from ragfast.models.generator import HFGenerator
+    from ragfast.models.weight_quant import auto_dtype
+    from ragfast.ops import machine
+
+    monkeypatch.setattr(machine, "cpu_features", lambda: features)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # a torch or CPU without oneDNN's bf16
+        want = None
+    assert auto_dtype("cpu") == want
+    gen = HFGenerator(tiny_qwen2_dir, dtype="auto", memory_budget=None)
+    assert gen.dtype == (torch.bfloat16 if want else torch.float32)  # the tiny checkpoint is fp32
+    assert gen.describe()["dtype"] == (want or "float32")
+
+
+def test_run_settings_default_to_auto_dtype_and_name_a_bad_one():
+    from ragfast.runner.settings import RunSettings
+
+    assert RunSettings().dtype == "auto"
+    with pytest.raises(ConfigError, match="--dtype must be one of auto, float32"):
+        RunSettings(dtype="fp8")

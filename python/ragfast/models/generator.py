@@ -51,18 +51,6 @@ def _contiguous_input(module: Any, args: tuple) -> tuple:
     return (x, *args[1:])
 
 
-def _resolve_dtype(dtype: Any):
-    import torch
-
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16,
-             "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float64": torch.float64, "fp64": torch.float64}
-    if str(dtype) not in names:
-        raise ConfigError(f"unknown dtype {dtype!r}; expected one of {', '.join(names)}")
-    return names[str(dtype)]
-
-
 class HFGenerator(Generator):
     """Batched greedy generation with a transformers causal LM, reusing each session's KV cache.
 
@@ -112,7 +100,7 @@ class HFGenerator(Generator):
     device : str
         torch device.
     dtype : str or torch.dtype, optional
-        Weights and cache dtype (default: the checkpoint's).
+        Weights and cache dtype (default: the checkpoint's); ``"auto"``: :func:`~ragfast.models.weight_quant.auto_dtype`.
     max_batch : int
         Sessions per forward batch; more active sessions run in several batches.
     kv_reuse : bool
@@ -195,9 +183,12 @@ class HFGenerator(Generator):
         self._budget_note = "" if memory_budget == AUTO else ("none" if self._budget is None else "given")
         #: The last shared prefix: its token ids and per-layer (keys, values), each [kv_heads, n, head_dim].
         self._template: tuple[list[int], list[tuple[Any, Any]]] | None = None
+        from ragfast.models.weight_quant import resolve_dtype
+
         kw: dict[str, Any] = {}
-        if dtype is not None:
-            kw["dtype"] = _resolve_dtype(dtype)
+        torch_dtype = resolve_dtype(dtype, self.device)
+        if torch_dtype is not None:
+            kw["dtype"] = torch_dtype
         if attn_implementation:
             kw["attn_implementation"] = attn_implementation
         from ragfast.checks import check_safetensors

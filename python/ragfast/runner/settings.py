@@ -20,8 +20,9 @@ from ragfast.infra.http import is_url
 from ragfast.methods.base import BUILTIN_PACKAGES, get, names, unknown
 from ragfast.runner.config_file import BENCH_NAMES, RUN_ONLY, check_types, load_yaml
 
-#: The weight dtypes a local reasoner may be loaded in (``--dtype``).
-DTYPES: tuple[str, ...] = ("float32", "bfloat16", "float16")
+#: The weight dtypes a local reasoner may be loaded in (``--dtype``); ``auto``: bf16 where the
+#: device computes it natively, else the checkpoint's (models.weight_quant.auto_dtype).
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 #: How a local reasoner stores its linear layers' weights (``--weights``; models/weight_quant.py).
 WEIGHTS: tuple[str, ...] = ("native", "int8", "w8a8")
 #: RELOOP's planners (``--planner``).
@@ -89,8 +90,9 @@ class RunSettings:
         The Search-R1 loop's caps in reasoner tokens: new tokens per turn, observation length and
         context (the reference's 500, 500 and 4096); every method built on the loop reads them.
     dtype : str, optional
-        A local reasoner's weights: ``float32``, ``bfloat16`` or ``float16`` (default: the
-        checkpoint's).
+        A local reasoner's weights: ``auto`` (default: ``bfloat16`` on a CPU with AVX512-BF16 or
+        AMX and on a CUDA GPU with bf16, else the checkpoint's), ``float32``, ``bfloat16`` or
+        ``float16``; None: the checkpoint's.
     threads : int, optional
         torch CPU threads of this process (default: torch's). Not with ``ray``: an actor's
         threads follow the CPUs Ray gives it.
@@ -152,7 +154,7 @@ class RunSettings:
     max_new_tokens: int = 500
     max_obs_tokens: int = 500
     prompt_budget: int = 4096
-    dtype: str | None = None
+    dtype: str | None = "auto"
     weights: str = "native"
     threads: int | None = None
     memory_budget: str | int = "auto"
@@ -368,7 +370,7 @@ HELP: dict[str, str] = {
     "offset": "Skip the first N questions of --data (default 100: the first 100 are the S2G validation split).",
     "reasoner": "qwen2.5-coder-0.5b-searchr1 (default: the bundled Search-R1 adapter on Qwen2.5-Coder-0.5B, its "
                 "base fetched on first use) | qwen2.5-coder-1.5b-searchr1 (the same on the 1.5B: searches help it; "
-                "about 3x the time; run it with --dtype bfloat16 where the CPU has bf16) | scripted (the oracle: the "
+                "about 3x the time) | scripted (the oracle: the "
                 "reachability ceiling) | smollm2-searchr1 | "
                 "tiny | a catalogue model | a Hugging Face id | a train-reasoner OUT/adapter | a local model "
                 "directory | an OpenAI-compatible URL (URL#name names the served model).",
@@ -402,7 +404,8 @@ HELP: dict[str, str] = {
     "max_new_tokens": "New tokens per turn (reference: 500).",
     "max_obs_tokens": "Observation cap in tokens (reference: 500).",
     "prompt_budget": "Context cap in tokens (reference: 4096).",
-    "dtype": "Local reasoner weights: float32 | bfloat16 | float16 (default: the checkpoint's).",
+    "dtype": "Local reasoner weights: auto (default: bfloat16 where the CPU has AVX512-BF16 or AMX, or on a bf16 "
+             "GPU; else the checkpoint's) | float32 | bfloat16 | float16.",
     "weights": "Local reasoner's linear layers: native (in --dtype) | int8 (weight-only, one scale per output "
                "channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per token, "
                "in passes of more than 16 rows: integer matmuls for batched decode and prefill). Opt-in: held-out "
