@@ -15,8 +15,9 @@ another catalogued model or directory), all loaded in this process:
 * ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``, ...: the same on torch's own
   kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``;
   bf16 weights not prepacked for oneDNN: ``set_packed(model, False)``) and every attention on
-  torch's SDPA (ragfast's decode-attention kernel off: ``set_decode_attention(model, False)``), as
-  before either kernel. ``bf16-torch`` is the bf16
+  torch's SDPA (ragfast's decode-attention kernel off: ``set_decode_attention(model, False)``) and
+  every RMSNorm and SiLU gate on the modules' own code (``set_fused_layers(model, False)``), as
+  before those kernels. ``bf16-torch`` is the bf16
   generator that issue 38's batch-64 goal is measured against.
 
 The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner
@@ -104,6 +105,7 @@ def linear_params(model) -> int:
 def load(model: str, dtype: str, weights: str, torch_only: bool = False):
     from ragfast.models.attention import set_decode_attention
     from ragfast.models.catalogue import resolve
+    from ragfast.models.fused_layers import set_fused_layers
     from ragfast.models.generator import HFGenerator
     from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
     from ragfast.models.weight_quant import set_gemv_rows, set_packed
@@ -114,6 +116,7 @@ def load(model: str, dtype: str, weights: str, torch_only: bool = False):
         gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0),
                                               packed_layers=set_packed(gen.model, False))
         set_decode_attention(gen.model, False)
+        set_fused_layers(gen.model, False)
     return gen
 
 

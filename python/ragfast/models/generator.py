@@ -205,6 +205,9 @@ class HFGenerator(Generator):
 
             # Decode steps' attention on the kernel (models/attention.py; SDPA elsewhere).
             set_decode_attention(self.model)
+        from ragfast.models.fused_layers import set_fused_layers
+
+        set_fused_layers(self.model)  # RMSNorm and the SiLU gate on ragfast's kernels (models/fused_layers.py)
         self.config = self.model.config
         self.kv_reuse_note = ""
         if self.kv_reuse:

@@ -9,6 +9,8 @@ from ragfast.ops import argmax as _argmax  # noqa: E402,F401  (registers ref/cpp
 from ragfast.ops import decode_attention as _decode_attention  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import gemv as _gemv  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import policy as _policy  # noqa: E402,F401  (registers sweep/bootstrap ref/cpp)
+from ragfast.ops import rms_norm as _rms_norm  # noqa: E402,F401  (registers ref/cpp)
+from ragfast.ops import silu_mul as _silu_mul  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import topk_ip as _topk_ip  # noqa: E402,F401  (registers ref/cpp/triton)
 from ragfast.ops import w8a8 as _w8a8  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops.topk_ip import (  # noqa: E402,F401
