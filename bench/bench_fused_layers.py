@@ -10,8 +10,9 @@ Two parts, one run:
 * **generator**: ``HFGenerator`` on ``--model`` (default the default reasoner, bf16) with the
   kernels in the model (``set_fused_layers(model, True)``) and without (``False``), in one
   process, alternating the order each repetition (ABBA): the Search-R1 prompts of the first
-  ``--batch`` bundled dev questions, prefill (one token) then ``--tokens`` greedy tokens, as in
-  bench/bench_decode_weights.py; greedy tokens compared between the two.
+  ``--batch`` bundled dev questions, each followed by an observation of ``--context-tokens`` tokens
+  of its own paragraphs (a later turn's prefill), prefill (one token) then ``--tokens`` greedy
+  tokens, as in bench/bench_decode_weights.py; greedy tokens compared between the two.
 
 The anchors are the torch code (ops) and the generator without the kernels; every ratio is
 against them, measured in the same run. Rows go to bench/results/bench_fused_layers.csv.
@@ -85,7 +86,14 @@ def generator_part(args, torch) -> list:
     from ragfast.protocol import build_prompt
 
     gen = load(args.model, args.dtype, "native")
-    prompts = [gen.format_prompt(build_prompt(q.question)) for q in load_qa("hotpotqa-dev")[:args.batch]]
+    prompts = []
+    for q in load_qa("hotpotqa-dev")[:args.batch]:
+        # a later turn's prefill: the prompt and an observation of --context-tokens tokens (the
+        # question's own paragraphs), as Search-R1 feeds the reasoner after a search
+        ctx = q.metadata["context"]
+        passages = " ".join(f"{t}: {''.join(sents)}" for t, sents in zip(ctx["title"], ctx["sentences"]))
+        obs = gen.tokenizer.decode(gen.tokenizer(passages)["input_ids"][:args.context_tokens])
+        prompts.append(gen.format_prompt(build_prompt(q.question)) + f"<information>{obs}</information>")
     one(gen, prompts[:2], 2, "warm")
     res: dict[bool, list[dict]] = {True: [], False: []}
     for rep in range(args.reps):
@@ -96,7 +104,7 @@ def generator_part(args, torch) -> list:
             print(f"rep {rep} fused={on!s:5s} prefill {r['prefill_tokens'] / r['t_pre']:7.1f} tok/s  decode "
                   f"{r['dec_tokens'] / r['t_dec']:7.1f} tok/s", flush=True)
     out = []
-    params = f"{args.model},{args.dtype},B={args.batch},tokens={args.tokens}"
+    params = f"{args.model},{args.dtype},B={args.batch},context={args.context_tokens},tokens={args.tokens}"
     for part, key, n in (("prefill", "t_pre", "prefill_tokens"), ("decode", "t_dec", "dec_tokens")):
         on = [r[n] / r[key] for r in res[True]]
         off = [r[n] / r[key] for r in res[False]]
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--context-tokens", type=int, default=400, help="generator part: observation tokens per prompt")
     ap.add_argument("--reps", type=int, default=4)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--csv", default=str(Path(__file__).parent / "results" / "bench_fused_layers.csv"))

@@ -24,10 +24,10 @@ NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm", "MistralRMSNorm")
 #: MLP classes whose forward is ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``.
 MLPS = ("LlamaMLP", "Qwen2MLP", "Qwen3MLP", "MistralMLP")
 #: Rows (tokens in the pass) from which an MLP's gate runs on the kernel: a prefill pass. At 1,920
-#: rows it ran at 1.2-3.3x torch in bf16 and 1.7-1.9x in fp32; at 64 rows (a batch-64 decode step)
-#: at 0.86-0.94x in bf16 (1.1-1.5x in fp32), and at one row 0.3-0.5x (the call's Python costs more
-#: than the 4,864 values). Intel Xeon (Emerald Rapids), two threads, bench/bench_fused_layers.py.
-#: The norms run on their kernel at every size (1.5-4.6x there).
+#: rows it ran at 1.2-1.4x torch in bf16 and 1.8-1.9x in fp32; at 64 rows (a batch-64 decode step)
+#: at 0.91-0.93x in bf16 (1.2-1.7x in fp32), and at one row 0.3-0.4x (the call's Python costs more
+#: than its 4,864 values). Intel Xeon (Emerald Rapids), two threads, bench/bench_fused_layers.py.
+#: The norms run on their kernel at every size (1.5-4.3x there).
 SILU_MIN_ROWS = 128
 _MARK = "_ragfast_fused"
 

@@ -63,7 +63,7 @@ def auto_dtype(device: str = "cpu") -> str | None:
     checkpoint's).
 
     Why: on a CPU with bf16 instructions the default reasoner's batched turns ran 1.8x faster in
-    bf16 than in fp32 with the same held-out EM (README, *The default reasoner*); without them
+    bf16 than in fp32 with the same held-out EM (README, *Weight precision*); without them
     torch emulates bf16 through fp32 and gains nothing.
     """
     import torch

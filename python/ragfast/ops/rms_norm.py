@@ -8,7 +8,7 @@ each of its 49 norms in bf16 (Intel Xeon, two threads). ``cpp`` does it in one p
 
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (the module's torch code, the
 oracle) and ``cpp``. Results agree with ``ref`` up to the order of the sum of squares: fp32
-within a few units in the last place, bf16 within one bf16 step. :func:`rms_norm` checks and
+within a few units in the last place, bf16 within two bf16 steps. :func:`rms_norm` checks and
 dispatches; :mod:`ragfast.models.fused_layers` puts it inside a loaded model.
 """
 from __future__ import annotations

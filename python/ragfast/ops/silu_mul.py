@@ -8,7 +8,8 @@ threads over the rows) reads both inputs once and writes once, rounding where to
 
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (``F.silu(gate) * up``, the
 oracle) and ``cpp``; they agree within a few fp32 units in the last place (the exponential), which
-in bf16 is at most one bf16 step. :func:`silu_mul` checks and dispatches.
+in bf16 is a bf16 step or two where a rounding falls the other way. :func:`silu_mul` checks and
+dispatches.
 """
 from __future__ import annotations
 
