@@ -90,8 +90,7 @@ def test_gradients_take_the_modules_own_code(models):
 
 
 def test_the_generator_runs_them_and_its_greedy_tokens_are_unchanged_in_fp32(tiny_qwen2_dir):
-    from ragfast import _C
-    from ragfast.models.fused_layers import FAST_LEVELS, fused_layers_on, set_fused_layers
+    from ragfast.models.fused_layers import fused_layers_on, set_fused_layers
     from ragfast.models.generator import HFGenerator
 
     gen = HFGenerator(tiny_qwen2_dir, dtype="float32", memory_budget=None)
