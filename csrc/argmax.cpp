@@ -14,10 +14,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <stdexcept>
 
 #include "argmax_common.h"
+#include "bf16_scalar.h"
 #include "isa.h"
 #include "registry.h"
 #include "threads.h"
@@ -33,20 +33,12 @@ using namespace ragfast::argmax_common;
 // microseconds, about what 16k values take).
 constexpr int64_t kMinValuesPerThread = 1 << 15;
 
-inline float value(const void* row, int64_t i, bool bf16) {
-  if (!bf16) return static_cast<const float*>(row)[i];
-  uint32_t b = uint32_t(static_cast<const uint16_t*>(row)[i]) << 16;
-  float f;
-  std::memcpy(&f, &b, 4);
-  return f;
-}
-
 int64_t argmax_row_generic(const void* row, int64_t n, bool bf16) {
   int64_t best = 0;
-  float m = value(row, 0, bf16);
+  float m = load_float(row, 0, bf16);
   if (std::isnan(m)) return 0;
   for (int64_t i = 1; i < n; ++i) {
-    const float v = value(row, i, bf16);
+    const float v = load_float(row, i, bf16);
     if (std::isnan(v)) return i;
     if (v > m) {
       m = v;

@@ -23,6 +23,11 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even; NaN stays a 
   return uint16_t((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
+// Element i of fp32 values, or of bf16 values (held as uint16_t) when `bf16`, as fp32.
+inline float load_float(const void* p, int64_t i, bool bf16) {
+  return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
+}
+
 // A stored value as fp32: fp32 and int8 by conversion, bf16 (held as uint16_t) by its bits.
 template <typename T>
 inline float widen(T v) {

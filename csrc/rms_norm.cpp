@@ -32,21 +32,17 @@ using namespace ragfast::rms_norm_common;
 // Values per thread below which one thread does it all (a team costs a few microseconds).
 constexpr int64_t kMinValuesPerThread = 1 << 15;
 
-inline float load(const void* p, int64_t i, bool bf16) {
-  return bf16 ? bf16_to_float(static_cast<const uint16_t*>(p)[i]) : static_cast<const float*>(p)[i];
-}
-
 void rms_norm_row_generic(const void* x, const void* w, void* y, int64_t n, float eps, bool bf16) {
   float ss = 0.f;
   for (int64_t i = 0; i < n; ++i) {
-    const float v = load(x, i, bf16);
+    const float v = load_float(x, i, bf16);
     ss += v * v;
   }
   const float inv = 1.f / std::sqrt(ss / float(n) + eps);
   for (int64_t i = 0; i < n; ++i) {
     if (bf16) {
-      const float t = bf16_to_float(float_to_bf16(load(x, i, true) * inv));
-      static_cast<uint16_t*>(y)[i] = float_to_bf16(load(w, i, true) * t);
+      const float t = bf16_to_float(float_to_bf16(load_float(x, i, true) * inv));
+      static_cast<uint16_t*>(y)[i] = float_to_bf16(load_float(w, i, true) * t);
     } else {
       static_cast<float*>(y)[i] = static_cast<const float*>(w)[i] * (static_cast<const float*>(x)[i] * inv);
     }

@@ -32,14 +32,12 @@ constexpr int64_t kMinValuesPerThread = 1 << 15;
 
 void silu_mul_row_generic(const void* g, const void* u, void* y, int64_t n, bool bf16) {
   for (int64_t i = 0; i < n; ++i) {
-    if (bf16) {
-      const float a = bf16_to_float(static_cast<const uint16_t*>(g)[i]);
-      const float s = bf16_to_float(float_to_bf16(a / (1.f + std::exp(-a))));
-      static_cast<uint16_t*>(y)[i] = float_to_bf16(s * bf16_to_float(static_cast<const uint16_t*>(u)[i]));
-    } else {
-      const float a = static_cast<const float*>(g)[i];
-      static_cast<float*>(y)[i] = (a / (1.f + std::exp(-a))) * static_cast<const float*>(u)[i];
-    }
+    const float a = load_float(g, i, bf16);
+    const float s = a / (1.f + std::exp(-a));
+    if (bf16)  // torch rounds the activation to bf16 before the product
+      static_cast<uint16_t*>(y)[i] = float_to_bf16(bf16_to_float(float_to_bf16(s)) * load_float(u, i, true));
+    else
+      static_cast<float*>(y)[i] = s * load_float(u, i, false);
   }
 }
 

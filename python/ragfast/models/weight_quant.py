@@ -73,8 +73,15 @@ def auto_dtype(device: str = "cpu") -> str | None:
     from ragfast.ops.machine import cpu_features
 
     native = {"avx512bf16", "amx-bf16"} & set(cpu_features())
-    ok = native and torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    return "bfloat16" if ok else None
+    return "bfloat16" if native and _onednn_bf16() else None
+
+
+def _onednn_bf16() -> bool:
+    """Whether torch's oneDNN runs bf16 matmuls on this CPU (AVX-512 and up; enabled)."""
+    import torch
+
+    mkldnn = torch.backends.mkldnn
+    return mkldnn.is_available() and mkldnn.enabled and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def resolve_dtype(dtype: Any, device: str = "cpu") -> Any:
@@ -216,9 +223,7 @@ def packing_supported(weight: Any) -> bool:
     """
     import torch
 
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled:
-        return False
-    return weight.dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return weight.device.type == "cpu" and weight.dtype == torch.bfloat16 and _onednn_bf16()
 
 
 def pack_weight(layer: Any) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragfast.ops.layout import as_rows
 from ragfast.ops.registry import cpp_module, register, resolve
 
 __all__ = ["argmax", "argmax_ref"]
@@ -38,13 +39,11 @@ def argmax_cpp(x: Any, threads: int | None = None) -> Any:
 
     _check(x)
     lead, N = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, N)  # a view where the leading dimensions allow it
-    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < N):
-        x2 = x2.contiguous()
+    x2, ldx = as_rows(x)
     M = x2.shape[0]
     out = torch.empty(M, dtype=torch.long)
-    cpp_module().argmax(x2.data_ptr(), x.dtype == torch.bfloat16, M, N, x2.stride(0) if M > 1 else N,
-                        out.data_ptr(), torch.get_num_threads() if threads is None else threads)
+    cpp_module().argmax(x2.data_ptr(), x.dtype == torch.bfloat16, M, N, ldx, out.data_ptr(),
+                        torch.get_num_threads() if threads is None else threads)
     return out.view(lead)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragfast.ops.layout import as_rows
 from ragfast.ops.registry import cpp_module, register, resolve
 
 __all__ = ["GemvWeight", "default_rows", "gemv", "gemv_ref", "weight_kind"]
@@ -132,9 +133,7 @@ class GemvWeight:
 
         self.check_x(x)
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.K)
-        if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < self.K):
-            x2 = x2.contiguous()
+        x2, ldx = as_rows(x)
         M = x2.shape[0]
         if out is None:
             y = torch.empty((M, self.N), dtype=x.dtype)
@@ -146,7 +145,7 @@ class GemvWeight:
             if y.stride(1) != 1:
                 raise ValueError("gemv: out's rows must be contiguous")
         c = cpp_module()
-        c.gemv(x2.data_ptr(), x.dtype == torch.bfloat16, M, self.K, x2.stride(0) if M > 1 else self.K,
+        c.gemv(x2.data_ptr(), x.dtype == torch.bfloat16, M, self.K, ldx,
                self.weight.data_ptr(), self.kind, self.N, self.weight.stride(0),
                0 if self.scales is None else self.scales.data_ptr(), 0 if self.bias is None else self.bias.data_ptr(),
                y.data_ptr(), y.stride(0) if M > 1 else self.N, torch.get_num_threads() if threads is None else threads)

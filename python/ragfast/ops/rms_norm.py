@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragfast.ops.layout import as_rows
 from ragfast.ops.registry import cpp_module, register, resolve
 
 __all__ = ["rms_norm", "rms_norm_ref"]
@@ -47,14 +48,12 @@ def rms_norm_cpp(x: Any, weight: Any, eps: float, threads: int | None = None, ou
 
     _check(x, weight)
     lead, N = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, N)  # a view where the leading dimensions allow it
-    if x2.stride(1) != 1 or (x2.shape[0] > 1 and x2.stride(0) < N):
-        x2 = x2.contiguous()
+    x2, ldx = as_rows(x)
     w = weight.contiguous()
     M = x2.shape[0]
     out = torch.empty((M, N), dtype=x.dtype) if out is None else out
-    cpp_module().rms_norm(x2.data_ptr(), x2.stride(0) if M > 1 else N, w.data_ptr(), out.data_ptr(), M, N,
-                          float(eps), x.dtype == torch.bfloat16, torch.get_num_threads() if threads is None else threads)
+    cpp_module().rms_norm(x2.data_ptr(), ldx, w.data_ptr(), out.data_ptr(), M, N, float(eps), x.dtype == torch.bfloat16,
+                          torch.get_num_threads() if threads is None else threads)
     return out.view(*lead, N)
 
 

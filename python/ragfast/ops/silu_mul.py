@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ragfast.ops.layout import as_rows
 from ragfast.ops.registry import cpp_module, register, resolve
 
 __all__ = ["silu_mul", "silu_mul_ref"]
@@ -40,25 +41,16 @@ def silu_mul_ref(gate: Any, up: Any) -> Any:
     return torch.nn.functional.silu(gate) * up
 
 
-def _rows(t: Any) -> Any:
-    N = t.shape[-1]
-    t2 = t.reshape(-1, N)
-    if t2.stride(1) != 1 or (t2.shape[0] > 1 and t2.stride(0) < N):
-        t2 = t2.contiguous()
-    return t2
-
-
 def silu_mul_cpp(gate: Any, up: Any, threads: int | None = None, out: Any = None) -> Any:
     """``out``: a contiguous ``[rows, N]`` tensor to write (the tests poison it first)."""
     import torch
 
     _check(gate, up)
     N = gate.shape[-1]
-    g, u = _rows(gate), _rows(up)
+    (g, ldg), (u, ldu) = as_rows(gate), as_rows(up)
     M = g.shape[0]
     out = torch.empty((M, N), dtype=gate.dtype) if out is None else out
-    cpp_module().silu_mul(g.data_ptr(), g.stride(0) if M > 1 else N, u.data_ptr(), u.stride(0) if M > 1 else N,
-                          out.data_ptr(), M, N, gate.dtype == torch.bfloat16,
+    cpp_module().silu_mul(g.data_ptr(), ldg, u.data_ptr(), ldu, out.data_ptr(), M, N, gate.dtype == torch.bfloat16,
                           torch.get_num_threads() if threads is None else threads)
     return out.view(gate.shape)
 
