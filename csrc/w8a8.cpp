@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
+#include <vector>
 
 #include "bf16_scalar.h"
 #include "isa.h"
@@ -161,6 +162,44 @@ void w8a8_dequantize(uintptr_t acc, int64_t M, int64_t N, uintptr_t xs, uintptr_
   });
 }
 
+bool matmul_available() {
+#ifdef RAGFAST_ISA_HAVE_amx
+  return isa::current() >= isa::kAmx;
+#else
+  return false;
+#endif
+}
+
+void w8a8_matmul(uintptr_t xq, int64_t M, int64_t K, uintptr_t xs, uintptr_t packed, int64_t N, uintptr_t ws,
+                 uintptr_t bias, uintptr_t y, bool bf16, int64_t ldy, int threads) {
+  if (!matmul_available()) throw std::runtime_error("w8a8_matmul: needs the amx ISA level");
+  if (M < 0 || N < 1 || K < 64 || K % 64) throw std::invalid_argument("w8a8_matmul: needs M >= 0, N >= 1, K a multiple of 64");
+  if (M > 1 && ldy < N) throw std::invalid_argument("w8a8_matmul: the row stride is shorter than the row");
+  if (M == 0) return;
+#ifdef RAGFAST_ISA_HAVE_amx
+  py::gil_scoped_release release;
+  const auto* x = reinterpret_cast<const int8_t*>(xq);
+  // The last partial 16-row group, zero padded: a tile load reads 16 whole rows.
+  std::vector<int8_t> tail;
+  if (M % 16) {
+    tail.assign(size_t(16 * K), 0);
+    std::memcpy(tail.data(), x + (M / 16) * 16 * K, size_t((M % 16) * K));
+  }
+  const int64_t groups = (N + 15) / 16, pairs = (groups + 1) / 2;
+  // Threads split the column pairs; every thread reads all the rows (they stay in its L2).
+  const int T = team_size(threads, std::min(pairs, M * N * K / (int64_t(1) << 20) + 1));
+  run_team(T, [&](int t) {
+    const int64_t j0 = 2 * (pairs * t / T), j1 = std::min(groups, 2 * (pairs * (t + 1) / T));
+    if (j0 < j1)
+      w8a8_matmul_cols_amx(x, tail.empty() ? nullptr : tail.data(), M, K, reinterpret_cast<const float*>(xs),
+                           reinterpret_cast<const int8_t*>(packed), N, j0, j1, reinterpret_cast<const float*>(ws),
+                           reinterpret_cast<const float*>(bias), reinterpret_cast<void*>(y), M > 1 ? ldy : N, bf16);
+  });
+#else
+  (void)xq, (void)xs, (void)packed, (void)ws, (void)bias, (void)y, (void)bf16, (void)threads;
+#endif
+}
+
 }  // namespace w8a8_detail
 }  // namespace ragfast
 
@@ -177,4 +216,12 @@ RAGFAST_REGISTER(w8a8, [](py::module_& m) {
         "w8a8_dequantize(acc, M, N, xs, ws, bias, y, bf16, ldy, threads=0)\n"
         "y[m, n] = float(acc[m, n]) * xs[m] * ws[n] (+ bias[n]; 0 address: none) from contiguous int32 sums,\n"
         "written as fp32, or bf16 when bf16 (rows ldy elements apart). Use ragfast.ops.w8a8.dequantize_sums.");
+  m.def("w8a8_matmul_available", &matmul_available, "Whether w8a8_matmul runs here (the amx ISA level).");
+  m.def("w8a8_matmul", &w8a8_matmul, py::arg("xq"), py::arg("M"), py::arg("K"), py::arg("xs"), py::arg("packed"),
+        py::arg("N"), py::arg("ws"), py::arg("bias"), py::arg("y"), py::arg("bf16"), py::arg("ldy"),
+        py::arg("threads") = 0,
+        "w8a8_matmul(xq, M, K, xs, packed, N, ws, bias, y, bf16, ldy, threads=0)\n"
+        "y = w8a8_dequantize(xq @ codes.T, xs, ws, bias): int8 codes xq[M, K] (contiguous, K a multiple of 64)\n"
+        "times the weight's codes [N, K] packed by ragfast.ops.w8a8.pack_codes, with AMX-INT8 (amx level only).\n"
+        "Use ragfast.ops.w8a8.matmul, which checks the tensors; this does not.");
 });

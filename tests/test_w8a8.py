@@ -108,3 +108,100 @@ def test_a_wide_w8a8_layer_runs_in_column_blocks_and_equals_its_reference():
     want = w8a8_linear_ref(x, model[0].codes, scales, lin.bias)
     assert got.shape == (KERNEL_ROWS + 3, n)
     torch.testing.assert_close(got.float(), want.float(), rtol=2 ** -8, atol=2 ** -8 * float(want.abs().max()))
+
+
+def _int8(shape, g):
+    return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+
+
+def test_packed_codes_round_trip_and_bad_shapes():
+    from ragfast.ops.w8a8 import pack_codes
+
+    g = seeded()
+    for n, k in [(1, 64), (15, 128), (16, 64), (33, 192)]:
+        codes = _int8((n, k), g)
+        p = pack_codes(codes)
+        assert p.data.shape == ((n + 15) // 16, k // 4, 16, 4) and p.data.is_contiguous()
+        assert torch.equal(p.codes(), codes)
+        assert not p.data.permute(0, 2, 1, 3).reshape(-1, k)[n:].any()  # columns past N are zero
+    for bad, match in ((torch.zeros(4, 48, dtype=torch.int8), "multiple of 64"),
+                       (torch.zeros(4, 64), "int8 CPU tensor"), (torch.zeros(0, 64, dtype=torch.int8), "N >= 1")):
+        with pytest.raises(ValueError, match=match) as e:
+            pack_codes(bad)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bias", [False, True])
+def test_matmul_equals_the_reference_at_each_level(isa_level, dtype, bias):
+    """The AMX product with its scales fused, bit for bit against the integer matmul and the
+    reference scaler, on odd sizes (partial 16-row and 16-column groups, one 32-column strip
+    and several), rows given with a stride, outputs poisoned in a column slice of a wider tensor.
+    Below the amx level the compiled path is refused and the default falls back to the reference."""
+    from ragfast.ops.w8a8 import matmul, matmul_available, pack_codes
+
+    g = seeded()
+    if isa_level != "amx":
+        assert not matmul_available()
+        xq, w = _int8((3, 64), g), pack_codes(_int8((5, 64), g))
+        with pytest.raises(RuntimeError, match="amx"):
+            matmul(xq, torch.ones(3), w, torch.ones(5), backend="cpp")
+        assert torch.equal(matmul(xq, torch.ones(3), w, torch.ones(5)),
+                           matmul(xq, torch.ones(3), w, torch.ones(5), backend="ref"))
+        return
+    assert matmul_available()
+    for M, K, N in [(1, 64, 1), (5, 128, 17), (16, 64, 16), (17, 192, 33), (33, 64, 130), (64, 896, 259),
+                    (100, 320, 47), (31, 256, 1000)]:
+        wide_x = _int8((M, K + 64), g)
+        xq = wide_x[:, 32:32 + K]  # strided rows: copied once
+        w = pack_codes(_int8((N, K), g))
+        xs, ws = torch.rand(M, generator=g) / 50, torch.rand(N, generator=g) / 50
+        xs[0] = 1.0
+        b = torch.randn(N, generator=g) if bias else None
+        want = matmul(xq, xs, w, ws, b, dtype, backend="ref")
+        got = matmul(xq, xs, w, ws, b, dtype, backend="cpp")
+        assert got.dtype == dtype and got.shape == (M, N) and torch.equal(got, want)
+        poisoned = torch.full((M, N + 9), float("nan"), dtype=dtype)
+        out = matmul(xq, xs, w, ws, b, out=poisoned[:, 4:4 + N], backend="cpp")
+        assert torch.equal(out, want) and torch.equal(poisoned[:, 4:4 + N], want)
+        assert torch.isnan(poisoned[:, :4].float()).all() and torch.isnan(poisoned[:, 4 + N:].float()).all()
+
+
+def test_matmul_equals_int_mm_with_extreme_codes_and_any_threads():
+    """All-±127 codes at the deepest depth of the models (the 1.5B's 8,960): exact int32 sums, the
+    same bits as torch._int_mm + dequantize_sums, and the same for 1, 2 and 3 threads."""
+    from ragfast.ops.w8a8 import matmul, matmul_available, pack_codes
+
+    if not matmul_available():
+        pytest.skip("the compiled matmul runs at the amx level only")
+    g = seeded()
+    M, K, N = 37, 8960, 48
+    xq = torch.where(torch.rand(M, K, generator=g) < 0.5, 127, -127).to(torch.int8)
+    xq[1] = 127
+    codes = torch.where(torch.rand(N, K, generator=g) < 0.5, 127, -127).to(torch.int8)
+    codes[2] = 127
+    xs, ws = torch.rand(M, generator=g), torch.rand(N, generator=g)
+    want = dequantize_sums(torch.mm(xq.int(), codes.int().t()), xs, ws, None, torch.float32, backend="ref")
+    w = pack_codes(codes)
+    before = torch.get_num_threads()
+    try:
+        for t in (1, 2, 3):
+            torch.set_num_threads(t)
+            assert torch.equal(matmul(xq, xs, w, ws, backend="cpp"), want)
+    finally:
+        torch.set_num_threads(before)
+    assert float(want[1, 2]) == pytest.approx(127 * 127 * K * float(xs[1]) * float(ws[2]), rel=1e-6)
+
+
+def test_bad_matmul_input_is_one_line():
+    from ragfast.ops.w8a8 import matmul, pack_codes
+
+    w = pack_codes(torch.zeros(5, 64, dtype=torch.int8))
+    xq = torch.zeros(3, 64, dtype=torch.int8)
+    for args, match in (((xq.float(), torch.ones(3), w, torch.ones(5)), "codes must be"),
+                        ((torch.zeros(3, 128, dtype=torch.int8), torch.ones(3), w, torch.ones(5)), r"\[rows, 64\]"),
+                        ((xq, torch.ones(2), w, torch.ones(5)), "row scales"),
+                        ((xq, torch.ones(3), w, torch.ones(4)), "column scales")):
+        with pytest.raises(ValueError, match=match) as e:
+            matmul(*args, backend="ref")
+        assert "\n" not in str(e.value)

@@ -427,3 +427,36 @@ def test_generator_greedy_tokens_with_and_without_packed_weights(qwen_dir):
         out[on] = [list(gen.last_generated[s]) for s in ("a", "b", "c")]
         gen.end(["a", "b", "c"])
     assert out[True] == out[False] and all(len(t) == 8 for t in out[False])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
+    """At the amx level a w8a8 layer whose depth is a multiple of 64 keeps its codes in tile layout
+    and its integer passes run ragfast.ops.w8a8.matmul (counted), the same bits as torch._int_mm's
+    path (set_packed off); other levels and the weight-only passes never call it."""
+    import ragfast.ops.w8a8 as w8a8_ops
+    from ragfast.models import weight_quant
+    from ragfast.models.weight_quant import int8_matmul_exact, set_packed
+
+    if not int8_matmul_exact():
+        pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
+    g = torch.Generator().manual_seed(7)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 70), torch.nn.Linear(70, 9)).to(dtype)
+    info = apply_weights(model, "w8a8")
+    tiles = isa_level == "amx"
+    assert info.packed_layers == (1 if tiles else 0)  # depth 70 is not a multiple of 64
+    assert (model[0].ragfast_packed is not None) == tiles and model[1].ragfast_packed is None
+    calls = []
+    real = w8a8_ops.matmul
+    x = torch.randn(3 * KERNEL_ROWS + 1, 128, generator=g).to(dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weight_quant, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
+        with torch.inference_mode():
+            got = model[0](x)
+            model[0](x[:KERNEL_ROWS])  # few rows: the weight-only path
+    assert len(calls) == (1 if tiles else 0)
+    assert set_packed(model, False) == 0 and model[0].ragfast_packed is None
+    with torch.inference_mode():
+        want = model[0](x)
+    assert torch.equal(got, want)
+    assert "AMX tiles" in info.describe("bfloat16") if tiles else "AMX" not in info.describe("bfloat16")

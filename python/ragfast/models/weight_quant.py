@@ -17,6 +17,9 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill) also rounds its input
   to int8, one symmetric scale per row (token), and multiplies integers with torch's
   ``_int_mm`` (exact int32 sums; oneDNN's VNNI / AMX-INT8 kernels), then applies both scales.
+  At the amx ISA level the layer keeps its codes also in AMX's tile layout and runs the product
+  and both scales as one ragfast kernel (:func:`ragfast.ops.w8a8.matmul`, the same bits), since
+  ``_int_mm`` re-blocks the row-major codes on every call.
   Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
   batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
   where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. Opt-in
@@ -40,7 +43,8 @@ from typing import Any
 
 from ragfast.errors import ConfigError
 from ragfast.ops.gemv import GemvWeight
-from ragfast.ops.w8a8 import dequantize_sums, quantize_rows, quantize_rows_ref
+from ragfast.ops.w8a8 import MATMUL_DEPTH, dequantize_sums, matmul, matmul_available, pack_codes, quantize_rows, \
+    quantize_rows_ref
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
 WEIGHTS = ("native", "int8", "w8a8")
@@ -265,6 +269,7 @@ def _int8_module_class():
             self.kernel_rows = 1 << 62 if act_dtype == torch.float32 and not int8_acts else KERNEL_ROWS
             self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
             self.ragfast_gemv, self.ragfast_gemv_rows = None, 0  # set by apply_weights
+            self.ragfast_packed = None  # w8a8's codes in AMX tile layout (set_packed)
 
         def forward(self, x: Any) -> Any:
             if _gemv_fits(self, x, torch):
@@ -286,6 +291,10 @@ def _int8_module_class():
                 # batch-64 decode step); the same bits as quantize_int8 and w8a8_linear_ref's order.
                 xq, xs = quantize_rows(x2)  # one scale per row (token)
                 n, step = self.out_features, W8A8_COLUMNS
+                if self.ragfast_packed is not None and matmul_available():
+                    # AMX-INT8 on the prepacked codes, both scales applied block by block in cache.
+                    y = matmul(xq, xs, self.ragfast_packed, self.scales32, self.bias32, x.dtype)
+                    return y.reshape(*shape[:-1], n)
                 if n <= 2 * step:
                     y = dequantize_sums(torch._int_mm(xq, self.codes.t()), xs, self.scales32, self.bias32, x.dtype)
                     return y.reshape(*shape[:-1], n)
@@ -328,7 +337,8 @@ class WeightInfo:
     gemv_rows : int
         The most rows a pass runs on ragfast's gemv kernel (0: none).
     packed_layers : int
-        Native linear layers whose other passes run on a weight prepacked for oneDNN.
+        Linear layers whose other passes run on a prepacked weight: native ones in oneDNN's
+        layout, w8a8 ones' codes in AMX's tile layout.
     """
 
     scheme: str
@@ -344,8 +354,10 @@ class WeightInfo:
             packed = f", prepacked for oneDNN ({self.packed_layers} linear layers)" if self.packed_layers else ""
             return f"{act_dtype} weights{packed}{kernel}"
         if self.scheme == "w8a8":
+            tiles = f", on AMX tiles ({self.packed_layers} layers)" if self.packed_layers else ""
             return (f"int8 weights per output channel, int8 activations per token in passes of more than "
-                    f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers; otherwise activations {act_dtype}{kernel})")
+                    f"{KERNEL_ROWS} rows{tiles} ({self.linear_layers} linear layers; otherwise activations "
+                    f"{act_dtype}{kernel})")
         return (f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype}"
                 f"{kernel})")
 
@@ -403,8 +415,9 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
         setattr(parent, name.rpartition(".")[2], new)
         read += codes.nbytes + new.scales.nbytes + (0 if new.bias is None else new.bias.nbytes)
     rows = set_gemv_rows(model, gemv_rows)
-    # Native bf16 layers' other passes on a copy of the weight prepacked for oneDNN (set_packed).
-    packed = set_packed(model) if cls is None else 0
+    # Native bf16 layers' other passes on a copy of the weight prepacked for oneDNN, w8a8 layers'
+    # on their codes in AMX's tile layout (set_packed).
+    packed = set_packed(model) if scheme != "int8" else 0
     # The norms' weights (the other parameters but the embedding table) are read every pass too.
     linear_params = {id(p) for _, m in targets for p in m.parameters(recurse=False)}
     embed_params = {id(p) for p in embed.parameters()} if embed is not None else set()
@@ -436,10 +449,17 @@ def set_gemv_rows(model: Any, rows: int | None = None) -> int:
     return most
 
 
+def tiles_supported(codes: Any) -> bool:
+    """Whether a w8a8 layer's int8 codes ``[N, K]`` can run :func:`ragfast.ops.w8a8.matmul` here:
+    on the CPU at the amx ISA level, K a multiple of 64."""
+    return codes.device.type == "cpu" and codes.shape[1] % MATMUL_DEPTH == 0 and matmul_available()
+
+
 def set_packed(model: Any, on: bool = True) -> int:
-    """Run ``model``'s prepared native layers' passes that do not take gemv on prepacked weights
-    (:func:`pack_weight`) where oneDNN supports the weight, or drop every packed copy (``on=False``:
-    torch's own matmul, and the copies' memory back).
+    """Run ``model``'s prepared layers' passes that do not take gemv on prepacked weights: a native
+    layer's in oneDNN's blocked layout (:func:`pack_weight`) where oneDNN supports the weight, a
+    w8a8 layer's codes in AMX's tile layout (:func:`tiles_supported`); or drop every packed copy
+    (``on=False``: torch's own matmul, and the copies' memory back).
 
     Returns how many layers now have a packed weight.
     """
@@ -447,7 +467,10 @@ def set_packed(model: Any, on: bool = True) -> int:
     for m in model.modules():
         if not hasattr(m, "ragfast_packed"):
             continue
-        if on and packing_supported(m.weight):
+        if hasattr(m, "codes"):  # an int8 layer: only w8a8's integer passes use the tiles
+            m.ragfast_packed = pack_codes(m.codes) if on and m.int8_acts and tiles_supported(m.codes) else None
+            n += m.ragfast_packed is not None
+        elif on and packing_supported(m.weight):
             pack_weight(m)
             n += 1
         else:

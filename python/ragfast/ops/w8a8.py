@@ -10,17 +10,25 @@ weights with torch's ``_int_mm``. Around that product are two elementwise passes
 
 As torch expressions they were ten ops and four dtype copies, about 50 ms of a 235 ms batch-64
 decode step of Qwen2.5-Coder-0.5B in torch's profiler (two threads, AMD EPYC Zen 4);
-bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one run. Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch
+bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one run.
+
+* :func:`matmul`: the whole product at the amx ISA level, ``dequantize_sums(xq @ codes.T, ...)``
+  with the weight's codes packed once by :func:`pack_codes` into the tile layout AMX-INT8 reads
+  (``_int_mm`` hands oneDNN the row-major codes and it re-blocks them on every call), each block
+  of int32 sums turned into floats while still in cache. The same bits as ``_int_mm`` followed by
+  :func:`dequantize_sums` (int32 sums are exact). :func:`matmul_available` says whether it runs. Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch
 expressions: the oracle) and ``cpp`` (``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one
 pass each, the same arithmetic in the same order, so the same bits; threads over the rows).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from ragfast.ops.registry import cpp_module, register, resolve
 
-__all__ = ["dequantize_sums", "dequantize_sums_ref", "quantize_rows", "quantize_rows_ref"]
+__all__ = ["PackedCodes", "dequantize_sums", "dequantize_sums_ref", "matmul", "matmul_available", "matmul_ref",
+           "pack_codes", "quantize_rows", "quantize_rows_ref"]
 
 
 def _check_x(x: Any) -> None:
@@ -149,6 +157,116 @@ def dequantize_sums(acc: Any, xs: Any, ws: Any, bias: Any = None, dtype: Any = N
     return fn(acc, xs, ws, bias, dtype, out)
 
 
+#: Depth (K) granularity of :func:`matmul`: one tile row holds 64 int8 values.
+MATMUL_DEPTH = 64
+
+
+@dataclass(frozen=True)
+class PackedCodes:
+    """A weight's int8 codes ``[N, K]`` in :func:`matmul`'s tile layout.
+
+    ``data`` is int8 ``[ceil(N / 16), K / 4, 16, 4]``: column group ``j`` (output columns
+    ``16 j .. 16 j + 15``, zero past ``N``), depth quad ``r``, column, depth within the quad.
+    """
+
+    data: Any
+    n: int
+    k: int
+
+    def codes(self) -> Any:
+        """The ``[N, K]`` codes back (what the reference multiplies)."""
+        g = self.data.shape[0]
+        return self.data.permute(0, 2, 1, 3).reshape(g * 16, self.k)[:self.n]
+
+
+def pack_codes(codes: Any) -> PackedCodes:
+    """Pack int8 codes ``[N, K]`` (K a multiple of 64) for :func:`matmul` (a copy, made once)."""
+    import torch
+
+    if codes.dtype != torch.int8 or codes.dim() != 2 or codes.device.type != "cpu":
+        raise ValueError(f"w8a8: codes must be a 2-D int8 CPU tensor, got {codes.dtype} {tuple(codes.shape)}")
+    n, k = codes.shape
+    if n < 1 or k < MATMUL_DEPTH or k % MATMUL_DEPTH:
+        raise ValueError(f"w8a8: the packed matmul needs N >= 1 and K a multiple of {MATMUL_DEPTH}, got [{n}, {k}]")
+    g = (n + 15) // 16
+    padded = codes.new_zeros((g * 16, k))
+    padded[:n] = codes
+    data = padded.view(g, 16, k // 4, 4).permute(0, 2, 1, 3).contiguous()
+    return PackedCodes(data, n, k)
+
+
+def matmul_available() -> bool:
+    """Whether the compiled :func:`matmul` runs here (the amx ISA level, in this build)."""
+    mod = cpp_module()
+    return mod is not None and bool(mod.w8a8_matmul_available())
+
+
+def _check_matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any) -> None:
+    import torch
+
+    if xq.dtype != torch.int8 or xq.dim() != 2 or xq.device.type != "cpu" or xq.shape[1] != w.k:
+        raise ValueError(f"w8a8: codes must be a 2-D int8 CPU tensor [rows, {w.k}], got {xq.dtype} {tuple(xq.shape)}")
+    acc_like = torch.zeros((), dtype=torch.int32).expand(xq.shape[0], w.n)  # shape only
+    _check_sums(acc_like, xs, ws, bias, dtype)
+
+
+def matmul_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
+               out: Any = None) -> Any:
+    """Reference: exact int32 sums ``xq @ codes.T`` (an integer matmul), then :func:`dequantize_sums_ref`."""
+    import torch
+
+    _check_matmul(xq, xs, w, ws, bias, dtype if dtype is not None else (torch.float32 if out is None else out.dtype))
+    acc = torch.mm(xq.to(torch.int32), w.codes().to(torch.int32).t())
+    return dequantize_sums_ref(acc, xs, ws, bias, dtype, out)
+
+
+def matmul_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
+               out: Any = None) -> Any:
+    import torch
+
+    acc_like = torch.zeros((), dtype=torch.int32).expand(xq.shape[0], w.n)  # shape only
+    dtype = _out(out, acc_like, dtype)
+    _check_matmul(xq, xs, w, ws, bias, dtype)
+    if not matmul_available():
+        raise RuntimeError("w8a8: the compiled matmul needs the amx ISA level (matmul_available() is False)")
+    xq, xs, ws = xq.contiguous(), xs.contiguous(), ws.contiguous()
+    bias = None if bias is None else bias.contiguous()
+    M = xq.shape[0]
+    y = torch.empty((M, w.n), dtype=dtype) if out is None else out
+    cpp_module().w8a8_matmul(xq.data_ptr(), M, w.k, xs.data_ptr(), w.data.data_ptr(), w.n, ws.data_ptr(),
+                             0 if bias is None else bias.data_ptr(), y.data_ptr(), dtype == torch.bfloat16,
+                             y.stride(0) if M > 1 else w.n, torch.get_num_threads())
+    return y
+
+
+def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None, out: Any = None, *,
+           backend: str | None = None) -> Any:
+    """An int8 x int8 linear layer's product and its float end: ``dequantize_sums(xq @ codes.T, xs, ws, bias)``.
+
+    Parameters
+    ----------
+    xq : torch.Tensor
+        int8 ``[rows, K]`` codes (:func:`quantize_rows`).
+    xs, ws : torch.Tensor
+        fp32 ``[rows]`` and ``[N]``: the rows' and the weight's output channels' scales.
+    w : PackedCodes
+        The weight's codes ``[N, K]`` from :func:`pack_codes`.
+    bias : torch.Tensor, optional
+        fp32 ``[N]``.
+    dtype : torch.dtype, optional
+        fp32 or bf16; default ``out``'s, else fp32.
+    out : torch.Tensor, optional
+        ``[rows, N]`` of ``dtype`` with contiguous rows, written and returned.
+    backend : str, optional
+        ``"cpp"`` (the amx level only: :func:`matmul_available`) or ``"ref"``; by default the
+        compiled one where it runs, else the reference.
+    """
+    if backend is None and not matmul_available():
+        backend = "ref"
+    _, fn = resolve("w8a8_matmul", backend, "cpu")
+    return fn(xq, xs, w, ws, bias, dtype, out)
+
+
 def _quantize_rows_checked_ref(x: Any) -> tuple[Any, Any]:
     _check_x(x)  # the op's inputs; quantize_rows_ref also takes any float weight (quantize_int8)
     return quantize_rows_ref(x)
@@ -158,3 +276,5 @@ register("w8a8_quantize", "ref", _quantize_rows_checked_ref)
 register("w8a8_quantize", "cpp", quantize_rows_cpp)
 register("w8a8_dequantize", "ref", dequantize_sums_ref)
 register("w8a8_dequantize", "cpp", dequantize_sums_cpp)
+register("w8a8_matmul", "ref", matmul_ref)
+register("w8a8_matmul", "cpp", matmul_cpp)
