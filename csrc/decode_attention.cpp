@@ -96,13 +96,17 @@ void task_generic(const Task& a) {
   }
 }
 
-// The task kernel of the ISA level in use (csrc/isa.cpp): every level from avx512 up runs the
-// AVX-512 one; below it, the portable one.
-TaskFn pick_task(int64_t D) {
+// The task kernel of the ISA level in use (csrc/isa.cpp): the amx level runs its tile task on the
+// shapes it takes (bf16, D a multiple of 32 up to 128, G <= 16); every level from avx512 up runs
+// the AVX-512 one; below it, the portable one.
+TaskFn pick_task(int64_t D, bool bf16, int64_t G) {
+#ifdef RAGFAST_ISA_HAVE_amx
+  if (isa::current() >= isa::kAmx && bf16 && D % 32 == 0 && D <= 128 && G <= 16) return &decode_attention_task_amx;
+#endif
 #ifdef RAGFAST_ISA_HAVE_avx512
   if (isa::current() >= isa::kAvx512 && D <= 256) return &decode_attention_task_avx512;
 #endif
-  (void)D;
+  (void)D, (void)bf16, (void)G;
   return &task_generic;
 }
 
@@ -113,15 +117,15 @@ void decode_attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uin
   if (B < 0 || H < 1 || Hkv < 1 || T < 0 || D < 1) throw std::invalid_argument("decode_attention: bad sizes");
   if (H % Hkv) throw std::invalid_argument("decode_attention: query heads are not a multiple of key/value heads");
   if (B == 0) return;
-  const int64_t G = H / Hkv, Dp = (D + 15) / 16 * 16, Tp = (T + 15) / 16 * 16;
-  const TaskFn fn = pick_task(D);
+  const int64_t G = H / Hkv;
+  const TaskFn fn = pick_task(D, bf16, G);
   const size_t width = bf16 ? 2 : 4;
   py::gil_scoped_release release;
   const int64_t tasks = B * Hkv;
   const int team = team_size(threads, tasks / kMinTasksPerThread);
   run_team(team, [&](int th) {
     thread_local std::vector<float> scratch;
-    scratch.resize(size_t(G * (2 * Dp + Tp + 2) + 16 * Dp) + 16);
+    scratch.resize(size_t(scratch_floats(G, D, T)) + 16);
     // 64-byte aligned start (the SIMD level's loads do not need it, but full lines help)
     float* base = scratch.data();
     base += (16 - (reinterpret_cast<uintptr_t>(base) / 4) % 16) % 16;

@@ -28,14 +28,27 @@ struct Task {
   bool bf16;        // q, k, v and out are bf16 (else fp32)
   // The task's own floats, 64-byte aligned, laid out as: the scaled queries [G][Dp], the output
   // sums [G][Dp], the scores [G][Tp], the maxima [G], the softmax sums [G] and 16 widened key rows
-  // [16][Dp], with Dp and Tp D and T rounded up to 16: G * (2 * Dp + Tp + 2) + 16 * Dp floats.
+  // [16][Dp], with Dp and Tp D and T rounded up to 16: G * (2 * Dp + Tp + 2) + 16 * Dp floats
+  // (the amx task lays out its own, within kScratchFloats).
   float* scratch;
 };
 
 using TaskFn = void (*)(const Task&);
 
+// Floats of a task's scratch, for either layout (64-byte aligned start).
+inline int64_t scratch_floats(int64_t G, int64_t D, int64_t T) {
+  const int64_t Dp = (D + 15) / 16 * 16, Tp = (T + 15) / 16 * 16;
+  const int64_t avx512 = G * (2 * Dp + Tp + 2) + 16 * Dp;
+  const int64_t amx = 16 * Tp + G * Dp + 4 * 256 + 8 * Dp;  // scores, sums, query tiles, tail keys
+  return avx512 > amx ? avx512 : amx;
+}
+
 #ifdef RAGFAST_ISA_HAVE_avx512
 void decode_attention_task_avx512(const Task& a);
+#endif
+#ifdef RAGFAST_ISA_HAVE_amx
+// bf16 only, D a multiple of 32 up to 128, G <= 16 (csrc/isa/decode_attention_amx.cpp).
+void decode_attention_task_amx(const Task& a);
 #endif
 
 }  // namespace decode_attention_common

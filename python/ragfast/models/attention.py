@@ -26,12 +26,15 @@ _REGISTERED = False
 #: SDPA's bf16 path is slow: the kernel ran at 6.5-7.7x it there at one row (fp32: 0.94-1.14x).
 MIN_TASKS = 8
 #: ISA levels whose task kernel beats SDPA. Below them the portable task (scalar exponentials) ran
-#: at 0.28-0.43x SDPA (forced to avx2 with torch restricted alike, same CPU), so SDPA stays. Not
-#: amx: on the one AMX machine measured (an Emerald Rapids Xeon, 2 vCPUs, 2026-12-06) the same
-#: AVX-512 kernel ran at 0.60-1.11x SDPA on the shapes above, no consistent gain, and the default
-#: reasoner's batch-64 bf16 decode with it and without it was equal within that VM's noise; the
-#: avx512* levels were measured on Zen 4 only.
-FAST_LEVELS = ("avx512", "avx512vnni", "avx512bf16")
+#: at 0.28-0.43x SDPA (forced to avx2 with torch restricted alike, same CPU), so SDPA stays. The
+#: avx512* levels were measured on Zen 4. On an AMX machine (an Emerald Rapids Xeon, 2 vCPUs) the
+#: AVX-512 task ran at 0.60-1.11x SDPA; the amx level's task (scores as AMX-BF16 tile products,
+#: keys and values prefetched) ran at 1.62-1.70x SDPA at 64 rows, bf16, 256 and 1,024 cached
+#: tokens, both Qwen2.5 shapes (bench/bench_decode_attention.py, two threads, 2026-12-06).
+FAST_LEVELS = ("avx512", "avx512vnni", "avx512bf16", "amx")
+#: Levels among them where only bf16 wins: at amx fp32 runs the AVX-512 task, 0.78-1.10x SDPA there
+#: (same bench and machine), so fp32 stays on SDPA.
+BF16_ONLY_LEVELS = ("amx",)
 
 
 def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
@@ -43,7 +46,10 @@ def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: d
     if query.shape[2] != 1 or query.device.type != "cpu" or dropout:
         return False
     few = query.shape[0] * key.shape[1] < MIN_TASKS
-    if (few and not (mask is None and query.dtype == torch.bfloat16)) or cpp_module().isa_current() not in FAST_LEVELS:
+    if few and not (mask is None and query.dtype == torch.bfloat16):
+        return False
+    level = cpp_module().isa_current()
+    if level not in FAST_LEVELS or (level in BF16_ONLY_LEVELS and query.dtype != torch.bfloat16):
         return False
     if query.dtype not in (torch.float32, torch.bfloat16) or key.dtype != query.dtype or value.dtype != query.dtype:
         return False

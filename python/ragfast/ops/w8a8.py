@@ -44,7 +44,12 @@ def _check_sums(acc: Any, xs: Any, ws: Any, bias: Any, dtype: Any) -> None:
 
     if acc.dtype != torch.int32 or acc.dim() != 2 or acc.device.type != "cpu" or acc.shape[1] < 1:
         raise ValueError(f"w8a8: sums must be a 2-D int32 CPU tensor [rows, N >= 1], got {acc.dtype} {tuple(acc.shape)}")
-    M, N = acc.shape
+    _check_scales(acc.shape[0], acc.shape[1], xs, ws, bias, dtype)
+
+
+def _check_scales(M: int, N: int, xs: Any, ws: Any, bias: Any, dtype: Any) -> None:
+    import torch
+
     for name, t, n in (("row scales", xs, M), ("column scales", ws, N), ("bias", bias, N)):
         if t is not None and (t.dtype != torch.float32 or t.numel() != n or t.device.type != "cpu"):
             raise ValueError(f"w8a8: {name} must be {n} fp32 CPU values, got {t.dtype} {tuple(t.shape)}")
@@ -63,20 +68,20 @@ def quantize_rows_ref(x: Any) -> tuple[Any, Any]:
     return codes.contiguous(), scales
 
 
-def _out(out: Any, acc: Any, dtype: Any) -> Any:
+def _out(out: Any, shape: Any, dtype: Any) -> Any:
     import torch
 
     dtype = torch.float32 if dtype is None and out is None else (out.dtype if dtype is None else dtype)
-    if out is not None and (out.dtype != dtype or tuple(out.shape) != tuple(acc.shape) or out.device.type != "cpu"
+    if out is not None and (out.dtype != dtype or tuple(out.shape) != tuple(shape) or out.device.type != "cpu"
                             or out.stride(1) != 1):
-        raise ValueError(f"w8a8: out must be a {dtype} CPU tensor {tuple(acc.shape)} with contiguous rows, got "
+        raise ValueError(f"w8a8: out must be a {dtype} CPU tensor {tuple(shape)} with contiguous rows, got "
                          f"{out.dtype} {tuple(out.shape)} strides {out.stride()}")
     return dtype
 
 
 def dequantize_sums_ref(acc: Any, xs: Any, ws: Any, bias: Any = None, dtype: Any = None, out: Any = None) -> Any:
     """Reference: ``acc * xs[:, None] * ws[None, :] (+ bias)`` in fp32, as ``dtype`` (default fp32)."""
-    dtype = _out(out, acc, dtype)
+    dtype = _out(out, acc.shape, dtype)
     _check_sums(acc, xs, ws, bias, dtype)
     y = acc.float().mul_(xs.reshape(-1, 1)).mul_(ws.reshape(1, -1))
     if bias is not None:
@@ -101,7 +106,7 @@ def quantize_rows_cpp(x: Any) -> tuple[Any, Any]:
 def dequantize_sums_cpp(acc: Any, xs: Any, ws: Any, bias: Any = None, dtype: Any = None, out: Any = None) -> Any:
     import torch
 
-    dtype = _out(out, acc, dtype)
+    dtype = _out(out, acc.shape, dtype)
     _check_sums(acc, xs, ws, bias, dtype)
     acc = acc.contiguous()
     xs, ws = xs.contiguous(), ws.contiguous()
@@ -206,8 +211,7 @@ def _check_matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: A
 
     if xq.dtype != torch.int8 or xq.dim() != 2 or xq.device.type != "cpu" or xq.shape[1] != w.k:
         raise ValueError(f"w8a8: codes must be a 2-D int8 CPU tensor [rows, {w.k}], got {xq.dtype} {tuple(xq.shape)}")
-    acc_like = torch.zeros((), dtype=torch.int32).expand(xq.shape[0], w.n)  # shape only
-    _check_sums(acc_like, xs, ws, bias, dtype)
+    _check_scales(xq.shape[0], w.n, xs, ws, bias, dtype)
 
 
 def matmul_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
@@ -224,8 +228,7 @@ def matmul_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtyp
                out: Any = None) -> Any:
     import torch
 
-    acc_like = torch.zeros((), dtype=torch.int32).expand(xq.shape[0], w.n)  # shape only
-    dtype = _out(out, acc_like, dtype)
+    dtype = _out(out, (xq.shape[0], w.n), dtype)
     _check_matmul(xq, xs, w, ws, bias, dtype)
     if not matmul_available():
         raise RuntimeError("w8a8: the compiled matmul needs the amx ISA level (matmul_available() is False)")
