@@ -17,6 +17,7 @@
 #include <cstring>
 
 #include "../decode_attention_common.h"
+#include "amx_tiles.h"
 #include "avx512_vec.h"
 #include "decode_attention_values.h"
 
@@ -26,31 +27,13 @@ namespace {
 
 using namespace ragfast::avx512_vec;  // exp16
 
-struct alignas(64) TileCfg {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// tmm0: the scores (16 keys x 16 fp32), tmm1: 16 keys x 32 bf16 of depth, tmm2..: the queries'
-// depth chunks (16 depth pairs x 16 heads x 2 bf16); all 16 rows of 64 bytes.
-void configure() {
-  TileCfg cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
-
 // Scores S[t][h] = q_h . k_t (unscaled) for t < T, 16 keys a tile; keys past T read as zeros.
+// tmm0: the scores (16 keys x 16 fp32), tmm1: 16 keys x 32 bf16 of depth, tmm2..: the queries'
+// depth chunks (16 depth pairs x 16 heads x 2 bf16).
 template <int NC>
 void scores(const Task& a, const uint16_t* qt, uint16_t* tail, float* S) {
   const int64_t T = a.T, D = a.D, ks = a.k_st * 2;
-  configure();
+  amx_tiles::configure_16x64();
   _tile_loadd(2, qt, 64);
   if constexpr (NC > 1) _tile_loadd(3, qt + 512, 64);
   if constexpr (NC > 2) _tile_loadd(4, qt + 1024, 64);

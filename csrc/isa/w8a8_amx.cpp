@@ -20,36 +20,17 @@
 #include <cstring>
 
 #include "../w8a8_common.h"
+#include "amx_tiles.h"
 
 namespace ragfast {
 namespace w8a8_common {
 namespace {
 
-#ifndef W8A8_PF
-#define W8A8_PF 4096
-#endif
-constexpr int64_t kPrefetch = W8A8_PF;
+// Bytes ahead in a column group's packed stream that the first row pair prefetches (1-8 KB and
+// none measured alike within this VM's noise; kept for machines whose prefetchers miss tile loads).
+constexpr int64_t kPrefetch = 4096;
 // Column groups (16 columns each) per strip, and the int32 row stride of a strip's sums.
 constexpr int64_t kStrip = 8, kLdc = kStrip * 16;
-
-struct alignas(64) TileCfg {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-// Eight 16-row x 64-byte tiles.
-void configure() {
-  TileCfg cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 // Sums of row groups g0 (and g0 + 1 when NG = 2) by column groups j0 (and j0 + 1 when NQ = 2),
 // stored into C (rows kLdc int32 apart).
@@ -94,7 +75,7 @@ void block(const int8_t* a0, const int8_t* a1, int64_t K, const int8_t* b0, cons
 void w8a8_matmul_cols_amx(const int8_t* xq, const int8_t* tail, int64_t M, int64_t K, const float* xs,
                           const int8_t* packed, int64_t N, int64_t j0, int64_t j1, const float* ws, const float* bias,
                           void* y, int64_t ldy, bool bf16) {
-  configure();
+  amx_tiles::configure_16x64();
   // Sums of 32 rows x a strip of up to kStrip column groups, then dequantised row by row: one
   // call and whole cache lines of y per row and strip, rather than per 32 x 32 block (the lm
   // head's 151,936 columns made that 300,000 calls of two vectors each).

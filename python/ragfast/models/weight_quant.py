@@ -354,9 +354,9 @@ class WeightInfo:
             packed = f", prepacked for oneDNN ({self.packed_layers} linear layers)" if self.packed_layers else ""
             return f"{act_dtype} weights{packed}{kernel}"
         if self.scheme == "w8a8":
-            tiles = f", on AMX tiles ({self.packed_layers} layers)" if self.packed_layers else ""
+            tiles = f", {self.packed_layers} of them on AMX tiles" if self.packed_layers else ""
             return (f"int8 weights per output channel, int8 activations per token in passes of more than "
-                    f"{KERNEL_ROWS} rows{tiles} ({self.linear_layers} linear layers; otherwise activations "
+                    f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers{tiles}; otherwise activations "
                     f"{act_dtype}{kernel})")
         return (f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype}"
                 f"{kernel})")
