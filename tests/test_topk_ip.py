@@ -1181,11 +1181,12 @@ def _check_level_objects(objs):
         text = texts["topk_ip_avx512bf16"]
         assert "vpdpbusd" in text and "vdpbf16ps" in text
     for name, text in texts.items():
-        if name != "topk_ip_amx":
+        if not name.endswith("_amx"):  # csrc/isa/*_amx.cpp: the amx level's files
             assert not amx.search(text), f"{name}: AMX instruction outside the amx level"
-    if "topk_ip_amx" in texts:
-        text = texts["topk_ip_amx"]
-        assert all(x in text for x in ("ldtilecfg", "tdpbf16ps", "tdpbssd", "tilerelease")), "amx level without its tiles"
+    for name, needs in (("topk_ip_amx", ("tdpbf16ps", "tdpbssd")), ("w8a8_amx", ("tdpbssd",)),
+                        ("decode_attention_amx", ("tdpbf16ps",))):
+        if name in texts:
+            assert all(x in texts[name] for x in ("ldtilecfg", "tilerelease", *needs)), f"{name} without its tiles"
 
 
 @needs_cpp
