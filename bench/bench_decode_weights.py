@@ -11,10 +11,11 @@ another catalogued model or directory), all loaded in this process:
   output channel);
 * ``int8-bf16``: ``weights="int8"`` with bfloat16 activations;
 * ``w8a8``, ``w8a8-bf16``: ``weights="w8a8"`` (the same int8 weights; passes of more than 16
-  rows round their activations to int8 per token and multiply integers, ``torch._int_mm``);
+  rows round their activations to int8 per token and multiply integers: ``torch._int_mm``, or at
+  the amx level ragfast's ``w8a8.matmul`` on codes prepacked into AMX tiles);
 * ``fp32-torch``, ``bf16-torch``, ``int8-torch``, ``int8-bf16-torch``, ...: the same on torch's own
   kernels: every pass on torch's matmul (ragfast's gemv kernel off: ``set_gemv_rows(model, 0)``;
-  bf16 weights not prepacked for oneDNN: ``set_packed(model, False)``) and every attention on
+  bf16 weights not prepacked for oneDNN nor w8a8 codes for AMX: ``set_packed(model, False)``) and every attention on
   torch's SDPA (ragfast's decode-attention kernel off: ``set_decode_attention(model, False)``) and
   every RMSNorm and SiLU gate on the modules' own code (``set_fused_layers(model, False)``), as
   before those kernels. ``bf16-torch`` is the bf16

@@ -29,7 +29,7 @@ struct Task {
   // The task's own floats, 64-byte aligned, laid out as: the scaled queries [G][Dp], the output
   // sums [G][Dp], the scores [G][Tp], the maxima [G], the softmax sums [G] and 16 widened key rows
   // [16][Dp], with Dp and Tp D and T rounded up to 16: G * (2 * Dp + Tp + 2) + 16 * Dp floats
-  // (the amx task lays out its own, within kScratchFloats).
+  // (the amx task lays out its own, within scratch_floats below).
   float* scratch;
 };
 

@@ -3,16 +3,19 @@
 //   w8a8_quantize: each row of x (fp32 or bf16) to int8 codes with one symmetric scale,
 //     scale = max|x| / 127 (1 for a zero row), code = round-half-even(x / scale) in [-127, 127];
 //   w8a8_dequantize: y[m, n] = float(acc[m, n]) * xs[m] * ws[n] (+ bias[n]) from the int32 sums of
-//     torch._int_mm, written as fp32 or bf16 (round to nearest even).
+//     torch._int_mm, written as fp32 or bf16 (round to nearest even);
+//   w8a8_matmul (the amx level only): the product itself and w8a8_dequantize's scaling in one
+//     kernel, on the weight's codes packed into AMX's tile layout (csrc/isa/w8a8_amx.cpp): the
+//     same bits as torch._int_mm then w8a8_dequantize.
 //
-// Both are what the torch expressions they replace compute, in the same order and precision
+// The first two are what the torch expressions they replace compute, in the same order and precision
 // (so the results are the same bits), in one pass each: as ten torch ops they were about 50 ms of
 // a 235 ms batch-64 decode step of Qwen2.5-Coder-0.5B (two threads, AMD EPYC Zen 4), mostly the
 // copies between int8, int32, fp32 and bf16. The per-ISA row kernels live in
 // csrc/isa/w8a8_<level>.cpp; this file holds the portable rows (which the compiler vectorises at
 // the build's base level: division and the 1.5 * 2^23 rounding trick need nothing more), the
 // dispatcher and the binding, which takes addresses (python/ragfast/ops/w8a8.py checks the
-// tensors). Threads split the rows.
+// tensors). Threads split the rows (w8a8_matmul: the output columns).
 #include <pybind11/pybind11.h>
 
 #include <algorithm>

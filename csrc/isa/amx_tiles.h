@@ -1,6 +1,6 @@
-// The AMX tile configuration of the amx level's kernels that use every tile at its full size
-// (csrc/isa/w8a8_amx.cpp, csrc/isa/decode_attention_amx.cpp; only files compiled with the amx
-// level's flags may include this). In an anonymous namespace, as csrc/isa/avx512_vec.h.
+// The AMX tile configuration of the amx level's kernels, which use every tile at its full size
+// (csrc/isa/topk_ip_amx.cpp, w8a8_amx.cpp, decode_attention_amx.cpp; only files compiled with the
+// amx level's flags may include this). In an anonymous namespace, as csrc/isa/avx512_vec.h.
 #pragma once
 #include <immintrin.h>
 

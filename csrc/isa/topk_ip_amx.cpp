@@ -17,4 +17,5 @@
 // B=4 27.9/29.7, B=8 37.9/32.1, B=16 51.8/34.8, B=64 156/68.6; N=50k, packed / AMX: d=768
 // B=128 108/52.2, B=256 157/77.4.
 #define TK_DEFAULT_PATHS {{24, 1 << 30, 32, 1 << 30}, {1 << 30, 128, 8, 24}, {8, 8, 1, 1}}
+#include "amx_tiles.h"
 #include "../topk_ip_kernels.h"

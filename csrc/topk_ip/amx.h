@@ -29,23 +29,8 @@ bool amx_supported(int kind) { return kind == kF32 || kind == kF16 || kind == kB
 // Whether the A tiles are rows converted to bf16 (fp32, fp16) rather than the corpus in place.
 inline bool amx_converted(int kind) { return kind == kF32 || kind == kF16; }
 
-struct alignas(64) TileCfg {
-  uint8_t palette, start_row;
-  uint8_t reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-};
-
-void amx_configure() {
-  TileCfg cfg;
-  std::memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 8; ++t) {
-    cfg.rows[t] = 16;
-    cfg.colsb[t] = 64;
-  }
-  _tile_loadconfig(&cfg);
-}
+// Every tile 16 rows x 64 bytes (csrc/isa/amx_tiles.h, included by csrc/isa/topk_ip_amx.cpp).
+inline void amx_configure() { ::ragfast::amx_tiles::configure_16x64(); }
 
 // Bytes of one A-tile row of depth: bf16 (also fp32 and fp16 converted) 2 per element, int8 1.
 inline int amx_esize(int kind) { return kind == kI8 ? 1 : 2; }

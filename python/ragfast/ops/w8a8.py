@@ -16,9 +16,13 @@ bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one ru
   with the weight's codes packed once by :func:`pack_codes` into the tile layout AMX-INT8 reads
   (``_int_mm`` hands oneDNN the row-major codes and it re-blocks them on every call), each block
   of int32 sums turned into floats while still in cache. The same bits as ``_int_mm`` followed by
-  :func:`dequantize_sums` (int32 sums are exact). :func:`matmul_available` says whether it runs. Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch
-expressions: the oracle) and ``cpp`` (``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one
-pass each, the same arithmetic in the same order, so the same bits; threads over the rows).
+  :func:`dequantize_sums` (int32 sums are exact). :func:`matmul_available` says whether it runs.
+
+Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch expressions,
+and for :func:`matmul` an exact integer ``torch.mm``: the oracle) and ``cpp``
+(``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one pass each, the same arithmetic in the
+same order, so the same bits, threads over the rows; ``ragfast._C.w8a8_matmul``: AMX-INT8 tiles,
+threads over the output columns).
 """
 from __future__ import annotations
 
@@ -249,7 +253,7 @@ def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: A
     Parameters
     ----------
     xq : torch.Tensor
-        int8 ``[rows, K]`` codes (:func:`quantize_rows`).
+        int8 ``[rows, K]`` codes (:func:`quantize_rows`), K the weight's depth.
     xs, ws : torch.Tensor
         fp32 ``[rows]`` and ``[N]``: the rows' and the weight's output channels' scales.
     w : PackedCodes
