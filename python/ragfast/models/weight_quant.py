@@ -139,8 +139,6 @@ def w8a8_linear_ref(x: Any, codes: Any, scales: Any, bias: Any = None) -> Any:
     """Reference of the ``w8a8`` pass: ``x``'s rows rounded to int8 as a weight's output channels
     are (:func:`quantize_int8`), the integer products summed exactly (float64), both scales
     applied, ``bias`` added; returned in ``x``'s dtype."""
-    import torch
-
     shape = x.shape
     xq, xs = quantize_int8(x.reshape(-1, shape[-1]))
     acc = xq.double() @ codes.double().T
