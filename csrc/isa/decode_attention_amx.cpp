@@ -5,8 +5,9 @@
 // values per 64-byte row) times the G queries laid out once per task as B tiles (VNNI: depth
 // pairs by query head), fp32 sums into a [16 keys x 16 heads] tile. The softmax then runs with
 // the heads in the lanes, and the values are weighted as at the avx512 level. On the AVX-512
-// route the scores took two thirds of the task: per key, G dot products of D lanes and their
-// horizontal sums; here they are two to four tile multiplies per 16 keys.
+// route the scores are, by instruction count, about two thirds of the task: per key, G dot
+// products of D lanes and their horizontal sums; here they are two to four tile multiplies per
+// 16 keys.
 //
 // Against the avx512 task the products and the sums' order differ (bf16 products are exact in
 // fp32 either way; the scale multiplies the sum instead of the query), so results agree to

@@ -1,7 +1,7 @@
 // w8a8 matmul, ISA level "amx" (flags set for this file in CMake): int8 activations times int8
 // weights with AMX-INT8 tile multiplies (tdpbssd: exact int32 sums, signed by signed), each
-// 32 x 32 block of sums turned into floats while still in cache by the avx512 level's
-// dequantising row (the same bits as torch._int_mm followed by w8a8_dequantize).
+// 32-row x 128-column strip of sums turned into floats while still in cache by the avx512
+// level's dequantising row (the same bits as torch._int_mm followed by w8a8_dequantize).
 //
 // Layouts (python/ragfast/ops/w8a8.py packs the weight once, the dispatcher in csrc/w8a8.cpp
 // splits the columns between threads):
