@@ -217,7 +217,7 @@ def test_generator_w8a8_follows_the_native_model(qwen_dir):
 def test_weights_setting_is_checked():
     from ragfast.runner.settings import RunSettings
 
-    with pytest.raises(ConfigError, match="--weights must be one of native, int8"):
+    with pytest.raises(ConfigError, match="--weights must be one of auto, native, int8"):
         RunSettings(weights="int4").validate()
 
 
@@ -460,3 +460,24 @@ def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
         want = model[0](x)
     assert torch.equal(got, want)
     assert "AMX tiles" in info.describe("bfloat16") if tiles else "AMX" not in info.describe("bfloat16")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_auto_weights_take_w8a8_only_where_every_product_runs_on_tiles(isa_level, dtype):
+    """``weights="auto"``: w8a8 for a bf16 CPU model at the amx level whose every linear layer's
+    depth is a multiple of 64 (each counted on tiles), native otherwise: fp32, another ISA level,
+    or one layer of depth 70."""
+    from ragfast.models.weight_quant import auto_weights, int8_matmul_exact
+
+    def build(depth: int):
+        return torch.nn.Sequential(torch.nn.Linear(128, depth), torch.nn.Linear(depth, 9)).to(dtype)
+
+    tiles = isa_level == "amx" and dtype == torch.bfloat16 and int8_matmul_exact()
+    model = build(64)
+    assert auto_weights(model) == ("w8a8" if tiles else "native")
+    info = apply_weights(model, "auto")
+    assert info.scheme == ("w8a8" if tiles else "native")
+    assert info.packed_layers == (2 if tiles else info.packed_layers)
+    if tiles:
+        assert all(m.ragfast_packed is not None for m in model)
+    assert auto_weights(build(70)) == "native"  # its second layer would run on _int_mm

@@ -39,7 +39,7 @@ def run_s2g_command(*, model: str, data: str, out: str, judge: str = "encoder", 
                     live: bool = True, n_resamples: int = 10000, corpus: str | Sequence[str] | None = None,
                     encoder: str = "minilm", device: str = "cpu", overwrite: bool = False,
                     resume: bool = False, progress: bool = True, dtype: str | None = None,
-                    weights: str = "native", memory_budget: str | int | None = "auto",
+                    weights: str = "auto", memory_budget: str | int | None = "auto",
                     threads: int | None = None) -> dict[str, Any]:
     """What ``ragfast study s2g`` does; returns the evaluation it reports.
 

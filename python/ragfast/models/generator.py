@@ -130,7 +130,8 @@ class HFGenerator(Generator):
         ``"native"`` (default: the linear layers in ``dtype``), ``"int8"``: weight-only int8
         linear layers, one scale per output channel, activations and cache in ``dtype``, or
         ``"w8a8"``: the same weights, with the activations of passes of more than 16 rows also
-        rounded to int8 per token for integer matmuls (:mod:`ragfast.models.weight_quant`). The
+        rounded to int8 per token for integer matmuls (:mod:`ragfast.models.weight_quant`), or
+        ``"auto"``: w8a8 where its products run on AMX tiles, else native (``auto_weights``). The
         ledger books each turn's weight bytes read as the reasoner's ``bytes_scanned``, so the
         schemes' reads are comparable.
     prefill_tokens : int
@@ -255,7 +256,7 @@ class HFGenerator(Generator):
                       "prefill_groups": 0}
 
     def set_weights(self, scheme: str) -> None:
-        """Store the model's linear layers as ``scheme`` (``"native"``, ``"int8"`` or ``"w8a8"``) from now on.
+        """Store the model's linear layers as ``scheme`` (one of ``weight_quant.WEIGHTS``) from now on.
 
         Called by the constructor; a subclass that changes the weights after loading (an adapter
         merged into them) calls it again once they are final.

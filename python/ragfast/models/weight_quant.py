@@ -22,8 +22,10 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   ``_int_mm`` re-blocks the row-major codes on every call.
   Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
   batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
-  where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. Opt-in
-  for the same reason as int8, and coarser: an outlier channel sets its row's scale.
+  where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. It is
+  coarser than int8 (an outlier channel sets its row's scale), and the default (``"auto"``) only
+  where its products run on AMX tiles (:func:`auto_weights`), where both trained reasoners' held-out
+  EM was measured within bf16's paired CI.
 * **gemv for few rows**: every linear layer on the CPU, native or int8, runs its passes of a
   few rows on ragfast's gemv kernel (:mod:`ragfast.ops.gemv`), which reads the weights at the
   memory's rate where oneDNN's matmul reads them at half of it; the rows per weight storage
@@ -46,8 +48,9 @@ from ragfast.ops.gemv import GemvWeight
 from ragfast.ops.w8a8 import MATMUL_DEPTH, dequantize_sums, matmul, matmul_available, pack_codes, quantize_rows, \
     quantize_rows_ref
 
-#: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`.
-WEIGHTS = ("native", "int8", "w8a8")
+#: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`; ``auto`` resolves to
+#: one of the others per machine and model (:func:`auto_weights`).
+WEIGHTS = ("auto", "native", "int8", "w8a8")
 #: Rows (tokens in a forward pass) up to which an int8 layer with bf16/fp16 activations runs
 #: torch's int8 kernel; more take the dequantised weight through the dtype's own matmul. The
 #: kernel reads half of bf16's bytes but does its arithmetic slower than oneDNN's bf16 matmul: on
@@ -167,6 +170,28 @@ def int8_matmul_exact() -> bool:
     except RuntimeError:
         return False
     return bool(torch.equal(got.long(), a.long() @ b.long()))
+
+
+def auto_weights(model: Any) -> str:
+    """What ``weights="auto"`` stores ``model``'s linear layers as: ``"w8a8"`` where every one of
+    its integer passes runs on AMX tiles (a CPU model in bf16 at the amx ISA level, exact int8
+    sums, every linear layer's depth a multiple of 64), else ``"native"``.
+
+    Why: on an AMX Xeon (2 vCPUs) w8a8 on tiles ran the bench's 64 Search-R1 sessions 1.10x (0.5B)
+    and 1.43x (1.5B) vLLM's CPU build where native bf16 ran 0.81-0.84x, and the held-out EM of
+    both trained reasoners stayed within bf16's paired 95% CI (README, *w8a8 on AMX tiles*).
+    Elsewhere its products run on ``_int_mm``, which did not beat bf16 by as much (0.94x vLLM on a
+    Zen 4 EPYC, 0.60x on the Xeon before the tiles), so native stays the choice there.
+    """
+    import torch
+
+    params = next(model.parameters())
+    if params.device.type != "cpu" or params.dtype != torch.bfloat16 or not matmul_available():
+        return "native"
+    depths = [m.in_features for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    if not depths or any(k % MATMUL_DEPTH for k in depths) or not int8_matmul_exact():
+        return "native"
+    return "w8a8"
 
 
 def _gemv_dtypes() -> tuple:
@@ -369,7 +394,7 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
         A transformers causal LM (its ``lm_head`` included; with tied embeddings the head gets its
         own int8 copy and the embedding table keeps the model's dtype).
     scheme : str
-        One of :data:`WEIGHTS`.
+        One of :data:`WEIGHTS` (``"auto"``: :func:`auto_weights`).
     gemv_rows : int, optional
         Passes of up to this many rows on the CPU run ragfast's gemv kernel, which reads the
         weights of a decode step at a small batch at the memory's rate where oneDNN's matmul
@@ -385,6 +410,8 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
 
     if scheme not in WEIGHTS:
         raise ConfigError(f"unknown weights {scheme!r}; expected one of {', '.join(WEIGHTS)}")
+    if scheme == "auto":
+        scheme = auto_weights(model)
     act_dtype = next(model.parameters()).dtype
     if scheme != "native" and act_dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise ConfigError(f"int8 weights need float activations, the model is {act_dtype}")

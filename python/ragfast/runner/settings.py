@@ -24,7 +24,7 @@ from ragfast.runner.config_file import BENCH_NAMES, RUN_ONLY, check_types, load_
 #: device computes it natively, else the checkpoint's (models.weight_quant.auto_dtype).
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 #: How a local reasoner stores its linear layers' weights (``--weights``; models/weight_quant.py).
-WEIGHTS: tuple[str, ...] = ("native", "int8", "w8a8")
+WEIGHTS: tuple[str, ...] = ("auto", "native", "int8", "w8a8")
 #: RELOOP's planners (``--planner``).
 PLANNERS: tuple[str, ...] = ("heuristic", "kg-path", "llm")
 
@@ -93,6 +93,10 @@ class RunSettings:
         A local reasoner's weights: ``auto`` (default: ``bfloat16`` on a CPU with AVX512-BF16 or
         AMX and on a CUDA GPU with bf16, else the checkpoint's), ``float32``, ``bfloat16`` or
         ``float16``; None: the checkpoint's.
+    weights : str
+        How a local reasoner stores its linear layers (:data:`WEIGHTS`): ``auto`` (default: ``w8a8``
+        where its integer products run on AMX tiles, else ``native``;
+        :func:`ragfast.models.weight_quant.auto_weights`), ``native``, ``int8`` or ``w8a8``.
     threads : int, optional
         torch CPU threads of this process (default: torch's). Not with ``ray``: an actor's
         threads follow the CPUs Ray gives it.
@@ -155,7 +159,7 @@ class RunSettings:
     max_obs_tokens: int = 500
     prompt_budget: int = 4096
     dtype: str | None = "auto"
-    weights: str = "native"
+    weights: str = "auto"
     threads: int | None = None
     memory_budget: str | int = "auto"
     refill: bool = False
@@ -406,10 +410,11 @@ HELP: dict[str, str] = {
     "prompt_budget": "Context cap in tokens (reference: 4096).",
     "dtype": "Local reasoner weights: auto (default: bfloat16 where the CPU has AVX512-BF16 or AMX, or on a bf16 "
              "GPU; else the checkpoint's) | float32 | bfloat16 | float16.",
-    "weights": "Local reasoner's linear layers: native (in --dtype) | int8 (weight-only, one scale per output "
-               "channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per token, "
-               "in passes of more than 16 rows: integer matmuls for batched decode and prefill). Opt-in: held-out "
-               "EM was measured with native weights.",
+    "weights": "Local reasoner's linear layers: auto (default: w8a8 where its integer products run on AMX tiles, "
+               "i.e. bf16 on an AMX CPU; else native) | native (in --dtype) | int8 (weight-only, one scale per "
+               "output channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per "
+               "token, in passes of more than 16 rows: integer matmuls for batched decode and prefill). The report's "
+               "reasoner slot names what ran.",
     "threads": "torch CPU threads of this process (not with --ray).",
     "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "
                      "5.5GiB; past it the batch runs in smaller chunks. auto (default): free memory at the first turn "

@@ -115,7 +115,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
     memory_budget : str, int or None
         A local model's memory budget beyond its weights (:class:`~ragfast.models.generator.HFGenerator`).
     weights : str
-        A local model's linear layers: ``"native"`` or ``"int8"`` (weight-only).
+        A local model's linear layers: ``"native"``, ``"int8"`` (weight-only), ``"w8a8"`` or ``"auto"``
+        (:func:`ragfast.models.weight_quant.auto_weights`).
 
     Raises
     ------
