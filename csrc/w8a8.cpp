@@ -174,10 +174,12 @@ bool matmul_available() {
 }
 
 void w8a8_matmul(uintptr_t xq, int64_t M, int64_t K, uintptr_t xs, uintptr_t packed, int64_t N, uintptr_t ws,
-                 uintptr_t bias, uintptr_t y, bool bf16, int64_t ldy, int threads) {
+                 uintptr_t bias, uintptr_t y, bool bf16, int64_t ldy, int threads, bool silu) {
   if (!matmul_available()) throw std::runtime_error("w8a8_matmul: needs the amx ISA level");
   if (M < 0 || N < 1 || K < 64 || K % 64) throw std::invalid_argument("w8a8_matmul: needs M >= 0, N >= 1, K a multiple of 64");
-  if (M > 1 && ldy < N) throw std::invalid_argument("w8a8_matmul: the row stride is shorter than the row");
+  if (silu && (N % 128 || bias)) throw std::invalid_argument("w8a8_matmul: silu needs N a multiple of 128 and no bias");
+  const int64_t width = silu ? N / 2 : N;  // output columns
+  if (M > 1 && ldy < width) throw std::invalid_argument("w8a8_matmul: the row stride is shorter than the row");
   if (M == 0) return;
 #ifdef RAGFAST_ISA_HAVE_amx
   py::gil_scoped_release release;
@@ -188,20 +190,22 @@ void w8a8_matmul(uintptr_t xq, int64_t M, int64_t K, uintptr_t xs, uintptr_t pac
     tail.assign(size_t(16 * K), 0);
     std::memcpy(tail.data(), x + (M / 16) * 16 * K, size_t((M % 16) * K));
   }
-  const int64_t groups = (N + 15) / 16, pairs = (groups + 1) / 2;
-  // Threads split the column pairs; every thread reads all the rows (they stay in its L2). A
-  // product under about 2^26 multiply-adds (64 rows of the 0.5B's 896 x 896 and 128 x 896
+  // Threads split the column groups in pairs (with silu in whole strips of 8: a gate's 64 columns
+  // and the up projection's beside them); every thread reads all the rows (they stay in its L2).
+  // A product under about 2^26 multiply-adds (64 rows of the 0.5B's 896 x 896 and 128 x 896
   // layers) ran as fast or faster on one thread than on a team of two (Xeon, AMX).
-  const int T = team_size(threads, std::min(pairs, M * N * K / (int64_t(1) << 26) + 1));
+  const int64_t groups = (N + 15) / 16, unit = silu ? 8 : 2, units = (groups + unit - 1) / unit;
+  const int T = team_size(threads, std::min(units, M * N * K / (int64_t(1) << 26) + 1));
   run_team(T, [&](int t) {
-    const int64_t j0 = 2 * (pairs * t / T), j1 = std::min(groups, 2 * (pairs * (t + 1) / T));
+    const int64_t j0 = unit * (units * t / T), j1 = std::min(groups, unit * (units * (t + 1) / T));
     if (j0 < j1)
       w8a8_matmul_cols_amx(x, tail.empty() ? nullptr : tail.data(), M, K, reinterpret_cast<const float*>(xs),
                            reinterpret_cast<const int8_t*>(packed), N, j0, j1, reinterpret_cast<const float*>(ws),
-                           reinterpret_cast<const float*>(bias), reinterpret_cast<void*>(y), M > 1 ? ldy : N, bf16);
+                           reinterpret_cast<const float*>(bias), reinterpret_cast<void*>(y), M > 1 ? ldy : width,
+                           bf16, silu);
   });
 #else
-  (void)xq, (void)xs, (void)packed, (void)ws, (void)bias, (void)y, (void)bf16, (void)threads;
+  (void)xq, (void)xs, (void)packed, (void)ws, (void)bias, (void)y, (void)bf16, (void)threads, (void)silu;
 #endif
 }
 
@@ -224,9 +228,11 @@ RAGFAST_REGISTER(w8a8, [](py::module_& m) {
   m.def("w8a8_matmul_available", &matmul_available, "Whether w8a8_matmul runs here (the amx ISA level).");
   m.def("w8a8_matmul", &w8a8_matmul, py::arg("xq"), py::arg("M"), py::arg("K"), py::arg("xs"), py::arg("packed"),
         py::arg("N"), py::arg("ws"), py::arg("bias"), py::arg("y"), py::arg("bf16"), py::arg("ldy"),
-        py::arg("threads") = 0,
-        "w8a8_matmul(xq, M, K, xs, packed, N, ws, bias, y, bf16, ldy, threads=0)\n"
+        py::arg("threads") = 0, py::arg("silu") = false,
+        "w8a8_matmul(xq, M, K, xs, packed, N, ws, bias, y, bf16, ldy, threads=0, silu=False)\n"
         "y = w8a8_dequantize(xq @ codes.T, xs, ws, bias): int8 codes xq[M, K] (contiguous, K a multiple of 64)\n"
         "times the weight's codes [N, K] packed by ragfast.ops.w8a8.pack_codes, with AMX-INT8 (amx level only).\n"
+        "silu: the codes are a gate and an up projection interleaved by 64 rows (pack_gate_up; N a multiple\n"
+        "of 128, no bias) and y[M, N / 2] = silu(gate) * up, each dequantised as above.\n"
         "Use ragfast.ops.w8a8.matmul, which checks the tensors; this does not.");
 });

@@ -205,3 +205,67 @@ def test_bad_matmul_input_is_one_line():
         with pytest.raises(ValueError, match=match) as e:
             matmul(*args, backend="ref")
         assert "\n" not in str(e.value)
+
+
+def test_gate_up_interleaving_round_trips_and_bad_widths():
+    from ragfast.ops.w8a8 import interleave_gate_up, pack_gate_up
+
+    g = seeded()
+    gate, up = _int8((128, 64), g), _int8((128, 64), g)
+    both = interleave_gate_up(gate, up)
+    assert torch.equal(both[:64], gate[:64]) and torch.equal(both[64:128], up[:64])
+    assert torch.equal(both[128:192], gate[64:]) and torch.equal(both[192:], up[64:])
+    assert torch.equal(pack_gate_up(gate, up).codes(), both)
+    s = interleave_gate_up(torch.arange(64.0), -torch.arange(64.0))
+    assert torch.equal(s[:64], torch.arange(64.0)) and torch.equal(s[64:], -torch.arange(64.0))
+    for a, b, match in ((gate[:96], up[:96], "multiple of 64"), (gate, up[:64], "one shape")):
+        with pytest.raises(ValueError, match=match) as e:
+            interleave_gate_up(a, b)
+        assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gate_up_equals_its_two_products_then_silu_mul_at_each_level(isa_level, dtype):
+    """The paired product on tiles: bit for bit the two dequantised products (the compiled matmul)
+    followed by ragfast's silu_mul kernel, and within silu_mul's tolerance of the reference (torch's
+    SiLU); odd row counts, strided rows, outputs poisoned in a column slice of a wider tensor, 1-3
+    threads alike. Below the amx level the compiled path is refused and the default is the reference."""
+    from ragfast.ops.silu_mul import silu_mul
+    from ragfast.ops.w8a8 import gate_up, interleave_gate_up, matmul, matmul_available, pack_gate_up
+
+    g = seeded()
+    if isa_level != "amx":
+        w = pack_gate_up(_int8((64, 64), g), _int8((64, 64), g))
+        xq, xs, ws = _int8((3, 64), g), torch.ones(3), torch.ones(128)
+        with pytest.raises(RuntimeError, match="amx"):
+            gate_up(xq, xs, w, ws, backend="cpp")
+        assert torch.equal(gate_up(xq, xs, w, ws), gate_up(xq, xs, w, ws, backend="ref"))
+        return
+    assert matmul_available()
+    before = torch.get_num_threads()
+    try:
+        for M, K, F in [(1, 64, 64), (17, 128, 192), (33, 192, 64), (64, 896, 320), (100, 64, 1024)]:
+            xq = _int8((M, K + 64), g)[:, 16:16 + K]  # strided rows
+            gate_c, up_c = _int8((F, K), g), _int8((F, K), g)
+            gs, us = torch.rand(F, generator=g) / 300, torch.rand(F, generator=g) / 300
+            xs = torch.rand(M, generator=g) / 50
+            w, ws = pack_gate_up(gate_c, up_c), interleave_gate_up(gs, us)
+            two = matmul(xq, xs, w, ws, None, dtype, backend="cpp")  # [M, 2F]: interleaved gate and up
+            gate = two.view(M, F // 64, 2, 64)[:, :, 0].reshape(M, F)
+            up = two.view(M, F // 64, 2, 64)[:, :, 1].reshape(M, F)
+            want = silu_mul(gate, up, backend="cpp")
+            for t in (1, 2, 3):
+                torch.set_num_threads(t)
+                poisoned = torch.full((M, F + 9), float("nan"), dtype=dtype)
+                got = gate_up(xq, xs, w, ws, out=poisoned[:, 5:5 + F], backend="cpp")
+                assert got.dtype == dtype and got.shape == (M, F) and torch.equal(got, want), (M, K, F, t)
+                assert torch.isnan(poisoned[:, :5].float()).all() and torch.isnan(poisoned[:, 5 + F:].float()).all()
+            torch.set_num_threads(before)
+            assert torch.equal(gate_up(xq, xs, w, ws, dtype, backend="cpp"), want)
+            ref = gate_up(xq, xs, w, ws, dtype, backend="ref")
+            assert torch.equal(ref, torch.nn.functional.silu(gate) * up)
+            # silu_mul's kernel against torch's SiLU (tests/test_silu_mul.py holds the exact bounds)
+            tol = 2 ** -6 if dtype == torch.bfloat16 else 1e-5
+            torch.testing.assert_close(want.float(), ref.float(), rtol=tol, atol=tol * float(ref.abs().max()))
+    finally:
+        torch.set_num_threads(before)

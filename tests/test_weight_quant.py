@@ -481,3 +481,42 @@ def test_auto_weights_take_w8a8_only_where_every_product_runs_on_tiles(isa_level
     if tiles:
         assert all(m.ragfast_packed is not None for m in model)
     assert auto_weights(build(70)) == "native"  # its second layer would run on _int_mm
+
+
+def test_w8a8_mlp_pairs_gate_and_up_on_tiles(isa_level):
+    """At the amx level a SiLU MLP's w8a8 gate and up projections are paired (one packed copy, their
+    own tile copies dropped) and its passes of more than KERNEL_ROWS rows run one gate_up call
+    (counted): the same bits as the two layers on _int_mm followed by the silu_mul kernel (the
+    pair dropped by set_packed(False)); fewer rows and other levels never call it."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    from ragfast.models import weight_quant
+    from ragfast.models.fused_layers import SILU_MIN_ROWS, set_fused_layers
+    from ragfast.models.weight_quant import int8_matmul_exact, set_packed
+
+    if not int8_matmul_exact():
+        pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=192, hidden_act="silu")
+    model = torch.nn.Sequential(Qwen2MLP(cfg)).to(torch.bfloat16)
+    set_fused_layers(model)  # as HFGenerator does, before the weights (a w8a8 MLP has no parameters left)
+    info = apply_weights(model, "w8a8")
+    mlp, tiles = model[0], isa_level == "amx"
+    assert info.packed_layers == (3 if tiles else 0)
+    assert (getattr(mlp, "ragfast_gate_up", None) is not None) == tiles
+    assert mlp.gate_proj.ragfast_packed is None and mlp.up_proj.ragfast_packed is None
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(SILU_MIN_ROWS + 3, 64, generator=g).to(torch.bfloat16)
+    calls = []
+    real = weight_quant.gate_up
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(weight_quant, "gate_up", lambda *a, **k: calls.append(1) or real(*a, **k))
+        with torch.inference_mode():
+            got = mlp(x)
+            mlp(x[:KERNEL_ROWS])
+    assert len(calls) == (1 if tiles else 0)
+    set_packed(model, False)
+    assert getattr(mlp, "ragfast_gate_up", None) is None
+    with torch.inference_mode():
+        want = mlp(x)  # gate and up on _int_mm, then silu_mul's kernel (at least SILU_MIN_ROWS rows)
+    assert torch.equal(got, want)

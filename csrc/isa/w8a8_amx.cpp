@@ -11,6 +11,9 @@
 //  * weights: column group j (16 output columns, zero past N) holds K / 4 rows of 64 bytes,
 //    row r = the 16 columns' depth quads 4r..4r+3 (the VNNI layout tdpbssd's B operand takes):
 //    the tile of group j and depth chunk c is the 1 KB at packed + (j * K / 4 + 16 c) * 64.
+// With `silu` the weight is a gate and an up projection interleaved by 64 output columns
+// (python/ragfast/ops/w8a8.py, pack_gate_up): each strip's sums are 64 gate and 64 up columns,
+// and the strip's epilogue writes silu(gate) * up, 64 output columns (csrc/isa/w8a8_avx512.cpp).
 // Blocking: 2 row groups x 2 column groups = 4 accumulator tiles (tmm0-3), 2 A tiles (tmm4-5),
 // 2 B tiles (tmm6-7): 4 tile multiplies per 4 tile loads. The A rows (all M x K of them) stay in
 // L2 while a thread walks its columns; each weight byte is read from memory once per call.
@@ -74,7 +77,7 @@ void block(const int8_t* a0, const int8_t* a1, int64_t K, const int8_t* b0, cons
 
 void w8a8_matmul_cols_amx(const int8_t* xq, const int8_t* tail, int64_t M, int64_t K, const float* xs,
                           const int8_t* packed, int64_t N, int64_t j0, int64_t j1, const float* ws, const float* bias,
-                          void* y, int64_t ldy, bool bf16) {
+                          void* y, int64_t ldy, bool bf16, bool silu) {
   amx_tiles::configure_16x64();
   // Sums of 32 rows x a strip of up to kStrip column groups, then dequantised row by row: one
   // call and whole cache lines of y per row and strip, rather than per 32 x 32 block (the lm
@@ -102,9 +105,14 @@ void w8a8_matmul_cols_amx(const int8_t* xq, const int8_t* tail, int64_t M, int64
         else block<1, 1>(a0, a1, K, b0, b1, Cj, g == 0);
       }
       const int64_t m1 = std::min<int64_t>(M, g * 16 + (two_g ? 32 : 16));
-      for (int64_t m = g * 16; m < m1; ++m)
-        w8a8_dequantize_row_avx512(C + (m - g * 16) * kLdc, ncols, xs[m], ws + n0, bias ? bias + n0 : nullptr,
-                                   static_cast<char*>(y) + size_t(m * ldy + n0) * width, bf16);
+      for (int64_t m = g * 16; m < m1; ++m) {
+        if (silu)  // a whole strip: 64 gate then 64 up columns, into output columns n0 / 2 on
+          w8a8_silu_mul_row_avx512(C + (m - g * 16) * kLdc, kLdc / 2, xs[m], ws + n0,
+                                   static_cast<char*>(y) + size_t(m * ldy + n0 / 2) * width, bf16);
+        else
+          w8a8_dequantize_row_avx512(C + (m - g * 16) * kLdc, ncols, xs[m], ws + n0, bias ? bias + n0 : nullptr,
+                                     static_cast<char*>(y) + size_t(m * ldy + n0) * width, bf16);
+      }
     }
   }
   _tile_release();

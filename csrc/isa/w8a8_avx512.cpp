@@ -7,19 +7,20 @@
 #include <cstring>
 
 #include "../w8a8_common.h"
+#include "avx512_vec.h"
 
 namespace ragfast {
 namespace w8a8_common {
 namespace {
 
+using namespace ragfast::avx512_vec;  // lanes, load16, round_bf16, store16, silu16
+
 constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
 
-inline __mmask16 lanes(int64_t left) { return left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1u); }
-
-inline __m512 load16(const void* p, int64_t i, __mmask16 m, bool bf16) {
-  if (!bf16) return _mm512_maskz_loadu_ps(m, static_cast<const float*>(p) + i);
-  const __m256i h = _mm256_maskz_loadu_epi16(m, static_cast<const uint16_t*>(p) + i);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+// 16 int32 sums from element i to floats: float(acc) * s * ws (two roundings, as torch's expression).
+inline __m512 scaled16(const int32_t* acc, int64_t i, __mmask16 m, __m512 s, const float* ws) {
+  const __m512 v = _mm512_mul_round_ps(_mm512_cvt_roundepi32_ps(_mm512_maskz_loadu_epi32(m, acc + i), kRound), s, kRound);
+  return _mm512_mul_round_ps(v, _mm512_maskz_loadu_ps(m, ws + i), kRound);
 }
 
 }  // namespace
@@ -51,23 +52,26 @@ void w8a8_quantize_row_avx512(const void* x, bool bf16, int64_t K, int8_t* codes
 void w8a8_dequantize_row_avx512(const int32_t* acc, int64_t N, float s, const float* ws, const float* bias, void* y,
                                 bool bf16) {
   const __m512 sv = _mm512_set1_ps(s);
-  const __m512i one = _mm512_set1_epi32(1), half = _mm512_set1_epi32(0x7fff), quiet = _mm512_set1_epi32(0x40);
   for (int64_t n = 0; n < N; n += 16) {
     const __mmask16 m = lanes(N - n);
-    __m512 v = _mm512_cvt_roundepi32_ps(_mm512_maskz_loadu_epi32(m, acc + n), kRound);
-    v = _mm512_mul_round_ps(v, sv, kRound);
-    v = _mm512_mul_round_ps(v, _mm512_maskz_loadu_ps(m, ws + n), kRound);
+    __m512 v = scaled16(acc, n, m, sv, ws);
     if (bias) v = _mm512_add_round_ps(v, _mm512_maskz_loadu_ps(m, bias + n), kRound);
-    if (!bf16) {
-      _mm512_mask_storeu_ps(static_cast<float*>(y) + n, m, v);
-      continue;
-    }
-    // round to nearest even; a NaN stays a (quiet) NaN
-    const __m512i b = _mm512_castps_si512(v);
-    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(b, 16), one);
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(b, half), odd), 16);
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_srli_epi32(b, 16), quiet);
-    _mm256_mask_storeu_epi16(static_cast<uint16_t*>(y) + n, m, _mm512_cvtepi32_epi16(r));
+    store16(y, n, v, m, bf16);  // bf16: nearest even, a NaN stays a (quiet) NaN
+  }
+}
+
+void w8a8_silu_mul_row_avx512(const int32_t* acc, int64_t half, float s, const float* ws, void* y, bool bf16) {
+  // The gate's and the up projection's outputs as w8a8_dequantize_row_avx512 writes them (rounded
+  // to bf16 when bf16), then silu_mul's row (csrc/isa/silu_mul_avx512.cpp): the same bits as the
+  // two dequantised products followed by the silu_mul kernel.
+  const __m512 sv = _mm512_set1_ps(s);
+  for (int64_t n = 0; n < half; n += 16) {
+    const __mmask16 m = lanes(half - n);
+    __m512 g = scaled16(acc, n, m, sv, ws), u = scaled16(acc + half, n, m, sv, ws + half);
+    if (bf16) g = round_bf16(g), u = round_bf16(u);
+    __m512 a = silu16(g);
+    if (bf16) a = round_bf16(a);
+    store16(y, n, _mm512_mul_ps(a, u), m, bf16);
   }
 }
 

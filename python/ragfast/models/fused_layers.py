@@ -7,12 +7,16 @@ show (bench/bench_fused_layers.py measures both ops against the modules' own tor
 generator with and without them, in one run). :func:`set_fused_layers` makes a model's norms
 call :func:`ragfast.ops.rms_norm.rms_norm` and its MLPs :func:`ragfast.ops.silu_mul.silu_mul`
 (from :data:`SILU_MIN_ROWS` tokens) where a call fits (CPU, fp32 or bf16, no gradient wanted, an ISA level in :data:`FAST_LEVELS`);
-every other call runs the module's own forward, which is what the model ran before.
+every other call runs the module's own forward, which is what the model ran before. An MLP
+whose w8a8 gate and up projections share AMX tiles runs both products and the SiLU as one call
+(:func:`ragfast.models.weight_quant.gate_up_pass`) in the passes those layers run in integers.
 """
 from __future__ import annotations
 
 import types
 from typing import Any
+
+from ragfast.models.weight_quant import gate_up_pass
 
 __all__ = ["FAST_LEVELS", "NORMS", "MLPS", "SILU_MIN_ROWS", "set_fused_layers", "fused_layers_on"]
 
@@ -55,6 +59,9 @@ def _norm_forward(self: Any, hidden_states: Any) -> Any:
 
 
 def _mlp_forward(self: Any, x: Any) -> Any:
+    hidden = gate_up_pass(self, x)  # w8a8 gate and up paired on AMX tiles: one product, SiLU in it
+    if hidden is not None:
+        return self.down_proj(hidden)
     gate, up = self.gate_proj(x), self.up_proj(x)
     if gate.numel() >= SILU_MIN_ROWS * gate.shape[-1] and _fits(gate, up):
         from ragfast.ops.silu_mul import silu_mul

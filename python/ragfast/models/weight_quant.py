@@ -19,7 +19,9 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   ``_int_mm`` (exact int32 sums; oneDNN's VNNI / AMX-INT8 kernels), then applies both scales.
   At the amx ISA level the layer keeps its codes also in AMX's tile layout and runs the product
   and both scales as one ragfast kernel (:func:`ragfast.ops.w8a8.matmul`, the same bits), since
-  ``_int_mm`` re-blocks the row-major codes on every call.
+  ``_int_mm`` re-blocks the row-major codes on every call. A SiLU MLP's gate and up projections
+  share one packed copy there and run as one product with the SiLU applied in cache
+  (:func:`gate_up_pass`): the input rounded once, one call, no ``[rows, 2 x width]`` intermediate.
   Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
   batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
   where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. It is
@@ -45,8 +47,8 @@ from typing import Any
 
 from ragfast.errors import ConfigError
 from ragfast.ops.gemv import GemvWeight
-from ragfast.ops.w8a8 import MATMUL_DEPTH, dequantize_sums, matmul, matmul_available, pack_codes, quantize_rows, \
-    quantize_rows_ref
+from ragfast.ops.w8a8 import GATE_UP_COLUMNS, MATMUL_DEPTH, dequantize_sums, gate_up, interleave_gate_up, matmul, \
+    matmul_available, pack_codes, pack_gate_up, quantize_rows, quantize_rows_ref
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`; ``auto`` resolves to
 #: one of the others per machine and model (:func:`auto_weights`).
@@ -483,7 +485,8 @@ def tiles_supported(codes: Any) -> bool:
 def set_packed(model: Any, on: bool = True) -> int:
     """Run ``model``'s prepared layers' passes that do not take gemv on prepacked weights: a native
     layer's in oneDNN's blocked layout (:func:`pack_weight`) where oneDNN supports the weight, a
-    w8a8 layer's codes in AMX's tile layout (:func:`tiles_supported`); or drop every packed copy
+    w8a8 layer's codes in AMX's tile layout (:func:`tiles_supported`), and an MLP's w8a8 gate and
+    up projections on tiles as one product (:func:`gate_up_pass`); or drop every packed copy
     (``on=False``: torch's own matmul, and the copies' memory back).
 
     Returns how many layers now have a packed weight.
@@ -500,4 +503,46 @@ def set_packed(model: Any, on: bool = True) -> int:
             n += 1
         else:
             m.ragfast_packed = None
+    for m in model.modules():
+        _pair_gate_up(m, on)  # gate and up stay counted: their passes move onto the pair's tiles
     return n
+
+
+def _pair_gate_up(mlp: Any, on: bool) -> bool:
+    """Give ``mlp`` its gate and up projections' codes interleaved on tiles (``ragfast_gate_up``:
+    the packed codes and their scales) where both are w8a8 layers on tiles of one shape without
+    bias and a width that is a multiple of 64; their own tile copies are dropped (the pair serves
+    their integer passes; alone, they take ``_int_mm``, the same bits). Whether it did."""
+    gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
+    pair = None
+    if (on and all(getattr(t, "ragfast_packed", None) is not None and hasattr(t, "codes") for t in (gate, up))
+            and gate.bias is None and up.bias is None and gate.codes.shape == up.codes.shape
+            and gate.out_features % GATE_UP_COLUMNS == 0):
+        pair = (pack_gate_up(gate.codes, up.codes), interleave_gate_up(gate.scales32, up.scales32))
+        gate.ragfast_packed = up.ragfast_packed = None
+    if pair is not None or getattr(mlp, "ragfast_gate_up", None) is not None:
+        mlp.ragfast_gate_up = pair
+    return pair is not None
+
+
+def gate_up_pass(mlp: Any, x: Any) -> Any:
+    """``silu(mlp.gate_proj(x)) * mlp.up_proj(x)`` as one product on AMX tiles
+    (:func:`ragfast.ops.w8a8.gate_up`) for an MLP whose w8a8 gate and up projections
+    :func:`set_packed` paired, in a pass their layers would run in integers (more than
+    :data:`KERNEL_ROWS` rows, no gradient wanted); None otherwise (the caller runs the layers).
+
+    The input is rounded to int8 once for both projections and no ``[rows, 2 x width]``
+    intermediate is written; the values are those of the two layers followed by
+    ``ragfast.ops.silu_mul``'s kernel. Only for MLPs whose activation is SiLU
+    (:mod:`ragfast.models.fused_layers` calls it).
+    """
+    import torch
+
+    pair = getattr(mlp, "ragfast_gate_up", None)
+    if pair is None or not matmul_available():
+        return None
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.shape[0] <= KERNEL_ROWS or (torch.is_grad_enabled() and x.requires_grad):
+        return None
+    xq, xs = quantize_rows(x2)
+    return gate_up(xq, xs, pair[0], pair[1], x.dtype).reshape(*x.shape[:-1], pair[0].n // 2)

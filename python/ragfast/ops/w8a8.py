@@ -17,12 +17,17 @@ bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one ru
   (``_int_mm`` hands oneDNN the row-major codes and it re-blocks them on every call), each block
   of int32 sums turned into floats while still in cache. The same bits as ``_int_mm`` followed by
   :func:`dequantize_sums` (int32 sums are exact). :func:`matmul_available` says whether it runs.
+* :func:`gate_up`: a SiLU MLP's gate and up projections as one product on the same tiles, their
+  codes interleaved by 64 output columns (:func:`pack_gate_up`), each strip's two halves turned
+  into ``silu(gate) * up`` while in cache: the same bits as the two products followed by
+  ``ragfast.ops.silu_mul``'s kernel, with one pass over the input's codes, one call and no
+  ``[rows, 2 x width]`` intermediate.
 
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch expressions,
 and for :func:`matmul` an exact integer ``torch.mm``: the oracle) and ``cpp``
 (``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one pass each, the same arithmetic in the
 same order, so the same bits, threads over the rows; ``ragfast._C.w8a8_matmul``: AMX-INT8 tiles,
-threads over the output columns).
+threads over the output columns; ``silu=True`` for :func:`gate_up`).
 """
 from __future__ import annotations
 
@@ -31,8 +36,9 @@ from typing import Any
 
 from ragfast.ops.registry import cpp_module, register, resolve
 
-__all__ = ["PackedCodes", "dequantize_sums", "dequantize_sums_ref", "matmul", "matmul_available", "matmul_ref",
-           "pack_codes", "quantize_rows", "quantize_rows_ref"]
+__all__ = ["GATE_UP_COLUMNS", "PackedCodes", "dequantize_sums", "dequantize_sums_ref", "gate_up", "gate_up_ref",
+           "interleave_gate_up", "matmul", "matmul_available", "matmul_ref", "pack_codes", "pack_gate_up",
+           "quantize_rows", "quantize_rows_ref"]
 
 
 def _check_x(x: Any) -> None:
@@ -272,6 +278,94 @@ def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: A
     return fn(xq, xs, w, ws, bias, dtype, out)
 
 
+#: Output columns of a gate (then of the up projection) per strip of :func:`pack_gate_up`'s codes.
+GATE_UP_COLUMNS = 64
+
+
+def interleave_gate_up(gate: Any, up: Any) -> Any:
+    """A gate's and an up projection's rows (codes ``[F, K]``, or scales ``[F]``) interleaved by
+    :data:`GATE_UP_COLUMNS`: 64 gate rows, the 64 up rows of the same outputs, and so on (F a
+    multiple of 64)."""
+    import torch
+
+    if gate.shape != up.shape or gate.dtype != up.dtype or gate.dim() not in (1, 2):
+        raise ValueError(f"w8a8: gate and up must have one shape and dtype, got {gate.dtype} {tuple(gate.shape)} "
+                         f"and {up.dtype} {tuple(up.shape)}")
+    f, c = gate.shape[0], GATE_UP_COLUMNS
+    if f < c or f % c:
+        raise ValueError(f"w8a8: gate_up needs a width that is a multiple of {c}, got {f}")
+    rest = tuple(gate.shape[1:])
+    return torch.stack([gate.reshape(f // c, c, *rest), up.reshape(f // c, c, *rest)], 1).reshape(2 * f, *rest)
+
+
+def pack_gate_up(gate_codes: Any, up_codes: Any) -> PackedCodes:
+    """Pack a SiLU MLP's gate and up codes (each ``[F, K]``, F a multiple of 64, K of 64) for
+    :func:`gate_up`: :func:`pack_codes` of :func:`interleave_gate_up` (N = 2F)."""
+    return pack_codes(interleave_gate_up(gate_codes, up_codes))
+
+
+def _halves(y: Any) -> tuple[Any, Any]:
+    """The gate's and the up projection's columns of an interleaved ``[rows, 2F]`` product."""
+    m, n = y.shape
+    y = y.view(m, n // (2 * GATE_UP_COLUMNS), 2, GATE_UP_COLUMNS)
+    return y[:, :, 0].reshape(m, n // 2), y[:, :, 1].reshape(m, n // 2)
+
+
+def gate_up_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None) -> Any:
+    """Reference: :func:`matmul_ref` of the interleaved codes in ``dtype``, then ``silu(gate) * up``
+    in ``dtype`` by torch."""
+    import torch
+
+    dtype = _out(out, (xq.shape[0], w.n // 2), dtype)
+    gate, up = _halves(matmul_ref(xq, xs, w, ws, None, dtype))
+    y = torch.nn.functional.silu(gate) * up
+    if out is None:
+        return y
+    out.copy_(y)
+    return out
+
+
+def gate_up_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None) -> Any:
+    import torch
+
+    dtype = _out(out, (xq.shape[0], w.n // 2), dtype)
+    _check_matmul(xq, xs, w, ws, None, dtype)
+    xq, xs, ws = xq.contiguous(), xs.contiguous(), ws.contiguous()
+    M, width = xq.shape[0], w.n // 2
+    y = torch.empty((M, width), dtype=dtype) if out is None else out
+    cpp_module().w8a8_matmul(xq.data_ptr(), M, w.k, xs.data_ptr(), w.data.data_ptr(), w.n, ws.data_ptr(), 0,
+                             y.data_ptr(), dtype == torch.bfloat16, y.stride(0) if M > 1 else width,
+                             torch.get_num_threads(), True)
+    return y
+
+
+def gate_up(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None, *,
+            backend: str | None = None) -> Any:
+    """A SiLU MLP's hidden activations ``silu(x @ gate.T) * (x @ up.T)`` from int8 codes, as w8a8
+    layers compute them: each product dequantised (:func:`matmul`) and rounded to ``dtype``, then
+    ``silu(gate) * up`` rounded as torch rounds in ``dtype``.
+
+    Parameters
+    ----------
+    xq, xs : torch.Tensor
+        int8 ``[rows, K]`` codes and fp32 ``[rows]`` scales (:func:`quantize_rows`).
+    w : PackedCodes
+        :func:`pack_gate_up` of the gate's and up projection's codes (``w.n`` = 2F).
+    ws : torch.Tensor
+        fp32 ``[2F]``: :func:`interleave_gate_up` of the two layers' output-channel scales.
+    dtype, out :
+        As for :func:`matmul`; the output is ``[rows, F]``.
+    backend : str, optional
+        ``"cpp"`` (the amx level only) or ``"ref"``; by default the compiled one where it runs.
+        The compiled path's SiLU is ``ragfast.ops.silu_mul``'s kernel (within two bf16 steps of
+        torch's, equal on nearly every value).
+    """
+    if backend is None and not matmul_available():
+        backend = "ref"
+    _, fn = resolve("w8a8_gate_up", backend, "cpu")
+    return fn(xq, xs, w, ws, dtype, out)
+
+
 def _quantize_rows_checked_ref(x: Any) -> tuple[Any, Any]:
     _check_x(x)  # the op's inputs; quantize_rows_ref also takes any float weight (quantize_int8)
     return quantize_rows_ref(x)
@@ -283,3 +377,5 @@ register("w8a8_dequantize", "ref", dequantize_sums_ref)
 register("w8a8_dequantize", "cpp", dequantize_sums_cpp)
 register("w8a8_matmul", "ref", matmul_ref)
 register("w8a8_matmul", "cpp", matmul_cpp)
+register("w8a8_gate_up", "ref", gate_up_ref)
+register("w8a8_gate_up", "cpp", gate_up_cpp)
