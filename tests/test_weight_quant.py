@@ -432,11 +432,13 @@ def test_generator_greedy_tokens_with_and_without_packed_weights(qwen_dir):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
     """At the amx level a w8a8 layer whose depth is a multiple of 64 keeps its codes in tile layout
-    and its integer passes run ragfast.ops.w8a8.matmul (counted), the same bits as torch._int_mm's
-    path (set_packed off); other levels and the weight-only passes never call it."""
+    and every pass its gemv does not take runs ragfast.ops.w8a8.matmul (counted): many rows the same
+    bits as torch._int_mm's path (set_packed off), 4-16 rows those of the int8 activations' reference
+    (not torch's weight-only kernel, which ran them up to 12x slower); other levels never call it."""
     import ragfast.ops.w8a8 as w8a8_ops
     from ragfast.models import weight_quant
     from ragfast.models.weight_quant import int8_matmul_exact, set_packed
+    from ragfast.ops.w8a8 import dequantize_sums, quantize_rows
 
     if not int8_matmul_exact():
         pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
@@ -449,12 +451,19 @@ def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
     calls = []
     real = w8a8_ops.matmul
     x = torch.randn(3 * KERNEL_ROWS + 1, 128, generator=g).to(dtype)
+    few = model[0].ragfast_gemv_rows
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(weight_quant, "matmul", lambda *a, **k: calls.append(1) or real(*a, **k))
         with torch.inference_mode():
             got = model[0](x)
-            model[0](x[:KERNEL_ROWS])  # few rows: the weight-only path
-    assert len(calls) == (1 if tiles else 0)
+            mid = model[0](x[:KERNEL_ROWS])  # the weight-only kernel's rows elsewhere
+            if few:
+                model[0](x[:few])  # gemv's rows: never the tiles
+    assert len(calls) == (2 if tiles else 0)
+    if tiles:
+        xq, xs = quantize_rows(x[:KERNEL_ROWS])
+        want_mid = dequantize_sums(torch._int_mm(xq, model[0].codes.t()), xs, model[0].scales32, model[0].bias32, dtype)
+        assert torch.equal(mid, want_mid)
     assert set_packed(model, False) == 0 and model[0].ragfast_packed is None
     with torch.inference_mode():
         want = model[0](x)
@@ -487,7 +496,7 @@ def test_w8a8_mlp_pairs_gate_and_up_on_tiles(isa_level):
     """At the amx level a SiLU MLP's w8a8 gate and up projections are paired (one packed copy, their
     own tile copies dropped) and its passes of more than KERNEL_ROWS rows run one gate_up call
     (counted): the same bits as the two layers on _int_mm followed by the silu_mul kernel (the
-    pair dropped by set_packed(False)); fewer rows and other levels never call it."""
+    pair dropped by set_packed(False)); gemv's few rows and other levels never call it."""
     from transformers import Qwen2Config
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
@@ -513,8 +522,10 @@ def test_w8a8_mlp_pairs_gate_and_up_on_tiles(isa_level):
         mp.setattr(weight_quant, "gate_up", lambda *a, **k: calls.append(1) or real(*a, **k))
         with torch.inference_mode():
             got = mlp(x)
+            mlp(x[:max(1, mlp.gate_proj.ragfast_gemv_rows)])  # gemv's rows (or one, with no gemv)
             mlp(x[:KERNEL_ROWS])
-    assert len(calls) == (1 if tiles else 0)
+    few = mlp.gate_proj.ragfast_gemv_rows > 0
+    assert len(calls) == ((1 if few else 2) + 1 if tiles else 0)
     set_packed(model, False)
     assert getattr(mlp, "ragfast_gate_up", None) is None
     with torch.inference_mode():

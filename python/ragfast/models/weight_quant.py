@@ -14,7 +14,8 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   (which uses blocks of 32) and gpt-fast. It is opt-in: the default reasoner's held-out EM was
   measured with fp32 weights.
 * **int8 weights and activations** (``weights="w8a8"``): the same int8 weights; a pass of more
-  than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill) also rounds its input
+  than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill; on AMX tiles, every pass
+  that gemv does not take) also rounds its input
   to int8, one symmetric scale per row (token), and multiplies integers with torch's
   ``_int_mm`` (exact int32 sums; oneDNN's VNNI / AMX-INT8 kernels), then applies both scales.
   At the amx ISA level the layer keeps its codes also in AMX's tile layout and runs the product
@@ -279,7 +280,8 @@ def _int8_module_class():
 
         def __init__(self, codes: Any, scales: Any, bias: Any, act_dtype: Any, int8_acts: bool = False):
             super().__init__()
-            self.int8_acts = bool(int8_acts)  # w8a8: passes of more than KERNEL_ROWS rows in integers
+            # w8a8: passes of more than KERNEL_ROWS rows in integers; on AMX tiles every pass gemv does not take
+            self.int8_acts = bool(int8_acts)
             self.register_buffer("scales32", scales.float() if int8_acts else None)
             self.register_buffer("bias32", bias.detach().float() if int8_acts and bias is not None else None)
             self.in_features, self.out_features = codes.shape[1], codes.shape[0]
@@ -301,7 +303,8 @@ def _int8_module_class():
                 return self.ragfast_gemv(x)
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
-            if self.kernel and x2.shape[0] <= self.kernel_rows:
+            tiles = self.ragfast_packed is not None and matmul_available()
+            if self.kernel and x2.shape[0] <= self.kernel_rows and not tiles:
                 # Few rows (decoding): bound by the weight bytes, which the kernel reads as int8.
                 # It takes bf16 inputs for fp32 activations: its fp32 path ran 2-20x slower than
                 # fp32 F.linear where its bf16 path beat bf16 F.linear (bench_decode_weights.py).
@@ -316,8 +319,10 @@ def _int8_module_class():
                 # batch-64 decode step); the same bits as quantize_int8 and w8a8_linear_ref's order.
                 xq, xs = quantize_rows(x2)  # one scale per row (token)
                 n, step = self.out_features, W8A8_COLUMNS
-                if self.ragfast_packed is not None and matmul_available():
-                    # AMX-INT8 on the prepacked codes, both scales applied block by block in cache.
+                if tiles:
+                    # AMX-INT8 on the prepacked codes, both scales applied block by block in cache:
+                    # every pass gemv does not take, since torch's weight-only kernel above ran 4-16
+                    # rows 1.3-12x slower than the tiles (the 0.5B's layers, Xeon, two threads).
                     y = matmul(xq, xs, self.ragfast_packed, self.scales32, self.bias32, x.dtype)
                     return y.reshape(*shape[:-1], n)
                 if n <= 2 * step:
@@ -338,7 +343,9 @@ def _int8_module_class():
             return torch.nn.functional.linear(x, w, self.bias)
 
         def extra_repr(self) -> str:
-            acts = f", activations int8 per row above {self.kernel_rows} rows" if self.int8_acts else ""
+            above = f"{self.ragfast_gemv_rows} rows (AMX tiles)" if self.ragfast_packed is not None else \
+                f"{self.kernel_rows} rows"
+            acts = f", activations int8 per row above {above}" if self.int8_acts else ""
             return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per-channel{acts}"
 
     return Int8Linear
@@ -379,7 +386,8 @@ class WeightInfo:
             packed = f", prepacked for oneDNN ({self.packed_layers} linear layers)" if self.packed_layers else ""
             return f"{act_dtype} weights{packed}{kernel}"
         if self.scheme == "w8a8":
-            tiles = f", {self.packed_layers} of them on AMX tiles" if self.packed_layers else ""
+            tiles = (f", {self.packed_layers} of them on AMX tiles, which take every pass of more than "
+                     f"{self.gemv_rows} rows" if self.packed_layers else "")
             return (f"int8 weights per output channel, int8 activations per token in passes of more than "
                     f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers{tiles}; otherwise activations "
                     f"{act_dtype}{kernel})")
@@ -528,8 +536,8 @@ def _pair_gate_up(mlp: Any, on: bool) -> bool:
 def gate_up_pass(mlp: Any, x: Any) -> Any:
     """``silu(mlp.gate_proj(x)) * mlp.up_proj(x)`` as one product on AMX tiles
     (:func:`ragfast.ops.w8a8.gate_up`) for an MLP whose w8a8 gate and up projections
-    :func:`set_packed` paired, in a pass their layers would run in integers (more than
-    :data:`KERNEL_ROWS` rows, no gradient wanted); None otherwise (the caller runs the layers).
+    :func:`set_packed` paired, in a pass their layers would run in integers on tiles (every pass
+    their gemv does not take, no gradient wanted); None otherwise (the caller runs the layers).
 
     The input is rounded to int8 once for both projections and no ``[rows, 2 x width]``
     intermediate is written; the values are those of the two layers followed by
@@ -539,10 +547,10 @@ def gate_up_pass(mlp: Any, x: Any) -> Any:
     import torch
 
     pair = getattr(mlp, "ragfast_gate_up", None)
-    if pair is None or not matmul_available():
+    if pair is None or not matmul_available() or _gemv_fits(mlp.gate_proj, x, torch):
         return None
     x2 = x.reshape(-1, x.shape[-1])
-    if x2.shape[0] <= KERNEL_ROWS or (torch.is_grad_enabled() and x.requires_grad):
+    if torch.is_grad_enabled() and x.requires_grad:
         return None
     xq, xs = quantize_rows(x2)
     return gate_up(xq, xs, pair[0], pair[1], x.dtype).reshape(*x.shape[:-1], pair[0].n // 2)
