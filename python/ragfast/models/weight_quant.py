@@ -11,8 +11,8 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   the dtype's matmul on the weight dequantised for the call. :func:`int8_linear_ref` is the
   reference the tests hold these paths to. The quantisation is symmetric round-to-nearest per
   output channel (scale = max |w| / 127), the scheme of weight-only int8 in llama.cpp's Q8_0
-  (which uses blocks of 32) and gpt-fast. It is opt-in: the default reasoner's held-out EM was
-  measured with fp32 weights.
+  (which uses blocks of 32) and gpt-fast. It is opt-in (``"auto"`` never picks it); the default
+  reasoner's held-out EM with it was within bf16's paired CI.
 * **int8 weights and activations** (``weights="w8a8"``): the same int8 weights; a pass of more
   than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill; on AMX tiles, every pass
   that gemv does not take) also rounds its input
@@ -25,7 +25,8 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   (:func:`gate_up_pass`): the input rounded once, one call, no ``[rows, 2 x width]`` intermediate.
   Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
   batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
-  where rounding the activations buys nothing). :func:`w8a8_linear_ref` is its reference. It is
+  where rounding the activations buys nothing), except on the tiles, which beat torch's
+  weight-only kernel from 4 rows. :func:`w8a8_linear_ref` is its reference. It is
   coarser than int8 (an outlier channel sets its row's scale), and the default (``"auto"``) only
   where its products run on AMX tiles (:func:`auto_weights`), where both trained reasoners' held-out
   EM was measured within bf16's paired CI.

@@ -413,7 +413,8 @@ HELP: dict[str, str] = {
     "weights": "Local reasoner's linear layers: auto (default: w8a8 where its integer products run on AMX tiles, "
                "i.e. bf16 on an AMX CPU; else native) | native (in --dtype) | int8 (weight-only, one scale per "
                "output channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per "
-               "token, in passes of more than 16 rows: integer matmuls for batched decode and prefill). The report's "
+               "token, in passes of more than 16 rows, on AMX tiles of more than gemv's few: integer matmuls for batched "
+               "decode and prefill). The report's "
                "reasoner slot names what ran.",
     "threads": "torch CPU threads of this process (not with --ray).",
     "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "
