@@ -234,20 +234,26 @@ def matmul_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtyp
     return dequantize_sums_ref(acc, xs, ws, bias, dtype, out)
 
 
-def matmul_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
-               out: Any = None) -> Any:
+def _tiles_call(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any, out: Any, silu: bool) -> Any:
+    """``ragfast._C.w8a8_matmul`` after the checks: :func:`matmul`'s product, or with ``silu``
+    :func:`gate_up`'s (``w.n / 2`` output columns)."""
     import torch
 
-    dtype = _out(out, (xq.shape[0], w.n), dtype)
+    M, width = xq.shape[0], w.n // 2 if silu else w.n
+    dtype = _out(out, (M, width), dtype)
     _check_matmul(xq, xs, w, ws, bias, dtype)  # below the amx level the C++ call refuses (RuntimeError)
     xq, xs, ws = xq.contiguous(), xs.contiguous(), ws.contiguous()
     bias = None if bias is None else bias.contiguous()
-    M = xq.shape[0]
-    y = torch.empty((M, w.n), dtype=dtype) if out is None else out
+    y = torch.empty((M, width), dtype=dtype) if out is None else out
     cpp_module().w8a8_matmul(xq.data_ptr(), M, w.k, xs.data_ptr(), w.data.data_ptr(), w.n, ws.data_ptr(),
                              0 if bias is None else bias.data_ptr(), y.data_ptr(), dtype == torch.bfloat16,
-                             y.stride(0) if M > 1 else w.n, torch.get_num_threads())
+                             y.stride(0) if M > 1 else width, torch.get_num_threads(), silu)
     return y
+
+
+def matmul_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
+               out: Any = None) -> Any:
+    return _tiles_call(xq, xs, w, ws, bias, dtype, out, False)
 
 
 def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None, out: Any = None, *,
@@ -326,17 +332,7 @@ def gate_up_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, ou
 
 
 def gate_up_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None) -> Any:
-    import torch
-
-    dtype = _out(out, (xq.shape[0], w.n // 2), dtype)
-    _check_matmul(xq, xs, w, ws, None, dtype)
-    xq, xs, ws = xq.contiguous(), xs.contiguous(), ws.contiguous()
-    M, width = xq.shape[0], w.n // 2
-    y = torch.empty((M, width), dtype=dtype) if out is None else out
-    cpp_module().w8a8_matmul(xq.data_ptr(), M, w.k, xs.data_ptr(), w.data.data_ptr(), w.n, ws.data_ptr(), 0,
-                             y.data_ptr(), dtype == torch.bfloat16, y.stride(0) if M > 1 else width,
-                             torch.get_num_threads(), True)
-    return y
+    return _tiles_call(xq, xs, w, ws, None, dtype, out, True)
 
 
 def gate_up(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None, *,
