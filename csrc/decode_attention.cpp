@@ -140,11 +140,16 @@ void decode_attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uin
     a.v_st = v_st;
     a.o_sh = o_sh;
     a.scratch = base;
-    for (int64_t i = tasks * th / team; i < tasks * (th + 1) / team; ++i) {
+    const int64_t end = tasks * (th + 1) / team;
+    auto k_of = [&](int64_t i) { return reinterpret_cast<const char*>(k) + size_t((i / Hkv) * k_sb + (i % Hkv) * k_sh) * width; };
+    auto v_of = [&](int64_t i) { return reinterpret_cast<const char*>(v) + size_t((i / Hkv) * v_sb + (i % Hkv) * v_sh) * width; };
+    for (int64_t i = tasks * th / team; i < end; ++i) {
       const int64_t b = i / Hkv, g = i % Hkv;
       a.q = reinterpret_cast<const char*>(q) + size_t(b * q_sb + g * G * q_sh) * width;
-      a.k = reinterpret_cast<const char*>(k) + size_t(b * k_sb + g * k_sh) * width;
-      a.v = reinterpret_cast<const char*>(v) + size_t(b * v_sb + g * v_sh) * width;
+      a.k = k_of(i);
+      a.v = v_of(i);
+      a.next_k = i + 1 < end ? k_of(i + 1) : nullptr;
+      a.next_v = i + 1 < end ? v_of(i + 1) : nullptr;
       a.out = reinterpret_cast<char*>(out) + size_t(b * o_sb + g * G * o_sh) * width;
       a.mask = mask ? reinterpret_cast<const uint8_t*>(mask) + b * m_sb : nullptr;
       fn(a);

@@ -22,6 +22,11 @@ struct Task {
   const uint8_t* mask;
   void* out;        // G rows of D, o_sh apart
   int64_t o_sh;
+  // The keys and values of the task this thread runs next (same T, D and strides; nullptr: none),
+  // asked into L2 while this one computes, so that reading the cache from memory overlaps the
+  // arithmetic instead of following it.
+  const void* next_k;
+  const void* next_v;
   int64_t T, D;
   int G;
   float scale;

@@ -36,10 +36,14 @@ def check(got, want, dtype, fp32_tol=1e-5):
 
 
 # The amx level's tile task takes bf16 with D in {32, 64, 96, 128} and G <= 16: whole and partial
-# 16-key tiles (T = 16, 37, 300, 1), G = 16 and 17 (the latter on the avx512 task).
+# 16-key tiles (T = 16, 37, 300, 1), G = 16 and 17 (the latter on the avx512 task). The values'
+# pass keeps up to 5 heads' sums in registers for D <= 64 and 3 for D <= 128: G = 1, 2, 5, 7, 8,
+# 12 and 17 split into every group size, with the head dim's last 16 lanes whole and partial
+# (D = 56, 64, 120, 128).
 SHAPES = [(1, 1, 1, 1, 1), (2, 4, 4, 5, 48), (3, 14, 2, 37, 64), (2, 6, 3, 19, 17), (1, 8, 1, 70, 128),
           (4, 2, 1, 33, 80), (2, 3, 1, 9, 256), (2, 2, 2, 11, 300), (2, 16, 1, 16, 32), (2, 6, 2, 300, 96),
-          (1, 17, 1, 5, 64), (3, 4, 2, 1, 64)]
+          (1, 17, 1, 5, 64), (3, 4, 2, 1, 64), (2, 3, 3, 23, 56), (2, 10, 2, 29, 64), (1, 12, 1, 18, 64),
+          (2, 5, 1, 21, 120)]
 
 
 @needs_cpp

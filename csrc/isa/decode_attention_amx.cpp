@@ -81,11 +81,15 @@ void decode_attention_task_amx(const Task& a) {
   float* acc = S + 16 * Tp;
   uint16_t* qt = reinterpret_cast<uint16_t*>(acc + G * D);
   uint16_t* tail = qt + nc * 512;
-  // B tiles: chunk c, row r (depth pair 32c + 2r, +1), head h: two bf16; heads past G are zeros.
+  // B tiles: chunk c, row r (depth pair 32c + 2r, +1), head h: two bf16, that is query h's
+  // 32-bit word 16c + r; heads past G are zeros. Copied a word at a time (a bf16 at a time with
+  // the index arithmetic per value, this took a fifth of the task's scores and softmax).
   std::memset(qt, 0, size_t(nc * 1024));
+  uint32_t* qw = reinterpret_cast<uint32_t*>(qt);
   for (int64_t h = 0; h < G; ++h) {
-    const uint16_t* qh = static_cast<const uint16_t*>(a.q) + h * a.q_sh;
-    for (int64_t d = 0; d < D; ++d) qt[(d / 32) * 512 + ((d % 32) / 2) * 32 + h * 2 + (d & 1)] = qh[d];
+    uint32_t qh[64];
+    std::memcpy(qh, static_cast<const uint16_t*>(a.q) + h * a.q_sh, size_t(D * 2));
+    for (int64_t j = 0; j < D / 2; ++j) qw[(j >> 4) * 256 + (j & 15) * 16 + h] = qh[j];
   }
   switch (nc) {
     case 1: scores<1>(a, qt, tail, S); break;
@@ -106,6 +110,7 @@ void decode_attention_task_amx(const Task& a) {
   __m512 tot = _mm512_setzero_ps();
   for (int64_t t = 0; t < T; ++t) {
     __m512 e = _mm512_setzero_ps();
+    prefetch_next(a.next_v, t, a.v_st * 2, D * 2);
     if (!a.mask || a.mask[t]) e = exp16(_mm512_sub_ps(_mm512_load_ps(S + t * 16), mx));
     _mm512_store_ps(S + t * 16, e);
     tot = _mm512_add_ps(tot, e);
