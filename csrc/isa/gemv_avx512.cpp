@@ -21,6 +21,9 @@ inline __m512 load_w(const void* p, int64_t k, __mmask16 mask) {
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
 
+// Bytes ahead in the weight stream that each step prefetches.
+constexpr int64_t kAhead = 2048;
+
 // One weight row, read front to back as one stream with 4 sums along the depth (64 elements a
 // step), against MM rows of x (see csrc/isa/gemv_avx512bf16.cpp for why whole rows).
 template <int KIND, int MM>
@@ -28,8 +31,13 @@ void row_stream(const float* x, int64_t K, const void* row, float* y, int64_t ld
   __m512 acc[MM][4];
   for (int m = 0; m < MM; ++m)
     for (int u = 0; u < 4; ++u) acc[m][u] = _mm512_setzero_ps();
+  constexpr int64_t width = KIND == kF32 ? 4 : KIND == kBF16 ? 2 : 1;
+  const char* bytes = static_cast<const char*>(row);
   int64_t k = 0;
   for (; k + 64 <= K; k += 64) {
+    // The rows lie back to back, so the weights are one stream: ask for its lines kAhead bytes
+    // on (into the next rows), which the tail of each row's loop would otherwise wait for.
+    for (int64_t c = 0; c < 64 * width; c += 64) _mm_prefetch(bytes + k * width + c + kAhead, _MM_HINT_T0);
     __m512 wv[4];
     for (int u = 0; u < 4; ++u) wv[u] = load_w<KIND>(row, k + 16 * u, 0xffff);
     for (int m = 0; m < MM; ++m)
