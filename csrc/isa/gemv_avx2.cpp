@@ -41,13 +41,20 @@ inline float hsum(__m256 v) {
 // One weight row, read front to back as one stream with 4 sums along the depth (32 elements a
 // step), against MM rows of x (see csrc/isa/gemv_avx512bf16.cpp for why whole rows); the depth's
 // last K % 8 in scalar.
+// Bytes ahead in the weight stream that each step prefetches.
+constexpr int64_t kAhead = 2048;
+
 template <int KIND, int MM>
 void row_stream(const float* x, int64_t K, const void* row, float* y, int64_t ldy) {
   __m256 acc[MM][4];
   for (int m = 0; m < MM; ++m)
     for (int u = 0; u < 4; ++u) acc[m][u] = _mm256_setzero_ps();
+  constexpr int64_t width = KIND == kF32 ? 4 : KIND == kBF16 ? 2 : 1;
+  const char* bytes = static_cast<const char*>(row);
   int64_t k = 0;
   for (; k + 32 <= K; k += 32) {
+    // The rows lie back to back: ask for the stream's lines kAhead bytes on (as gemv_avx512.cpp).
+    for (int64_t c = 0; c < 32 * width; c += 64) _mm_prefetch(bytes + k * width + c + kAhead, _MM_HINT_T0);
     __m256 wv[4];
     for (int u = 0; u < 4; ++u) wv[u] = load_w<KIND>(row, k + 8 * u);
     for (int m = 0; m < MM; ++m)
