@@ -141,8 +141,12 @@ void decode_attention(uintptr_t q, uintptr_t k, uintptr_t v, uintptr_t mask, uin
     a.o_sh = o_sh;
     a.scratch = base;
     const int64_t end = tasks * (th + 1) / team;
-    auto k_of = [&](int64_t i) { return reinterpret_cast<const char*>(k) + size_t((i / Hkv) * k_sb + (i % Hkv) * k_sh) * width; };
-    auto v_of = [&](int64_t i) { return reinterpret_cast<const char*>(v) + size_t((i / Hkv) * v_sb + (i % Hkv) * v_sh) * width; };
+    auto k_of = [&](int64_t i) {
+      return reinterpret_cast<const char*>(k) + size_t((i / Hkv) * k_sb + (i % Hkv) * k_sh) * width;
+    };
+    auto v_of = [&](int64_t i) {
+      return reinterpret_cast<const char*>(v) + size_t((i / Hkv) * v_sb + (i % Hkv) * v_sh) * width;
+    };
     for (int64_t i = tasks * th / team; i < end; ++i) {
       const int64_t b = i / Hkv, g = i % Hkv;
       a.q = reinterpret_cast<const char*>(q) + size_t(b * q_sb + g * G * q_sh) * width;

@@ -62,7 +62,8 @@ void decode_attention_task_avx512(const Task& a) {
   // dots its query with the 16 rows (16 vectors of partial sums) and sums them with one tree.
   const __m512 vninf = _mm512_set1_ps(ninf);
   for (int64_t t0 = 0; t0 < T; t0 += 16) {
-    for (int64_t j = t0; j < t0 + 16 && j < T; ++j) prefetch_next(a.next_v, j, a.v_st * int64_t(w), D * int64_t(w));
+    for (int64_t j = t0; j < t0 + 16 && j < T; ++j)  // the next task's values, a row per key
+      prefetch_next(a.next_v, j, a.v_st * int64_t(w), D * int64_t(w));
     __mmask16 on = lanes(T - t0);
     if (a.mask) on &= _mm_mask_cmpneq_epi8_mask(on, _mm_maskz_loadu_epi8(on, a.mask + t0), _mm_setzero_si128());
     for (int j = 0; j < 16; ++j) {

@@ -70,7 +70,8 @@ void weigh_heads(const Task& a, const float* e, int64_t eh, int64_t et, const fl
     const __m512 inv = _mm512_set1_ps(tot > 0.f ? 1.f / tot : 0.f);
     void* oh = static_cast<char*>(a.out) + size_t((h0 + i) * a.o_sh) * w;
 #pragma GCC unroll 8
-    for (int c = 0; c < ND; ++c) store16(oh, 16 * c, _mm512_mul_ps(sums[i * ND + c], inv), c == ND - 1 ? last : __mmask16(0xffff), BF16);
+    for (int c = 0; c < ND; ++c)
+      store16(oh, 16 * c, _mm512_mul_ps(sums[i * ND + c], inv), c == ND - 1 ? last : __mmask16(0xffff), BF16);
   }
 }
 

@@ -38,12 +38,12 @@ inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// One weight row, read front to back as one stream with 4 sums along the depth (32 elements a
-// step), against MM rows of x (see csrc/isa/gemv_avx512bf16.cpp for why whole rows); the depth's
-// last K % 8 in scalar.
 // Bytes ahead in the weight stream that each step prefetches.
 constexpr int64_t kAhead = 2048;
 
+// One weight row, read front to back as one stream with 4 sums along the depth (32 elements a
+// step), against MM rows of x (see csrc/isa/gemv_avx512bf16.cpp for why whole rows); the depth's
+// last K % 8 in scalar.
 template <int KIND, int MM>
 void row_stream(const float* x, int64_t K, const void* row, float* y, int64_t ldy) {
   __m256 acc[MM][4];

@@ -10,12 +10,12 @@ namespace ragfast {
 namespace gemv_common {
 namespace {
 
-// One weight row, read front to back as one stream with 4 sums along the depth (128 elements a
-// step), against MM rows of x. Streaming whole rows matters: 4 rows read side by side (a
-// register tile) ran at 12.5 GB/s on one Zen 4 core where one stream reached 19.
 // Bytes ahead in the weight stream that each step prefetches.
 constexpr int64_t kAhead = 2048;
 
+// One weight row, read front to back as one stream with 4 sums along the depth (128 elements a
+// step), against MM rows of x. Streaming whole rows matters: 4 rows read side by side (a
+// register tile) ran at 12.5 GB/s on one Zen 4 core where one stream reached 19.
 template <int MM>
 void row_stream(const uint16_t* x, int64_t K, const uint16_t* row, float* y, int64_t ldy) {
   __m512 acc[MM][4];
