@@ -87,7 +87,7 @@ void decode_attention_task_amx(const Task& a) {
   std::memset(qt, 0, size_t(nc * 1024));
   uint32_t* qw = reinterpret_cast<uint32_t*>(qt);
   for (int64_t h = 0; h < G; ++h) {
-    uint32_t qh[64];
+    uint32_t qh[64];  // D <= 128 at this level (pick_task)
     std::memcpy(qh, static_cast<const uint16_t*>(a.q) + h * a.q_sh, size_t(D * 2));
     for (int64_t j = 0; j < D / 2; ++j) qw[(j >> 4) * 256 + (j & 15) * 16 + h] = qh[j];
   }

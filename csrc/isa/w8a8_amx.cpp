@@ -99,11 +99,11 @@ struct Epilogue {
   const float *xs, *ws, *bias;
   void* y;
   int64_t ldy;
-  size_t width;
   bool bf16, silu;
   void next() {
     if (m >= m1) return;
     const int32_t* row = C + (m - m0) * kLdc;
+    const size_t width = bf16 ? 2 : 4;
     if (silu)  // a whole strip: 64 gate then 64 up columns, into output columns n0 / 2 on
       w8a8_silu_mul_row_avx512(row, kLdc / 2, xs[m], ws + n0, static_cast<char*>(y) + size_t(m * ldy + n0 / 2) * width,
                                bf16);
@@ -136,7 +136,6 @@ void w8a8_matmul_cols_amx(const int8_t* xq, const int8_t* tail, int64_t M, int64
   ep.bias = bias;
   ep.y = y;
   ep.ldy = ldy;
-  ep.width = bf16 ? 2 : 4;
   ep.bf16 = bf16;
   ep.silu = silu;
   auto step = [&ep] { ep.next(); };
