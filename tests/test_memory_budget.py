@@ -206,3 +206,21 @@ def test_the_freed_heap_is_handed_back_where_the_c_library_can():
     from ragfast.models.memory_budget import release_free_heap
 
     assert release_free_heap() is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+
+
+def test_held_bytes_counts_each_storage_once():
+    """Caches that view one storage hold it together: counted once in the total, and in no cache's own
+    bytes (dropping one of them frees nothing); a cropped view counts its whole storage."""
+    from ragfast.models.memory_budget import held_bytes
+
+    def kv(n):
+        return [(torch.zeros(2, n, 4), torch.zeros(2, n, 4))]
+
+    a, b, shared = kv(10), kv(6), kv(3)
+    nested = [(k[:, :4], v[:, :4]) for k, v in a]  # a probe seeded from `a`
+    seeded = [(k[:, :2], v[:, :2]) for k, v in shared]  # a session seeded from the kept prefix
+    total, own = held_bytes({"a": a, "b": b, "nested": nested, "seeded": seeded, "none": None}, shared)
+    per = 2 * 4 * 4  # bytes per token: 2 heads x 4 dims x fp32, keys and values apiece
+    assert total == (10 + 6 + 3) * per * 2
+    assert own == {"a": 0, "b": 6 * per * 2, "nested": 0, "seeded": 0, "none": 0}
+    assert held_bytes({"a": a}) == (10 * per * 2, {"a": 10 * per * 2})

@@ -149,3 +149,67 @@ def test_rewind_keeps_the_prefix_and_equals_a_fresh_session(tiny_qwen2_dir, nati
         g.rewind(["a"], [])
     with pytest.raises(KeyError, match="rewind"):
         g.rewind(["zz"], [back])
+
+
+def _live_then_probes(g, native):
+    """What S2G's validation does on one generator: the runs' last turns, their sessions ended, then
+    the probes of every state."""
+    from ragfast.methods.searchr1.loop import STOP
+
+    ids = [t.id for t in native]
+    open_sessions(g, ids, [t.question for t in native], [prefix_pieces(t, t.searches) for t in native])
+    g.generate(ids, stop=list(STOP), max_new_tokens=4)
+    g.end(ids)
+    led = CostLedger()
+    out = probe_states(native, g, max_new_tokens=6, ledger=led)
+    return [[p["text"] for p in o] for o in out], led.totals()["reasoner"]
+
+
+def test_kept_ended_sessions_seed_the_probes_and_change_no_token(tiny_qwen2_dir, native):
+    from ragfast.models.generator import HFGenerator
+
+    ref = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=None)
+    want, ref_book = _live_then_probes(ref, native)
+    g = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=None)
+    with g.keep_ended():
+        got, book = _live_then_probes(g, native)
+    # Every probe is a prefix of its ended session: only its last token (whose logits start the
+    # answer) is computed, the rest is taken from the ended session and booked cached.
+    n_probes = sum(t.searches + 1 for t in native)
+    assert book["input_tokens"] == n_probes
+    assert got == want
+    assert book["input_tokens"] + book["cached_tokens"] == ref_book["input_tokens"] + ref_book["cached_tokens"]
+    assert ref_book["input_tokens"] > 20 * n_probes
+    # After the block an ended session keeps nothing: the probes compute their prefixes again.
+    again, book2 = _live_then_probes(g, native)
+    assert again == want and book2["input_tokens"] == ref_book["input_tokens"]
+
+
+def test_kept_ended_sessions_give_way_to_the_budget(tiny_qwen2_dir, native):
+    """A turn that fits the budget alone but not beside the kept caches: they are dropped (the turn
+    runs as one chunk, as on a generator that kept none) and the text is the same."""
+    from ragfast.methods.searchr1.loop import STOP
+    from ragfast.models.generator import HFGenerator
+
+    def other_turn(g):  # sessions on other prompts, nothing of the kept caches serves them; three times
+        # as many as the runs' last turn, whose plan must fit the budget too
+        trs = [t for t in native for _ in range(3)]
+        ids = [f"{t.id}-other{k % 3}" for k, t in enumerate(trs)]
+        open_sessions(g, ids, [f"{t.question} (asked again {k % 3})" for k, t in enumerate(trs)],
+                      [prefix_pieces(t, t.searches) for t in trs])
+        return g.generate(ids, stop=list(STOP), max_new_tokens=6)
+
+    ref = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=10 ** 12)  # a budget only to plan the peak
+    _live_then_probes(ref, native)
+    ref.stats["planned_peak_bytes"] = 0  # the other turn's own
+    want = other_turn(ref)
+    g = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=ref.stats["planned_peak_bytes"])
+    with g.keep_ended():
+        _live_then_probes(g, native)
+        assert g.describe()["memory"]["kv_peak_bytes"] > 0
+        assert other_turn(g) == want
+        assert g.last_chunks == ref.last_chunks == [3 * len(native)]
+        # the kept caches went: probes now compute their prefixes again
+        led = CostLedger()
+        probe_states(native, g, max_new_tokens=6, ledger=led)
+    assert led.totals()["reasoner"]["input_tokens"] > 20 * sum(t.searches + 1 for t in native)

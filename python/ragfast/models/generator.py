@@ -9,9 +9,10 @@
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger
 from ragfast.errors import ConfigError, MemoryBudgetError, ModelError
@@ -26,6 +27,10 @@ from ragfast.text import whitespace_tokens
 log = logging.getLogger(__name__)
 
 __all__ = ["HFGenerator", "whitespace_tokens"]
+
+
+#: The kept caches of ended sessions, as one entry of :meth:`HFGenerator._held`'s accounting.
+_ENDED = "\x00ended"
 
 
 @dataclass
@@ -184,6 +189,8 @@ class HFGenerator(Generator):
         self._budget_note = "" if memory_budget == AUTO else ("none" if self._budget is None else "given")
         #: The last shared prefix: its token ids and per-layer (keys, values), each [kv_heads, n, head_dim].
         self._template: tuple[list[int], list[tuple[Any, Any]]] | None = None
+        #: Inside :meth:`keep_ended`: an ended session's prompt -> its token ids and keys/values.
+        self._ended: dict[tuple[int, ...], tuple[list[int], list[tuple[Any, Any]]]] | None = None
         from ragfast.models.weight_quant import resolve_dtype
 
         kw: dict[str, Any] = {}
@@ -370,10 +377,32 @@ class HFGenerator(Generator):
 
     def end(self, ids: Sequence[str]) -> None:
         for i in ids:
-            self._sessions.pop(i, None)
+            s = self._sessions.pop(i, None)
             self.last_generated.pop(i, None)
+            if self._ended is not None and s is not None and s.kv is not None and s.n_cached:
+                self._ended[s.prompt] = (s.ids[:s.n_cached], s.kv)
         if not self._sessions:
             self._pending.clear()
+
+    @contextlib.contextmanager
+    def keep_ended(self) -> Iterator["HFGenerator"]:
+        """Within the block, keep each ended session's keys/values for a later session on the same prompt.
+
+        A new session then starts from the tokens it shares with the last ended session that opened
+        with its prompt (S2G's answer-only probes of a run's states: each probe re-reads a prefix
+        of its trajectory, whose keys/values the run computed). Those tokens are neither computed
+        again nor booked, as in a live session that holds its cache. The kept caches count against
+        the memory budget and are the first to go when a turn needs the room; all go when the
+        block ends.
+        """
+        outer = self._ended is not None
+        if not outer:
+            self._ended = {}
+        try:
+            yield self
+        finally:
+            if not outer:
+                self._ended = None
 
     def forget_prefix(self) -> None:
         """Drop the kept shared prefix (benchmarks: every repetition computes it afresh)."""
@@ -393,7 +422,8 @@ class HFGenerator(Generator):
         for i in ids:
             self._prepare(self._sessions[i])
             if seed and self._sessions[i].kv is None:
-                self._seed(self._sessions[i])  # the kept prefix, before planning: the chunks' sizes then count it
+                # an ended session's tokens, else the kept prefix, before planning: the chunks' sizes then count it
+                self._seed_ended(self._sessions[i]) or self._seed(self._sessions[i])
         out: dict[str, str] = {}
         # Sessions of similar length share a chunk, so less of each prefill is padding.
         order = sorted(ids, key=lambda i: len(self._sessions[i].ids) - self._sessions[i].n_cached)
@@ -419,8 +449,11 @@ class HFGenerator(Generator):
         return self._budget
 
     def _held(self) -> tuple[int, dict[str, int]]:
-        return held_bytes({sid: s.kv for sid, s in self._sessions.items()},
-                          self._template[1] if self._template is not None else None)
+        held, own = held_bytes({**{sid: s.kv for sid, s in self._sessions.items()},
+                                **{_ENDED: [p for _, kv in (self._ended or {}).values() for p in kv]}},
+                               self._template[1] if self._template is not None else None)
+        own.pop(_ENDED)  # not a session: _fit drops them all before any session's cache
+        return held, own
 
     def _peaks(self, todo: list[str], max_new: int, held: int, own: Mapping[str, int]) -> list[int]:
         """The most bytes each chunk ``todo[:b]`` may reach, b = 1, 2, ... (a session without a cache
@@ -450,6 +483,11 @@ class HFGenerator(Generator):
         held, own = self._held()
         peaks = self._peaks(todo[:n], max_new, held, own)
         k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
+        if k < n and self._ended:
+            self._ended.clear()  # ended sessions' caches only save work; a turn's rows come first
+            held, own = self._held()
+            peaks = self._peaks(todo[:n], max_new, held, own)
+            k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
         if k == 0:
             held, own = self._make_room(todo, max_new, budget, held, own)
             peaks = self._peaks(todo[:n], max_new, held, own)
@@ -761,6 +799,20 @@ class HFGenerator(Generator):
                                     self.stats).items():
             paid.setdefault(b, []).extend(more)
         return paid
+
+    def _seed_ended(self, sess: _HFSession) -> bool:
+        """Give a session the keys/values it shares with the ended session of its prompt (:meth:`keep_ended`)."""
+        ended = (self._ended or {}).get(sess.prompt)
+        if ended is None or sess.ids[:len(sess.prompt)] != list(sess.prompt):
+            return False
+        ids, kv = ended
+        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
+        if m < self.min_prefix:
+            return False
+        sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]
+        sess.n_cached = m
+        self.stats["prefix_tokens_reused"] += m
+        return True
 
     def _seed(self, sess: _HFSession, count: bool = True) -> bool:
         """Give a session the kept prefix's keys/values for the tokens they share; False if too few."""

@@ -198,10 +198,12 @@ def release_free_heap() -> bool:
 
 def held_bytes(caches: Mapping[str, Sequence[tuple[Any, Any]] | None],
                shared: Sequence[tuple[Any, Any]] | None = None) -> tuple[int, dict[str, int]]:
-    """Bytes of kept keys/values: the total, and each cache's own.
+    """Bytes of kept keys/values: the total, and what dropping each cache alone would free.
 
-    Counted by storage: a prefix the caches share with ``shared`` (views of its tensors) is
-    counted once, with ``shared``; a cropped cache counts the whole storage it still holds.
+    Counted by storage, each once: caches that are views of one storage (a kept prefix in
+    ``shared``, nested probes of one session, sessions seeded from an ended one) hold its bytes
+    together, and a cropped cache counts the whole storage it still holds. A cache's own bytes are
+    the storages no other cache (nor ``shared``) holds.
 
     Parameters
     ----------
@@ -210,28 +212,24 @@ def held_bytes(caches: Mapping[str, Sequence[tuple[Any, Any]] | None],
     shared : sequence, optional
         The kept shared prefix's per-layer (keys, values).
     """
-    seen: set[int] = set()
-    total = 0
-    for pair in shared or ():
-        for t in pair:
-            st = t.untyped_storage()
-            if st.data_ptr() not in seen:
-                seen.add(st.data_ptr())
-                total += st.nbytes()
-    base = set(seen)
-    own: dict[str, int] = {}
-    for sid, kv in caches.items():
-        mine: set[int] = set()
-        n = 0
-        for pair in kv or ():
+    size: dict[int, int] = {}
+    holders: dict[int, set[str | None]] = {}
+
+    def hold(pairs: Sequence[tuple[Any, Any]] | None, who: str | None) -> None:
+        for pair in pairs or ():
             for t in pair:
                 st = t.untyped_storage()
-                if st.data_ptr() not in base and st.data_ptr() not in mine:
-                    mine.add(st.data_ptr())
-                    n += st.nbytes()
-        own[sid] = n
-        total += n
-    return total, own
+                size[st.data_ptr()] = st.nbytes()
+                holders.setdefault(st.data_ptr(), set()).add(who)
+
+    hold(shared, None)
+    for sid, kv in caches.items():
+        hold(kv, sid)
+    own = dict.fromkeys(caches, 0)
+    for ptr, who in holders.items():
+        if len(who) == 1 and None not in who:
+            own[next(iter(who))] += size[ptr]
+    return sum(size.values()), own
 
 
 @dataclass(frozen=True)

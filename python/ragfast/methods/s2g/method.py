@@ -3,8 +3,10 @@
 over the native test trajectories in :meth:`S2GMethod.after_run`."""
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -63,13 +65,20 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
                f"[{cfg.val_offset}:{cfg.val_offset + len(val)}] (STOP precision >= {cfg.min_precision}; "
                f"--val-limit sets how many, --limit caps it too)")
         log.info(msg)  # on the console under the CLI (and in ragfast.log)
-        with progress_task("S2G validation", len(val), unit="questions") as task:
-            gen = TurnReporter(slots.make_generator(), task, cfg.budget + 1)
-            trajs, failed = _validation_trajectories(SearchR1Loop(gen, slots.retriever, searchr1_config(cfg)), val,
-                                                     task)
+        gen = slots.make_generator()
+        # The probes re-read prefixes of the runs' sessions: a generator that can keep ended
+        # sessions' keys/values (HFGenerator.keep_ended) computes them once.
+        keep = getattr(gen, "keep_ended", contextlib.nullcontext)
+        with progress_task("S2G validation", len(val), unit="questions") as task, keep():
+            t0 = time.perf_counter()
+            trajs, failed = _validation_trajectories(SearchR1Loop(TurnReporter(gen, task, cfg.budget + 1),
+                                                                  slots.retriever, searchr1_config(cfg)), val, task)
+            t1 = time.perf_counter()
             task.set_status("judge + answer-only probe on every state")
             rec = record_states(trajs, slots.judge, slots.make_generator(), split=["val"] * len(trajs))
             task.set_status("")
+            log.info("S2G validation: %d runs in %.1f s, judge and answer-only probes on their %d states in %.1f s",
+                     len(trajs), t1 - t0, sum(t.searches + 1 for t in trajs), time.perf_counter() - t1)
         lines = state_lines(rec, judge_name, trajectories=trajs)
         write_state_lines(Path(out) / STATES_FILE, lines)
         info = validation_threshold(lines, judge_name, min_precision=cfg.min_precision, val_questions=len(trajs),

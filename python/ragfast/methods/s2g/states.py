@@ -90,8 +90,10 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
         Per trajectory, per state: ``{"answer", "em", "f1", "text", "flops", "seconds"}``: the
         probe's own generation cost. On a generator that shares nested prefixes (HFGenerator) a
         trajectory's longest state pays for computing the prefix and the other states pay for
-        their answer-only turn after it, as a live session with its cache does; on any other
-        generator each probe re-reads its prefix, which overstates the live turn.
+        their answer-only turn after it, as a live session with its cache does (and inside
+        ``HFGenerator.keep_ended``, after the trajectories' own sessions ended, no state pays for
+        its prefix); on any other generator each probe re-reads its prefix, which overstates the
+        live turn.
     """
     from ragfast.scoring.metrics import exact_match, extract_answer, f1
     from ragfast.methods.searchr1.loop import STOP, open_sessions
