@@ -1,11 +1,13 @@
-"""The decode-attention kernel inside a transformers model.
+"""The decode- and prefill-attention kernels inside a transformers model.
 
 transformers calls a model's attention through its ``AttentionInterface`` by name. This module
 registers ``ragfast_decode``: a pass of one query token per row on the CPU (a decode step) of at
 least :data:`MIN_TASKS` rows x key/value heads (any size in bf16 without a padding mask), at an
 ISA level where the kernel wins (:data:`FAST_LEVELS`), runs
-:func:`ragfast.ops.decode_attention.decode_attention` with the model's padding mask; every other
-pass (prefill, a small padded batch, a GPU, a mask of another form) runs transformers' own SDPA
+:func:`ragfast.ops.decode_attention.decode_attention` with the model's padding mask; a bf16 pass
+of several query tokens per row (a prefill) under the causal padding mask, at a level of
+:data:`PREFILL_LEVELS`, runs :func:`ragfast.ops.prefill_attention.prefill_attention`; every other
+pass (a small padded batch, a GPU, a mask of another form) runs transformers' own SDPA
 function, which is what the model ran before. :func:`set_decode_attention` switches a loaded
 model between the two.
 """
@@ -37,6 +39,10 @@ FAST_LEVELS = ("avx512", "avx512vnni", "avx512bf16", "amx")
 #: Levels among them where only bf16 wins: at amx fp32 runs the AVX-512 task, 0.78-1.10x SDPA there
 #: (same bench and machine), so fp32 stays on SDPA.
 BF16_ONLY_LEVELS = ("amx",)
+#: Levels where the prefill kernel runs bf16 passes (head dims a multiple of 32 up to 128): its
+#: amx task (scores and values as AMX-BF16 tile products). Below, its portable task is scalar
+#: and SDPA stays.
+PREFILL_LEVELS = ("amx",)
 
 
 def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
@@ -63,6 +69,31 @@ def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: d
             and mask.shape[3] == key.shape[2])
 
 
+def _fits_prefill(module: Any, query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
+    """Whether a call is a causal bf16 pass of several query tokens per row on the CPU that the
+    prefill kernel computes as SDPA would (queries after the cache, the padding mask's keys)."""
+    import torch
+
+    from ragfast.ops.registry import cpp_module
+
+    L, T, D = query.shape[2], key.shape[2], query.shape[3]
+    if L < 2 or query.device.type != "cpu" or dropout or cpp_module().isa_current() not in PREFILL_LEVELS:
+        return False
+    if any(t.dtype != torch.bfloat16 for t in (query, key, value)) or D % 32 or D > 128:
+        return False
+    if any(kwargs.get(k) is not None for k in ("softcap", "s_aux", "sinks")):
+        return False
+    # A causal layer without a sliding window gets transformers' causal padding mask, aligned to
+    # the end of the cache; without a mask SDPA aligns a causal pass to the start, the same only
+    # when nothing is cached.
+    if not getattr(module, "is_causal", False) or getattr(module, "sliding_window", None) is not None:
+        return False
+    if mask is None:
+        return L == T
+    return (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == L
+            and mask.shape[3] == T)
+
+
 def _register() -> None:
     global _REGISTERED
     if _REGISTERED:
@@ -72,8 +103,15 @@ def _register() -> None:
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
     from ragfast.ops.decode_attention import decode_attention
+    from ragfast.ops.prefill_attention import prefill_attention
 
     def ragfast_decode(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        if _fits_prefill(module, query, key, value, attention_mask, dropout, kwargs):
+            pad = None
+            if attention_mask is not None:  # the last query sees every key that is not padding
+                pad = attention_mask[:, 0, -1, :].expand(query.shape[0], key.shape[2])
+            out = prefill_attention(query, key, value, pad, scaling)  # [B, H, L, D]
+            return out.transpose(1, 2), None  # [B, L, H, D]
         if not _fits(query, key, value, attention_mask, dropout, kwargs):
             return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                           **kwargs)

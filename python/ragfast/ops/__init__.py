@@ -7,6 +7,7 @@ from __future__ import annotations
 from ragfast.ops import prefix_attention as _prefix_attention  # noqa: E402,F401  (registers ref/triton)
 from ragfast.ops import argmax as _argmax  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import decode_attention as _decode_attention  # noqa: E402,F401  (registers ref/cpp)
+from ragfast.ops import prefill_attention as _prefill_attention  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import gemv as _gemv  # noqa: E402,F401  (registers ref/cpp)
 from ragfast.ops import policy as _policy  # noqa: E402,F401  (registers sweep/bootstrap ref/cpp)
 from ragfast.ops import rms_norm as _rms_norm  # noqa: E402,F401  (registers ref/cpp)
