@@ -71,3 +71,16 @@ def test_prefix_attention(benchmark, op, backend):
     seg_lo = (a - 16).clamp(min=0).expand(B, Lq).contiguous()
     prefix_hi = torch.full((B, Lq), Lk // 2, device=dev, dtype=torch.int64)
     benchmark(lambda: prefix_attention(q, k, v, prefix_hi, seg_lo, backend=backend))
+
+
+@pytest.mark.parametrize("op", ["prefill_attention"])
+@pytest.mark.parametrize("backend", _backends(("ref", "cpp")))
+def test_prefill_attention(benchmark, op, backend):
+    from ragfast.ops.prefill_attention import prefill_attention
+
+    B, H, Hkv, L, T, D = 4, 14, 2, 450, 1450, 64  # a Search-R1 turn's observation after 1,000 cached tokens
+    q = torch.randn(B, H, L, D).bfloat16()
+    k, v = torch.randn(B, Hkv, T, D).bfloat16(), torch.randn(B, Hkv, T, D).bfloat16()
+    mask = torch.ones(B, T, dtype=torch.bool)
+    mask[0, :100] = False
+    benchmark(lambda: prefill_attention(q, k, v, mask, backend=backend))

@@ -1184,7 +1184,7 @@ def _check_level_objects(objs):
         if not name.endswith("_amx"):  # csrc/isa/*_amx.cpp: the amx level's files
             assert not amx.search(text), f"{name}: AMX instruction outside the amx level"
     for name, needs in (("topk_ip_amx", ("tdpbf16ps", "tdpbssd")), ("w8a8_amx", ("tdpbssd",)),
-                        ("decode_attention_amx", ("tdpbf16ps",))):
+                        ("decode_attention_amx", ("tdpbf16ps",)), ("prefill_attention_amx", ("tdpbf16ps",))):
         if name in texts:
             assert all(x in texts[name] for x in ("ldtilecfg", "tilerelease", *needs)), f"{name} without its tiles"
 

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger
-from ragfast.errors import ConfigError, MemoryBudgetError, ModelError
+from ragfast.errors import ConfigError, ModelError
 from ragfast.models.base import Generator, check_new_sessions, check_sessions, cut_at_stop
+from ragfast.models.chunk_budget import ChunkBudget
 from ragfast.models.kv_buffer import extend_kv
-from ragfast.models.memory_budget import (AUTO, GenerationBytes, auto_budget, format_size, held_bytes, parse_size,
-                                          release_free_heap)
+from ragfast.models.memory_budget import AUTO, GenerationBytes, parse_size, release_free_heap
 from ragfast.models.prefix_share import common_prefix, share_nested
 from ragfast.ops.argmax import argmax as greedy_pick
 from ragfast.text import whitespace_tokens
@@ -27,10 +27,6 @@ from ragfast.text import whitespace_tokens
 log = logging.getLogger(__name__)
 
 __all__ = ["HFGenerator", "whitespace_tokens"]
-
-
-#: The kept caches of ended sessions, as one entry of :meth:`HFGenerator._held`'s accounting.
-_ENDED = "\x00ended"
 
 
 @dataclass
@@ -56,7 +52,7 @@ def _contiguous_input(module: Any, args: tuple) -> tuple:
     return (x, *args[1:])
 
 
-class HFGenerator(Generator):
+class HFGenerator(ChunkBudget, Generator):
     """Batched greedy generation with a transformers causal LM, reusing each session's KV cache.
 
     Design. Every session keeps its token ids and the keys/values of those tokens (one tensor
@@ -439,109 +435,6 @@ class HFGenerator(Generator):
         if shrunk:
             self._say_shrunk(len(ids))
         return [out[i] for i in ids]
-
-    # -- the memory budget -------------------------------------------------------------------
-    def budget_bytes(self) -> int | None:
-        """The memory budget in bytes (None: none); ``auto`` is measured on the first call."""
-        if not self._budget_note:
-            self._budget, self._budget_note = auto_budget(self.device)
-            log.debug("reasoner memory budget %s (%s)", format_size(self._budget), self._budget_note)
-        return self._budget
-
-    def _held(self) -> tuple[int, dict[str, int]]:
-        held, own = held_bytes({**{sid: s.kv for sid, s in self._sessions.items()},
-                                **{_ENDED: [p for _, kv in (self._ended or {}).values() for p in kv]}},
-                               self._template[1] if self._template is not None else None)
-        own.pop(_ENDED)  # not a session: _fit drops them all before any session's cache
-        return held, own
-
-    def _peaks(self, todo: list[str], max_new: int, held: int, own: Mapping[str, int]) -> list[int]:
-        """The most bytes each chunk ``todo[:b]`` may reach, b = 1, 2, ... (a session without a cache
-        may be seeded with a prefix computed in its chunk: its tokens count as cached and as new)."""
-        spans = []
-        for sid in todo:
-            s = self._sessions[sid]
-            past = s.n_cached
-            if s.kv is None and self.kv_reuse and self.share_prefix and len(s.ids) > self.min_prefix:
-                past = len(s.ids) - 1
-            spans.append((past, len(s.ids) - s.n_cached, own.get(sid, 0)))
-        return self.bytes.chunk_peaks(spans, max_new, self.kv_step, held, self.prefill_tokens)
-
-    def _fit(self, todo: list[str], max_new: int) -> int:
-        """How many of ``todo``'s first sessions the next chunk runs: at most ``max_batch``, and only as
-        many as fit the memory budget.
-
-        Raises
-        ------
-        MemoryBudgetError
-            When one session's turn alone does not fit, after dropping every other kept cache.
-        """
-        n = min(self.max_batch, len(todo))
-        budget = self.budget_bytes()
-        if budget is None:
-            return n
-        held, own = self._held()
-        peaks = self._peaks(todo[:n], max_new, held, own)
-        k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
-        if k < n and self._ended:
-            self._ended.clear()  # ended sessions' caches only save work; a turn's rows come first
-            held, own = self._held()
-            peaks = self._peaks(todo[:n], max_new, held, own)
-            k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
-        if k == 0:
-            held, own = self._make_room(todo, max_new, budget, held, own)
-            peaks = self._peaks(todo[:n], max_new, held, own)
-            k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=1)
-        self.stats["planned_peak_bytes"] = max(self.stats["planned_peak_bytes"], peaks[k - 1])
-        return k
-
-    def _make_room(self, todo: list[str], max_new: int, budget: int, held: int,
-                   own: dict[str, int]) -> tuple[int, dict[str, int]]:
-        """Drop the largest kept caches of other sessions until ``todo[0]``'s turn fits (they are computed
-        again at their next turn): sessions of later chunks last, as they need theirs soonest."""
-        first, later = todo[0], set(todo)
-        victims = sorted((i for i in own if i != first and own[i] > 0), key=lambda i: (i in later, -own[i]))
-        dropped = freed = 0
-        need = self._peaks(todo[:1], max_new, held, own)[0]
-        for sid in victims:
-            if need <= budget:
-                break
-            sess = self._sessions[sid]
-            sess.kv, sess.n_cached = None, 0
-            if self.kv_reuse and self.share_prefix:
-                self._seed(sess)  # the kept prefix stays (shared, it costs nothing more)
-            held, freed, dropped = held - own[sid], freed + own[sid], dropped + 1
-            own[sid] = 0
-            need = self._peaks(todo[:1], max_new, held, own)[0]
-        if need > budget:
-            sess = self._sessions[first]
-            raise MemoryBudgetError(
-                f"reasoner memory budget {format_size(budget)} ({self._budget_note}) is too small for one session's "
-                f"turn: session {first!r} ({len(sess.ids)} tokens, up to {max_new} new) may need "
-                f"{format_size(need)}; raise --memory-budget, or lower --prompt-budget or --max-new-tokens")
-        if dropped:
-            self.stats["caches_dropped_for_memory"] += dropped
-            log.warning("reasoner memory budget %s: the open sessions' kept keys/values leave no room for a turn; "
-                        "dropped those of %d session(s) (%s), computed again at their next turn", format_size(budget),
-                        dropped, format_size(freed))
-        return held, own
-
-    def _say_shrunk(self, n: int) -> None:
-        """One log line when the budget split a call into smaller chunks than ``max_batch`` (at INFO the
-        first time and whenever the chunks get smaller than announced before; DEBUG otherwise)."""
-        small = min(self.last_chunks)
-        self.stats["shrunk_calls"] += 1
-        self.stats["smallest_chunk"] = min(self.stats["smallest_chunk"] or small, small)
-        sizes = ", ".join(map(str, self.last_chunks[:8])) + (", ..." if len(self.last_chunks) > 8 else "")
-        self.budget_note = f"memory budget: chunks of {sizes}"
-        msg = (f"reasoner memory budget {format_size(self._budget)}: {n} sessions ran in chunks of {sizes} instead of "
-               f"{min(n, self.max_batch)} at once (kept keys/values now {format_size(self._held()[0])})")
-        level = logging.INFO if self._smallest_said is None or small < self._smallest_said else logging.DEBUG
-        self._smallest_said = small if level == logging.INFO else self._smallest_said
-        log.log(level, msg)
-
-    def _note_kv(self, n: int) -> None:
-        self.stats["kv_peak_bytes"] = max(self.stats["kv_peak_bytes"], int(n))
 
     def _prepare(self, sess: _HFSession) -> None:
         if self.max_context is not None and len(sess.ids) > self.max_context:
