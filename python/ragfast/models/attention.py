@@ -40,7 +40,7 @@ FAST_LEVELS = ("avx512", "avx512vnni", "avx512bf16", "amx")
 #: (same bench and machine), so fp32 stays on SDPA.
 BF16_ONLY_LEVELS = ("amx",)
 #: Levels where the prefill kernel runs bf16 passes (head dims a multiple of 32 up to 128): its
-#: amx task (scores and values as AMX-BF16 tile products) ran at 1.69-3.26x SDPA with the same
+#: amx task (scores and values as AMX-BF16 tile products) ran at 1.70-2.49x SDPA with the same
 #: causal padding mask (bench/bench_prefill_attention.py, both Qwen2.5 shapes, two threads, an
 #: Emerald Rapids Xeon, 2026-12-07). Below, its portable task is scalar and SDPA stays.
 PREFILL_LEVELS = ("amx",)
