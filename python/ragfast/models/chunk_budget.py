@@ -18,10 +18,6 @@ log = logging.getLogger("ragfast.models.generator")  # the generator's messages,
 
 __all__ = ["ChunkBudget"]
 
-#: The kept caches of ended sessions, as one entry of :meth:`ChunkBudget._held`'s accounting.
-_ENDED = "\x00ended"
-
-
 class ChunkBudget:
     """Mixin of :class:`~ragfast.models.generator.HFGenerator`: its memory budget's planning.
 
@@ -49,11 +45,12 @@ class ChunkBudget:
         return self._budget
 
     def _held(self) -> tuple[int, dict[str, int]]:
-        held, own = held_bytes({**{sid: s.kv for sid, s in self._sessions.items()},
-                                **{_ENDED: [p for _, kv in (self._ended or {}).values() for p in kv]}},
-                               self._template[1] if self._template is not None else None)
-        own.pop(_ENDED)  # not a session: _fit drops them all before any session's cache
-        return held, own
+        # The kept prefix and the ended sessions' caches are no session's own: dropping a session
+        # frees none of their storage (_fit drops the ended ones first, all at once).
+        shared = [p for _, kv in (self._ended or {}).values() for p in kv]
+        if self._template is not None:
+            shared += self._template[1]
+        return held_bytes({sid: s.kv for sid, s in self._sessions.items()}, shared)
 
     def _peaks(self, todo: list[str], max_new: int, held: int, own: Mapping[str, int]) -> list[int]:
         """The most bytes each chunk ``todo[:b]`` may reach, b = 1, 2, ... (a session without a cache

@@ -75,6 +75,8 @@ def select_s2g_threshold(cfg: Any, slots: Slots, out: Path, console: Any = None)
                                                                   slots.retriever, searchr1_config(cfg)), val, task)
             t1 = time.perf_counter()
             task.set_status("judge + answer-only probe on every state")
+            # make_generator() is the one shared model for a language-model reasoner (so the probes
+            # find the runs' kept caches), a fresh scripted oracle otherwise, as before
             rec = record_states(trajs, slots.judge, slots.make_generator(), split=["val"] * len(trajs))
             task.set_status("")
             log.info("S2G validation: %d runs in %.1f s, judge and answer-only probes on their %d states in %.1f s",
