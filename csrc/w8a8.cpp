@@ -4,9 +4,10 @@
 //     scale = max|x| / 127 (1 for a zero row), code = round-half-even(x / scale) in [-127, 127];
 //   w8a8_dequantize: y[m, n] = float(acc[m, n]) * xs[m] * ws[n] (+ bias[n]) from the int32 sums of
 //     torch._int_mm, written as fp32 or bf16 (round to nearest even);
-//   w8a8_matmul (the amx level only): the product itself and w8a8_dequantize's scaling in one
-//     kernel, on the weight's codes packed into AMX's tile layout (csrc/isa/w8a8_amx.cpp): the
-//     same bits as torch._int_mm then w8a8_dequantize.
+//   w8a8_matmul (the avx512vnni level and above): the product itself and w8a8_dequantize's
+//     scaling in one kernel, on the weight's codes packed once into AMX's tile layout (which is
+//     also VNNI's): AMX-INT8 tiles at the amx level (csrc/isa/w8a8_amx.cpp), vpdpbusd below it
+//     (csrc/isa/w8a8_avx512vnni.cpp); the same bits as torch._int_mm then w8a8_dequantize.
 //
 // The first two are what the torch expressions they replace compute, in the same order and precision
 // (so the results are the same bits), in one pass each: as ten torch ops they were about 50 ms of
@@ -165,47 +166,74 @@ void w8a8_dequantize(uintptr_t acc, int64_t M, int64_t N, uintptr_t xs, uintptr_
   });
 }
 
-bool matmul_available() {
+// The level whose product runs here: amx (tiles), avx512vnni and avx512bf16 (VNNI), else none.
+enum class Product { kNone, kVnni, kTiles };
+
+Product product() {
 #ifdef RAGFAST_ISA_HAVE_amx
-  return isa::current() >= isa::kAmx;
-#else
-  return false;
+  if (isa::current() >= isa::kAmx) return Product::kTiles;
 #endif
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+  if (isa::current() >= isa::kAvx512Vnni) return Product::kVnni;
+#endif
+  return Product::kNone;
 }
+
+bool matmul_available() { return product() != Product::kNone; }
 
 void w8a8_matmul(uintptr_t xq, int64_t M, int64_t K, uintptr_t xs, uintptr_t packed, int64_t N, uintptr_t ws,
                  uintptr_t bias, uintptr_t y, bool bf16, int64_t ldy, int threads, bool silu) {
-  if (!matmul_available()) throw std::runtime_error("w8a8_matmul: needs the amx ISA level");
+  const Product how = product();
+  if (how == Product::kNone) throw std::runtime_error("w8a8_matmul: needs the avx512vnni ISA level or above");
   if (M < 0 || N < 1 || K < 64 || K % 64) throw std::invalid_argument("w8a8_matmul: needs M >= 0, N >= 1, K a multiple of 64");
   if (silu && (N % 128 || bias)) throw std::invalid_argument("w8a8_matmul: silu needs N a multiple of 128 and no bias");
   const int64_t width = silu ? N / 2 : N;  // output columns
   if (M > 1 && ldy < width) throw std::invalid_argument("w8a8_matmul: the row stride is shorter than the row");
   if (M == 0) return;
-#ifdef RAGFAST_ISA_HAVE_amx
   py::gil_scoped_release release;
   const auto* x = reinterpret_cast<const int8_t*>(xq);
+  const auto* xsp = reinterpret_cast<const float*>(xs);
+  const auto* w = reinterpret_cast<const int8_t*>(packed);
+  const auto* wsp = reinterpret_cast<const float*>(ws);
+  const auto* b = reinterpret_cast<const float*>(bias);
+  void* out = reinterpret_cast<void*>(y);
+  const int64_t stride = M > 1 ? ldy : width;
+  // Threads split the column groups in pairs (with silu in whole strips of 8: a gate's 64 columns
+  // and the up projection's beside them); every thread reads all the rows (they stay in its L2).
+  // On tiles a product under about 2^26 multiply-adds (64 rows of the 0.5B's 896 x 896 and
+  // 128 x 896 layers) ran as fast or faster on one thread than on a team of two (Xeon, AMX);
+  // VNNI multiplies 16x slower per core, so a team pays from about 2^22 (Zen 4).
+  const int64_t groups = (N + 15) / 16, unit = silu ? 8 : 2, units = (groups + unit - 1) / unit;
+  const int64_t per_thread = int64_t(1) << (how == Product::kTiles ? 26 : 22);
+  const int T = team_size(threads, std::min(units, M * N * K / per_thread + 1));
+  auto cols = [&](int t, int64_t& j0, int64_t& j1) {
+    j0 = unit * (units * t / T);
+    j1 = std::min(groups, unit * (units * (t + 1) / T));
+  };
+  if (how == Product::kVnni) {
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+    run_team(T, [&](int t) {
+      int64_t j0, j1;
+      cols(t, j0, j1);
+      if (j0 < j1) w8a8_matmul_cols_avx512vnni(x, M, K, xsp, w, N, j0, j1, wsp, b, out, stride, bf16, silu);
+    });
+#endif
+    return;
+  }
+#ifdef RAGFAST_ISA_HAVE_amx
   // The last partial 16-row group, zero padded: a tile load reads 16 whole rows.
   std::vector<int8_t> tail;
   if (M % 16) {
     tail.assign(size_t(16 * K), 0);
     std::memcpy(tail.data(), x + (M / 16) * 16 * K, size_t((M % 16) * K));
   }
-  // Threads split the column groups in pairs (with silu in whole strips of 8: a gate's 64 columns
-  // and the up projection's beside them); every thread reads all the rows (they stay in its L2).
-  // A product under about 2^26 multiply-adds (64 rows of the 0.5B's 896 x 896 and 128 x 896
-  // layers) ran as fast or faster on one thread than on a team of two (Xeon, AMX).
-  const int64_t groups = (N + 15) / 16, unit = silu ? 8 : 2, units = (groups + unit - 1) / unit;
-  const int T = team_size(threads, std::min(units, M * N * K / (int64_t(1) << 26) + 1));
   run_team(T, [&](int t) {
-    const int64_t j0 = unit * (units * t / T), j1 = std::min(groups, unit * (units * (t + 1) / T));
+    int64_t j0, j1;
+    cols(t, j0, j1);
     if (j0 < j1)
-      w8a8_matmul_cols_amx(x, tail.empty() ? nullptr : tail.data(), M, K, reinterpret_cast<const float*>(xs),
-                           reinterpret_cast<const int8_t*>(packed), N, j0, j1, reinterpret_cast<const float*>(ws),
-                           reinterpret_cast<const float*>(bias), reinterpret_cast<void*>(y), M > 1 ? ldy : width,
+      w8a8_matmul_cols_amx(x, tail.empty() ? nullptr : tail.data(), M, K, xsp, w, N, j0, j1, wsp, b, out, stride,
                            bf16, silu);
   });
-#else
-  (void)xq, (void)xs, (void)packed, (void)ws, (void)bias, (void)y, (void)bf16, (void)threads, (void)silu;
 #endif
 }
 
@@ -225,13 +253,14 @@ RAGFAST_REGISTER(w8a8, [](py::module_& m) {
         "w8a8_dequantize(acc, M, N, xs, ws, bias, y, bf16, ldy, threads=0)\n"
         "y[m, n] = float(acc[m, n]) * xs[m] * ws[n] (+ bias[n]; 0 address: none) from contiguous int32 sums,\n"
         "written as fp32, or bf16 when bf16 (rows ldy elements apart). Use ragfast.ops.w8a8.dequantize_sums.");
-  m.def("w8a8_matmul_available", &matmul_available, "Whether w8a8_matmul runs here (the amx ISA level).");
+  m.def("w8a8_matmul_available", &matmul_available, "Whether w8a8_matmul runs here (the avx512vnni ISA level or above).");
   m.def("w8a8_matmul", &w8a8_matmul, py::arg("xq"), py::arg("M"), py::arg("K"), py::arg("xs"), py::arg("packed"),
         py::arg("N"), py::arg("ws"), py::arg("bias"), py::arg("y"), py::arg("bf16"), py::arg("ldy"),
         py::arg("threads") = 0, py::arg("silu") = false,
         "w8a8_matmul(xq, M, K, xs, packed, N, ws, bias, y, bf16, ldy, threads=0, silu=False)\n"
         "y = w8a8_dequantize(xq @ codes.T, xs, ws, bias): int8 codes xq[M, K] (contiguous, K a multiple of 64)\n"
-        "times the weight's codes [N, K] packed by ragfast.ops.w8a8.pack_codes, with AMX-INT8 (amx level only).\n"
+        "times the weight's codes [N, K] packed by ragfast.ops.w8a8.pack_codes: AMX-INT8 at the amx level, VNNI at\n"
+        "avx512vnni and avx512bf16, refused below.\n"
         "silu: the codes are a gate and an up projection interleaved by 64 rows (pack_gate_up; N a multiple\n"
         "of 128, no bias) and y[M, N / 2] = silu(gate) * up, each dequantised as above.\n"
         "Use ragfast.ops.w8a8.matmul, which checks the tensors; this does not.");

@@ -22,6 +22,14 @@ void w8a8_dequantize_row_avx512(const int32_t* acc, int64_t N, float s, const fl
 // silu(gate) * up: each dequantised as above (no bias), then silu_mul's row; `half` values out.
 void w8a8_silu_mul_row_avx512(const int32_t* acc, int64_t half, float s, const float* ws, void* y, bool bf16);
 #endif
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+// w8a8_matmul_cols_amx's product with AVX-512 VNNI on the same packed codes and with the same
+// epilogue (the same bits); xq's M rows are K bytes apart, no tail copy needed
+// (csrc/isa/w8a8_avx512vnni.cpp).
+void w8a8_matmul_cols_avx512vnni(const int8_t* xq, int64_t M, int64_t K, const float* xs, const int8_t* packed,
+                                 int64_t N, int64_t j0, int64_t j1, const float* ws, const float* bias, void* y,
+                                 int64_t ldy, bool bf16, bool silu);
+#endif
 #ifdef RAGFAST_ISA_HAVE_amx
 // y[m, n] for n in column groups [j0, j1) (16 columns each) of the packed weight: AMX-INT8 sums
 // of xq[M, K] (rows K apart; the last M % 16 rows also as the zero-padded 16 x K `tail`) turned

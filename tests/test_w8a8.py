@@ -134,24 +134,25 @@ def test_packed_codes_round_trip_and_bad_shapes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bias", [False, True])
 def test_matmul_equals_the_reference_at_each_level(isa_level, dtype, bias):
-    """The AMX product with its scales fused, bit for bit against the integer matmul and the
+    """The compiled product with its scales fused, bit for bit against the integer matmul and the
     reference scaler, on odd sizes (partial 16-row and 16-column groups, one 32-column strip
     and several), rows given with a stride, outputs poisoned in a column slice of a wider tensor.
-    Below the amx level the compiled path is refused and the default falls back to the reference."""
-    from ragfast.ops.w8a8 import matmul, matmul_available, pack_codes
+    Below MATMUL_LEVELS (VNNI, AMX) the compiled path is refused and the default falls back to the
+    reference."""
+    from ragfast.ops.w8a8 import MATMUL_LEVELS, matmul, matmul_available, pack_codes
 
     g = seeded()
-    if isa_level != "amx":
+    if isa_level not in MATMUL_LEVELS:
         assert not matmul_available()
         xq, w = _int8((3, 64), g), pack_codes(_int8((5, 64), g))
-        with pytest.raises(RuntimeError, match="amx"):
+        with pytest.raises(RuntimeError, match="avx512vnni"):
             matmul(xq, torch.ones(3), w, torch.ones(5), backend="cpp")
         assert torch.equal(matmul(xq, torch.ones(3), w, torch.ones(5)),
                            matmul(xq, torch.ones(3), w, torch.ones(5), backend="ref"))
         return
     assert matmul_available()
-    for M, K, N in [(1, 64, 1), (5, 128, 17), (16, 64, 16), (17, 192, 33), (33, 64, 130), (64, 896, 259),
-                    (100, 320, 47), (31, 256, 1000)]:
+    for M, K, N in [(1, 64, 1), (5, 128, 17), (6, 64, 64), (7, 64, 80), (16, 64, 16), (17, 192, 33), (33, 64, 130),
+                    (64, 896, 259), (100, 320, 47), (31, 256, 1000)]:
         wide_x = _int8((M, K + 64), g)
         xq = wide_x[:, 32:32 + K]  # strided rows: copied once
         w = pack_codes(_int8((N, K), g))
@@ -167,13 +168,14 @@ def test_matmul_equals_the_reference_at_each_level(isa_level, dtype, bias):
         assert torch.isnan(poisoned[:, :4].float()).all() and torch.isnan(poisoned[:, 4 + N:].float()).all()
 
 
-def test_matmul_equals_int_mm_with_extreme_codes_and_any_threads():
-    """All-±127 codes at the deepest depth of the models (the 1.5B's 8,960): exact int32 sums, the
-    same bits as torch._int_mm + dequantize_sums, and the same for 1, 2 and 3 threads."""
-    from ragfast.ops.w8a8 import matmul, matmul_available, pack_codes
+def test_matmul_equals_int_mm_with_extreme_codes_and_any_threads(isa_level):
+    """All-±127 codes at the deepest depth of the models (the 1.5B's 8,960): exact int32 sums (VNNI's
+    unsigned-operand offset taken off exactly), the same bits as torch._int_mm + dequantize_sums,
+    and the same for 1, 2 and 3 threads."""
+    from ragfast.ops.w8a8 import MATMUL_LEVELS, matmul, pack_codes
 
-    if not matmul_available():
-        pytest.skip("the compiled matmul runs at the amx level only")
+    if isa_level not in MATMUL_LEVELS:
+        pytest.skip(f"the compiled matmul runs at {', '.join(MATMUL_LEVELS)} only")
     g = seeded()
     M, K, N = 37, 8960, 48
     xq = torch.where(torch.rand(M, K, generator=g) < 0.5, 127, -127).to(torch.int8)
@@ -226,18 +228,18 @@ def test_gate_up_interleaving_round_trips_and_bad_widths():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gate_up_equals_its_two_products_then_silu_mul_at_each_level(isa_level, dtype):
-    """The paired product on tiles: bit for bit the two dequantised products (the compiled matmul)
+    """The paired product (tiles or VNNI): bit for bit the two dequantised products (the compiled matmul)
     followed by ragfast's silu_mul kernel, and within silu_mul's tolerance of the reference (torch's
     SiLU); odd row counts, strided rows, outputs poisoned in a column slice of a wider tensor, 1-3
-    threads alike. Below the amx level the compiled path is refused and the default is the reference."""
+    threads alike. Below MATMUL_LEVELS the compiled path is refused and the default is the reference."""
     from ragfast.ops.silu_mul import silu_mul
-    from ragfast.ops.w8a8 import gate_up, interleave_gate_up, matmul, matmul_available, pack_gate_up
+    from ragfast.ops.w8a8 import MATMUL_LEVELS, gate_up, interleave_gate_up, matmul, matmul_available, pack_gate_up
 
     g = seeded()
-    if isa_level != "amx":
+    if isa_level not in MATMUL_LEVELS:
         w = pack_gate_up(_int8((64, 64), g), _int8((64, 64), g))
         xq, xs, ws = _int8((3, 64), g), torch.ones(3), torch.ones(128)
-        with pytest.raises(RuntimeError, match="amx"):
+        with pytest.raises(RuntimeError, match="avx512vnni"):
             gate_up(xq, xs, w, ws, backend="cpp")
         assert torch.equal(gate_up(xq, xs, w, ws), gate_up(xq, xs, w, ws, backend="ref"))
         return

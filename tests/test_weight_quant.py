@@ -6,6 +6,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ragfast.errors import ConfigError  # noqa: E402
+from ragfast.ops.w8a8 import MATMUL_LEVELS  # noqa: E402
 from ragfast.models.weight_quant import (KERNEL_ROWS, apply_weights, int8_linear_ref, quantize_int8,  # noqa: E402
                                          w8a8_linear_ref)
 
@@ -430,11 +431,12 @@ def test_generator_greedy_tokens_with_and_without_packed_weights(qwen_dir):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
-    """At the amx level a w8a8 layer whose depth is a multiple of 64 keeps its codes in tile layout
-    and every pass its gemv does not take runs ragfast.ops.w8a8.matmul (counted): many rows the same
-    bits as torch._int_mm's path (set_packed off), 4-16 rows those of the int8 activations' reference
-    (not torch's weight-only kernel, which ran them up to 12x slower); other levels never call it."""
+def test_w8a8_layer_on_packed_codes_equals_int_mm(isa_level, dtype):
+    """At the packed product's levels (AMX tiles, AVX-512 VNNI) a w8a8 layer whose depth is a
+    multiple of 64 keeps its codes packed and every pass its gemv does not take runs
+    ragfast.ops.w8a8.matmul (counted): many rows the same bits as torch._int_mm's path (set_packed
+    off), 4-16 rows those of the int8 activations' reference (not torch's weight-only kernel, which
+    ran them up to 12x slower); other levels never call it, and the report names the engine."""
     import ragfast.ops.w8a8 as w8a8_ops
     from ragfast.models import weight_quant
     from ragfast.models.weight_quant import int8_matmul_exact, set_packed
@@ -445,7 +447,7 @@ def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
     g = torch.Generator().manual_seed(7)
     model = torch.nn.Sequential(torch.nn.Linear(128, 70), torch.nn.Linear(70, 9)).to(dtype)
     info = apply_weights(model, "w8a8")
-    tiles = isa_level == "amx"
+    tiles = isa_level in MATMUL_LEVELS
     assert info.packed_layers == (1 if tiles else 0)  # depth 70 is not a multiple of 64
     assert (model[0].ragfast_packed is not None) == tiles and model[1].ragfast_packed is None
     calls = []
@@ -458,7 +460,7 @@ def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
             got = model[0](x)
             mid = model[0](x[:KERNEL_ROWS])  # the weight-only kernel's rows elsewhere
             if few:
-                model[0](x[:few])  # gemv's rows: never the tiles
+                model[0](x[:few])  # gemv's rows: never the packed product
     assert len(calls) == (2 if tiles else 0)
     if tiles:
         xq, xs = quantize_rows(x[:KERNEL_ROWS])
@@ -468,20 +470,22 @@ def test_w8a8_layer_on_amx_tiles_equals_int_mm(isa_level, dtype):
     with torch.inference_mode():
         want = model[0](x)
     assert torch.equal(got, want)
-    assert "AMX tiles" in info.describe("bfloat16") if tiles else "AMX" not in info.describe("bfloat16")
+    engine = {"amx": "AMX tiles", "avx512vnni": "AVX-512 VNNI", "avx512bf16": "AVX-512 VNNI"}.get(isa_level)
+    described = info.describe("bfloat16")
+    assert f"1 of them on {engine}," in described if tiles else "of them on" not in described
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_auto_weights_take_w8a8_only_where_every_product_runs_on_tiles(isa_level, dtype):
-    """``weights="auto"``: w8a8 for a bf16 CPU model at the amx level whose every linear layer's
-    depth is a multiple of 64 (each counted on tiles), native otherwise: fp32, another ISA level,
-    or one layer of depth 70."""
+def test_auto_weights_take_w8a8_only_where_every_product_runs_packed(isa_level, dtype):
+    """``weights="auto"``: w8a8 for a bf16 CPU model at a packed product's level (AMX tiles, AVX-512
+    VNNI) whose every linear layer's depth is a multiple of 64 (each counted packed), native
+    otherwise: fp32, another ISA level, or one layer of depth 70."""
     from ragfast.models.weight_quant import auto_weights, int8_matmul_exact
 
     def build(depth: int):
         return torch.nn.Sequential(torch.nn.Linear(128, depth), torch.nn.Linear(depth, 9)).to(dtype)
 
-    tiles = isa_level == "amx" and dtype == torch.bfloat16 and int8_matmul_exact()
+    tiles = isa_level in MATMUL_LEVELS and dtype == torch.bfloat16 and int8_matmul_exact()
     model = build(64)
     assert auto_weights(model) == ("w8a8" if tiles else "native")
     info = apply_weights(model, "auto")
@@ -492,9 +496,9 @@ def test_auto_weights_take_w8a8_only_where_every_product_runs_on_tiles(isa_level
     assert auto_weights(build(70)) == "native"  # its second layer would run on _int_mm
 
 
-def test_w8a8_mlp_pairs_gate_and_up_on_tiles(isa_level):
-    """At the amx level a SiLU MLP's w8a8 gate and up projections are paired (one packed copy, their
-    own tile copies dropped) and its passes of more than KERNEL_ROWS rows run one gate_up call
+def test_w8a8_mlp_pairs_gate_and_up_on_packed_codes(isa_level):
+    """At a packed product's level (AMX tiles, AVX-512 VNNI) a SiLU MLP's w8a8 gate and up
+    projections are paired (one packed copy, their own packed copies dropped) and its passes of more than KERNEL_ROWS rows run one gate_up call
     (counted): the same bits as the two layers on _int_mm followed by the silu_mul kernel (the
     pair dropped by set_packed(False)); gemv's few rows and other levels never call it."""
     from transformers import Qwen2Config
@@ -510,7 +514,7 @@ def test_w8a8_mlp_pairs_gate_and_up_on_tiles(isa_level):
     model = torch.nn.Sequential(Qwen2MLP(cfg)).to(torch.bfloat16)
     set_fused_layers(model)  # as HFGenerator does, before the weights (a w8a8 MLP has no parameters left)
     info = apply_weights(model, "w8a8")
-    mlp, tiles = model[0], isa_level == "amx"
+    mlp, tiles = model[0], isa_level in MATMUL_LEVELS
     assert info.packed_layers == (3 if tiles else 0)
     assert (getattr(mlp, "ragfast_gate_up", None) is not None) == tiles
     assert mlp.gate_proj.ragfast_packed is None and mlp.up_proj.ragfast_packed is None

@@ -14,22 +14,24 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   (which uses blocks of 32) and gpt-fast. It is opt-in (``"auto"`` never picks it); the default
   reasoner's held-out EM with it was within bf16's paired CI.
 * **int8 weights and activations** (``weights="w8a8"``): the same int8 weights; a pass of more
-  than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill; on AMX tiles, every pass
+  than :data:`KERNEL_ROWS` rows (a decode step at a large batch, prefill; on packed codes, every pass
   that gemv does not take) also rounds its input
   to int8, one symmetric scale per row (token), and multiplies integers with torch's
   ``_int_mm`` (exact int32 sums; oneDNN's VNNI / AMX-INT8 kernels), then applies both scales.
-  At the amx ISA level the layer keeps its codes also in AMX's tile layout and runs the product
-  and both scales as one ragfast kernel (:func:`ragfast.ops.w8a8.matmul`, the same bits), since
-  ``_int_mm`` re-blocks the row-major codes on every call. A SiLU MLP's gate and up projections
-  share one packed copy there and run as one product with the SiLU applied in cache
-  (:func:`gate_up_pass`): the input rounded once, one call, no ``[rows, 2 x width]`` intermediate.
-  Integer multiply-adds run at twice bf16's rate on AVX-512 VNNI, and that is what bounds a
-  batch-64 decode step. Fewer rows take the weight-only path above (bound by the weight bytes,
-  where rounding the activations buys nothing), except on the tiles, which beat torch's
-  weight-only kernel from 4 rows. :func:`w8a8_linear_ref` is its reference. It is
-  coarser than int8 (an outlier channel sets its row's scale), and the default (``"auto"``) only
-  where its products run on AMX tiles (:func:`auto_weights`), where both trained reasoners' held-out
-  EM was measured within bf16's paired CI.
+  Where ragfast's packed product runs (AMX tiles at the amx ISA level, AVX-512 VNNI at
+  avx512vnni and avx512bf16: :data:`ragfast.ops.w8a8.MATMUL_LEVELS`) the layer keeps its codes
+  also in that packed layout and runs the product and both scales as one ragfast kernel
+  (:func:`ragfast.ops.w8a8.matmul`, the same bits), since ``_int_mm`` re-blocks the row-major
+  codes on every call. A SiLU MLP's gate and up projections share one packed copy there and run
+  as one product with the SiLU applied in cache (:func:`gate_up_pass`): the input rounded once,
+  one call, no ``[rows, 2 x width]`` intermediate. Integer multiply-adds run at twice bf16's rate
+  on AVX-512 VNNI, and that is what bounds a batch-64 decode step. Fewer rows take the
+  weight-only path above (bound by the weight bytes, where rounding the activations buys
+  nothing), except on the packed codes, which beat torch's weight-only kernel from 4 rows.
+  :func:`w8a8_linear_ref` is its reference. It is coarser than int8 (an outlier channel sets its
+  row's scale), and the default (``"auto"``) only where its products run packed
+  (:func:`auto_weights`), where both trained reasoners' held-out EM was measured within bf16's
+  paired CI.
 * **gemv for few rows**: every linear layer on the CPU, native or int8, runs its passes of a
   few rows on ragfast's gemv kernel (:mod:`ragfast.ops.gemv`), which reads the weights at the
   memory's rate where oneDNN's matmul reads them at half of it; the rows per weight storage
@@ -50,7 +52,7 @@ from typing import Any
 from ragfast.errors import ConfigError
 from ragfast.ops.gemv import GemvWeight
 from ragfast.ops.w8a8 import GATE_UP_COLUMNS, MATMUL_DEPTH, dequantize_sums, gate_up, interleave_gate_up, matmul, \
-    matmul_available, pack_codes, pack_gate_up, quantize_rows, quantize_rows_ref
+    matmul_available, matmul_engine, pack_codes, pack_gate_up, quantize_rows, quantize_rows_ref
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`; ``auto`` resolves to
 #: one of the others per machine and model (:func:`auto_weights`).
@@ -178,8 +180,9 @@ def int8_matmul_exact() -> bool:
 
 def auto_weights(model: Any) -> str:
     """What ``weights="auto"`` stores ``model``'s linear layers as: ``"w8a8"`` where every one of
-    its integer passes runs on AMX tiles (a CPU model in bf16 at the amx ISA level, exact int8
-    sums, every linear layer's depth a multiple of 64), else ``"native"``.
+    its integer passes runs on ragfast's packed product (a CPU model in bf16 at a level of
+    :data:`ragfast.ops.w8a8.MATMUL_LEVELS`: AMX tiles or AVX-512 VNNI; exact int8 sums, every
+    linear layer's depth a multiple of 64), else ``"native"``.
 
     Why: on an AMX Xeon (2 vCPUs) w8a8 on tiles ran the bench's 64 Search-R1 sessions 1.10x (0.5B)
     and 1.43x (1.5B) vLLM's CPU build where native bf16 ran 0.81-0.84x, and the held-out EM of
@@ -281,7 +284,7 @@ def _int8_module_class():
 
         def __init__(self, codes: Any, scales: Any, bias: Any, act_dtype: Any, int8_acts: bool = False):
             super().__init__()
-            # w8a8: passes of more than KERNEL_ROWS rows in integers; on AMX tiles every pass gemv does not take
+            # w8a8: passes of more than KERNEL_ROWS rows in integers; packed, every pass gemv does not take
             self.int8_acts = bool(int8_acts)
             self.register_buffer("scales32", scales.float() if int8_acts else None)
             self.register_buffer("bias32", bias.detach().float() if int8_acts and bias is not None else None)
@@ -297,7 +300,7 @@ def _int8_module_class():
             self.kernel_rows = 1 << 62 if act_dtype == torch.float32 and not int8_acts else KERNEL_ROWS
             self.register_buffer("scales16", scales.to(torch.bfloat16 if act_dtype == torch.float32 else act_dtype))
             self.ragfast_gemv, self.ragfast_gemv_rows = None, 0  # set by apply_weights
-            self.ragfast_packed = None  # w8a8's codes in AMX tile layout (set_packed)
+            self.ragfast_packed = None  # w8a8's codes in the packed product's layout (set_packed)
 
         def forward(self, x: Any) -> Any:
             if _gemv_fits(self, x, torch):
@@ -321,9 +324,10 @@ def _int8_module_class():
                 xq, xs = quantize_rows(x2)  # one scale per row (token)
                 n, step = self.out_features, W8A8_COLUMNS
                 if tiles:
-                    # AMX-INT8 on the prepacked codes, both scales applied block by block in cache:
-                    # every pass gemv does not take, since torch's weight-only kernel above ran 4-16
-                    # rows 1.3-12x slower than the tiles (the 0.5B's layers, Xeon, two threads).
+                    # AMX-INT8 or VNNI on the prepacked codes, both scales applied block by block
+                    # in cache: every pass gemv does not take, since torch's weight-only kernel
+                    # above ran 4-16 rows 1.3-12x slower than the tiles (the 0.5B's layers, Xeon,
+                    # two threads) and 1.4-2x slower than VNNI (Zen 4).
                     y = matmul(xq, xs, self.ragfast_packed, self.scales32, self.bias32, x.dtype)
                     return y.reshape(*shape[:-1], n)
                 if n <= 2 * step:
@@ -344,7 +348,7 @@ def _int8_module_class():
             return torch.nn.functional.linear(x, w, self.bias)
 
         def extra_repr(self) -> str:
-            above = f"{self.ragfast_gemv_rows} rows (AMX tiles)" if self.ragfast_packed is not None else \
+            above = f"{self.ragfast_gemv_rows} rows (packed)" if self.ragfast_packed is not None else \
                 f"{self.kernel_rows} rows"
             acts = f", activations int8 per row above {above}" if self.int8_acts else ""
             return f"in_features={self.in_features}, out_features={self.out_features}, weights=int8 per-channel{acts}"
@@ -371,7 +375,9 @@ class WeightInfo:
         The most rows a pass runs on ragfast's gemv kernel (0: none).
     packed_layers : int
         Linear layers whose other passes run on a prepacked weight: native ones in oneDNN's
-        layout, w8a8 ones' codes in AMX's tile layout.
+        layout, w8a8 ones' codes in the packed product's layout.
+    packed_on : str
+        What runs the w8a8 layers' packed product (``"AMX tiles"``, ``"AVX-512 VNNI"``; empty: none).
     """
 
     scheme: str
@@ -379,6 +385,7 @@ class WeightInfo:
     read_bytes: int
     gemv_rows: int = 0
     packed_layers: int = 0
+    packed_on: str = ""
 
     def describe(self, act_dtype: str) -> str:
         """One phrase for the report's reasoner slot, e.g. ``"int8 weight-only (activations float32)"``."""
@@ -387,7 +394,8 @@ class WeightInfo:
             packed = f", prepacked for oneDNN ({self.packed_layers} linear layers)" if self.packed_layers else ""
             return f"{act_dtype} weights{packed}{kernel}"
         if self.scheme == "w8a8":
-            tiles = (f", {self.packed_layers} of them on AMX tiles, which take every pass of more than "
+            on = self.packed_on or "packed codes"
+            tiles = (f", {self.packed_layers} of them on {on}, which take every pass of more than "
                      f"{self.gemv_rows} rows" if self.packed_layers else "")
             return (f"int8 weights per output channel, int8 activations per token in passes of more than "
                     f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers{tiles}; otherwise activations "
@@ -452,7 +460,7 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
         read += codes.nbytes + new.scales.nbytes + (0 if new.bias is None else new.bias.nbytes)
     rows = set_gemv_rows(model, gemv_rows)
     # Native bf16 layers' other passes on a copy of the weight prepacked for oneDNN, w8a8 layers'
-    # on their codes in AMX's tile layout (set_packed).
+    # on their codes in the packed product's layout (set_packed).
     packed = set_packed(model) if scheme != "int8" else 0
     # The norms' weights (the other parameters but the embedding table) are read every pass too.
     linear_params = {id(p) for _, m in targets for p in m.parameters(recurse=False)}
@@ -461,7 +469,7 @@ def apply_weights(model: Any, scheme: str, gemv_rows: int | None = None) -> Weig
         if id(p) not in linear_params and id(p) not in embed_params:
             read += p.nbytes
     return WeightInfo(scheme=scheme, linear_layers=len(targets), read_bytes=int(read), gemv_rows=rows,
-                      packed_layers=packed)
+                      packed_layers=packed, packed_on=(matmul_engine() or "") if scheme == "w8a8" and packed else "")
 
 
 def set_gemv_rows(model: Any, rows: int | None = None) -> int:
@@ -487,15 +495,15 @@ def set_gemv_rows(model: Any, rows: int | None = None) -> int:
 
 def tiles_supported(codes: Any) -> bool:
     """Whether a w8a8 layer's int8 codes ``[N, K]`` can run :func:`ragfast.ops.w8a8.matmul` here:
-    on the CPU at the amx ISA level, K a multiple of 64."""
+    on the CPU at a level of :data:`ragfast.ops.w8a8.MATMUL_LEVELS`, K a multiple of 64."""
     return codes.device.type == "cpu" and codes.shape[1] % MATMUL_DEPTH == 0 and matmul_available()
 
 
 def set_packed(model: Any, on: bool = True) -> int:
     """Run ``model``'s prepared layers' passes that do not take gemv on prepacked weights: a native
     layer's in oneDNN's blocked layout (:func:`pack_weight`) where oneDNN supports the weight, a
-    w8a8 layer's codes in AMX's tile layout (:func:`tiles_supported`), and an MLP's w8a8 gate and
-    up projections on tiles as one product (:func:`gate_up_pass`); or drop every packed copy
+    w8a8 layer's codes in the packed product's layout (:func:`tiles_supported`), and an MLP's w8a8
+    gate and up projections as one packed product (:func:`gate_up_pass`); or drop every packed copy
     (``on=False``: torch's own matmul, and the copies' memory back).
 
     Returns how many layers now have a packed weight.
@@ -504,7 +512,7 @@ def set_packed(model: Any, on: bool = True) -> int:
     for m in model.modules():
         if not hasattr(m, "ragfast_packed"):
             continue
-        if hasattr(m, "codes"):  # an int8 layer: only w8a8's integer passes use the tiles
+        if hasattr(m, "codes"):  # an int8 layer: only w8a8's integer passes use the packed codes
             m.ragfast_packed = pack_codes(m.codes) if on and m.int8_acts and tiles_supported(m.codes) else None
             n += m.ragfast_packed is not None
         elif on and packing_supported(m.weight):
@@ -513,14 +521,14 @@ def set_packed(model: Any, on: bool = True) -> int:
         else:
             m.ragfast_packed = None
     for m in model.modules():
-        _pair_gate_up(m, on)  # gate and up stay counted: their passes move onto the pair's tiles
+        _pair_gate_up(m, on)  # gate and up stay counted: their passes move onto the pair's codes
     return n
 
 
 def _pair_gate_up(mlp: Any, on: bool) -> bool:
-    """Give ``mlp`` its gate and up projections' codes interleaved on tiles (``ragfast_gate_up``:
-    the packed codes and their scales) where both are w8a8 layers on tiles of one shape without
-    bias and a width that is a multiple of 64; their own tile copies are dropped (the pair serves
+    """Give ``mlp`` its gate and up projections' codes interleaved and packed (``ragfast_gate_up``:
+    the packed codes and their scales) where both are packed w8a8 layers of one shape without
+    bias and a width that is a multiple of 64; their own packed copies are dropped (the pair serves
     their integer passes; alone, they take ``_int_mm``, the same bits). Whether it did."""
     gate, up = getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None)
     pair = None
@@ -535,9 +543,9 @@ def _pair_gate_up(mlp: Any, on: bool) -> bool:
 
 
 def gate_up_pass(mlp: Any, x: Any) -> Any:
-    """``silu(mlp.gate_proj(x)) * mlp.up_proj(x)`` as one product on AMX tiles
-    (:func:`ragfast.ops.w8a8.gate_up`) for an MLP whose w8a8 gate and up projections
-    :func:`set_packed` paired, in a pass their layers would run in integers on tiles (every pass
+    """``silu(mlp.gate_proj(x)) * mlp.up_proj(x)`` as one packed product (AMX tiles or VNNI:
+    :func:`ragfast.ops.w8a8.gate_up`) for an MLP whose w8a8 gate and up projections
+    :func:`set_packed` paired, in a pass their layers would run packed (every pass
     their gemv does not take, no gradient wanted); None otherwise (the caller runs the layers).
 
     The input is rounded to int8 once for both projections and no ``[rows, 2 x width]``

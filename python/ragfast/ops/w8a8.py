@@ -12,12 +12,14 @@ As torch expressions they were ten ops and four dtype copies, about 50 ms of a 2
 decode step of Qwen2.5-Coder-0.5B in torch's profiler (two threads, AMD EPYC Zen 4);
 bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one run.
 
-* :func:`matmul`: the whole product at the amx ISA level, ``dequantize_sums(xq @ codes.T, ...)``
-  with the weight's codes packed once by :func:`pack_codes` into the tile layout AMX-INT8 reads
-  (``_int_mm`` hands oneDNN the row-major codes and it re-blocks them on every call), each block
-  of int32 sums turned into floats while still in cache. The same bits as ``_int_mm`` followed by
+* :func:`matmul`: the whole product, ``dequantize_sums(xq @ codes.T, ...)``, with the weight's
+  codes packed once by :func:`pack_codes` into the tile layout AMX-INT8 reads, which is also the
+  layout AVX-512 VNNI's ``vpdpbusd`` reads a zmm at a time (``_int_mm`` hands oneDNN the
+  row-major codes and it re-blocks them on every call), each block of int32 sums turned into
+  floats while still in cache: AMX tiles at the amx ISA level, VNNI at the other levels of
+  :data:`MATMUL_LEVELS`. The same bits as ``_int_mm`` followed by
   :func:`dequantize_sums` (int32 sums are exact). :func:`matmul_available` says whether it runs.
-* :func:`gate_up`: a SiLU MLP's gate and up projections as one product on the same tiles, their
+* :func:`gate_up`: a SiLU MLP's gate and up projections as one product on the same codes, their
   codes interleaved by 64 output columns (:func:`pack_gate_up`), each strip's two halves turned
   into ``silu(gate) * up`` while in cache: the same bits as the two products followed by
   ``ragfast.ops.silu_mul``'s kernel, with one pass over the input's codes, one call and no
@@ -26,8 +28,8 @@ bench/bench_decode_weights.py measures the w8a8 generator against bf16 in one ru
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (those torch expressions,
 and for :func:`matmul` an exact integer ``torch.mm``: the oracle) and ``cpp``
 (``ragfast._C.w8a8_quantize`` / ``w8a8_dequantize``: one pass each, the same arithmetic in the
-same order, so the same bits, threads over the rows; ``ragfast._C.w8a8_matmul``: AMX-INT8 tiles,
-threads over the output columns; ``silu=True`` for :func:`gate_up`).
+same order, so the same bits, threads over the rows; ``ragfast._C.w8a8_matmul``: AMX-INT8 tiles or
+VNNI, threads over the output columns; ``silu=True`` for :func:`gate_up`).
 """
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ from typing import Any
 
 from ragfast.ops.registry import cpp_module, register, resolve
 
-__all__ = ["GATE_UP_COLUMNS", "PackedCodes", "dequantize_sums", "dequantize_sums_ref", "gate_up", "gate_up_ref",
-           "interleave_gate_up", "matmul", "matmul_available", "matmul_ref", "pack_codes", "pack_gate_up",
+__all__ = ["GATE_UP_COLUMNS", "MATMUL_LEVELS", "PackedCodes", "dequantize_sums", "dequantize_sums_ref", "gate_up", "gate_up_ref",
+           "interleave_gate_up", "matmul", "matmul_available", "matmul_engine", "matmul_ref", "pack_codes", "pack_gate_up",
            "quantize_rows", "quantize_rows_ref"]
 
 
@@ -172,8 +174,11 @@ def dequantize_sums(acc: Any, xs: Any, ws: Any, bias: Any = None, dtype: Any = N
     return fn(acc, xs, ws, bias, dtype, out)
 
 
-#: Depth (K) granularity of :func:`matmul`: one tile row holds 64 int8 values.
+#: Depth (K) granularity of :func:`matmul`: one tile row (one zmm) holds 64 int8 values.
 MATMUL_DEPTH = 64
+#: ISA levels where the compiled :func:`matmul` runs: AVX-512 VNNI's ``vpdpbusd`` (avx512vnni,
+#: avx512bf16) and AMX-INT8 tiles (amx).
+MATMUL_LEVELS = ("avx512vnni", "avx512bf16", "amx")
 
 
 @dataclass(frozen=True)
@@ -211,9 +216,17 @@ def pack_codes(codes: Any) -> PackedCodes:
 
 
 def matmul_available() -> bool:
-    """Whether the compiled :func:`matmul` runs here (the amx ISA level, in this build)."""
+    """Whether the compiled :func:`matmul` runs here (a level of :data:`MATMUL_LEVELS`, in this build)."""
     mod = cpp_module()
     return mod is not None and bool(mod.w8a8_matmul_available())
+
+
+def matmul_engine() -> str | None:
+    """What runs the compiled :func:`matmul` here, in words for a report: ``"AMX tiles"``,
+    ``"AVX-512 VNNI"``, or None where it does not run."""
+    if not matmul_available():
+        return None
+    return "AMX tiles" if cpp_module().isa_current() == "amx" else "AVX-512 VNNI"
 
 
 def _check_matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any) -> None:
@@ -241,7 +254,7 @@ def _tiles_call(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any
 
     M, width = xq.shape[0], w.n // 2 if silu else w.n
     dtype = _out(out, (M, width), dtype)
-    _check_matmul(xq, xs, w, ws, bias, dtype)  # below the amx level the C++ call refuses (RuntimeError)
+    _check_matmul(xq, xs, w, ws, bias, dtype)  # below MATMUL_LEVELS the C++ call refuses (RuntimeError)
     xq, xs, ws = xq.contiguous(), xs.contiguous(), ws.contiguous()
     bias = None if bias is None else bias.contiguous()
     y = torch.empty((M, width), dtype=dtype) if out is None else out
@@ -275,8 +288,8 @@ def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: A
     out : torch.Tensor, optional
         ``[rows, N]`` of ``dtype`` with contiguous rows, written and returned.
     backend : str, optional
-        ``"cpp"`` (the amx level only: :func:`matmul_available`) or ``"ref"``; by default the
-        compiled one where it runs, else the reference.
+        ``"cpp"`` (:data:`MATMUL_LEVELS` only: :func:`matmul_available`) or ``"ref"``; by default
+        the compiled one where it runs, else the reference.
     """
     if backend is None and not matmul_available():
         backend = "ref"
@@ -352,7 +365,7 @@ def gate_up(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: A
     dtype, out :
         As for :func:`matmul`; the output is ``[rows, F]``.
     backend : str, optional
-        ``"cpp"`` (the amx level only) or ``"ref"``; by default the compiled one where it runs.
+        ``"cpp"`` (:data:`MATMUL_LEVELS` only) or ``"ref"``; by default the compiled one where it runs.
         The compiled path's SiLU is ``ragfast.ops.silu_mul``'s kernel (within two bf16 steps of
         torch's, equal on nearly every value).
     """
