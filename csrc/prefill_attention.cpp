@@ -5,7 +5,8 @@
 // two threads, an Emerald Rapids Xeon) torch's CPU SDPA took 1.9 s of a 4.2-4.8 s prefill: its
 // flash kernel with an explicit mask ran at about 0.26 TFLOP/s, against about 1.3 TOP/s for the
 // int8 matmuls around it. Each (sequence, key/value head) pair is a task: its values are
-// transposed once for all G x L queries, which run 16 at a time (csrc/isa/prefill_attention_amx.cpp).
+// transposed once for all G x L queries, which run 16 at a time (csrc/isa/prefill_attention_amx.cpp
+// on tiles, csrc/isa/prefill_attention_avx512bf16.cpp with AVX512-BF16 dot products).
 //
 // This file holds the portable task (any dtype and size; the oracle's semantics, one query at a
 // time), the dispatcher and the binding, which takes addresses (python/ragfast/ops/
@@ -77,13 +78,18 @@ void task_generic(const Task& a) {
   }
 }
 
-// The task kernel of the ISA level in use (csrc/isa.cpp): the amx level's tile task on the shapes
-// it takes (bf16, D a multiple of 32 up to 128); otherwise the portable one.
+// The task kernel of the ISA level in use (csrc/isa.cpp): on the shapes they take (bf16, D a
+// multiple of 32 up to 128) the amx level's tile task, or the avx512bf16 level's dot-product
+// task; otherwise the portable one.
 TaskFn pick_task(int64_t D, bool bf16) {
+  const bool fits = bf16 && D % 32 == 0 && D <= 128;
 #ifdef RAGFAST_ISA_HAVE_amx
-  if (isa::current() >= isa::kAmx && bf16 && D % 32 == 0 && D <= 128) return &prefill_attention_task_amx;
+  if (isa::current() >= isa::kAmx && fits) return &prefill_attention_task_amx;
 #endif
-  (void)D, (void)bf16;
+#ifdef RAGFAST_ISA_HAVE_avx512bf16
+  if (isa::current() >= isa::kAvx512Bf16 && fits) return &prefill_attention_task_avx512bf16;
+#endif
+  (void)fits;
   return &task_generic;
 }
 

@@ -44,6 +44,11 @@ inline int64_t scratch_floats(int64_t T, int64_t D) {
   return generic > amx ? generic : amx;
 }
 
+#ifdef RAGFAST_ISA_HAVE_avx512bf16
+// bf16 only, D a multiple of 32 up to 128 (csrc/isa/prefill_attention_avx512bf16.cpp); its
+// scratch is the amx task's without the tail rows, the values as key pairs in place of V^T.
+void prefill_attention_task_avx512bf16(const Task& a);
+#endif
 #ifdef RAGFAST_ISA_HAVE_amx
 // bf16 only, D a multiple of 32 up to 128 (csrc/isa/prefill_attention_amx.cpp).
 void prefill_attention_task_amx(const Task& a);

@@ -29,15 +29,16 @@ def inputs(g, B, H, Hkv, L, T, D, dtype, *, spare=3):
 def check(got, want, dtype):
     assert got.shape == want.shape and got.dtype == want.dtype
     assert not torch.isnan(got).any()
-    # fp32: sums in another order. bf16: the amx task rounds the softmax's exponentials to bf16
+    # fp32: sums in another order. bf16: the amx and avx512bf16 tasks round the softmax's exponentials to bf16
     # before the values' product (relative error 2^-9 each), and outputs may round a unit apart.
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2 ** -7)
     torch.testing.assert_close(got.float(), want.float(), **tol)
 
 
-# (B, H, Hkv, L, T, D). The amx level's task takes bf16 with D in {32, 64, 96, 128}: blocks of 16
-# queries whole and partial (L = 1, 5, 16, 37, 50), keys in 16- and 32-key steps whole and
-# partial, no cache (T = L) and a cache longer than the queries; other D run the portable task.
+# (B, H, Hkv, L, T, D). The amx and avx512bf16 levels' tasks take bf16 with D in {32, 64, 96, 128}:
+# blocks of 16 queries whole and partial (L = 1, 5, 16, 37, 50), keys in 8-, 16- and 32-key steps
+# whole and partial, no cache (T = L) and a cache longer than the queries; other D run the portable
+# task.
 SHAPES = [(1, 1, 1, 1, 1, 32), (2, 4, 2, 5, 5, 64), (3, 14, 2, 37, 80, 64), (2, 6, 3, 16, 19, 17),
           (1, 8, 1, 50, 70, 128), (2, 2, 1, 33, 33, 96), (2, 3, 1, 9, 300, 32), (1, 7, 1, 1, 45, 64),
           (2, 4, 4, 20, 51, 80), (1, 2, 2, 64, 64, 128)]

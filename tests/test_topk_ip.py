@@ -1180,6 +1180,8 @@ def _check_level_objects(objs):
     if "topk_ip_avx512bf16" in texts:
         text = texts["topk_ip_avx512bf16"]
         assert "vpdpbusd" in text and "vdpbf16ps" in text
+    if "prefill_attention_avx512bf16" in texts:
+        assert "vdpbf16ps" in texts["prefill_attention_avx512bf16"]
     for name, text in texts.items():
         if not name.endswith("_amx"):  # csrc/isa/*_amx.cpp: the amx level's files
             assert not amx.search(text), f"{name}: AMX instruction outside the amx level"

@@ -19,13 +19,11 @@
 
 #include "../prefill_attention_common.h"
 #include "amx_tiles.h"
-#include "avx512_vec.h"
+#include "prefill_softmax.h"
 
 namespace ragfast {
 namespace prefill_attention_common {
 namespace {
-
-using namespace ragfast::avx512_vec;  // exp16, store16
 
 // Scores S[t][r] = q_r . k_t (unscaled) of 16 keys from `base` (rows `stride` bytes apart) into
 // accumulator tile A with key tile K; the queries' depth chunks are in tmm2.. . A macro, as the
@@ -133,11 +131,6 @@ void prefill_attention_task_amx(const Task& a) {
   for (int64_t t = 0; t < T; ++t)
     for (int64_t d = 0; d < D; ++d) Vt[d * Tp + t] = v[t * a.v_st + d];
   for (int64_t d = 0; d < D; ++d) std::memset(Vt + d * Tp + T, 0, size_t((Tp - T) * 2));
-  // The exponentials' pair rows: key t's and t + 1's value for query r side by side.
-  alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
-                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i pidx = _mm512_load_si512(pair_idx);
-  const __m512 scale = _mm512_set1_ps(a.scale);
   amx_tiles::configure_16x64();
   for (int64_t h = 0; h < a.G; ++h) {
     for (int64_t i0 = 0; i0 < L; i0 += 16) {
@@ -164,22 +157,7 @@ void prefill_attention_task_amx(const Task& a) {
         if (a.mask && !a.mask[t]) return 0;
         return t <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (t - first)) & 0xffffu);
       };
-      __m512 mx = _mm512_set1_ps(-INFINITY);
-      for (int64_t t = 0; t < n; ++t) {
-        const __m512 r = _mm512_mul_ps(_mm512_load_ps(S + t * 16), scale);
-        _mm512_store_ps(S + t * 16, r);
-        mx = _mm512_mask_max_ps(mx, lanes(t), mx, r);
-      }
-      __m512 tot = _mm512_setzero_ps();
-      for (int64_t t = 0; t < n32; t += 2) {
-        __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
-        if (t < n) e0 = _mm512_maskz_mov_ps(lanes(t), exp16(_mm512_sub_ps(_mm512_load_ps(S + t * 16), mx)));
-        if (t + 1 < n)
-          e1 = _mm512_maskz_mov_ps(lanes(t + 1), exp16(_mm512_sub_ps(_mm512_load_ps(S + (t + 1) * 16), mx)));
-        tot = _mm512_add_ps(tot, _mm512_add_ps(e0, e1));
-        const __m512i pair = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
-        _mm512_store_si512(P + t * 16, pair);
-      }
+      const __m512 tot = prefill_softmax::exponentials(S, P, n, n32, a.scale, lanes);
       for (int64_t c = 0; c < nd; c += 4) {
         switch (nd - c < 4 ? nd - c : 4) {
           case 1: values<1>(P, Vt, Tp, n32, c, O); break;
@@ -188,16 +166,7 @@ void prefill_attention_task_amx(const Task& a) {
           default: values<4>(P, Vt, Tp, n32, c, O); break;
         }
       }
-      alignas(64) float total[16];
-      _mm512_store_ps(total, tot);
-      const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                             _mm512_set1_epi32(16));
-      for (int64_t r = 0; r < nq; ++r) {
-        const __m512 inv = _mm512_set1_ps(total[r] > 0.f ? 1.f / total[r] : 0.f);  // no visible key: zeros
-        uint16_t* o = static_cast<uint16_t*>(a.out) + h * a.o_sh + (i0 + r) * a.o_sl;
-        for (int64_t c = 0; c < nd; ++c)  // dims 16c.. of query r: a column of O
-          store16(o, 16 * c, _mm512_mul_ps(_mm512_i32gather_ps(col, O + c * 256 + r, 4), inv), 0xffff, true);
-      }
+      prefill_softmax::write_rows(O, tot, nq, D, static_cast<uint16_t*>(a.out) + h * a.o_sh + i0 * a.o_sl, a.o_sl);
     }
   }
   _tile_release();

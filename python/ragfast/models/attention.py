@@ -42,8 +42,9 @@ BF16_ONLY_LEVELS = ("amx",)
 #: Levels where the prefill kernel runs bf16 passes (head dims a multiple of 32 up to 128): its
 #: amx task (scores and values as AMX-BF16 tile products) ran at 1.70-2.49x SDPA with the same
 #: causal padding mask (bench/bench_prefill_attention.py, both Qwen2.5 shapes, two threads, an
-#: Emerald Rapids Xeon, 2026-12-07). Below, its portable task is scalar and SDPA stays.
-PREFILL_LEVELS = ("amx",)
+#: Emerald Rapids Xeon, 2026-12-07), its avx512bf16 task (AVX512-BF16 dot products) at 2.82-4.41x
+#: (same bench, an AMD EPYC Zen 4, 2026-12-07). Below, its portable task is scalar and SDPA stays.
+PREFILL_LEVELS = ("avx512bf16", "amx")
 
 
 def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:

@@ -132,7 +132,8 @@ class HFGenerator(ChunkBudget, Generator):
         linear layers, one scale per output channel, activations and cache in ``dtype``, or
         ``"w8a8"``: the same weights, with the activations of passes of more than 16 rows also
         rounded to int8 per token for integer matmuls (:mod:`ragfast.models.weight_quant`), or
-        ``"auto"``: w8a8 where its products run on AMX tiles, else native (``auto_weights``). The
+        ``"auto"``: w8a8 where its products run packed (AMX tiles, AVX-512 VNNI), else native
+        (``auto_weights``). The
         ledger books each turn's weight bytes read as the reasoner's ``bytes_scanned``, so the
         schemes' reads are comparable.
     prefill_tokens : int

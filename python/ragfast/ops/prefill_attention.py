@@ -13,9 +13,10 @@ with mask[b, t]) · v[b, h // G]`` with fp32 sums, in ``q``'s dtype; a query wit
 is 0 (SDPA gives NaN there).
 
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (torch in fp32: the oracle)
-and ``cpp`` (``ragfast._C.prefill_attention``: one task per (sequence, key/value head); at the amx
-level, bf16 with head dims a multiple of 32 up to 128, AMX-BF16 tile products for the scores and
-the values, the exponentials rounded to bf16 between them; otherwise a portable task).
+and ``cpp`` (``ragfast._C.prefill_attention``: one task per (sequence, key/value head); for bf16
+with head dims a multiple of 32 up to 128, AMX-BF16 tile products for the scores and the values at
+the amx level, AVX512-BF16 dot products (``vdpbf16ps``, the block's 16 queries in the lanes) at the
+avx512bf16 level, the exponentials rounded to bf16 between them; otherwise a portable task).
 :func:`prefill_attention` checks and dispatches.
 """
 from __future__ import annotations

@@ -95,7 +95,7 @@ class RunSettings:
         ``float16``; None: the checkpoint's.
     weights : str
         How a local reasoner stores its linear layers (:data:`WEIGHTS`): ``auto`` (default: ``w8a8``
-        where its integer products run on AMX tiles, else ``native``;
+        where its integer products run packed on AMX tiles or AVX-512 VNNI, else ``native``;
         :func:`ragfast.models.weight_quant.auto_weights`), ``native``, ``int8`` or ``w8a8``.
     threads : int, optional
         torch CPU threads of this process (default: torch's). Not with ``ray``: an actor's
@@ -410,11 +410,11 @@ HELP: dict[str, str] = {
     "prompt_budget": "Context cap in tokens (reference: 4096).",
     "dtype": "Local reasoner weights: auto (default: bfloat16 where the CPU has AVX512-BF16 or AMX, or on a bf16 "
              "GPU; else the checkpoint's) | float32 | bfloat16 | float16.",
-    "weights": "Local reasoner's linear layers: auto (default: w8a8 where its integer products run on AMX tiles, "
-               "i.e. bf16 on an AMX CPU; else native) | native (in --dtype) | int8 (weight-only, one scale per "
-               "output channel; activations in --dtype) | w8a8 (int8 weights, and int8 activations, one scale per "
-               "token, in passes of more than 16 rows, on AMX tiles of more than gemv's few: integer matmuls for batched "
-               "decode and prefill). The report's "
+    "weights": "Local reasoner's linear layers: auto (default: w8a8 where its integer products run on ragfast's "
+               "packed kernel, i.e. bf16 on a CPU with AMX or AVX-512 VNNI; else native) | native (in --dtype) | "
+               "int8 (weight-only, one scale per output channel; activations in --dtype) | w8a8 (int8 weights, and "
+               "int8 activations, one scale per token, in passes of more than 16 rows, on the packed kernel in "
+               "passes of more than gemv's few: integer matmuls for batched decode and prefill). The report's "
                "reasoner slot names what ran.",
     "threads": "torch CPU threads of this process (not with --ray).",
     "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "

@@ -1,0 +1,116 @@
+// prefill_attention task kernel, ISA level "avx512bf16" (flags set for this file in CMake: Zen 4,
+// Sapphire Rapids without AMX in use), for bf16 with head dims a multiple of 32 up to 128 (the
+// dispatcher sends the rest to the portable task).
+//
+// The amx task's data flow (csrc/isa/prefill_attention_amx.cpp) with AVX512-BF16 dot products
+// (vdpbf16ps: 16 lanes, each the sum of a bf16 pair's products into fp32) instead of tiles. A task
+// is one (sequence, key/value head); its G heads x L queries run 16 at a time, with the block's
+// queries in the lanes throughout:
+//  1. scores: the block's queries as D / 2 vectors of depth pairs (lane r: query r's pair j), and
+//     for each key its pair j broadcast, so S[t][16] gathers no data; 8 keys at a time, 8
+//     independent sums;
+//  2. the softmax and the exponentials as bf16 key pairs (csrc/isa/prefill_softmax.h, shared with
+//     the amx task);
+//  3. the values: for 16 dims at a time, out^T[d][16] += P[t pair][16 lanes of key pairs] .
+//     broadcast (v[t][d], v[t + 1][d]), from a copy of V laid out once per task as key pairs.
+// The exponentials enter the values' product rounded to bf16 (as the amx task and SDPA's bf16
+// kernels do); their sum, which divides it, stays fp32.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "../prefill_attention_common.h"
+#include "prefill_softmax.h"
+
+namespace ragfast {
+namespace prefill_attention_common {
+namespace {
+
+inline __m512bh as_bh(__m512i x) { return reinterpret_cast<__m512bh&>(x); }
+
+// Scores (unscaled) of NK keys from `k` (rows `ks` elements apart) against the block's queries
+// (qp: D / 2 vectors of 16 depth-pair words) into S[0 .. NK)[16].
+template <int NK>
+void score_keys(const uint32_t* qp, const uint16_t* k, int64_t ks, int64_t D, float* S) {
+  __m512 acc[NK];
+#pragma GCC unroll 8
+  for (int i = 0; i < NK; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D / 2; ++j) {
+    const __m512bh q = as_bh(_mm512_load_si512(qp + 16 * j));
+#pragma GCC unroll 8
+    for (int i = 0; i < NK; ++i) {
+      uint32_t w;
+      std::memcpy(&w, k + i * ks + 2 * j, 4);
+      acc[i] = _mm512_dpbf16_ps(acc[i], q, as_bh(_mm512_set1_epi32(static_cast<int>(w))));
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < NK; ++i) _mm512_store_ps(S + i * 16, acc[i]);
+}
+
+// out^T for the 16 dims from d0 into O[d][16]: the exponentials' pair rows P times the values'
+// pairs Vp[t pair][D] broadcast, over the first n32 keys.
+void values16(const uint16_t* P, const uint32_t* Vp, int64_t D, int64_t n32, int64_t d0, float* O) {
+  __m512 acc[16];
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) acc[i] = _mm512_setzero_ps();
+  for (int64_t tp = 0; tp < n32 / 2; ++tp) {
+    const __m512bh p = as_bh(_mm512_load_si512(P + tp * 32));
+    const uint32_t* v = Vp + tp * D + d0;
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], p, as_bh(_mm512_set1_epi32(static_cast<int>(v[i]))));
+  }
+#pragma GCC unroll 16
+  for (int i = 0; i < 16; ++i) _mm512_store_ps(O + (d0 + i) * 16, acc[i]);
+}
+
+}  // namespace
+
+void prefill_attention_task_avx512bf16(const Task& a) {
+  const int64_t T = a.T, L = a.L, D = a.D, off = T - L;
+  const int64_t Tp = (T + 31) / 32 * 32;
+  float* S = a.scratch;                                              // [Tp][16]
+  uint16_t* P = reinterpret_cast<uint16_t*>(S + 16 * Tp);            // [Tp / 2][16][2]
+  uint32_t* Vp = reinterpret_cast<uint32_t*>(P + 16 * Tp);           // [Tp / 2][D] key pairs
+  float* O = reinterpret_cast<float*>(Vp + D * Tp / 2);              // [D][16]
+  uint32_t* qp = reinterpret_cast<uint32_t*>(O + 16 * D);            // [D / 2][16]
+  // V as key pairs once for the task's blocks, keys past T zero (0 x NaN would still be NaN).
+  const uint16_t* v = static_cast<const uint16_t*>(a.v);
+  for (int64_t tp = 0; tp < Tp / 2; ++tp) {
+    const int64_t t = 2 * tp;
+    for (int64_t d = 0; d < D; ++d) {
+      const uint32_t lo = t < T ? v[t * a.v_st + d] : 0, hi = t + 1 < T ? v[(t + 1) * a.v_st + d] : 0;
+      Vp[tp * D + d] = lo | hi << 16;
+    }
+  }
+  const uint16_t* k = static_cast<const uint16_t*>(a.k);
+  for (int64_t h = 0; h < a.G; ++h) {
+    for (int64_t i0 = 0; i0 < L; i0 += 16) {
+      const int64_t nq = L - i0 < 16 ? L - i0 : 16;
+      const int64_t first = off + i0;  // the block's first query's position: keys up to it are seen by all
+      const int64_t n = first + nq;    // keys any query of the block sees (<= T)
+      const int64_t n32 = (n + 31) / 32 * 32;
+      // Depth pair j of query r in lane r of vector j (lanes past nq zero).
+      std::memset(qp, 0, size_t(D * 32));
+      for (int64_t r = 0; r < nq; ++r) {
+        uint32_t qr[64];
+        std::memcpy(qr, static_cast<const uint16_t*>(a.q) + h * a.q_sh + (i0 + r) * a.q_sl, size_t(D * 2));
+        for (int64_t j = 0; j < D / 2; ++j) qp[j * 16 + r] = qr[j];
+      }
+      int64_t t = 0;
+      for (; t + 8 <= n; t += 8) score_keys<8>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
+      for (; t < n; ++t) score_keys<1>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
+      // Key t is visible to the lanes r with first + r >= t, where its padding byte allows.
+      auto lanes = [&](int64_t u) -> __mmask16 {
+        if (a.mask && !a.mask[u]) return 0;
+        return u <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (u - first)) & 0xffffu);
+      };
+      const __m512 tot = prefill_softmax::exponentials(S, P, n, n32, a.scale, lanes);
+      for (int64_t d0 = 0; d0 < D; d0 += 16) values16(P, Vp, D, n32, d0, O);
+      prefill_softmax::write_rows(O, tot, nq, D, static_cast<uint16_t*>(a.out) + h * a.o_sh + i0 * a.o_sl, a.o_sl);
+    }
+  }
+}
+
+}  // namespace prefill_attention_common
+}  // namespace ragfast

@@ -1,0 +1,65 @@
+// The softmax and the output of a block of 16 queries with the queries in the lanes, shared by the
+// prefill attention tasks that leave a block's scores as S[t][16] and take its exponentials as bf16
+// key pairs (csrc/isa/prefill_attention_amx.cpp, prefill_attention_avx512bf16.cpp). It uses
+// AVX512-BF16 (vcvtne2ps2bf16), so only files compiled with that level's flags or above may include
+// it. In an anonymous namespace, as avx512_vec.h: each translation unit keeps its own copy.
+#pragma once
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "avx512_vec.h"
+
+namespace ragfast {
+namespace prefill_softmax {
+namespace {
+
+using namespace ragfast::avx512_vec;  // exp16, store16
+
+// Scales the scores S[t][16] of keys t < n in place and writes the exponentials of (score - the
+// lane's maximum over its visible keys) as bf16 pairs of keys, P[t / 2][16][2] for t < n32 (zero
+// past n and outside a key's lanes: `lanes(t)` gives the queries that see key t). Returns the
+// lanes' sums of the exponentials (fp32, before rounding).
+template <typename Lanes>
+inline __m512 exponentials(float* S, uint16_t* P, int64_t n, int64_t n32, float scale, const Lanes& lanes) {
+  // The exponentials' pair rows: key t's and t + 1's value for query r side by side.
+  alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
+                                                    8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
+  const __m512i pidx = _mm512_load_si512(pair_idx);
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t t = 0; t < n; ++t) {
+    const __m512 r = _mm512_mul_ps(_mm512_load_ps(S + t * 16), sv);
+    _mm512_store_ps(S + t * 16, r);
+    mx = _mm512_mask_max_ps(mx, lanes(t), mx, r);
+  }
+  __m512 tot = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n32; t += 2) {
+    __m512 e0 = _mm512_setzero_ps(), e1 = _mm512_setzero_ps();
+    if (t < n) e0 = _mm512_maskz_mov_ps(lanes(t), exp16(_mm512_sub_ps(_mm512_load_ps(S + t * 16), mx)));
+    if (t + 1 < n) e1 = _mm512_maskz_mov_ps(lanes(t + 1), exp16(_mm512_sub_ps(_mm512_load_ps(S + (t + 1) * 16), mx)));
+    tot = _mm512_add_ps(tot, _mm512_add_ps(e0, e1));
+    const __m512i pair = _mm512_permutexvar_epi16(pidx, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    _mm512_store_si512(P + t * 16, pair);
+  }
+  return tot;
+}
+
+// The block's outputs: query r's row (bf16, at out + r * o_sl) = O[d][r] / tot[r] for its D dims
+// (O holds [D][16] fp32 sums); a query with no visible key gets zeros.
+inline void write_rows(const float* O, __m512 tot, int64_t nq, int64_t D, uint16_t* out, int64_t o_sl) {
+  alignas(64) float total[16];
+  _mm512_store_ps(total, tot);
+  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  for (int64_t r = 0; r < nq; ++r) {
+    const __m512 inv = _mm512_set1_ps(total[r] > 0.f ? 1.f / total[r] : 0.f);
+    for (int64_t c = 0; c < D / 16; ++c)  // dims 16c.. of query r: a column of O
+      store16(out + r * o_sl, 16 * c, _mm512_mul_ps(_mm512_i32gather_ps(col, O + c * 256 + r, 4), inv), 0xffff, true);
+  }
+}
+
+}  // namespace
+}  // namespace prefill_softmax
+}  // namespace ragfast
