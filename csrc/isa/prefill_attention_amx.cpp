@@ -117,7 +117,7 @@ void values(const uint16_t* P, const uint16_t* Vt, int64_t Tp, int64_t n32, int6
 }  // namespace
 
 void prefill_attention_task_amx(const Task& a) {
-  const int64_t T = a.T, L = a.L, D = a.D, nc = D / 32, nd = D / 16, off = T - L;
+  const int64_t T = a.T, L = a.L, D = a.D, nc = D / 32, nd = D / 16;
   const int64_t Tp = (T + 31) / 32 * 32;
   float* S = a.scratch;                                              // [Tp][16]
   uint16_t* P = reinterpret_cast<uint16_t*>(S + 16 * Tp);            // [Tp / 2][16][2]
@@ -134,10 +134,8 @@ void prefill_attention_task_amx(const Task& a) {
   amx_tiles::configure_16x64();
   for (int64_t h = 0; h < a.G; ++h) {
     for (int64_t i0 = 0; i0 < L; i0 += 16) {
-      const int64_t nq = L - i0 < 16 ? L - i0 : 16;
-      const int64_t first = off + i0;  // the block's first query's position: keys up to it are seen by all
-      const int64_t n = first + nq;    // keys any query of the block sees (<= T)
-      const int64_t n32 = (n + 31) / 32 * 32;
+      const prefill_softmax::Block blk(T, L, i0);
+      const int64_t nq = blk.nq, n = blk.n, n32 = blk.n32;
       // B tiles: chunk c, row j (depth pair 32c + 2j, +1), query r: query r's 32-bit word 16c + j.
       std::memset(qt, 0, size_t(nc * 1024));
       uint32_t* qw = reinterpret_cast<uint32_t*>(qt);
@@ -152,12 +150,7 @@ void prefill_attention_task_amx(const Task& a) {
         case 3: scores<3>(a, qt, tail, n, S); break;
         default: scores<4>(a, qt, tail, n, S); break;
       }
-      // Key t is visible to the lanes r with first + r >= t, where its padding byte allows.
-      auto lanes = [&](int64_t t) -> __mmask16 {
-        if (a.mask && !a.mask[t]) return 0;
-        return t <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (t - first)) & 0xffffu);
-      };
-      const __m512 tot = prefill_softmax::exponentials(S, P, n, n32, a.scale, lanes);
+      const __m512 tot = prefill_softmax::exponentials(blk, a.mask, S, P, a.scale);
       for (int64_t c = 0; c < nd; c += 4) {
         switch (nd - c < 4 ? nd - c : 4) {
           case 1: values<1>(P, Vt, Tp, n32, c, O); break;

@@ -67,7 +67,7 @@ void values16(const uint16_t* P, const uint32_t* Vp, int64_t D, int64_t n32, int
 }  // namespace
 
 void prefill_attention_task_avx512bf16(const Task& a) {
-  const int64_t T = a.T, L = a.L, D = a.D, off = T - L;
+  const int64_t T = a.T, L = a.L, D = a.D;
   const int64_t Tp = (T + 31) / 32 * 32;
   float* S = a.scratch;                                              // [Tp][16]
   uint16_t* P = reinterpret_cast<uint16_t*>(S + 16 * Tp);            // [Tp / 2][16][2]
@@ -86,10 +86,8 @@ void prefill_attention_task_avx512bf16(const Task& a) {
   const uint16_t* k = static_cast<const uint16_t*>(a.k);
   for (int64_t h = 0; h < a.G; ++h) {
     for (int64_t i0 = 0; i0 < L; i0 += 16) {
-      const int64_t nq = L - i0 < 16 ? L - i0 : 16;
-      const int64_t first = off + i0;  // the block's first query's position: keys up to it are seen by all
-      const int64_t n = first + nq;    // keys any query of the block sees (<= T)
-      const int64_t n32 = (n + 31) / 32 * 32;
+      const prefill_softmax::Block blk(T, L, i0);
+      const int64_t nq = blk.nq, n = blk.n;
       // Depth pair j of query r in lane r of vector j (lanes past nq zero).
       std::memset(qp, 0, size_t(D * 32));
       for (int64_t r = 0; r < nq; ++r) {
@@ -100,13 +98,8 @@ void prefill_attention_task_avx512bf16(const Task& a) {
       int64_t t = 0;
       for (; t + 8 <= n; t += 8) score_keys<8>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
       for (; t < n; ++t) score_keys<1>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
-      // Key t is visible to the lanes r with first + r >= t, where its padding byte allows.
-      auto lanes = [&](int64_t u) -> __mmask16 {
-        if (a.mask && !a.mask[u]) return 0;
-        return u <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (u - first)) & 0xffffu);
-      };
-      const __m512 tot = prefill_softmax::exponentials(S, P, n, n32, a.scale, lanes);
-      for (int64_t d0 = 0; d0 < D; d0 += 16) values16(P, Vp, D, n32, d0, O);
+      const __m512 tot = prefill_softmax::exponentials(blk, a.mask, S, P, a.scale);
+      for (int64_t d0 = 0; d0 < D; d0 += 16) values16(P, Vp, D, blk.n32, d0, O);
       prefill_softmax::write_rows(O, tot, nq, D, static_cast<uint16_t*>(a.out) + h * a.o_sh + i0 * a.o_sl, a.o_sl);
     }
   }

@@ -17,12 +17,28 @@ namespace {
 
 using namespace ragfast::avx512_vec;  // exp16, store16
 
-// Scales the scores S[t][16] of keys t < n in place and writes the exponentials of (score - the
-// lane's maximum over its visible keys) as bf16 pairs of keys, P[t / 2][16][2] for t < n32 (zero
-// past n and outside a key's lanes: `lanes(t)` gives the queries that see key t). Returns the
-// lanes' sums of the exponentials (fp32, before rounding).
-template <typename Lanes>
-inline __m512 exponentials(float* S, uint16_t* P, int64_t n, int64_t n32, float scale, const Lanes& lanes) {
+// The block of up to 16 queries from query i0 of a task with T keys and L queries (the last L keys
+// are the queries' own): its query count, the first query's key position (every key up to it is
+// causally visible to the whole block), the keys any of its queries sees, and that count rounded
+// up to 32 (the exponentials' pair rows are written that far).
+struct Block {
+  int64_t nq, first, n, n32;
+  Block(int64_t T, int64_t L, int64_t i0)
+      : nq(L - i0 < 16 ? L - i0 : 16), first(T - L + i0), n(first + nq), n32((n + 31) / 32 * 32) {}
+  // The lanes (queries r) that see key t: first + r >= t, where its padding byte allows.
+  __mmask16 lanes(const uint8_t* mask, int64_t t) const {
+    if (mask && !mask[t]) return 0;
+    return t <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (t - first)) & 0xffffu);
+  }
+};
+
+// Scales the block's scores S[t][16] (keys t < b.n) in place and writes the exponentials of
+// (score - the lane's maximum over its visible keys) as bf16 pairs of keys, P[t / 2][16][2] for
+// t < b.n32 (zero past b.n and outside a key's lanes). Returns the lanes' sums of the
+// exponentials (fp32, before rounding).
+inline __m512 exponentials(const Block& b, const uint8_t* mask, float* S, uint16_t* P, float scale) {
+  const int64_t n = b.n, n32 = b.n32;
+  auto lanes = [&](int64_t t) { return b.lanes(mask, t); };
   // The exponentials' pair rows: key t's and t + 1's value for query r side by side.
   alignas(64) static const uint16_t pair_idx[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                                     8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
