@@ -235,6 +235,9 @@ void w8a8_matmul(uintptr_t xq, int64_t M, int64_t K, uintptr_t xs, uintptr_t pac
                            bf16, silu);
   });
 #endif
+#if !defined(RAGFAST_ISA_HAVE_amx) && !defined(RAGFAST_ISA_HAVE_avx512vnni)
+  (void)x, (void)xsp, (void)w, (void)wsp, (void)b, (void)out, (void)stride, (void)cols;  // refused above
+#endif
 }
 
 }  // namespace w8a8_detail

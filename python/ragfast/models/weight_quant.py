@@ -329,7 +329,8 @@ def _int8_module_class():
                     # AMX-INT8 or VNNI on the prepacked codes, both scales applied block by block
                     # in cache: every pass gemv does not take, since torch's weight-only kernel
                     # above ran 4-16 rows 1.3-12x slower than the tiles (the 0.5B's layers, Xeon,
-                    # two threads) and 1.4-2x slower than VNNI (Zen 4).
+                    # two threads) and 1.4-4.9x slower than VNNI with its rounding of the rows
+                    # (the same layers, Zen 4 EPYC).
                     y = matmul(xq, xs, self.ragfast_packed, self.scales32, self.bias32, x.dtype)
                     return y.reshape(*shape[:-1], n)
                 if n <= 2 * step:
