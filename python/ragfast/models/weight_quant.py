@@ -309,8 +309,8 @@ def _int8_module_class():
                 return self.ragfast_gemv(x)
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
-            tiles = self.ragfast_packed is not None and matmul_available()
-            if self.kernel and x2.shape[0] <= self.kernel_rows and not tiles:
+            packed = self.ragfast_packed is not None and matmul_available()
+            if self.kernel and x2.shape[0] <= self.kernel_rows and not packed:
                 # Few rows (decoding): bound by the weight bytes, which the kernel reads as int8.
                 # It takes bf16 inputs for fp32 activations: its fp32 path ran 2-20x slower than
                 # fp32 F.linear where its bf16 path beat bf16 F.linear (bench_decode_weights.py).
@@ -325,7 +325,7 @@ def _int8_module_class():
                 # batch-64 decode step); the same bits as quantize_int8 and w8a8_linear_ref's order.
                 xq, xs = quantize_rows(x2)  # one scale per row (token)
                 n, step = self.out_features, W8A8_COLUMNS
-                if tiles:
+                if packed:
                     # AMX-INT8 or VNNI on the prepacked codes, both scales applied block by block
                     # in cache: every pass gemv does not take, since torch's weight-only kernel
                     # above ran 4-16 rows 1.3-12x slower than the tiles (the 0.5B's layers, Xeon,
@@ -398,10 +398,10 @@ class WeightInfo:
             return f"{act_dtype} weights{packed}{kernel}"
         if self.scheme == "w8a8":
             on = self.packed_on or "packed codes"
-            tiles = (f", {self.packed_layers} of them on {on}, which take every pass of more than "
+            packed = (f", {self.packed_layers} of them on {on}, which take every pass of more than "
                      f"{self.gemv_rows} rows" if self.packed_layers else "")
             return (f"int8 weights per output channel, int8 activations per token in passes of more than "
-                    f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers{tiles}; otherwise activations "
+                    f"{KERNEL_ROWS} rows ({self.linear_layers} linear layers{packed}; otherwise activations "
                     f"{act_dtype}{kernel})")
         return (f"int8 weight-only, per output channel ({self.linear_layers} linear layers; activations {act_dtype}"
                 f"{kernel})")
@@ -496,7 +496,7 @@ def set_gemv_rows(model: Any, rows: int | None = None) -> int:
     return most
 
 
-def tiles_supported(codes: Any) -> bool:
+def codes_packing_supported(codes: Any) -> bool:
     """Whether a w8a8 layer's int8 codes ``[N, K]`` can run :func:`ragfast.ops.w8a8.matmul` here:
     on the CPU at a level of :data:`ragfast.ops.w8a8.MATMUL_LEVELS`, K a multiple of 64."""
     return codes.device.type == "cpu" and codes.shape[1] % MATMUL_DEPTH == 0 and matmul_available()
@@ -505,7 +505,7 @@ def tiles_supported(codes: Any) -> bool:
 def set_packed(model: Any, on: bool = True) -> int:
     """Run ``model``'s prepared layers' passes that do not take gemv on prepacked weights: a native
     layer's in oneDNN's blocked layout (:func:`pack_weight`) where oneDNN supports the weight, a
-    w8a8 layer's codes in the packed product's layout (:func:`tiles_supported`), and an MLP's w8a8
+    w8a8 layer's codes in the packed product's layout (:func:`codes_packing_supported`), and an MLP's w8a8
     gate and up projections as one packed product (:func:`gate_up_pass`); or drop every packed copy
     (``on=False``: torch's own matmul, and the copies' memory back).
 
@@ -516,7 +516,7 @@ def set_packed(model: Any, on: bool = True) -> int:
         if not hasattr(m, "ragfast_packed"):
             continue
         if hasattr(m, "codes"):  # an int8 layer: only w8a8's integer passes use the packed codes
-            m.ragfast_packed = pack_codes(m.codes) if on and m.int8_acts and tiles_supported(m.codes) else None
+            m.ragfast_packed = pack_codes(m.codes) if on and m.int8_acts and codes_packing_supported(m.codes) else None
             n += m.ragfast_packed is not None
         elif on and packing_supported(m.weight):
             pack_weight(m)

@@ -247,7 +247,7 @@ def matmul_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtyp
     return dequantize_sums_ref(acc, xs, ws, bias, dtype, out)
 
 
-def _tiles_call(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any, out: Any, silu: bool) -> Any:
+def _packed_call(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any, out: Any, silu: bool) -> Any:
     """``ragfast._C.w8a8_matmul`` after the checks: :func:`matmul`'s product, or with ``silu``
     :func:`gate_up`'s (``w.n / 2`` output columns)."""
     import torch
@@ -266,7 +266,7 @@ def _tiles_call(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any, dtype: Any
 
 def matmul_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None,
                out: Any = None) -> Any:
-    return _tiles_call(xq, xs, w, ws, bias, dtype, out, False)
+    return _packed_call(xq, xs, w, ws, bias, dtype, out, False)
 
 
 def matmul(xq: Any, xs: Any, w: PackedCodes, ws: Any, bias: Any = None, dtype: Any = None, out: Any = None, *,
@@ -345,7 +345,7 @@ def gate_up_ref(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, ou
 
 
 def gate_up_cpp(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None) -> Any:
-    return _tiles_call(xq, xs, w, ws, None, dtype, out, True)
+    return _packed_call(xq, xs, w, ws, None, dtype, out, True)
 
 
 def gate_up(xq: Any, xs: Any, w: PackedCodes, ws: Any, dtype: Any = None, out: Any = None, *,
