@@ -5,7 +5,8 @@
 // and the arithmetic is idle. A GEMM library tuned for large M leaves bandwidth unused there
 // (oneDNN's bf16 M = 1 matmuls read 16.5 GB/s of the 31 GB/s a 2-core Zen 4 EPYC streams). These
 // kernels read each weight row front to back as one stream and multiply every row of x with it:
-// bf16 pairs through vdpbf16ps where the level has it, else widened to fp32 in registers (bf16 by
+// bf16 pairs through vdpbf16ps where the level has it, int8 weights under bf16 x through vpdpbusd
+// where the level has VNNI (x as 23-bit fixed point), else widened to fp32 in registers (bf16 by
 // a shift, int8 by a sign extension); the threads split the output rows. Weights are fp32, bf16
 // or int8 codes with one fp32 scale per output row; x and y are fp32 or bf16 (y rounded to
 // nearest even), sums are fp32.
@@ -95,6 +96,15 @@ Bf16BlockFn pick_bf16_block() {
   return nullptr;
 }
 
+// Whether int8 weights times bf16 x take the VNNI block (see csrc/isa/gemv_avx512vnni.cpp).
+bool i8_vnni() {
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+  return isa::current() >= isa::kAvx512Vnni;
+#else
+  return false;
+#endif
+}
+
 void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uintptr_t w_addr, int kind, int64_t N,
           int64_t ldw, uintptr_t scale_addr, uintptr_t bias_addr, uintptr_t y_addr, int64_t ldy, int threads) {
   if (M < 0 || K < 0 || N < 0) throw std::invalid_argument("gemv: negative size");
@@ -107,15 +117,33 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   const auto* scale = reinterpret_cast<const float*>(scale_addr);
   const auto* bias = reinterpret_cast<const float*>(bias_addr);
   py::gil_scoped_release release;
-  // x copied once, contiguous: as bf16 for the bf16 dot product, else widened to fp32; the raw
-  // sums go to an fp32 [M, N] block.
+  // x copied once, contiguous: as bf16 for the bf16 dot product, as fixed-point bytes for int8
+  // weights at VNNI levels, else widened to fp32; the raw sums go to an fp32 [M, N] block.
   thread_local std::vector<float> xs, ys;
   thread_local std::vector<uint16_t> xh;
   ys.resize(size_t(M * N));
   float* yf = ys.data();
   float* xf = nullptr;
   const uint16_t* xb = nullptr;
-  if (bf16_block) {
+  I8Parts xp{M, K, (K + 63) / 64 * 64, nullptr, nullptr, nullptr};
+  bool i8 = false;
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+  thread_local std::vector<int8_t> parts;
+  thread_local std::vector<int32_t> corr;
+  thread_local std::vector<float> xscale;
+  if (kind == kI8 && x_bf16 && i8_vnni()) {
+    parts.resize(size_t(M * 3 * xp.Kp));  // prepare writes every byte, the padding too
+    corr.resize(size_t(M * 3 * 16));
+    xscale.resize(size_t(M));
+    xp.parts = parts.data();
+    xp.corr = corr.data();
+    xp.scale = xscale.data();
+    i8 = gemv_i8_prepare_avx512vnni(reinterpret_cast<const uint16_t*>(x_addr), ldx, xp);
+  }
+#endif
+  if (i8) {
+    // prepared above
+  } else if (bf16_block) {
     xh.resize(size_t(M * K));
     for (int64_t m = 0; m < M; ++m)
       std::memcpy(xh.data() + m * K, reinterpret_cast<const uint16_t*>(x_addr) + m * ldx, size_t(K) * 2);
@@ -140,6 +168,11 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
     const int64_t n0 = std::min(N, tiles * t / T * 4);
     const int64_t n1 = std::min(N, tiles * (t + 1) / T * 4);
     if (n0 >= n1) return;
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+    if (i8)
+      gemv_block_i8_avx512vnni(xp, static_cast<const int8_t*>(w), ldw, n0, n1, yf, N);
+    else
+#endif
     if (bf16_block)
       bf16_block(xb, M, K, static_cast<const uint16_t*>(w), ldw, n0, n1, yf, N);
     else

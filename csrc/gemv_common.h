@@ -22,6 +22,18 @@ using BlockFn = void (*)(const float* x, int64_t M, int64_t K, const void* w, in
 using Bf16BlockFn = void (*)(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t ldw, int64_t n0,
                              int64_t n1, float* y, int64_t ldy);
 
+// int8 weights times bf16 x at levels with VNNI (csrc/isa/gemv_avx512vnni.cpp): each row of x as
+// a 23-bit fixed point, q = round(x / scale[m]) = hi * 65536 + mid * 256 + lo, its parts signed
+// bytes, padded with zeros from K to Kp (K rounded up to 64), and per row and part the 16 lanes'
+// sums of 128 * part that vpdpbusd's unsigned operand adds. The caller owns the buffers.
+struct I8Parts {
+  static constexpr int32_t kQMax = 127 * 65536 + 127 * 256 + 127;  // the largest |q| whose parts fit
+  int64_t M, K, Kp;
+  int8_t* parts;   // [M][3][Kp]: hi, mid, lo
+  int32_t* corr;   // [M][3][16]
+  float* scale;    // [M]: max|x row| / kQMax
+};
+
 // csrc/isa/gemv_<level>.cpp, compiled with the level (isa_compiled.h says which are)
 #ifdef RAGFAST_ISA_HAVE_avx2
 void gemv_block_avx2(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
@@ -30,6 +42,13 @@ void gemv_block_avx2(const float* x, int64_t M, int64_t K, const void* w, int ki
 #ifdef RAGFAST_ISA_HAVE_avx512
 void gemv_block_avx512(const float* x, int64_t M, int64_t K, const void* w, int kind, int64_t ldw, int64_t n0,
                        int64_t n1, float* y, int64_t ldy);
+#endif
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+// Fills xp's parts, sums and scales from bf16 x (rows ldx apart); false if x holds NaN or infinity.
+bool gemv_i8_prepare_avx512vnni(const uint16_t* x, int64_t ldx, I8Parts& xp);
+// Raw dot products (as BlockFn's) of int8 weight rows n0..n1 with the prepared rows of x.
+void gemv_block_i8_avx512vnni(const I8Parts& xp, const int8_t* w, int64_t ldw, int64_t n0, int64_t n1, float* y,
+                              int64_t ldy);
 #endif
 #ifdef RAGFAST_ISA_HAVE_avx512bf16
 void gemv_block_bf16_avx512bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t ldw, int64_t n0,

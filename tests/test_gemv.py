@@ -106,6 +106,47 @@ def test_nan_and_empty_rows():
     assert GemvWeight(w)(x[:0]).shape == (0, 70)
 
 
+def test_int8_weights_keep_bf16_activations_precision(isa_level):
+    """At VNNI levels bf16 activations meet int8 weights as 23-bit fixed point per row
+    (csrc/isa/gemv_avx512vnni.cpp); an outlier 10^4 times the row's other values, an all-zero
+    row and the deepest layer's sums with every code at +-127 stay within the fp32 path's bound."""
+    g = seeded()
+    for M, K, N in [(3, 4864, 37), (1, 8960, 21), (6, 200, 9)]:
+        w, scales = weights("int8", N, K, g)
+        x = torch.randn(M, K, generator=g)
+        x[0, int(torch.randint(0, K, (1,), generator=g))] = 1e4  # one outlier in the first row
+        if M > 2:
+            x[2] = 0.0  # a row of zeros: its sums are exactly 0, the bias remains
+        x = x.to(torch.bfloat16)
+        bias = torch.randn(N, generator=g)
+        ref32 = gemv_ref(x.float(), w, scales, bias)
+        got = GemvWeight(w, scales, bias)(x, out=torch.full((M, N), float("nan"), dtype=torch.bfloat16))
+        assert ((got.float() - ref32).abs() <= bound(x, w, scales, bias, ref32, torch.bfloat16)).all(), (isa_level, M, K)
+        if M > 2:
+            assert torch.equal(got[2], bias.to(torch.bfloat16))
+    # Every lane at its largest: codes +-127, activations at +-max, 8,960 deep (the 1.5B's MLP).
+    K, N = 8960, 5
+    w = (torch.randint(0, 2, (N, K), generator=g, dtype=torch.int8) * 2 - 1) * 127
+    x = ((torch.randint(0, 2, (2, K), generator=g) * 2 - 1) * 3.0).to(torch.bfloat16)
+    x[:, 0::2] = 3.0
+    scales = torch.full((N,), 1e-3)
+    exact = (x.double() @ w.double().T) * 1e-3
+    got = GemvWeight(w, scales)(x).double()
+    assert ((got - exact).abs() <= 2 ** -8 * exact.abs() + 1e-3).all(), (isa_level, (got - exact).abs().max())
+
+
+def test_int8_weights_carry_nan_and_infinity_as_the_reference():
+    g = seeded()
+    w, scales = weights("int8", 70, 40, g)
+    x = torch.randn(3, 40, generator=g).to(torch.bfloat16)
+    x[1, 7] = float("nan")
+    x[2, 3] = float("inf")
+    y = GemvWeight(w, scales)(x)
+    ref = gemv_ref(x.float(), w, scales)
+    assert torch.isfinite(y[0]).all() and torch.isnan(y[1]).all()
+    assert torch.equal(torch.isinf(y[2]), torch.isinf(ref[2])) and torch.equal(torch.isnan(y[2]), torch.isnan(ref[2]))
+
+
 def test_bad_input_is_refused_with_what_is_wrong():
     w = torch.zeros(8, 16, dtype=torch.int8)
     with pytest.raises(ValueError, match="scales"):

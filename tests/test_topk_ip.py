@@ -1174,7 +1174,7 @@ def _check_level_objects(objs):
     if "topk_ip_avx512" in texts:
         text = texts["topk_ip_avx512"]
         assert "%zmm" in text and "vpdpbusd" not in text and "vdpbf16ps" not in text  # no VNNI/BF16 here
-    for name in ("topk_ip_avx512vnni", "w8a8_avx512vnni"):
+    for name in ("topk_ip_avx512vnni", "w8a8_avx512vnni", "gemv_avx512vnni"):
         if name in texts:  # VNNI, and no BF16 (Cascade Lake, Ice Lake)
             assert "vpdpbusd" in texts[name] and "vdpbf16ps" not in texts[name], name
     if "topk_ip_avx512bf16" in texts:
