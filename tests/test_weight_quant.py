@@ -535,3 +535,48 @@ def test_w8a8_mlp_pairs_gate_and_up_on_packed_codes(isa_level):
     with torch.inference_mode():
         want = mlp(x)  # gate and up on _int_mm, then silu_mul's kernel (at least SILU_MIN_ROWS rows)
     assert torch.equal(got, want)
+
+
+@needs_cpp
+@pytest.mark.parametrize("scheme", ["int8", "w8a8"])
+def test_int8_mlp_stacks_gate_and_up_for_gemv(scheme, monkeypatch):
+    """An int8 MLP's gate and up codes become views of one stack that gemv reads in one call at
+    the rows gemv takes: the same bits as the two layers' own calls, one call fewer; other
+    passes never call the stack."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
+
+    from ragfast.models.fused_layers import set_fused_layers
+    from ragfast.models.weight_quant import int8_matmul_exact, set_gemv_rows
+    from ragfast.ops.gemv import GemvWeight
+
+    if scheme == "w8a8" and not int8_matmul_exact():
+        pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
+    cfg = Qwen2Config(hidden_size=64, intermediate_size=192, hidden_act="silu")
+    model = torch.nn.Sequential(Qwen2MLP(cfg)).to(torch.bfloat16)
+    set_fused_layers(model)
+    apply_weights(model, scheme)
+    mlp = model[0]
+    stacked = mlp.ragfast_gate_up_gemv
+    assert stacked.N == 2 * 192 and stacked.K == 64
+    assert mlp.gate_proj.codes.data_ptr() == stacked.weight.data_ptr()
+    assert mlp.up_proj.codes.data_ptr() == stacked.weight.data_ptr() + 192 * 64  # views: no second copy
+    set_gemv_rows(model, 2)
+    calls = []
+    real = GemvWeight.__call__
+    monkeypatch.setattr(GemvWeight, "__call__", lambda self, *a, **k: calls.append(self) or real(self, *a, **k))
+    g = torch.Generator().manual_seed(3)
+    for rows in (1, 2):
+        x = torch.randn(rows, 2, 64, generator=g)[:, 0].to(torch.bfloat16)  # strided rows
+        calls.clear()
+        with torch.inference_mode():
+            got = mlp(x)
+        assert len(calls) == 2 and calls[0] is stacked  # the stack, then the down projection
+        with torch.inference_mode():
+            want = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        assert torch.equal(got, want), rows
+    set_gemv_rows(model, 0)
+    calls.clear()
+    with torch.inference_mode():
+        mlp(torch.randn(1, 64, generator=g).to(torch.bfloat16))
+    assert stacked not in calls

@@ -9,7 +9,8 @@ call :func:`ragfast.ops.rms_norm.rms_norm` and its MLPs :func:`ragfast.ops.silu_
 (from :data:`SILU_MIN_ROWS` tokens) where a call fits (CPU, fp32 or bf16, no gradient wanted, an ISA level in :data:`FAST_LEVELS`);
 every other call runs the module's own forward, which is what the model ran before. An MLP
 whose w8a8 gate and up projections share one packed copy (AMX tiles, VNNI) runs both products and the SiLU as one call
-(:func:`ragfast.models.weight_quant.gate_up_pass`) in the passes those layers run in integers.
+(:func:`ragfast.models.weight_quant.gate_up_pass`) in the passes those layers run in integers; an
+int8 MLP's gate and up read their stacked codes in one gemv call in the passes gemv takes.
 """
 from __future__ import annotations
 
@@ -59,7 +60,7 @@ def _norm_forward(self: Any, hidden_states: Any) -> Any:
 
 
 def _mlp_forward(self: Any, x: Any) -> Any:
-    hidden = gate_up_pass(self, x)  # w8a8 gate and up paired (AMX tiles or VNNI): one product, SiLU in it
+    hidden = gate_up_pass(self, x)  # int8 gate and up as one product: packed (SiLU in it) or one gemv
     if hidden is not None:
         return self.down_proj(hidden)
     gate, up = self.gate_proj(x), self.up_proj(x)
