@@ -131,7 +131,8 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   thread_local std::vector<int8_t> parts;
   thread_local std::vector<int32_t> corr;
   thread_local std::vector<float> xscale;
-  if (kind == kI8 && x_bf16 && i8_vnni()) {
+  // Up to 2^20 deep: past it a lane's int32 sum of (w + 128) * part could overflow.
+  if (kind == kI8 && x_bf16 && K <= (int64_t(1) << 20) && i8_vnni()) {
     parts.resize(size_t(M * 3 * xp.Kp));  // prepare writes every byte, the padding too
     corr.resize(size_t(M * 3 * 16));
     xscale.resize(size_t(M));
