@@ -16,8 +16,6 @@
 // bf16 activation's own rounding near max|x|.
 #include <immintrin.h>
 
-#include <cmath>
-
 #include "../gemv_common.h"
 
 namespace ragfast {
