@@ -364,3 +364,89 @@ def test_run_settings_default_to_auto_dtype_and_name_a_bad_one():
     assert RunSettings().dtype == "auto"
     with pytest.raises(ConfigError, match="--dtype must be one of auto, float32"):
         RunSettings(dtype="fp8")
+
+
+def test_partial_turns_give_the_texts_of_whole_turns(qwen2):
+    """A partial call returns the finished turns and keeps the others decoding; calls that go on
+    with them, leave some out (set aside) or end them give the texts one whole call gives."""
+    sids = [f"s{i}" for i in range(len(QUESTIONS))]
+    ref = _gen(qwen2)
+    ref.start(sids, [ref.format_prompt(build_prompt(q)) for q in QUESTIONS])
+    probe = ref.generate(sids, stop=[], max_new_tokens=12)
+    # Each row's own text of tokens 2-4 (row 0) or a later span as its stop: the rows end at different steps.
+    stops = [ref.tokenizer.decode(ref.last_generated[s][k:k + 3], skip_special_tokens=True)
+             for s, k in zip(sids, (1, 5, 8, 3))]
+    assert all(stops) and len(probe) == len(sids)
+    ref.end(sids)
+    ref.start(sids, [ref.format_prompt(build_prompt(q)) for q in QUESTIONS])
+    want = ref.generate(sids, stop=stops, max_new_tokens=12)
+    ref.append(sids, [OBS.format(t=0)] * len(sids))
+    want2 = ref.generate(sids, stop=stops, max_new_tokens=12)
+
+    g = _gen(qwen2)
+    g.start(sids, [g.format_prompt(build_prompt(q)) for q in QUESTIONS])
+    led = CostLedger()
+    got: dict[str, str] = {}
+    calls = 0
+    while len(got) < len(sids):
+        todo = [s for s in sids if s not in got]
+        if calls == 1 and len(todo) > 1:
+            todo = todo[1:]  # one row set aside for a call, then taken up again
+        out = g.generate(todo, stop=stops, max_new_tokens=12, ledger=led, partial=True)
+        calls += 1
+        assert len(out) == len(todo)
+        got.update({s: t for s, t in zip(todo, out) if t is not None})
+        with pytest.raises(RuntimeError, match="middle of a turn"):
+            if len(got) < len(sids):
+                g.append([s for s in sids if s not in got][:1], ["x"])
+            else:
+                raise RuntimeError("middle of a turn")  # nothing left mid-turn to refuse
+    assert calls > 1 and [got[s] for s in sids] == want
+    # The ledger holds one record per turn, whatever the calls: the FLOPs of the whole call's.
+    ref_led = CostLedger()
+    r2 = _gen(qwen2)
+    r2.start(sids, [r2.format_prompt(build_prompt(q)) for q in QUESTIONS])
+    r2.generate(sids, stop=stops, max_new_tokens=12, ledger=ref_led)
+    assert len(led.records) == len(sids)
+    assert {r.question_id: r.flops for r in led.records} == {r.question_id: r.flops for r in ref_led.records}
+    assert sum(r.seconds for r in led.records) > 0
+    # The next turn from the sessions the partial calls left: the same as from the whole call's.
+    g.append(sids, [OBS.format(t=0)] * len(sids))
+    assert g.generate(sids, stop=stops, max_new_tokens=12) == want2
+    # Ending a session mid-turn drops its row; the others finish as before.
+    g3 = _gen(qwen2)
+    g3.start(sids, [g3.format_prompt(build_prompt(q)) for q in QUESTIONS])
+    first = g3.generate(sids, stop=stops, max_new_tokens=12, partial=True)
+    mid = [s for s, t in zip(sids, first) if t is None]
+    assert len(mid) >= 2
+    g3.end(mid[:1])
+    assert g3.generate(mid[1:], stop=stops, max_new_tokens=12) == [want[sids.index(s)] for s in mid[1:]]
+
+
+def test_the_loop_with_partial_turns_gives_the_same_trajectories(qwen2):
+    from ragfast.outputs.results import strip_timing
+
+    qs = [Question(f"q{i}", q, ["Paris"]) for i, q in enumerate(QUESTIONS * 2)]
+    qs = [Question(f"q{i}", q.question + " " * (i // 4), ["Paris"]) for i, q in enumerate(qs)]
+    probe = _gen(qwen2)
+    probe.start([q.id for q in qs], [probe.format_prompt(build_prompt(q.question)) for q in qs])
+    probe.generate([q.id for q in qs], stop=[], max_new_tokens=20)
+    # Tokens the rows write at different steps, taken as end-of-sequence: turns of mixed lengths.
+    eos = {probe.last_generated[q.id][k] for q, k in zip(qs, (2, 7, 13, 4, 16))}
+    out, calls = {}, {}
+    for refill in (False, True):
+        g = _gen(qwen2, max_batch=5)
+        g.eos_ids = sorted(set(g.eos_ids) | eos)
+        n = [0]
+        inner = g.generate
+        g.generate = lambda *a, **k: (n.__setitem__(0, n[0] + 1), inner(*a, **k))[1]
+        cfg = SearchR1Config(max_turns=2, max_new_tokens=20, batch_size=5, refill=refill)
+        tr = run_searchr1(qs, g, _Lex(ROWS), cfg)
+        out[refill], calls[refill] = [strip_timing(t.to_dict()) for t in tr], n[0]
+    assert calls[True] > calls[False]  # partial calls: more of them, each returning what finished
+    for a, b in zip(out[False], out[True]):
+        for t in (a, b):
+            for turn in t["turns"]:
+                turn["extra"].pop("cost", None)
+            t.pop("cost", None)
+        assert a == b

@@ -273,8 +273,9 @@ def test_prefill_groups_are_the_cheapest_contiguous_split():
 
 
 def test_cutting_finished_rows_out_frees_the_prefill_buffers(llama):
-    """Once a row finishes, the batch's buffers are replaced by ones without it; nothing may still
-    hold the first ones (a kept row view of the grouped prefill did: 2.3 GB of the 1.5B's peak)."""
+    """Once a row finishes it is cut out of the batch; nothing but the batch cache's own layers may
+    still hold its first buffers (a kept row view of the grouped prefill did: 2.3 GB of the 1.5B's
+    peak). The layers keep a view of their first rows until their next growth or merge."""
     import gc
 
     prompts = [build_prompt(q) for q in QUESTIONS]
@@ -293,9 +294,10 @@ def test_cutting_finished_rows_out_frees_the_prefill_buffers(llama):
         if seen["first"] is None:
             seen["first"] = (ids.shape[0], cache.layers[0].buf_k.untyped_storage().nbytes())
         elif ids.shape[0] < seen["first"][0]:
+            own = {id(x) for layer in cache.layers for x in (layer.buf_k, layer.buf_v, layer.keys, layer.values)}
             pinned = [tuple(t.shape) for t in gc.get_objects() if isinstance(t, torch.Tensor)
                       and not t.is_mkldnn  # the prepacked weights: opaque, no storage to ask
-                      and t.untyped_storage().nbytes() == seen["first"][1]]
+                      and t.untyped_storage().nbytes() == seen["first"][1] and id(t) not in own]
             assert not pinned, pinned
             seen["checked"] += 1
 
@@ -315,3 +317,69 @@ def test_buffered_cache_only_for_full_attention_layers(llama):
     sliding = MistralConfig(vocab_size=50, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                             num_attention_heads=2, num_key_value_heads=1, sliding_window=8)
     assert buffered_cache(sliding, 10) is None
+
+
+def _layered_batch(config, g, spans, capacity):
+    """A buffered batch cache whose row b holds ``spans[b] = (pad_between, cached, new)`` tokens laid
+    out as a prefill leaves them ([pad | cache][pad | new], right-aligned), NaN-poisoned where unused;
+    returns the cache, its mask and each row's per-layer (keys, values) of its own tokens."""
+    from ragfast.models.kv_buffer import buffered_cache, reserve_rows
+
+    width = max(c + p + n for p, c, n in spans)
+    cache = buffered_cache(config, capacity)
+    assert reserve_rows(cache, config, len(spans), torch.float32, "cpu")
+    mask = torch.zeros((len(spans), width), dtype=torch.long)
+    own = [[] for _ in spans]
+    for layer in cache.layers:
+        layer.buf_k.fill_(float("nan"))
+        layer.buf_v.fill_(float("nan"))
+        layer.buf_k[:, :, :width].zero_()
+        layer.buf_v[:, :, :width].zero_()
+        for b, (p, c, n) in enumerate(spans):
+            k, v = torch.randn(3, c + n, 8, generator=g), torch.randn(3, c + n, 8, generator=g)
+            cols = list(range(width - n - p - c, width - n - p)) + list(range(width - n, width))
+            layer.buf_k[b, :, cols], layer.buf_v[b, :, cols] = k, v
+            mask[b, cols] = 1
+            own[b].append((k, v))
+        layer.fill_to(width)
+    return cache, mask, own
+
+
+def test_merging_batches_and_cutting_rows_keep_each_rows_keys_and_values(llama):
+    """merge_left_padded right-aligns every row at the longest span (its padding zeroed, never NaN),
+    cut_rows hands back exactly a row's own keys/values and keeps the others in order."""
+    from transformers import AutoConfig
+
+    from ragfast.models.kv_buffer import cut_rows, merge_left_padded
+
+    config = AutoConfig.from_pretrained(llama)
+    g = torch.Generator().manual_seed(3)
+    # padding between cache and new tokens in one part; a short part; every part's first columns
+    # padding in all its rows (the merge drops them)
+    a, ma, own_a = _layered_batch(config, g, [(2, 5, 3), (0, 1, 2), (4, 0, 1)], capacity=17)
+    b, mb, own_b = _layered_batch(config, g, [(0, 3, 1), (1, 2, 2)], capacity=9)
+    merged, mask = merge_left_padded(config, [(a, ma), (b, mb)], step=4, limit=None)
+    own = own_a + own_b
+    width = max(int(ma.shape[1]), int(mb.shape[1]))
+    assert tuple(mask.shape) == (5, width)
+    assert torch.equal(mask[:3, width - ma.shape[1]:], ma) and torch.equal(mask[3:, width - mb.shape[1]:], mb)
+    for i, layer in enumerate(merged.layers):
+        assert layer.get_seq_length() == width and layer.buf_k.shape[2] >= width + 4
+        assert not torch.isnan(layer.keys).any() and not torch.isnan(layer.values).any()
+        for r in range(5):
+            ok = mask[r].bool()
+            assert torch.equal(layer.keys[r][:, ok], own[r][i][0]) and torch.equal(layer.values[r][:, ok], own[r][i][1])
+            assert torch.count_nonzero(layer.keys[r][:, ~ok]) == 0
+    assert all(layer.buf_k is None for layer in a.layers + b.layers)  # the parts' buffers let go
+    kept, order = cut_rows(merged, mask, [3, 0], [True, False])
+    assert kept[1] is None and len(kept[0]) == config.num_hidden_layers
+    assert all(torch.equal(k, own[3][i][0]) and torch.equal(v, own[3][i][1]) for i, (k, v) in enumerate(kept[0]))
+    assert order == [4, 1, 2]  # the last row fills the first hole; no other row moves
+    rest = mask[order]
+    for i, layer in enumerate(merged.layers):
+        assert layer.keys.shape[0] == 3
+        for r, src in enumerate(order):
+            assert torch.equal(layer.keys[r][:, rest[r].bool()], own[src][i][0])
+            assert torch.equal(layer.values[r][:, rest[r].bool()], own[src][i][1])
+    assert cut_rows(merged, rest, [0, 1, 2], [False] * 3) == ([None] * 3, [])
+    assert all(not layer.is_initialized or layer.buf_k is None for layer in merged.layers)

@@ -142,8 +142,8 @@ class CostLedger:
         component: str,
         question_ids: Sequence[str | None],
         *,
-        seconds: float = 0.0,
-        device_seconds: float = 0.0,
+        seconds: float | Sequence[float] = 0.0,
+        device_seconds: float | Sequence[float] = 0.0,
         input_tokens: Sequence[int] | None = None,
         cached_tokens: Sequence[int] | None = None,
         output_tokens: Sequence[int] | None = None,
@@ -169,6 +169,9 @@ class CostLedger:
             One entry per item of the batch (repeats allowed: their costs add up).
         flops_uncached : sequence of float, optional
             FLOPs with every cached token computed (default: ``flops``); see :class:`CostRecord`.
+        seconds, device_seconds : float or sequence of float
+            The batch's time, split as above, or each entry's own (a generator that ran the
+            entries' rows through several calls and split each call's time itself).
         """
         n = len(question_ids)
         if n == 0:
@@ -194,10 +197,14 @@ class CostLedger:
         weights = [w * v for w, v in zip(weights, live)]
         tot = float(sum(weights))
         share = [w / tot for w in weights] if tot > 0 else [v / sum(live) for v in live]
+        sec = list(seconds) if isinstance(seconds, Sequence) else [seconds * x for x in share]
+        dsec = list(device_seconds) if isinstance(device_seconds, Sequence) else [device_seconds * x for x in share]
+        if len(sec) != n or len(dsec) != n:
+            raise ValueError(f"{component}: {len(sec)} seconds and {len(dsec)} device seconds for {n} questions")
         recs = [
             CostRecord(component, qid, calls=int(ca[i]), input_tokens=int(inp[i]), cached_tokens=int(cac[i]),
-                       output_tokens=int(out[i]), flops=float(fl[i]), seconds=seconds * share[i],
-                       device_seconds=device_seconds * share[i], bytes_scanned=int(by[i]), unknown=int(un[i]), reused=int(ru[i]),
+                       output_tokens=int(out[i]), flops=float(fl[i]), seconds=float(sec[i]),
+                       device_seconds=float(dsec[i]), bytes_scanned=int(by[i]), unknown=int(un[i]), reused=int(ru[i]),
                        flops_uncached=float(fu[i]))
             for i, qid in enumerate(question_ids)
         ]

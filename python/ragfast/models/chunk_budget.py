@@ -23,8 +23,9 @@ class ChunkBudget:
 
     It reads the generator's ``_sessions`` (``ids``, ``n_cached``, ``kv``), ``_template``,
     ``_ended``, ``_budget`` / ``_budget_note``, ``bytes``, ``device``, ``max_batch``, ``kv_reuse``,
-    ``share_prefix``, ``min_prefix``, ``kv_step``, ``prefill_tokens``, ``last_chunks`` and
-    ``_seed``, and writes ``stats``, ``budget_note`` and ``_smallest_said``.
+    ``share_prefix``, ``min_prefix``, ``kv_step``, ``prefill_tokens``, ``last_chunks``, ``_seed``
+    and ``_running_bytes`` (the running batch at its planned largest), and writes ``stats``,
+    ``budget_note`` and ``_smallest_said``.
     """
 
     _budget: int | None
@@ -44,13 +45,15 @@ class ChunkBudget:
             log.debug("reasoner memory budget %s (%s)", format_size(self._budget), self._budget_note)
         return self._budget
 
-    def _held(self) -> tuple[int, dict[str, int]]:
+    def _held(self, running: bool = True) -> tuple[int, dict[str, int]]:
         # The kept prefix and the ended sessions' caches are no session's own: dropping a session
-        # frees none of their storage (_fit drops the ended ones first, all at once).
+        # frees none of their storage (_fit drops the ended ones first, all at once). The running
+        # batch counts at its planned largest (its rows may write their whole turns).
         shared = [p for _, kv in (self._ended or {}).values() for p in kv]
         if self._template is not None:
             shared += self._template[1]
-        return held_bytes({sid: s.kv for sid, s in self._sessions.items()}, shared)
+        held, own = held_bytes({sid: s.kv for sid, s in self._sessions.items()}, shared)
+        return held + (self._running_bytes() if running else 0), own
 
     def _peaks(self, todo: list[str], max_new: int, held: int, own: Mapping[str, int]) -> list[int]:
         """The most bytes each chunk ``todo[:b]`` may reach, b = 1, 2, ... (a session without a cache
@@ -91,6 +94,17 @@ class ChunkBudget:
             k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=1)
         self.stats["planned_peak_bytes"] = max(self.stats["planned_peak_bytes"], peaks[k - 1])
         return k
+
+    def _fit_beside(self, todo: list[str], max_new: int) -> int:
+        """How many of ``todo``'s first sessions may join the running batch now (0: wait for room;
+        nothing is dropped to make it)."""
+        n = min(self.max_batch, len(todo))
+        budget = self.budget_bytes()
+        if budget is None:
+            return n
+        held, own = self._held()
+        peaks = self._peaks(todo[:n], max_new, held, own)
+        return max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
 
     def _make_room(self, todo: list[str], max_new: int, budget: int, held: int,
                    own: dict[str, int]) -> tuple[int, dict[str, int]]:

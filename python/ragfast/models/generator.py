@@ -14,11 +14,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
-from ragfast.accounting.ledger import CostLedger
+from ragfast.accounting.ledger import CostLedger, Timer
 from ragfast.errors import ConfigError, ModelError
 from ragfast.models.base import Generator, check_new_sessions, check_sessions, cut_at_stop
 from ragfast.models.chunk_budget import ChunkBudget
-from ragfast.models.kv_buffer import extend_kv
+from ragfast.models.decode_batch import (Row, RunningBatch, StopRule, admit_count, padded_inputs, return_now,
+                                         share_time, turn_figures)
+from ragfast.models.kv_buffer import (cache_bytes, cache_for, extend_kv, fill_left_padded, merge_left_padded,
+                                      prefill_groups, reserve_rows, row_view)
 from ragfast.models.memory_budget import AUTO, GenerationBytes, parse_size, release_free_heap
 from ragfast.models.prefix_share import common_prefix, share_nested
 from ragfast.ops.argmax import argmax as greedy_pick
@@ -36,6 +39,7 @@ class _HFSession:
     kv: list[tuple[Any, Any]] | None = None  # per layer (keys, values), each [kv_heads, n_cached, head_dim]
     truncations: int = 0  # times the context cap cut the front off
     prompt: tuple[int, ...] = ()  # the prompt's tokens (the context cap may cut them out of `ids`)
+    row: Any = None  # a turn set aside mid-way (decode_batch.Row): `ids` end with its tokens so far
 
 
 def _contiguous_input(module: Any, args: tuple) -> tuple:
@@ -56,15 +60,14 @@ class HFGenerator(ChunkBudget, Generator):
     """Batched greedy generation with a transformers causal LM, reusing each session's KV cache.
 
     Design. Every session keeps its token ids and the keys/values of those tokens (one tensor
-    pair per layer, unpadded). A turn gathers the active sessions, left-pads their caches into
-    one batch cache and their new tokens (the observation since the last turn) into one input,
-    runs one prefill and then one decode step per new token for the whole batch. The attention
-    mask has zeros both in front of each cache and in front of each new-token block, and
-    position ids are given explicitly, so every row computes exactly what it would alone. After
-    the turn each row's valid keys/values are cut out again. Re-padding per turn costs one copy
-    of the caches, which is small next to the forward passes, and keeps sessions independent:
-    the active set shrinks as trajectories answer, and rows that finish mid-turn are dropped
-    from the batch cache right away instead of decoding padding.
+    pair per layer, unpadded). A call admits its sessions into the running batch
+    (:mod:`~ragfast.models.decode_batch`): their caches left-padded into one batch cache and
+    their new tokens (the observation since the last turn) prefilled together, then one decode
+    step per token for every row. Zeros in the mask in front of each cache and each new-token
+    block, and explicit position ids, make every row compute what it would alone. A row whose
+    turn ends is cut out at once, its keys/values back with its session; sessions still waiting
+    join when a quarter of ``max_batch`` is free (continuous batching), and with ``partial`` a
+    call returns finished turns while the other rows keep decoding for the next call.
 
     Token-exactness. The generated text is cut after the first stop string and re-tokenised,
     as Search-R1 does when it builds the next turn's input; where the re-tokenised ids differ
@@ -76,23 +79,18 @@ class HFGenerator(ChunkBudget, Generator):
     qwen2 and qwen3 shapes). In bf16/fp16 on a GPU, different batch shapes take different
     kernels, so near-tied argmaxes can flip, as in any batched inference engine.
 
-    Memory. Keys/values grow with what the sessions hold: a turn's batch cache starts at the
-    cached and new tokens plus ``kv_step`` and grows by ``kv_step`` tokens as decoding goes
-    (kv_buffer.py), rows that finish are cut out at once, and each session keeps only its own
-    tokens' keys/values between turns. A turn's batch cache is allocated for all its rows first;
-    the sessions' kept keys/values move into it one layer at a time, and a prefill of more than
-    ``prefill_tokens`` new tokens runs in row groups that write their rows of it, so the forward
-    pass's activations scale with one group while the whole batch decodes together. Before each
-    chunk of a turn the generator adds up what the chunk may reach (the open sessions' kept
-    caches, the batch cache at its largest, one prefill group's activations:
-    :class:`~ragfast.models.memory_budget.GenerationBytes`) and runs
-    fewer sessions at once when that would pass ``memory_budget``, saying so in one log line.
-    When the kept caches leave no room for even one session, the largest kept caches of other
-    sessions are dropped (recomputed at their next turn) and a warning says so; when one
-    session's turn alone does not fit, :class:`~ragfast.errors.MemoryBudgetError` says so in
-    one line instead of the process running out of memory. ``stats["kv_peak_bytes"]`` is the
-    most the sessions' and batch caches held at once, ``describe()["memory"]`` the budget and
-    the peaks.
+    Memory. The batch cache starts at the cached and new tokens plus ``kv_step`` and grows by
+    ``kv_step`` tokens as decoding goes (kv_buffer.py); each session keeps only its own tokens'
+    keys/values between turns, moved into the batch one layer at a time; a prefill of more than
+    ``prefill_tokens`` new tokens runs in row groups writing their rows of the batch cache. Before
+    admitting sessions the generator adds up what they may reach (the kept caches, the running
+    batch at its largest, twice for the copy an admission makes, one prefill group's
+    activations: :class:`~ragfast.models.memory_budget.GenerationBytes`) and admits fewer when
+    that would pass ``memory_budget``, saying so in one log line. When the kept caches leave no
+    room for one session, the largest kept caches of other sessions are dropped (recomputed at
+    their next turn, with a warning); when one session's turn alone does not fit,
+    :class:`~ragfast.errors.MemoryBudgetError` says so in one line. ``stats["kv_peak_bytes"]`` is
+    the most the caches held at once, ``describe()["memory"]`` the budget and the peaks.
 
     Parameters
     ----------
@@ -103,7 +101,7 @@ class HFGenerator(ChunkBudget, Generator):
     dtype : str or torch.dtype, optional
         Weights and cache dtype (default: the checkpoint's); ``"auto"``: :func:`~ragfast.models.weight_quant.auto_dtype`.
     max_batch : int
-        Sessions per forward batch; more active sessions run in several batches.
+        Rows in the running batch at once; more sessions wait for room.
     kv_reuse : bool
         Keep each session's cache across turns (default). False re-encodes the whole session
         every turn: the baseline the benchmark compares against.
@@ -232,6 +230,7 @@ class HFGenerator(ChunkBudget, Generator):
                 continue
             eos.update([src] if isinstance(src, int) else list(src))
         self.eos_ids = sorted(eos)
+        self._eos = frozenset(eos)
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.eos_ids[0] if self.eos_ids else 0)
         from ragfast.models.tiny import tiny_marker
@@ -242,6 +241,8 @@ class HFGenerator(ChunkBudget, Generator):
         self.meaningful = bool(marker.get("meaningful", not self.random_weights)) if marker else True
         self.name = str(p)
         self._sessions: dict[str, _HFSession] = {}
+        self._run: Any = None  # the running batch (decode_batch.RunningBatch), kept across calls
+        self._held_base = 0  # kept keys/values outside the running batch (the peak's other part)
         self._pending: dict[str, list[int]] = {}  # truncated observation text -> its exact token ids
         self._torch = torch
         #: session id -> token ids generated by its last turn (before the stop cut), for audits.
@@ -348,8 +349,16 @@ class HFGenerator(ChunkBudget, Generator):
                 raise ValueError(f"HFGenerator.start: empty prompt for session {i!r}")
             self._sessions[i] = _HFSession(ids=toks, prompt=tuple(toks))
 
+    def _check_idle(self, ids: Sequence[str], what: str) -> None:
+        run = self._run
+        busy = [i for i in ids if self._sessions[i].row is not None or (run is not None and run.index([i]))]
+        if busy:
+            raise RuntimeError(f"HFGenerator.{what}: session {busy[0]!r} is in the middle of a turn "
+                               "(generate(partial=True) has not returned its text yet)")
+
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
         check_sessions(self._sessions, ids, "HFGenerator.append")
+        self._check_idle(ids, "append")
         for i, t in zip(ids, texts):
             toks = self._pending.pop(t, None)
             self._sessions[i].ids.extend(toks if toks is not None else self.encode(t))
@@ -362,6 +371,7 @@ class HFGenerator(ChunkBudget, Generator):
         prefix: S2G's stop rewinds a session to the state it judged, whose tokens it already has.
         """
         check_sessions(self._sessions, ids, "HFGenerator.rewind")
+        self._check_idle(ids, "rewind")
         if len(ids) != len(pieces):
             raise ValueError(f"HFGenerator.rewind: {len(ids)} ids but {len(pieces)} lists of pieces")
         for i, p in zip(ids, pieces):
@@ -373,6 +383,8 @@ class HFGenerator(ChunkBudget, Generator):
             self.last_generated.pop(i, None)
 
     def end(self, ids: Sequence[str]) -> None:
+        if self._run is not None and self._run.index(ids):  # turns in progress end with their sessions
+            self._cut(self._run, self._run.index(ids), keep_kv=False)
         for i in ids:
             s = self._sessions.pop(i, None)
             self.last_generated.pop(i, None)
@@ -410,34 +422,115 @@ class HFGenerator(ChunkBudget, Generator):
         return list(self._sessions[sid].ids)
 
     # -- generation --------------------------------------------------------------------------
+    #: ``generate(..., partial=True)`` is supported (the Search-R1 loop's continuous batching).
+    partial_turns = True
+
     def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
-                 ledger: CostLedger | None = None) -> list[str]:
+                 ledger: CostLedger | None = None, partial: bool = False) -> list[str | None]:
+        """One turn of greedy generation for each session (see the class docstring).
+
+        Parameters
+        ----------
+        ids : sequence of str
+        stop : sequence of str
+            A turn ends after the first of these strings (kept in the text), at EOS or after
+            ``max_new_tokens`` tokens.
+        max_new_tokens : int
+        ledger : CostLedger, optional
+            Gets one reasoner record per finished turn.
+        partial : bool
+            Return once some rows have finished; the others come back as None and keep their
+            place in the running batch: a later call with their ids goes on with them. Running
+            rows a call leaves out are set aside with their keys/values until a call names them.
+
+        Returns
+        -------
+        list of str or None
+            The turns' texts, in the order of ``ids``; None only with ``partial``.
+        """
         check_sessions(self._sessions, ids, "HFGenerator.generate")
         if max_new_tokens < 1:
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+        rule = StopRule.of(stop, max_new_tokens)
+        self._eos = frozenset(self.eos_ids)
+        run = self._run
+        inside = {r.sid for r in run.rows} if run is not None else set()
+        if inside - set(ids):
+            self._park(inside - set(ids))
+            inside &= set(ids)
+        new = [i for i in ids if i not in inside]
         seed = self.kv_reuse and self.share_prefix
-        for i in ids:
+        for i in new:
             self._prepare(self._sessions[i])
             if seed and self._sessions[i].kv is None:
                 # an ended session's tokens, else the kept prefix, before planning: the chunks' sizes then count it
                 self._seed_ended(self._sessions[i]) or self._seed(self._sessions[i])
-        out: dict[str, str] = {}
-        # Sessions of similar length share a chunk, so less of each prefill is padding.
-        order = sorted(ids, key=lambda i: len(self._sessions[i].ids) - self._sessions[i].n_cached)
+        # Sessions of similar length are admitted together, so less of each prefill is padding.
+        pending = sorted(new, key=lambda i: len(self._sessions[i].ids) - self._sessions[i].n_cached)
         self.last_chunks = []
+        out: dict[str, str] = {}
+        done: list[Any] = []
         shrunk = False
-        while order:
-            n = self._fit(order, max_new_tokens)
-            shrunk = shrunk or n < min(self.max_batch, len(order))
-            chunk, order = order[:n], order[n:]
-            self.last_chunks.append(n)
-            out.update(self._generate_chunk(chunk, list(stop), max_new_tokens, ledger))
+        timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
+        timer.__enter__()
+        try:
+            with self._torch.inference_mode():
+                steps_since = None  # decode steps since this call's first row finished
+                while True:
+                    run = self._run
+                    if run is not None and run.rows and run.last is None:
+                        self._feed(run)
+                    take = admit_count(run, len(pending), self.max_batch)
+                    if take and run is not None and run.rows:
+                        take = min(take, self._fit_beside(pending, max_new_tokens))  # or wait for room
+                    elif take:
+                        n = self._fit(pending, max_new_tokens)
+                        shrunk = shrunk or n < take
+                        take = min(take, n)
+                    if take:
+                        self.last_chunks.append(take)
+                        self._admit(pending[:take], rule)
+                        pending = pending[take:]
+                    run = self._run
+                    if run is None or not run.rows:
+                        break
+                    finished = self._pick(run)
+                    done.extend(finished)
+                    if done:
+                        steps_since = 0 if steps_since is None else steps_since + 1
+                    if partial and done and return_now(len(done), len(run.rows), steps_since):
+                        break
+        except BaseException:
+            self._drop_batch()
+            raise
+        finally:
+            timer.__exit__(None, None, None)
+        share_time(self.config, (list(self._run.rows) if self._run is not None else []) + done, timer.seconds,
+                   timer.device_seconds)
+        booked = [self._finish(row, out) for row in done]
+        if ledger is not None and booked:
+            # one batched record set per call; each turn's seconds are its shares of the calls it ran in
+            cols = list(zip(*booked))
+            ledger.add_batch("reasoner", [r.sid for r in done], seconds=[r.seconds for r in done],
+                             device_seconds=[r.device_seconds for r in done], input_tokens=cols[0],
+                             cached_tokens=cols[1], output_tokens=cols[2], flops=cols[3], flops_uncached=cols[4],
+                             bytes_scanned=cols[5])
         self.budget_note = ""
         if shrunk:
             self._say_shrunk(len(ids))
-        return [out[i] for i in ids]
+        if not partial and len(out) < len(ids):
+            raise RuntimeError(f"HFGenerator.generate: {len(ids) - len(out)} of {len(ids)} sessions did not finish")
+        return [out.get(i) for i in ids]
+
+    def _running_bytes(self) -> int:
+        # Twice the running batch at its largest: an admission copies it into the merged batch
+        # (one layer at a time, but beside the new rows' own cache and their prefill).
+        run = self._run
+        return 0 if run is None else 2 * run.planned_bytes(self.bytes.kv_per_token)
 
     def _prepare(self, sess: _HFSession) -> None:
+        if sess.row is not None:
+            return  # a turn set aside mid-way: its cache holds every token it fed
         if self.max_context is not None and len(sess.ids) > self.max_context:
             # Reference: the rolling input keeps its last max_prompt_length tokens.
             sess.ids = sess.ids[-self.max_context:]
@@ -457,203 +550,178 @@ class HFGenerator(ChunkBudget, Generator):
         sess.kv = [(k[:, :n], v[:, :n]) for k, v in sess.kv]
         sess.n_cached = n
 
-    def _generate_chunk(self, sids: list[str], stop: list[str], max_new: int,
-                        ledger: CostLedger | None) -> dict[str, str]:
+    def _admit(self, sids: list[str], rule: Any) -> None:
+        """Prefill ``sids`` (their cached keys/values left-padded into a batch cache, their new
+        tokens computed) and add them to the running batch with their last logits."""
         torch = self._torch
-        from ragfast.accounting.ledger import Timer
-        from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
-        from ragfast.models.kv_buffer import (cache_bytes, cache_for, fill_left_padded, prefill_groups, reserve_rows,
-                                              row_view)
-
-        timer = Timer(self.device)  # wall seconds, and CUDA-event seconds on a GPU
-        timer.__enter__()
         sessions = [self._sessions[i] for i in sids]
         paid = self._share_prefix(sessions) if self.kv_reuse and self.share_prefix else {}
-        held, own = self._held()
-        B = len(sessions)
         n_past = [s.n_cached for s in sessions]
         fresh = [s.ids[s.n_cached:] for s in sessions]
         n_new = [len(f) for f in fresh]
         P, F = max(n_past), max(n_new)
         dev = self.device
-
-        # Left-pad caches and new tokens: row b = [pad | cache_b][pad | new_b]. Built on the host
-        # and moved once, rather than one small copy per row.
-        input_ids = torch.full((B, F), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((B, P + F), dtype=torch.long)
-        pos = torch.zeros((B, F), dtype=torch.long)
-        for b, (np_, f) in enumerate(zip(n_past, fresh)):
-            input_ids[b, F - len(f):] = torch.tensor(f, dtype=torch.long)
-            mask[b, P - np_:P] = 1
-            mask[b, P + F - len(f):] = 1
-            pos[b, F - len(f):] = torch.arange(np_, np_ + len(f))
-        input_ids, mask, pos = input_ids.to(dev), mask.to(dev), pos.to(dev)
+        rows = []
+        for b, (sid, s) in enumerate(zip(sids, sessions)):
+            row = s.row
+            if row is None:  # a new turn (else one set aside, going on: its accounting goes on too)
+                row = Row(sid, rule, base=len(s.ids), n_past=n_past[b], n_new=n_new[b], paid=list(paid.get(b, ())))
+            s.row = None
+            row.pos = len(s.ids)
+            row.passes = [(n_new[b], n_past[b])] + list(paid.get(b, ()))
+            rows.append(row)
+        input_ids, mask, pos = (t.to(dev) for t in padded_inputs(n_past, fresh, self.pad_id))
         # Decoding writes in place (kv_buffer.py: the per-step torch.cat of DynamicCache was 40% of
         # a batch-32 decode step) into a buffer that grows by kv_step tokens up to the whole turn.
-        turn = P + F + max_new
+        turn = P + F + max(r.left() for r in rows)
         cache = cache_for(self.config, min(turn, P + F + self.kv_step) if self.kv_step else turn, self.kv_step, turn)
         groups = prefill_groups(n_new, self.prefill_tokens)  # each pads to its own longest row
-        held_others = held - sum(own.get(i, 0) for i in sids)
         # The batch cache takes the sessions' keys/values, one layer at a time (each layer's copies go
         # once moved); a failed turn leaves the sessions without a cache, so their next turn computes it.
         kept = [list(s.kv) if s.kv is not None else None for s in sessions]
         for s in sessions:
             s.kv, s.n_cached = None, 0
-        if not reserve_rows(cache, self.config, B, self.dtype, dev):
-            groups = [(0, B)]  # transformers' own cache (other layer kinds): one pass
+        mergeable = reserve_rows(cache, self.config, len(sids), self.dtype, dev)
+        if not mergeable:
+            groups = [(0, len(sids))]  # transformers' own cache (other layer kinds): one pass
         widths = [max(n_new[lo:hi]) for lo, hi in groups]
         self.stats["prefill_padding_tokens"] += sum((hi - lo) * w for (lo, hi), w in zip(groups, widths)) - sum(n_new)
         fill_left_padded(cache, kept, P)
         del kept
         if P:
             release_free_heap()
-        self._note_kv(held_others + (held - held_others) // max(1, len(cache.layers)) + cache_bytes(cache))
-
-        eos = set(self.eos_ids)
-        stop_window = max((len(x) for x in stop), default=0) + 2
-        # A stop string can only complete on a token whose text holds its last character; checking
-        # that first skips the window decode on most steps. Non-ASCII last characters may span
-        # several byte-level tokens, so they always take the decode.
-        stop_last = {x[-1] for x in stop if x}
-        if any(not c.isascii() for c in stop_last):
-            stop_last = None
-        gen: list[list[int]] = [[] for _ in range(B)]
-        done = [False] * B
-        rows = list(range(B))  # batch row -> session index, shrinks as rows finish
-        kept: dict[int, list[tuple[Any, Any]]] = {}
-        kept_bytes = 0
-        next_pos = [np_ + n for np_, n in zip(n_past, n_new)]
-
-        def retire(finished: list[int], keep: list[int]) -> None:
-            """Cut the finished rows' keys/values out of the batch cache and drop their rows, one layer
-            at a time, so no more than one layer is ever held twice."""
-            nonlocal kept_bytes
-            valid = [mask[r].bool() for r in finished]
-            idx = torch.tensor(keep, dtype=torch.long, device=dev) if keep else None
+        parts = []
+        for (lo, hi), w in zip(groups, widths):
+            # A long prefill in row groups, each writing its rows of the batch cache: the pass's
+            # activations scale with the group. A group computes only its own longest row's width
+            # (the rest of its left padding is zeroed, not computed). The row view is never kept: a
+            # view pins its whole buffer (a kept view held about 1.6 GB of the 1.5B's through decoding).
+            parts.append(self.model(input_ids=input_ids[lo:hi, F - w:], attention_mask=mask[lo:hi],
+                                    position_ids=pos[lo:hi, F - w:], use_cache=True, logits_to_keep=1,
+                                    cache=cache if len(groups) == 1 else row_view(cache, self.config, lo, hi,
+                                                                                  skip=F - w)).logits[:, -1, :])
+        if len(groups) > 1:
             for layer in cache.layers:
-                if self.kv_reuse:
-                    for r, ok in zip(finished, valid):
-                        pair = (layer.keys[r][:, ok], layer.values[r][:, ok])  # boolean indexing copies
-                        kept.setdefault(rows[r], []).append(pair)
-                        kept_bytes += pair[0].nbytes + pair[1].nbytes
-                if idx is None:
-                    layer.reset()
-                else:
-                    layer.batch_select_indices(idx)
-            release_free_heap()  # the rows' freed buffers and copies (55 ms at most once a step)
+                layer.fill_to(P + F)
+            self.stats["prefill_groups"] += len(groups)
+        last = torch.cat(parts)
+        run = self._run
+        if run is None or not run.rows:
+            self._run = RunningBatch(cache, mask, rows, mergeable, last=last)
+        else:
+            # Both parts right-aligned at the longest row: the running rows' padding may widen.
+            limit = max(run.mask.shape[1], P + F) + max(r.left() for r in run.rows + rows)
+            merged, mmask = merge_left_padded(self.config, [(run.cache, run.mask), (cache, mask)], self.kv_step, limit)
+            self._run = RunningBatch(merged, mmask, run.rows + rows, True, last=torch.cat([run.last, last]))
+            release_free_heap()  # the parts' buffers, freed layer by layer
+        self._held_base = self._held(running=False)[0]
+        self._note_kv(self._held_base + cache_bytes(self._run.cache))
 
-        with torch.inference_mode():
-            parts = []
-            for (lo, hi), w in zip(groups, widths):
-                # A long prefill in row groups, each writing its rows of the batch cache: the pass's
-                # activations scale with the group, and the whole batch then decodes together. A
-                # group computes only its own longest row's width (the rest of its left padding is
-                # zeroed, not computed). The row view is never kept: a view pins its whole buffer,
-                # and cutting finished rows out replaces the buffers (a kept view held about 1.6 GB
-                # of the 1.5B's through decoding).
-                parts.append(self.model(input_ids=input_ids[lo:hi, F - w:], attention_mask=mask[lo:hi],
-                                        position_ids=pos[lo:hi, F - w:], use_cache=True, logits_to_keep=1,
-                                        cache=cache if len(groups) == 1 else row_view(cache, self.config, lo, hi,
-                                                                                      skip=F - w)).logits[:, -1, :])
-            if len(groups) > 1:
-                for layer in cache.layers:
-                    layer.fill_to(P + F)
-                self.stats["prefill_groups"] += len(groups)
-            last = torch.cat(parts)
-            # ragfast's argmax on the CPU (fp32 and bf16 logits): torch's is not vectorised for bf16
-            # (17 ms of a 285 ms step at 64 rows of the 0.5B); the same answer, the first of equals.
-            ours = last.device.type == "cpu" and last.dtype in (torch.float32, torch.bfloat16)
-            pick = greedy_pick if ours else (lambda t: t.argmax(dim=-1))
-            step = 0
-            while True:
-                nxt = pick(last)
-                finished_rows = []
-                toks = nxt.tolist()  # one device->host copy per step, not one per row
-                for r, b in enumerate(rows):
-                    tok = toks[r]
-                    gen[b].append(tok)
-                    hit_eos = tok in eos
-                    hit_stop = False
-                    if stop and not hit_eos and self._may_end_stop(tok, stop_last):
-                        tail = self.tokenizer.decode(gen[b][-stop_window:], skip_special_tokens=True)
-                        hit_stop = any(x in tail for x in stop)
-                    if hit_eos or hit_stop or len(gen[b]) >= max_new:
-                        done[b] = True
-                        finished_rows.append(r)
-                step += 1
-                if finished_rows:
-                    # Drop finished rows now: decoding padding for them would waste a full row.
-                    gone = set(finished_rows)
-                    keep = [r for r in range(len(rows)) if r not in gone]
-                    retire(finished_rows, keep)
-                    if not keep:
-                        break
-                    idx = torch.tensor(keep, dtype=torch.long, device=dev)
-                    mask = mask[idx]
-                    nxt = nxt[idx]
-                    rows = [rows[r] for r in keep]
-                self._note_kv(held_others + kept_bytes + cache_bytes(cache))
-                mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=torch.long, device=dev)], dim=1)
-                p = torch.tensor([[next_pos[b] + len(gen[b]) - 1] for b in rows], dtype=torch.long, device=dev)
-                self.stats["decode_rows"] += len(rows)
-                self.stats["decode_steps"] += 1
-                last = self.model(input_ids=nxt.view(-1, 1), attention_mask=mask, position_ids=p, cache=cache,
-                                  use_cache=True, logits_to_keep=1).logits[:, -1, :]
+    def _feed(self, run: Any) -> None:
+        """One decode step: the rows' picked tokens through the model, their logits kept."""
+        torch = self._torch
+        dev = self.device
+        run.mask = torch.cat([run.mask, torch.ones((len(run.rows), 1), dtype=torch.long, device=dev)], dim=1)
+        p = torch.tensor([[r.pos] for r in run.rows], dtype=torch.long, device=dev)
+        for r in run.rows:
+            r.passes.append((1, r.pos))
+            r.pos += 1
+        self.stats["decode_rows"] += len(run.rows)
+        self.stats["decode_steps"] += 1
+        run.last = self.model(input_ids=run.nxt.view(-1, 1), attention_mask=run.mask, position_ids=p,
+                              cache=run.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
+        run.nxt = None
+        self._note_kv(self._held_base + cache_bytes(run.cache))
 
-        texts: dict[str, str] = {}
-        flops, cached_tok, fresh_tok, out_tok, uncached, wread = [], [], [], [], [], []
-        # Weight bytes as search books its bytes: what the row alone reads, the weights once per
-        # forward pass it takes (its prefill, each decode step, a shared prefix it pays for), so
-        # the figure does not depend on how a batch or a resume groups the rows, and it shows the
-        # weight precision (int8 reads a quarter of fp32's bytes).
-        w_read = self.weight_info.read_bytes
-        for b, (sid, s) in enumerate(zip(sids, sessions)):
-            g = gen[b]
-            self.last_generated[sid] = list(g)
-            # The end-of-sequence token is never text (also when a checkpoint's EOS is not marked special).
-            body = g[:-1] if g and g[-1] in self.eos_ids else g
-            raw = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-            text, _ = cut_at_stop(raw, stop)
-            resp = self.encode(text)
-            # Keys/values exist for every fed token: the session's ids plus all generated but the last.
-            fed_gen = g[:-1]
-            common = 0
-            for a, c in zip(fed_gen, resp):
-                if a != c:
-                    break
-                common += 1
-            base = len(s.ids)
-            if self.kv_reuse and b in kept:
-                s.kv = kept[b]
-                s.n_cached = base + len(fed_gen)
-                if common < len(fed_gen):
-                    self.stats["cache_drops"] += 1
-                self._crop(s, base + common)
-            else:
-                s.kv, s.n_cached = None, 0
-            s.ids.extend(resp)
-            texts[sid] = text
-            n_dec = len(g) - 1
-            chunks, pasts = [n_new[b]] + [1] * n_dec, [n_past[b]] + [n_past[b] + n_new[b] + j for j in range(n_dec)]
-            fresh_b, cached_b = n_new[b], n_past[b]
-            f_b = 0.0
-            for n_b, past_b in paid.get(b, ()):
-                # This row pays for keys/values computed once for the chunk (decoder only, no lm head).
-                f_b += forward_flops_per_sequence(self.config, [n_b], [past_b], head="none")[0]
-                fresh_b, cached_b = fresh_b + n_b, cached_b - n_b
-            flops.append(f_b + sum(forward_flops_per_sequence(self.config, chunks, pasts, logits="last")))
-            wread.append(w_read * (len(chunks) + len(paid.get(b, ()))))
-            # The same call with nothing cached: what the URL backend books as the cache-independent figure.
-            uncached.append(completion_flops(self.config, n_past[b] + n_new[b], 0, len(g)))
-            cached_tok.append(cached_b)
-            fresh_tok.append(fresh_b)
-            out_tok.append(len(g))
-        timer.__exit__(None, None, None)
-        if ledger is not None:
-            ledger.add_batch("reasoner", sids, seconds=timer.seconds, device_seconds=timer.device_seconds,
-                             input_tokens=fresh_tok, cached_tokens=cached_tok, output_tokens=out_tok, flops=flops,
-                             flops_uncached=uncached, bytes_scanned=wread)
-        return texts
+    def _pick(self, run: Any) -> list[Any]:
+        """Pick each row's next token; cut the rows whose turn ended out of the batch.
+
+        Returns the finished rows, each with its keys/values (``row.kept``) when they are kept.
+        """
+        torch = self._torch
+        last = run.last
+        # ragfast's argmax on the CPU (fp32 and bf16 logits): torch's is not vectorised for bf16
+        # (17 ms of a 285 ms step at 64 rows of the 0.5B); the same answer, the first of equals.
+        ours = last.device.type == "cpu" and last.dtype in (torch.float32, torch.bfloat16)
+        nxt = greedy_pick(last) if ours else last.argmax(dim=-1)
+        run.last = None
+        toks = nxt.tolist()  # one device->host copy per step, not one per row
+        eos = self._eos
+        fin = []
+        for r, (row, tok) in enumerate(zip(run.rows, toks)):
+            row.gen.append(tok)
+            rule = row.rule
+            hit = tok in eos or len(row.gen) >= rule.max_new
+            if not hit and rule.stop and self._may_end_stop(tok, rule.last_chars):
+                tail = self.tokenizer.decode(row.gen[-rule.window:], skip_special_tokens=True)
+                hit = any(x in tail for x in rule.stop)
+            if hit:
+                fin.append(r)
+        run.nxt = nxt
+        # Drop finished rows now: decoding padding for them would waste a full row.
+        return self._cut(run, fin, keep_kv=self.kv_reuse) if fin else []
+
+    def _cut(self, run: Any, gone: list[int], keep_kv: bool) -> list[Any]:
+        rows = run.cut(gone, keep_kv)
+        self._held_base += sum(a.nbytes + b.nbytes for r in rows for a, b in r.kept or ())
+        release_free_heap()  # the rows' freed buffers and copies (55 ms at most once a step)
+        return rows
+
+    def _park(self, sids: Any) -> None:
+        """Set running rows aside (a call that does not name them): each session keeps its turn's
+        tokens so far and their keys/values, and the row goes on when a call names it again."""
+        run = self._run
+        if run.last is not None:
+            raise RuntimeError("HFGenerator: rows cannot be set aside between a pass and its pick")
+        for row in self._cut(run, run.index(sids), keep_kv=True):
+            s = self._sessions[row.sid]
+            s.ids = s.ids[:row.base] + row.gen  # the last generated token is not fed yet
+            s.kv, s.n_cached, s.row = row.kept, len(s.ids) - 1, row
+            row.kept = None
+
+    def _drop_batch(self) -> None:
+        """After an error mid-call: every running or set-aside turn is dropped, its session as it
+        was before the turn and without a cache (its next turn computes it)."""
+        rows = list(self._run.rows) if self._run is not None else []
+        rows += [s.row for s in self._sessions.values() if s.row is not None]
+        self._run = None
+        for row in rows:
+            s = self._sessions.get(row.sid)
+            if s is not None:
+                s.ids, s.kv, s.n_cached, s.row = s.ids[:row.base], None, 0, None
+
+    def _finish(self, row: Any, out: dict[str, str]) -> tuple[int, int, int, float, float, int]:
+        """A finished turn: its text (into ``out``), the session's tokens and keys/values, and its
+        ledger figures (:func:`~ragfast.models.decode_batch.turn_figures`)."""
+        sid, g = row.sid, row.gen
+        s = self._sessions[sid]
+        s.ids = s.ids[:row.base]
+        self.last_generated[sid] = list(g)
+        # The end-of-sequence token is never text (also when a checkpoint's EOS is not marked special).
+        body = g[:-1] if g and g[-1] in self._eos else g
+        raw = self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        text, _ = cut_at_stop(raw, list(row.rule.stop))
+        resp = self.encode(text)
+        # Keys/values exist for every fed token: the session's ids plus all generated but the last.
+        fed_gen = g[:-1]
+        common = 0
+        for a, c in zip(fed_gen, resp):
+            if a != c:
+                break
+            common += 1
+        base = len(s.ids)
+        if self.kv_reuse and row.kept is not None:
+            s.kv = row.kept
+            s.n_cached = base + len(fed_gen)
+            if common < len(fed_gen):
+                self.stats["cache_drops"] += 1
+            self._crop(s, base + common)
+        else:
+            s.kv, s.n_cached = None, 0
+        row.kept = None
+        s.ids.extend(resp)
+        out[sid] = text
+        return turn_figures(self.config, row, self.weight_info.read_bytes)
 
     def _share_prefix(self, sessions: list[_HFSession]) -> dict[int, list[tuple[int, int]]]:
         """Seed sessions with the keys/values of prefixes they share.

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "extend_kv", "fill_left_padded",
-           "prefill_groups", "reserve_rows", "row_view", "PASS_TOKENS"]
+__all__ = ["BufferedLayer", "buffered_cache", "cache_for", "cache_bytes", "cut_rows", "extend_kv", "fill_left_padded",
+           "merge_left_padded", "prefill_groups", "reserve_rows", "row_view", "PASS_TOKENS"]
 
 #: A forward pass's fixed cost in tokens' worth of work (reading every weight once, the Python
 #: and op overhead of a pass), the price :func:`prefill_groups` puts on one more group.
@@ -299,6 +299,102 @@ def fill_left_padded(cache: Any, kept: list[list[tuple[Any, Any] | None] | None]
             layer.fill_to(width)
         else:
             cache.update(buf_k, buf_v, i)
+
+
+def merge_left_padded(config: Any, parts: list[tuple[Any, Any]], step: int, limit: int | None) -> tuple[Any, Any]:
+    """One left-padded batch from several: each part's rows, right-aligned at the longest row's length.
+
+    ``parts`` holds ``(cache, mask)`` pairs: a buffered cache (:func:`buffered_cache`) whose rows
+    are left-padded and ``mask`` ``[rows, width]`` (1 where a row holds a token). The merged
+    width is the longest part's span (columns that are padding in every row are dropped), and
+    the buffers take ``step`` more tokens (at least one) before they grow. Each part's layers are
+    freed as they are copied, so at most one layer is held twice.
+
+    Returns
+    -------
+    (cache, mask)
+        The merged buffered cache and its ``[rows, width]`` mask (the parts' rows in order).
+    """
+    import torch
+
+    # A part's span: from its first column any row uses (a row's padding may also sit between its
+    # cached and its new tokens, so a row's count of 1s is not its span) to its end.
+    lengths = [int(m.shape[1]) - int(m.any(dim=0).nonzero()[0]) if m.any() else 0 for _, m in parts]
+    width = max(lengths)
+    rows = sum(int(m.shape[0]) for _, m in parts)
+    ref = parts[0][1]
+    mask = torch.zeros((rows, width), dtype=ref.dtype, device=ref.device)
+    cache = buffered_cache(config, width + max(1, step), step, limit)
+    if cache is None:
+        raise ValueError("merge_left_padded: the model's cache has layers that are not plain full attention")
+    r = 0
+    for (_, m), n in zip(parts, lengths):
+        if n:
+            mask[r:r + m.shape[0], width - n:] = m[:, m.shape[1] - n:]
+        r += m.shape[0]
+    for i, layer in enumerate(cache.layers):
+        olds = [c.layers[i] for c, _ in parts]
+        k0 = olds[0].buf_k
+        heads, dim = k0.shape[1], k0.shape[3]
+        layer.reserve(rows, heads, dim, k0.dtype, k0.device)
+        r = 0
+        for old, (_, m), n in zip(olds, parts, lengths):
+            b = m.shape[0]
+            for src, dst in ((old.buf_k, layer.buf_k), (old.buf_v, layer.buf_v)):
+                dst[r:r + b, :, :width - n].zero_()  # masked out, but 0 x NaN is NaN
+                if n:
+                    dst[r:r + b, :, width - n:width] = src[:, :, old.n - n:old.n]
+            old.reset()
+            r += b
+        layer.fill_to(width)
+    return cache, mask
+
+
+def cut_rows(cache: Any, mask: Any, gone: list[int], keep_kv: list[bool]
+             ) -> tuple[list[list[tuple[Any, Any]] | None], list[int]]:
+    """Take rows ``gone`` out of a left-padded batch cache; return their keys/values and the new order.
+
+    For each row of ``gone`` whose ``keep_kv`` entry is true, the per-layer ``(keys, values)``
+    of its positions (``mask``'s 1s, each ``[kv_heads, n, head_dim]``, copies); None for the
+    others. A buffered layer fills each hole below the new row count with one of the last rows
+    and keeps a view of its first rows, so a cut copies as many rows as it removes, not the
+    whole cache (at 64 rows of 1,500 tokens of the 0.5B a whole copy is 1.2 GB, and rows end on
+    most steps of a full batch); another layer selects its rows. ``mask`` is not changed.
+
+    Returns
+    -------
+    (kept, order)
+        ``order[i]`` is the old index of the row now at ``i`` (the caller reorders its rows, mask
+        and pending tokens alike).
+    """
+    import torch
+
+    gone_set = set(gone)
+    n = int(mask.shape[0]) - len(gone_set)
+    movers = [r for r in range(n, int(mask.shape[0])) if r not in gone_set]
+    holes = [r for r in sorted(gone_set) if r < n]
+    order = list(range(n))
+    for h, m in zip(holes, movers):
+        order[h] = m
+    valid = [mask[r].bool() if k else None for r, k in zip(gone, keep_kv)]
+    out: list[list[tuple[Any, Any]] | None] = [[] if k else None for k in keep_kv]
+    buffered = __getattr__("BufferedLayer")
+    idx = torch.tensor(order, dtype=torch.long, device=mask.device)
+    for layer in cache.layers:
+        for j, (r, ok) in enumerate(zip(gone, valid)):
+            if ok is not None:
+                out[j].append((layer.keys[r][:, ok], layer.values[r][:, ok]))  # boolean indexing copies
+        if n == 0:
+            layer.reset()
+        elif isinstance(layer, buffered) and layer.is_initialized:
+            for h, m in zip(holes, movers):
+                layer.buf_k[h] = layer.buf_k[m]
+                layer.buf_v[h] = layer.buf_v[m]
+            layer.buf_k, layer.buf_v = layer.buf_k[:n], layer.buf_v[:n]
+            layer._view()
+        else:
+            layer.batch_select_indices(idx)
+    return out, order
 
 
 def cache_bytes(cache: Any) -> int:

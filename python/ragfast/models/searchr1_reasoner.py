@@ -129,6 +129,7 @@ class SearchR1Reasoner(HFGenerator):
         cap = self.card.get("data", {}).get("max_obs_tokens")
         self.max_obs_tokens: int | None = int(cap) if cap else None
         self._final: set[str] = set()
+        self._answering: set[str] = set()  # final turns begun, their text not yet returned
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -155,16 +156,23 @@ class SearchR1Reasoner(HFGenerator):
 
     def end(self, ids: Sequence[str]) -> None:
         self._final.difference_update(ids)
+        self._answering.difference_update(ids)
         super().end(ids)
 
-    def generate(self, ids: Sequence[str], **kw: Any) -> list[str]:
+    def generate(self, ids: Sequence[str], **kw: Any) -> list[str | None]:
         forced = [i for i in ids if i in self._final]
         if forced:
             super().append(forced, [ANSWER_PREFIX] * len(forced))
             self._final.difference_update(forced)
+            self._answering.update(forced)  # until their text comes back (a partial call may not return it)
         texts = super().generate(ids, **kw)
-        fs = set(forced)
-        return [ANSWER_PREFIX + t if i in fs else t for i, t in zip(ids, texts)]
+        out = []
+        for i, t in zip(ids, texts):
+            if t is not None and i in self._answering:
+                self._answering.discard(i)
+                t = ANSWER_PREFIX + t
+            out.append(t)
+        return out
 
 
 def merge_reasoner(name: str, out_dir: str | Path, *, base: str | None = None) -> Path:

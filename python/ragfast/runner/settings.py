@@ -106,8 +106,10 @@ class RunSettings:
         margin; ``none``: no budget. Past it, a turn runs its sessions in smaller chunks
         (:class:`~ragfast.models.generator.HFGenerator`).
     refill : bool
-        Continuous batching: a queued question starts as soon as one finishes (the same
-        trajectories, fuller batches).
+        Continuous batching (default): a queued question starts as soon as one finishes, and on a
+        local reasoner a finished turn goes on to its search and next turn while the other rows
+        keep decoding (the same trajectories up to the batch's numerics, fuller batches); False:
+        fixed batches, each turn waiting for its slowest row.
     retry_failed : bool
         With ``--resume``: run again the questions recorded as failed (a component refused
         them, or its retries were spent); without it a resume keeps their records.
@@ -162,7 +164,7 @@ class RunSettings:
     weights: str = "auto"
     threads: int | None = None
     memory_budget: str | int = "auto"
-    refill: bool = False
+    refill: bool = True
     retry_failed: bool = False
     checker_llm: str = "reasoner"
     stages: str = "ABCDE"
@@ -420,8 +422,9 @@ HELP: dict[str, str] = {
     "memory_budget": "Memory a local reasoner may use beyond its weights (keys/values, activations), e.g. 6GB or "
                      "5.5GiB; past it the batch runs in smaller chunks. auto (default): free memory at the first turn "
                      "minus a margin | none.",
-    "refill": "Continuous batching: start a queued question as soon as one finishes (same trajectories, fuller "
-              "batches).",
+    "refill": "Continuous batching (default): a queued question starts as soon as one finishes, and a local "
+              "reasoner's finished turn searches and goes on while other rows decode. --no-refill: fixed batches, "
+              "each turn waiting for its slowest row.",
     "retry_failed": "With --resume: run again the questions recorded as failed (default: keep their records).",
     "checker_llm": "StepGap: LLM of stages A-C: reasoner (the reasoner when it is an LM; default) | tiny | a "
                    "catalogue model | a local directory | none.",

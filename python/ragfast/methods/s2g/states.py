@@ -82,7 +82,8 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
 
     Each probe continues the trajectory's session as it stood at state ``t`` and makes one
     forced final generation (the loop's answer-only turn: ``mark_final`` where the generator
-    has it). Batched over all (trajectory, state) pairs.
+    has it). Batched over all (trajectory, state) pairs: ``batch_size`` at a time, or all in one
+    call to a generator that keeps its batch full itself (``partial_turns``).
 
     Returns
     -------
@@ -104,8 +105,11 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
         for s in range(tr.searches + 1):
             jobs.append((i, s, f"{tr.id}\x00probe{s}", prefix_pieces(tr, s)))
     out: list[list[dict[str, Any]]] = [[{} for _ in range(tr.searches + 1)] for tr in trs]
-    for lo in range(0, len(jobs), max(1, batch_size)):
-        chunk = jobs[lo:lo + batch_size]
+    # A generator that admits sessions as rows finish (HFGenerator's running batch) takes every
+    # probe in one call: a probe that runs to max_new_tokens then holds up no fixed chunk of others.
+    step = len(jobs) if getattr(generator, "partial_turns", False) else max(1, batch_size)
+    for lo in range(0, len(jobs), step):
+        chunk = jobs[lo:lo + step]
         ids = [j[2] for j in chunk]
         if hasattr(generator, "bind_questions"):
             generator.bind_questions({sid: Question(trs[i].id, trs[i].question, list(trs[i].golden_answers))

@@ -108,7 +108,10 @@ class SearchR1Config:
         question as soon as one finishes, instead of running fixed batches to completion (whose
         last turns hold only the slowest trajectories). Trajectories are the same either way;
         with refill, trajectories in one turn can be at different turn indices, so hooks should
-        read ``len(item.traj.turns)`` / ``item.turns_used`` rather than ``ctx.turn``.
+        read ``item.generations`` / ``item.turns_used`` rather than ``ctx.turn``. A generator
+        with ``partial_turns`` (:class:`~ragfast.models.generator.HFGenerator`) then goes
+        further: each call returns the turns that have finished while the others keep
+        decoding, so one question's 500-token turn no longer holds up the others' next turns.
     """
 
     max_turns: int = 4
@@ -157,6 +160,13 @@ class ActiveTrajectory:
         Finished; no more generation.
     response : list of str
         Generated text and observations in order: the "response" the answer is taken from.
+    read_ids : list of str
+        Documents retrieved so far.
+    generations : int
+        Turns generated so far (the loop's turn index of the last one is ``generations - 1``
+        when every question runs every turn together).
+    mid_turn : bool
+        Its turn is still being generated (a generator's ``partial`` call returned without it).
     """
 
     traj: Trajectory
@@ -167,6 +177,8 @@ class ActiveTrajectory:
     done: bool = False
     response: list[str] = field(default_factory=list)
     read_ids: list[str] = field(default_factory=list)
+    generations: int = 0
+    mid_turn: bool = False
 
     @property
     def qid(self) -> str:
@@ -341,6 +353,10 @@ class SearchR1Loop:
     pre_search_hooks : sequence of callables, optional
         Called as ``hook(ctx)`` with the trajectories about to search, before the retrieval;
         see the module docstring.
+    partial_turns : bool
+        With ``config.refill``, let a generator that can (``partial_turns``) return finished
+        turns while other rows keep decoding (default). False for hooks whose every call is
+        costly whatever its rows (an LLM checker), since partial turns make more, smaller calls.
 
     Examples
     --------
@@ -350,8 +366,9 @@ class SearchR1Loop:
 
     def __init__(self, generator: Any, retriever: Any, config: SearchR1Config | None = None, *,
                  ledger: CostLedger | None = None, hooks: Sequence[Hook] = (),
-                 pre_search_hooks: Sequence[Hook] = ()):
+                 pre_search_hooks: Sequence[Hook] = (), partial_turns: bool = True):
         self.generator = generator
+        self.partial_turns = partial_turns
         self.retriever = retriever
         self.config = config or SearchR1Config()
         self.ledger = ledger if ledger is not None else CostLedger()
@@ -431,6 +448,7 @@ class SearchR1Loop:
         cfg = self.config
         gen = self.generator
         led = CostLedger()  # this run's records; per-turn costs are the records added per turn
+        partial = cap is not None and self.partial_turns and bool(getattr(gen, "partial_turns", False))
         acc: dict[str, dict[str, dict[str, float]]] = {}  # question id -> component -> sums
         pending = deque(questions)
         active: list[ActiveTrajectory] = []
@@ -446,18 +464,24 @@ class SearchR1Loop:
                 for it in act:
                     if it.turns_used >= cfg.max_turns and not it.final:
                         it.final, it.final_reason = True, "max_turns"
-                finals = [it for it in act if it.final]
+                finals = [it for it in act if it.final and not it.mid_turn]
                 if finals and hasattr(gen, "mark_final"):
                     gen.mark_final([it.qid for it in finals])
+                kw = {"partial": True} if partial else {}
                 with blame("reasoner", [it.qid for it in act]):
                     texts = gen.generate([it.qid for it in act], stop=STOP, max_new_tokens=cfg.max_new_tokens,
-                                         ledger=led)
+                                         ledger=led, **kw)
                 if len(texts) != len(act):
                     raise RuntimeError(f"generator returned {len(texts)} texts for {len(act)} sessions")
+                for it, text in zip(act, texts):
+                    it.mid_turn = text is None
+                # With partial turns, this iteration handles the turns that finished; the rest go on.
+                act, texts = [it for it in act if not it.mid_turn], [t for t in texts if t is not None]
                 searchers, s_turns, s_queries = [], [], []
                 invalid = []
                 new_turns: list[tuple[ActiveTrajectory, Turn]] = []
                 for it, text in zip(act, texts):
+                    it.generations += 1
                     action, content = parse_action(text)
                     t = Turn(index=len(it.traj.turns), generated=text, action=action, content=content)
                     it.traj.turns.append(t)
