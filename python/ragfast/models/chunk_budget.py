@@ -67,9 +67,10 @@ class ChunkBudget:
             spans.append((past, len(s.ids) - s.n_cached, own.get(sid, 0)))
         return self.bytes.chunk_peaks(spans, max_new, self.kv_step, held, self.prefill_tokens)
 
-    def _fit(self, todo: list[str], max_new: int) -> int:
+    def _fit(self, todo: list[str], max_new: int, beside: bool = False) -> int:
         """How many of ``todo``'s first sessions the next chunk runs: at most ``max_batch``, and only as
-        many as fit the memory budget.
+        many as fit the memory budget. ``beside``: beside running rows, where 0 means waiting for
+        room (nothing is dropped to make it).
 
         Raises
         ------
@@ -83,7 +84,9 @@ class ChunkBudget:
         held, own = self._held()
         peaks = self._peaks(todo[:n], max_new, held, own)
         k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
-        if k < n and self._ended:
+        if beside and not k:
+            return 0
+        if k < n and self._ended and not beside:
             self._ended.clear()  # ended sessions' caches only save work; a turn's rows come first
             held, own = self._held()
             peaks = self._peaks(todo[:n], max_new, held, own)
@@ -94,17 +97,6 @@ class ChunkBudget:
             k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=1)
         self.stats["planned_peak_bytes"] = max(self.stats["planned_peak_bytes"], peaks[k - 1])
         return k
-
-    def _fit_beside(self, todo: list[str], max_new: int) -> int:
-        """How many of ``todo``'s first sessions may join the running batch now (0: wait for room;
-        nothing is dropped to make it)."""
-        n = min(self.max_batch, len(todo))
-        budget = self.budget_bytes()
-        if budget is None:
-            return n
-        held, own = self._held()
-        peaks = self._peaks(todo[:n], max_new, held, own)
-        return max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
 
     def _make_room(self, todo: list[str], max_new: int, budget: int, held: int,
                    own: dict[str, int]) -> tuple[int, dict[str, int]]:

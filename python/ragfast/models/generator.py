@@ -482,7 +482,7 @@ class HFGenerator(ChunkBudget, Generator):
                         self._feed(run)
                     take = admit_count(run, len(pending), self.max_batch)
                     if take and run is not None and run.rows:
-                        take = min(take, self._fit_beside(pending, max_new_tokens))  # or wait for room
+                        take = min(take, self._fit(pending, max_new_tokens, beside=True))  # or wait
                     elif take:
                         n = self._fit(pending, max_new_tokens)
                         shrunk = shrunk or n < take
