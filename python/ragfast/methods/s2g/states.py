@@ -116,7 +116,7 @@ def probe_states(trajectories: Sequence[Trajectory | Mapping[str, Any]], generat
         live turn.
     """
     from ragfast.scoring.metrics import exact_match, extract_answer, f1
-    from ragfast.methods.searchr1.loop import STOP, open_sessions
+    from ragfast.methods.searchr1.loop import open_sessions
 
     trs = [_as_traj(t) for t in trajectories]
     jobs: list[tuple[int, int, str, list[str]]] = []  # (traj, state, session id, prefix pieces)
