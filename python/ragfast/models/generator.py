@@ -465,8 +465,9 @@ class HFGenerator(ChunkBudget, Generator):
             if seed and self._sessions[i].kv is None:
                 # an ended session's tokens, else the kept prefix, before planning: the chunks' sizes then count it
                 self._seed_ended(self._sessions[i]) or self._seed(self._sessions[i])
-        # Sessions of similar length are admitted together, so less of each prefill is padding.
-        pending = sorted(new, key=lambda i: len(self._sessions[i].ids) - self._sessions[i].n_cached)
+        # Sessions on one prompt are admitted together: nested states (S2G's probes of one run) share
+        # a prefix's keys/values only within an admission, which _admit sorts by new tokens.
+        pending = sorted(new, key=lambda i: self._sessions[i].prompt)
         self.last_chunks = []
         out: dict[str, str] = {}
         done: list[Any] = []
@@ -523,8 +524,7 @@ class HFGenerator(ChunkBudget, Generator):
         return [out.get(i) for i in ids]
 
     def _running_bytes(self) -> int:
-        # Twice the running batch at its largest: an admission copies it into the merged batch
-        # (one layer at a time, but beside the new rows' own cache and their prefill).
+        # Twice the running batch at its largest: an admission copies it (beside the new rows' cache).
         run = self._run
         return 0 if run is None else 2 * run.planned_bytes(self.bytes.kv_per_token)
 
@@ -554,6 +554,7 @@ class HFGenerator(ChunkBudget, Generator):
         """Prefill ``sids`` (their cached keys/values left-padded into a batch cache, their new
         tokens computed) and add them to the running batch with their last logits."""
         torch = self._torch
+        sids = sorted(sids, key=lambda i: len(self._sessions[i].ids) - self._sessions[i].n_cached)
         sessions = [self._sessions[i] for i in sids]
         paid = self._share_prefix(sessions) if self.kv_reuse and self.share_prefix else {}
         n_past = [s.n_cached for s in sessions]
@@ -685,10 +686,8 @@ class HFGenerator(ChunkBudget, Generator):
         rows = list(self._run.rows) if self._run is not None else []
         rows += [s.row for s in self._sessions.values() if s.row is not None]
         self._run = None
-        for row in rows:
-            s = self._sessions.get(row.sid)
-            if s is not None:
-                s.ids, s.kv, s.n_cached, s.row = s.ids[:row.base], None, 0, None
+        for s, row in ((self._sessions[r.sid], r) for r in rows if r.sid in self._sessions):
+            s.ids, s.kv, s.n_cached, s.row = s.ids[:row.base], None, 0, None
 
     def _finish(self, row: Any, out: dict[str, str]) -> tuple[int, int, int, float, float, int]:
         """A finished turn: its text (into ``out``), the session's tokens and keys/values, and its
