@@ -350,8 +350,8 @@ class HFGenerator(ChunkBudget, Generator):
             self._sessions[i] = _HFSession(ids=toks, prompt=tuple(toks))
 
     def _check_idle(self, ids: Sequence[str], what: str) -> None:
-        run = self._run
-        busy = [i for i in ids if self._sessions[i].row is not None or (run is not None and run.index([i]))]
+        running = {r.sid for r in self._run.rows} if self._run is not None else set()
+        busy = [i for i in ids if self._sessions[i].row is not None or i in running]
         if busy:
             raise RuntimeError(f"HFGenerator.{what}: session {busy[0]!r} is in the middle of a turn "
                                "(generate(partial=True) has not returned its text yet)")
@@ -383,8 +383,9 @@ class HFGenerator(ChunkBudget, Generator):
             self.last_generated.pop(i, None)
 
     def end(self, ids: Sequence[str]) -> None:
-        if self._run is not None and self._run.index(ids):  # turns in progress end with their sessions
-            self._cut(self._run, self._run.index(ids), keep_kv=False)
+        idx = self._run.index(ids) if self._run is not None else []
+        if idx:  # turns in progress end with their sessions
+            self._cut(self._run, idx, keep_kv=False)
         for i in ids:
             s = self._sessions.pop(i, None)
             self.last_generated.pop(i, None)
