@@ -65,6 +65,8 @@ class Row:
         This turn's share of the calls it ran in so far.
     passes : list of (int, int)
         (tokens, past) of the passes it took in the current call (its share of the call's time).
+    drafted : list of (int, int, int)
+        (tokens fed, past, tokens kept) of its passes with draft tokens (:mod:`~ragfast.models.drafts`).
     """
 
     sid: str
@@ -78,6 +80,7 @@ class Row:
     seconds: float = 0.0
     device_seconds: float = 0.0
     passes: list[tuple[int, int]] = field(default_factory=list)
+    drafted: list[tuple[int, int, int]] = field(default_factory=list)
     kept: Any = None  # its keys/values once cut out of the batch (per layer, [kv_heads, n, head_dim])
 
     def left(self) -> int:
@@ -150,25 +153,29 @@ def turn_figures(config: Any, row: Row, weight_bytes: int) -> tuple[int, int, in
     nothing cached, and weight bytes read.
 
     The same whatever calls and batches the turn ran in: its first pass (``n_new`` tokens after
-    ``n_past`` cached), one pass per further token, and the shared-prefix passes it pays for.
-    Weight bytes as search books its bytes: what the row alone reads, the weights once per
+    ``n_past`` cached), one pass per further token except those a drafted pass kept (that pass
+    computes every token it fed, with the logits of each), and the shared-prefix passes it pays
+    for. Weight bytes as search books its bytes: what the row alone reads, the weights once per
     forward pass it takes, so the figure shows the weight precision (int8 reads a quarter of
     fp32's bytes).
     """
     from ragfast.accounting.flops import completion_flops, forward_flops_per_sequence
 
     n_past, n_new, n_out = row.n_past, row.n_new, len(row.gen)
-    n_dec = n_out - 1
-    chunks, pasts = [n_new] + [1] * n_dec, [n_past] + [n_past + n_new + j for j in range(n_dec)]
+    first = n_past + n_new  # position of the first generated token, fed by the first decode pass
+    covered = {p + j for _, p, kept in row.drafted for j in range(kept)}
+    pasts = [n_past] + [first + j for j in range(n_out - 1) if first + j not in covered]
+    chunks = [n_new] + [1] * (len(pasts) - 1)
     fresh, cached, paid = n_new, n_past, 0.0
     for n_b, past_b in row.paid:
         # This row pays for keys/values computed once for its admission (decoder only, no lm head).
         paid += forward_flops_per_sequence(config, [n_b], [past_b], head="none")[0]
         fresh, cached = fresh + n_b, cached - n_b
     flops = paid + sum(forward_flops_per_sequence(config, chunks, pasts, logits="last"))
+    flops += sum(forward_flops_per_sequence(config, [t], [p], logits="all")[0] for t, p, _ in row.drafted)
     # the same call with nothing cached: what the URL backend books as the cache-independent figure
     uncached = completion_flops(config, n_past + n_new, 0, n_out)
-    return fresh, cached, n_out, flops, uncached, weight_bytes * (len(chunks) + len(row.paid))
+    return fresh, cached, n_out, flops, uncached, weight_bytes * (len(chunks) + len(row.drafted) + len(row.paid))
 
 
 def padded_inputs(n_past: list[int], fresh: list[list[int]], pad_id: int) -> tuple[Any, Any, Any]:

@@ -9,10 +9,9 @@
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger, Timer
 from ragfast.errors import ConfigError, ModelError
@@ -20,10 +19,11 @@ from ragfast.models.base import Generator, check_new_sessions, check_sessions, c
 from ragfast.models.chunk_budget import ChunkBudget
 from ragfast.models.decode_batch import (Row, RunningBatch, StopRule, admit_count, padded_inputs, return_now,
                                          share_time, turn_figures)
-from ragfast.models.kv_buffer import (cache_bytes, cache_for, extend_kv, fill_left_padded, merge_left_padded,
+from ragfast.models.drafts import DRAFT_ROWS, DRAFT_TOKENS, propose, settle
+from ragfast.models.kv_buffer import (cache_bytes, cache_for, fill_left_padded, merge_left_padded,
                                       prefill_groups, reserve_rows, row_view)
 from ragfast.models.memory_budget import AUTO, GenerationBytes, parse_size, release_free_heap
-from ragfast.models.prefix_share import common_prefix, share_nested
+from ragfast.models.prefix_share import PrefixSeeding, common_prefix
 from ragfast.ops.argmax import argmax as greedy_pick
 from ragfast.text import whitespace_tokens
 
@@ -56,7 +56,7 @@ def _contiguous_input(module: Any, args: tuple) -> tuple:
     return (x, *args[1:])
 
 
-class HFGenerator(ChunkBudget, Generator):
+class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
     """Batched greedy generation with a transformers causal LM, reusing each session's KV cache.
 
     Design. Every session keeps its token ids and the keys/values of those tokens (one tensor
@@ -143,6 +143,11 @@ class HFGenerator(ChunkBudget, Generator):
         new tokens, and each group pads only to its own longest row, so a prefill is also split
         where that saves more padding than a pass costs (:func:`~ragfast.models.kv_buffer.prefill_groups`).
         0: one pass.
+    draft_tokens : int
+        With at most :data:`~ragfast.models.drafts.DRAFT_ROWS` rows decoding, each feeds up to this
+        many tokens looked up in its own context after its picked one, and keeps those the pass's
+        greedy picks confirm (:mod:`~ragfast.models.drafts`); the ledger books every token fed.
+        0: one token a step.
     """
 
     meaningful = True
@@ -150,7 +155,8 @@ class HFGenerator(ChunkBudget, Generator):
     def __init__(self, path: Any, device: str = "cpu", dtype: Any = None, max_batch: int = 64, *,
                  kv_reuse: bool = True, max_context: int | None = None, attn_implementation: str | None = None,
                  share_prefix: bool = True, min_prefix: int = 32, memory_budget: int | str | None = "auto",
-                 kv_step: int = 64, weights: str = "native", prefill_tokens: int = 4096):
+                 kv_step: int = 64, weights: str = "native", prefill_tokens: int = 4096,
+                 draft_tokens: int = DRAFT_TOKENS):
         from pathlib import Path
 
         import torch
@@ -178,6 +184,9 @@ class HFGenerator(ChunkBudget, Generator):
         if prefill_tokens < 0:
             raise ConfigError(f"prefill_tokens must be >= 0 tokens, got {prefill_tokens}")
         self.prefill_tokens = int(prefill_tokens)
+        if draft_tokens < 0:
+            raise ConfigError(f"draft_tokens must be >= 0, got {draft_tokens}")
+        self.draft_tokens = int(draft_tokens)
         # Checked now (a bad size is one line before any model loads); "auto" is measured at the
         # first turn, when every other slot of a run has loaded.
         self._budget: int | None = None if memory_budget in (None, AUTO) else parse_size(memory_budget)
@@ -258,7 +267,7 @@ class HFGenerator(ChunkBudget, Generator):
         self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0,
                       "prefix_tokens_computed": 0, "prefix_tokens_reused": 0, "kv_peak_bytes": 0,
                       "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0,
-                      "prefill_groups": 0}
+                      "prefill_groups": 0, "draft_passes": 0, "draft_tokens_kept": 0}
 
     def set_weights(self, scheme: str) -> None:
         """Store the model's linear layers as ``scheme`` (one of ``weight_quant.WEIGHTS``) from now on.
@@ -393,30 +402,6 @@ class HFGenerator(ChunkBudget, Generator):
                 self._ended[s.prompt] = (s.ids[:s.n_cached], s.kv)
         if not self._sessions:
             self._pending.clear()
-
-    @contextlib.contextmanager
-    def keep_ended(self) -> Iterator["HFGenerator"]:
-        """Within the block, keep each ended session's keys/values for a later session on the same prompt.
-
-        A new session then starts from the tokens it shares with the last ended session that opened
-        with its prompt (S2G's answer-only probes of a run's states: each probe re-reads a prefix
-        of its trajectory, whose keys/values the run computed). Those tokens are neither computed
-        again nor booked, as in a live session that holds its cache. The kept caches count against
-        the memory budget and are the first to go when a turn needs the room; all go when the
-        block ends.
-        """
-        outer = self._ended is not None
-        if not outer:
-            self._ended = {}
-        try:
-            yield self
-        finally:
-            if not outer:
-                self._ended = None
-
-    def forget_prefix(self) -> None:
-        """Drop the kept shared prefix (benchmarks: every repetition computes it afresh)."""
-        self._template = None
 
     def session_tokens(self, sid: str) -> list[int]:
         """A copy of a session's token ids (for tests and audits)."""
@@ -620,48 +605,74 @@ class HFGenerator(ChunkBudget, Generator):
         self._note_kv(self._held_base + cache_bytes(self._run.cache))
 
     def _feed(self, run: Any) -> None:
-        """One decode step: the rows' picked tokens through the model, their logits kept."""
+        """One decode step: the rows' picked tokens through the model, their logits kept; with
+        few rows, each row's draft after its token (:mod:`ragfast.models.drafts`)."""
         torch = self._torch
-        dev = self.device
-        run.mask = torch.cat([run.mask, torch.ones((len(run.rows), 1), dtype=torch.long, device=dev)], dim=1)
-        p = torch.tensor([[r.pos] for r in run.rows], dtype=torch.long, device=dev)
-        for r in run.rows:
-            r.passes.append((1, r.pos))
-            r.pos += 1
-        self.stats["decode_rows"] += len(run.rows)
+        dev, rows = self.device, run.rows
+        drafts = self._drafts(run)
+        t = 1 + max(map(len, drafts)) if drafts else 1
+        if t == 1:
+            x = run.nxt.view(-1, 1)
+        else:  # a short draft is padded with its last token: computed, never accepted past its length
+            x = torch.tensor([[n] + d + d[-1:] * (t - 1 - len(d)) for n, d in zip(run.nxt.tolist(), drafts)],
+                             dtype=torch.long, device=dev)
+        mask = torch.cat([run.mask, torch.ones((len(rows), t), dtype=torch.long, device=dev)], dim=1)
+        p = torch.tensor([[r.pos + j for j in range(t)] for r in rows], dtype=torch.long, device=dev)
+        self.stats["decode_rows"] += len(rows)
         self.stats["decode_steps"] += 1
-        run.last = self.model(input_ids=run.nxt.view(-1, 1), attention_mask=run.mask, position_ids=p,
-                              cache=run.cache, use_cache=True, logits_to_keep=1).logits[:, -1, :]
-        run.nxt = None
+        logits = self.model(input_ids=x, attention_mask=mask, position_ids=p, cache=run.cache, use_cache=True,
+                            logits_to_keep=t).logits
+        kept = 0
+        if t > 1:
+            picks = self._argmax(logits).tolist()
+            kept = settle([r.gen for r in rows], drafts, picks, lambda b, g: self._ends(g, rows[b].rule))
+            for layer in run.cache.layers:  # the positions after the kept drafts go
+                layer.crop(kept + 1 - t)
+            mask = mask[:, :mask.shape[1] + kept + 1 - t]
+            self.stats["draft_passes"] += 1
+            self.stats["draft_tokens_kept"] += kept * len(rows)
+        for r in rows:
+            r.passes.append((t, r.pos))
+            if t > 1:
+                r.drafted.append((t, r.pos, kept + 1))
+            r.pos += kept + 1
+        run.mask, run.last, run.nxt = mask, logits[:, kept, :], None
         self._note_kv(self._held_base + cache_bytes(run.cache))
+
+    def _drafts(self, run: Any) -> list[list[int]] | None:
+        """Each row's draft when few rows run and every row has one, else None."""
+        if not self.draft_tokens or len(run.rows) > DRAFT_ROWS or not run.mergeable:
+            return None
+        out = []
+        for r in run.rows:
+            d = propose(self._sessions[r.sid].ids[:r.base] + r.gen, min(self.draft_tokens, r.left() - 1))
+            if not d:
+                return None
+            out.append(d)
+        return out
 
     def _pick(self, run: Any) -> list[Any]:
         """Pick each row's next token; cut the rows whose turn ended out of the batch.
 
         Returns the finished rows, each with its keys/values (``row.kept``) when they are kept.
         """
-        torch = self._torch
-        last = run.last
-        # ragfast's argmax on the CPU (fp32 and bf16 logits): torch's is not vectorised for bf16
-        # (17 ms of a 285 ms step at 64 rows of the 0.5B); the same answer, the first of equals.
-        ours = last.device.type == "cpu" and last.dtype in (torch.float32, torch.bfloat16)
-        nxt = greedy_pick(last) if ours else last.argmax(dim=-1)
+        nxt = self._argmax(run.last)
         run.last = None
         toks = nxt.tolist()  # one device->host copy per step, not one per row
-        eos = self._eos
         fin = []
         for r, (row, tok) in enumerate(zip(run.rows, toks)):
             row.gen.append(tok)
-            rule = row.rule
-            hit = tok in eos or len(row.gen) >= rule.max_new
-            if not hit and rule.stop and self._may_end_stop(tok, rule.last_chars):
-                tail = self.tokenizer.decode(row.gen[-rule.window:], skip_special_tokens=True)
-                hit = any(x in tail for x in rule.stop)
-            if hit:
+            if self._ends(row.gen, row.rule):
                 fin.append(r)
         run.nxt = nxt
         # Drop finished rows now: decoding padding for them would waste a full row.
         return self._cut(run, fin, keep_kv=self.kv_reuse) if fin else []
+
+    def _argmax(self, logits: Any) -> Any:
+        # ragfast's argmax on the CPU (fp32 and bf16 logits): torch's is not vectorised for bf16
+        # (17 ms of a 285 ms step at 64 rows of the 0.5B); the same answer, the first of equals.
+        ours = logits.device.type == "cpu" and logits.dtype in (self._torch.float32, self._torch.bfloat16)
+        return greedy_pick(logits) if ours else logits.argmax(dim=-1)
 
     def _cut(self, run: Any, gone: list[int], keep_kv: bool) -> list[Any]:
         rows = run.cut(gone, keep_kv)
@@ -723,78 +734,18 @@ class HFGenerator(ChunkBudget, Generator):
         out[sid] = text
         return turn_figures(self.config, row, self.weight_info.read_bytes)
 
-    def _share_prefix(self, sessions: list[_HFSession]) -> dict[int, list[tuple[int, int]]]:
-        """Seed sessions with the keys/values of prefixes they share.
-
-        Sessions matching the kept prefix take its first tokens. The others, if two or more
-        share ``min_prefix`` tokens, get that common prefix computed once (one batch-1 forward
-        pass); a lone one gets its own prompt but the last token computed the same way, kept for
-        the next sessions (one-at-a-time calls). Then rows whose tokens extend one another
-        (S2G's probes of one session's states) share the longest one's keys/values
-        (:func:`ragfast.models.prefix_share.share_nested`). Each session keeps at least one
-        token to compute, whose logits start its turn.
-
-        Returns
-        -------
-        dict
-            Row -> ``[(tokens, past), ...]``: what was computed here for the chunk, booked by that
-            row's ledger entry.
-        """
-        paid: dict[int, list[tuple[int, int]]] = {}
-        cold = [b for b, s in enumerate(sessions) if s.kv is None and len(s.ids) > self.min_prefix]
-        rest = [b for b in cold if not self._seed(sessions[b])]
-        if rest:
-            first = sessions[rest[0]].ids
-            n = len(first) - 1
-            for b in rest[1:]:
-                n = min(n, common_prefix(first, sessions[b].ids), len(sessions[b].ids) - 1)
-            if len(rest) == 1 or n < self.min_prefix:
-                # Nothing shared inside this chunk: the first one's prompt becomes the kept prefix.
-                n = len(first) - 1
-            prefix = list(first[:n])
-            self._template = (prefix, extend_kv(self.model, self.config, prefix, None, self.device))
-            self.stats["prefix_tokens_computed"] += n
-            for b in rest:
-                self._seed(sessions[b], count=b != rest[0])
-            paid[rest[0]] = [(n, 0)]
-        for b, more in share_nested(self.model, self.config, sessions, self.min_prefix, self.device,
-                                    self.stats).items():
-            paid.setdefault(b, []).extend(more)
-        return paid
-
-    def _seed_ended(self, sess: _HFSession) -> bool:
-        """Give a session the keys/values it shares with the ended session of its prompt (:meth:`keep_ended`)."""
-        ended = (self._ended or {}).get(sess.prompt)
-        if ended is None or sess.ids[:len(sess.prompt)] != list(sess.prompt):
-            return False
-        ids, kv = ended
-        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
-        if m < self.min_prefix:
-            return False
-        sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]
-        sess.n_cached = m
-        self.stats["prefix_tokens_reused"] += m
-        return True
-
-    def _seed(self, sess: _HFSession, count: bool = True) -> bool:
-        """Give a session the kept prefix's keys/values for the tokens they share; False if too few."""
-        if self._template is None:
-            return False
-        ids, kv = self._template
-        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
-        if m < self.min_prefix:
-            return False
-        sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]
-        sess.n_cached = m
-        if count:
-            self.stats["prefix_tokens_reused"] += m
-        return True
-
-    def _may_end_stop(self, tok: int, last_chars: set[str] | None) -> bool:
-        if last_chars is None:
+    def _ends(self, gen: list[int], rule: StopRule) -> bool:
+        """Whether a turn's tokens end it at their last one: EOS, its length, or a stop string."""
+        tok = gen[-1]
+        if tok in self._eos or len(gen) >= rule.max_new:
             return True
-        text = self._piece.get(tok)
-        if text is None:
-            text = self._piece[tok] = self.tokenizer.decode([tok], skip_special_tokens=True)
-        return any(c in text for c in last_chars)
-
+        if not rule.stop:
+            return False
+        if rule.last_chars is not None:
+            text = self._piece.get(tok)
+            if text is None:
+                text = self._piece[tok] = self.tokenizer.decode([tok], skip_special_tokens=True)
+            if not any(c in text for c in rule.last_chars):
+                return False
+        tail = self.tokenizer.decode(gen[-rule.window:], skip_special_tokens=True)
+        return any(x in tail for x in rule.stop)

@@ -14,11 +14,14 @@ steps out on the generator's sessions and says which rows pay for what was compu
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+import contextlib
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-__all__ = ["common_prefix", "plan_nested", "share_nested"]
+from ragfast.models.kv_buffer import extend_kv
+
+__all__ = ["PrefixSeeding", "common_prefix", "plan_nested", "share_nested"]
 
 
 def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
@@ -98,8 +101,6 @@ def share_nested(model: Any, config: Any, sessions: Sequence[Any], min_prefix: i
         Row -> ``[(tokens, past), ...]``: keys/values computed here for that row (``tokens``
         new ones after ``past`` cached), which its ledger entry books.
     """
-    from ragfast.models.kv_buffer import extend_kv
-
     paid: dict[int, list[tuple[int, int]]] = {}
     steps = plan_nested([s.ids for s in sessions], [s.n_cached if s.kv is not None else 0 for s in sessions],
                         min_prefix)
@@ -115,3 +116,110 @@ def share_nested(model: Any, config: Any, sessions: Sequence[Any], min_prefix: i
             stats["prefix_tokens_reused"] += n - past
         s.n_cached = n
     return paid
+
+
+class PrefixSeeding:
+    """Mixin of :class:`~ragfast.models.generator.HFGenerator`: sessions seeded with keys/values
+    computed once for several of them (the instruction prefix, nested states, ended sessions).
+
+    It reads the generator's ``model``, ``config``, ``device``, ``min_prefix`` and writes
+    ``_template`` (the kept prefix), ``_ended`` (inside :meth:`keep_ended`), ``stats`` and the
+    sessions' ``kv`` / ``n_cached``.
+    """
+
+    _template: Any
+    _ended: Any
+    stats: dict[str, int]
+    min_prefix: int
+
+    @contextlib.contextmanager
+    def keep_ended(self) -> Iterator[Any]:
+        """Within the block, keep each ended session's keys/values for a later session on the same prompt.
+
+        A new session then starts from the tokens it shares with the last ended session that opened
+        with its prompt (S2G's answer-only probes of a run's states: each probe re-reads a prefix
+        of its trajectory, whose keys/values the run computed). Those tokens are neither computed
+        again nor booked, as in a live session that holds its cache. The kept caches count against
+        the memory budget and are the first to go when a turn needs the room; all go when the
+        block ends.
+        """
+        outer = self._ended is not None
+        if not outer:
+            self._ended = {}
+        try:
+            yield self
+        finally:
+            if not outer:
+                self._ended = None
+
+    def forget_prefix(self) -> None:
+        """Drop the kept shared prefix (benchmarks: every repetition computes it afresh)."""
+        self._template = None
+
+    def _share_prefix(self, sessions: list[Any]) -> dict[int, list[tuple[int, int]]]:
+        """Seed sessions with the keys/values of prefixes they share.
+
+        Sessions matching the kept prefix take its first tokens. The others, if two or more
+        share ``min_prefix`` tokens, get that common prefix computed once (one batch-1 forward
+        pass); a lone one gets its own prompt but the last token computed the same way, kept for
+        the next sessions (one-at-a-time calls). Then rows whose tokens extend one another
+        (S2G's probes of one session's states) share the longest one's keys/values
+        (:func:`ragfast.models.prefix_share.share_nested`). Each session keeps at least one
+        token to compute, whose logits start its turn.
+
+        Returns
+        -------
+        dict
+            Row -> ``[(tokens, past), ...]``: what was computed here for the chunk, booked by that
+            row's ledger entry.
+        """
+        paid: dict[int, list[tuple[int, int]]] = {}
+        cold = [b for b, s in enumerate(sessions) if s.kv is None and len(s.ids) > self.min_prefix]
+        rest = [b for b in cold if not self._seed(sessions[b])]
+        if rest:
+            first = sessions[rest[0]].ids
+            n = len(first) - 1
+            for b in rest[1:]:
+                n = min(n, common_prefix(first, sessions[b].ids), len(sessions[b].ids) - 1)
+            if len(rest) == 1 or n < self.min_prefix:
+                # Nothing shared inside this chunk: the first one's prompt becomes the kept prefix.
+                n = len(first) - 1
+            prefix = list(first[:n])
+            self._template = (prefix, extend_kv(self.model, self.config, prefix, None, self.device))
+            self.stats["prefix_tokens_computed"] += n
+            for b in rest:
+                self._seed(sessions[b], count=b != rest[0])
+            paid[rest[0]] = [(n, 0)]
+        for b, more in share_nested(self.model, self.config, sessions, self.min_prefix, self.device,
+                                    self.stats).items():
+            paid.setdefault(b, []).extend(more)
+        return paid
+
+    def _seed_ended(self, sess: Any) -> bool:
+        """Give a session the keys/values it shares with the ended session of its prompt (:meth:`keep_ended`)."""
+        ended = (self._ended or {}).get(sess.prompt)
+        if ended is None or sess.ids[:len(sess.prompt)] != list(sess.prompt):
+            return False
+        ids, kv = ended
+        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
+        if m < self.min_prefix:
+            return False
+        sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]
+        sess.n_cached = m
+        self.stats["prefix_tokens_reused"] += m
+        return True
+
+    def _seed(self, sess: Any, count: bool = True) -> bool:
+        """Give a session the kept prefix's keys/values for the tokens they share; False if too few."""
+        if self._template is None:
+            return False
+        ids, kv = self._template
+        m = min(common_prefix(ids, sess.ids), len(sess.ids) - 1)
+        if m < self.min_prefix:
+            return False
+        sess.kv = [(k[:, :m], v[:, :m]) for k, v in kv]
+        sess.n_cached = m
+        if count:
+            self.stats["prefix_tokens_reused"] += m
+        return True
+
