@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from ragfast.accounting.ledger import CostLedger
-from ragfast.models.drafts import propose, settle
+from ragfast.models.drafts import draft_width, propose, settle
 from ragfast.protocol import build_prompt
 
 
@@ -25,21 +25,26 @@ def test_propose_takes_what_followed_the_latest_longest_match():
     assert propose([5, 6, 7, 5, 8, 7], 4) == [5, 8, 7, 5]
 
 
-def test_settle_keeps_the_drafts_every_row_accepted_and_leaves_a_stop_out():
-    gens = [[10], [20]]
-    # row 0 accepts 3 drafts, row 1 two: the batch keeps two for both
-    k = settle(gens, [[1, 2, 3, 4], [5, 6, 0]], [[1, 2, 3, 9, 9], [5, 6, 7, 9]], lambda r, g: False)
-    assert k == 2 and gens == [[10, 1, 2], [20, 5, 6]]
+def test_settle_keeps_each_rows_accepted_drafts_and_leaves_a_stop_out():
+    gens = [[10], [20], [30]]
+    # row 0 accepts 3 drafts, row 1 two (its third differs), row 2 none (an empty draft)
+    k = settle(gens, [[1, 2, 3, 4], [5, 6, 0], []], [[1, 2, 3, 9, 9], [5, 6, 7, 9], [4]], lambda r, g: False)
+    assert k == [3, 2, 0] and gens == [[10, 1, 2, 3], [20, 5, 6], [30]]
     # a draft that ends its row's turn is left to the next pick (which ends the turn there)
     gens = [[10]]
-    k = settle(gens, [[1, 2, 3]], [[1, 2, 3, 4]], lambda r, g: g[-1] == 2)
-    assert k == 1 and gens == [[10, 1]]
+    assert settle(gens, [[1, 2, 3]], [[1, 2, 3, 4]], lambda r, g: g[-1] == 2) == [1] and gens == [[10, 1]]
     # the rule sees the drafts before it (a stop string spans tokens)
     gens = [[10]]
-    k = settle(gens, [[1, 2, 3]], [[1, 2, 3, 4]], lambda r, g: g[-2:] == [2, 3])
-    assert k == 2 and gens == [[10, 1, 2]]
+    assert settle(gens, [[1, 2, 3]], [[1, 2, 3, 4]], lambda r, g: g[-2:] == [2, 3]) == [2] and gens == [[10, 1, 2]]
     gens = [[10]]
-    assert settle(gens, [[1, 2]], [[3, 2, 1]], lambda r, g: False) == 0 and gens == [[10]]
+    assert settle(gens, [[1, 2]], [[3, 2, 1]], lambda r, g: False) == [0] and gens == [[10]]
+
+
+def test_draft_width_drafts_only_for_few_rows():
+    from ragfast.models.drafts import DRAFT_ROWS
+
+    assert draft_width(1, 5) == 5 and draft_width(1, 0) == 0 and draft_width(DRAFT_ROWS, 3) == 3
+    assert draft_width(DRAFT_ROWS + 1, 5) == 0
 
 
 @pytest.fixture(scope="module")
@@ -90,40 +95,39 @@ def test_drafted_decoding_gives_the_tokens_of_one_token_steps_and_books_every_pa
     assert sum(a.flops for a in led.records) > sum(b.flops for b in led0.records)  # some drafts were rejected
 
 
-@pytest.mark.parametrize("wrong_every", [0, 3])
-def test_a_stop_inside_kept_drafts_ends_the_turn_where_steps_would(qwen2, monkeypatch, wrong_every):
-    """Drafts from an oracle (the plain run's own continuation, every third token wrong or
-    none): the turns end at the stop string inside a pass's drafts exactly where one-token steps
-    end them."""
+@pytest.mark.parametrize("questions,wrong_every", [(1, 0), (1, 3), (3, 2)])
+def test_a_stop_inside_kept_drafts_ends_the_turn_where_steps_would(qwen2, monkeypatch, questions, wrong_every):
+    """Drafts from an oracle (the plain run's own continuation; none wrong, every third, or per
+    row every second to fourth, so rows keep different counts and leave masked columns): the
+    turns end at the stop string inside a pass's drafts exactly where one-token steps end them."""
+    import ragfast.models.drafts as dm
     import ragfast.models.generator as gm
 
-    q = ["who wrote hamlet"]
-    _, first, _, _ = _turns(qwen2, 0, q)
+    monkeypatch.setattr(dm, "DRAFT_ROWS", 4)  # every row of the three drafts from the first step
+    q = ["who wrote hamlet", "who wrote hamlet and why", "x"][:questions]
+    _, first, _, _ = _turns(qwen2, 0, q[:1])
     text = first[0][0]
     stop = text[len(text) // 2:len(text) // 2 + 4]  # mid-turn, past the first passes
     seen: list = []
     _, want, want_tok, led0 = _turns(qwen2, 0, q, stop=[stop], seen=seen)
 
     def oracle(ctx, k):
-        before, gen = next((b, g) for b, g in reversed(seen) if list(ctx[:len(b)]) == b)
+        i, before, gen = next((i, b, g) for i, (b, g) in reversed(list(enumerate(seen))) if list(ctx[:len(b)]) == b)
         d = gen[len(ctx) - len(before):][:k]
-        return [t + 1 if wrong_every and j % wrong_every == 2 else t for j, t in enumerate(d)]
+        every = wrong_every and wrong_every + (i % questions if questions > 1 else 0)
+        return [t + 1 if every and j % every == every - 1 else t for j, t in enumerate(d)]
 
-    monkeypatch.setattr(gm, "propose", oracle)
-    g, got, tok, led = _turns(qwen2, 5, q, stop=[stop])
+@pytest.mark.parametrize("rows", [2, 4])
+def test_rows_that_keep_different_drafts_give_the_tokens_of_one_token_steps(qwen2, monkeypatch, rows):
+    import ragfast.models.drafts as dm
+
+    monkeypatch.setattr(dm, "DRAFT_ROWS", rows)
+    qs = ["who wrote hamlet", "who wrote hamlet and why", "x", "which river runs through paris"][:rows]
+    _, want, want_tok, led0 = _turns(qwen2, 0, qs)
+    g, got, tok, led = _turns(qwen2, 5, qs)
     assert got == want and tok == want_tok
     assert [r.output_tokens for r in led.records] == [r.output_tokens for r in led0.records]
-    assert stop in got[0][0] and g.stats["draft_tokens_kept"] > 0
-    if not wrong_every:  # every draft right: a pass keeps all it fed but the turn's end
-        assert g.stats["draft_tokens_kept"] >= 3 * g.stats["draft_passes"]
-
-
-def test_two_rows_keep_the_drafts_both_accepted(qwen2):
-    qs = ["who wrote hamlet", "who wrote hamlet and why"]
-    _, want, want_tok, _ = _turns(qwen2, 0, qs)
-    g, got, tok, _ = _turns(qwen2, 5, qs)
-    assert got == want and tok == want_tok
-    assert g.stats["draft_passes"] > 0
+    assert g.stats["draft_passes"] > 0 and g.stats["draft_tokens_kept"] > 0
 
 
 def test_draft_tokens_must_not_be_negative(qwen2):

@@ -9,14 +9,16 @@ generated tokens of the trained 0.5B reasoner), five such tokens gave 2.9 tokens
 
 When few rows decode (a call's tail: one row took 717 of the 1,159 decode steps of that run,
 at 33 ms each on an AMD EPYC Zen 4), each row feeds its picked token and up to
-:data:`DRAFT_TOKENS` looked-up tokens in one pass: six tokens at one row took 37 ms there
-against 32 for one, since such a pass is bound by reading the weights, not by its tokens. The
-pass's greedy picks accept a row's drafts up to the first that differs, and the cache keeps the
-accepted positions only. The accepted tokens are what step-by-step greedy decoding picks (the
-same positions over the same tokens; only the matmul shapes differ, as between batch sizes).
+:data:`DRAFT_TOKENS` looked-up tokens in one pass, which costs little more than a one-token
+step while it is bound by reading the weights (:data:`DRAFT_ROWS`). The pass's greedy picks
+accept a row's drafts up to the first that differs. The batch cache drops the columns no row
+kept; a row's rejected drafts stay as masked columns (the mask may hold padding between a
+row's tokens, as between a cache and new tokens) until the row is cut out. The kept tokens are
+what step-by-step greedy decoding picks (the same positions over the same tokens; only the
+matmul shapes differ, as between batch sizes).
 
 :func:`propose` looks a draft up (pure: tokens in, tokens out); :func:`settle` takes a pass's
-picks, appends the tokens every row accepted, and says how many positions the batch keeps.
+picks and appends the tokens each row accepted.
 """
 from __future__ import annotations
 
@@ -24,18 +26,26 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["DRAFT_TOKENS", "DRAFT_ROWS", "NGRAM", "propose", "settle"]
+__all__ = ["DRAFT_ROWS", "DRAFT_TOKENS", "NGRAM", "draft_width", "propose", "settle"]
 
 #: Draft tokens a row feeds beside its picked token. Five: replayed on the bench's test questions,
 #: 3 / 5 / 7 drafts gave 2.41 / 2.88 / 3.13 tokens a pass, and one-row passes of 4 / 6 / 8 tokens
 #: took 37.1 / 37.3 / 41.8 ms (Qwen2.5-Coder-0.5B w8a8, 1,500 cached tokens, two threads, AMD EPYC
 #: Zen 4): 12.9 ms a token at five against 13.4 at seven and 15.4 at three.
 DRAFT_TOKENS = 5
-#: Most rows a drafted pass serves. The batch keeps one width, so every row keeps as many drafts
-#: as the row that accepted fewest; with more rows that is mostly none, and the pass costs more.
+#: Most rows a drafted pass serves. A pass of several tokens a row costs little more than a step
+#: only while it is bound by reading the weights: one row 37 ms for six tokens against 32 for one,
+#: two rows 52 against 37, but four rows 63 ms for three tokens each against 32, eight rows 91 ms
+#: for two against 43 (Qwen2.5-Coder-0.5B w8a8, 1,200 cached tokens, two threads, AMD EPYC Zen 4),
+#: more than the ~2.9 tokens a five-token draft yields can pay for.
 DRAFT_ROWS = 2
 #: Longest suffix (tokens) looked up; shorter ones are tried when it has no earlier occurrence.
 NGRAM = 3
+
+
+def draft_width(rows: int, k: int) -> int:
+    """Drafts per row in a pass of ``rows`` rows: ``k`` up to :data:`DRAFT_ROWS` rows, else none."""
+    return max(0, k) if rows <= DRAFT_ROWS else 0
 
 
 def propose(ctx: Sequence[int] | np.ndarray, k: int, ngram: int = NGRAM) -> list[int]:
@@ -62,15 +72,15 @@ def propose(ctx: Sequence[int] | np.ndarray, k: int, ngram: int = NGRAM) -> list
 
 
 def settle(gens: Sequence[list[int]], drafts: Sequence[Sequence[int]], picks: Any,
-           ends: Callable[[int, list[int]], bool]) -> int:
-    """Take one drafted pass's greedy picks: how many drafts every row keeps, appended to its tokens.
+           ends: Callable[[int, list[int]], bool]) -> list[int]:
+    """Take one drafted pass's greedy picks: how many drafts each row keeps, appended to its tokens.
 
     Parameters
     ----------
     gens : sequence of list of int
         Each row's generated tokens; its last one was fed first in the pass, its draft after it.
     drafts : sequence of sequence of int
-        Each row's draft.
+        Each row's draft (may be empty).
     picks : sequence of sequence of int
         ``picks[r][j]``: row ``r``'s greedy token after its ``j``-th fed token.
     ends : callable
@@ -79,21 +89,19 @@ def settle(gens: Sequence[list[int]], drafts: Sequence[Sequence[int]], picks: An
 
     Returns
     -------
-    int
-        ``A``: the drafts every row accepted, up to the first that ends its row's turn, which is
-        left out (the next pick takes it from the logits after the ``A`` kept drafts, and the
-        turn ends there as it would step by step). Each ``gens[r]`` gets its first ``A`` drafts.
+    list of int
+        Per row, the drafts it accepted (equal to its picks) up to the first that ends its turn,
+        which is left out: the next pick takes it from the logits after the kept drafts, and the
+        turn ends there as it would step by step. ``gens[r]`` gets its kept drafts.
     """
-    keep = None
-    n0 = [len(g) for g in gens]
+    keeps = []
     for r, (gen, d, p) in enumerate(zip(gens, drafts, picks)):
         a = 0
         while a < len(d) and d[a] == p[a]:
             gen.append(d[a])
             if ends(r, gen):
+                gen.pop()
                 break
             a += 1
-        keep = a if keep is None else min(keep, a)
-    for gen, n in zip(gens, n0):
-        del gen[n + (keep or 0):]
-    return keep or 0
+        keeps.append(a)
+    return keeps

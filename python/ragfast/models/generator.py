@@ -19,7 +19,7 @@ from ragfast.models.base import Generator, check_new_sessions, check_sessions, c
 from ragfast.models.chunk_budget import ChunkBudget
 from ragfast.models.decode_batch import (Row, RunningBatch, StopRule, admit_count, padded_inputs, return_now,
                                          share_time, turn_figures)
-from ragfast.models.drafts import DRAFT_ROWS, DRAFT_TOKENS, propose, settle
+from ragfast.models.drafts import DRAFT_TOKENS, draft_width, propose, settle
 from ragfast.models.kv_buffer import (cache_bytes, cache_for, fill_left_padded, merge_left_padded,
                                       prefill_groups, reserve_rows, row_view)
 from ragfast.models.memory_budget import AUTO, GenerationBytes, parse_size, release_free_heap
@@ -144,7 +144,7 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         where that saves more padding than a pass costs (:func:`~ragfast.models.kv_buffer.prefill_groups`).
         0: one pass.
     draft_tokens : int
-        With at most :data:`~ragfast.models.drafts.DRAFT_ROWS` rows decoding, each feeds up to this
+        When few rows decode (:func:`~ragfast.models.drafts.draft_width`), each feeds up to this
         many tokens looked up in its own context after its picked one, and keeps those the pass's
         greedy picks confirm (:mod:`~ragfast.models.drafts`); the ledger books every token fed.
         0: one token a step.
@@ -295,7 +295,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         d = {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
              "architecture": (self.config.architectures or [type(self.model).__name__])[0],
              "device": self.device, "dtype": dt, "weights": self.weight_info.describe(dt),
-             "weight_read_bytes": self.weight_info.read_bytes, "kv_reuse": self.kv_reuse}
+             "weight_read_bytes": self.weight_info.read_bytes, "kv_reuse": self.kv_reuse,
+             "draft_tokens": self.draft_tokens}
         if self.kv_reuse_note:
             d["kv_reuse_note"] = self.kv_reuse_note
         st = self.stats
@@ -605,8 +606,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         self._note_kv(self._held_base + cache_bytes(self._run.cache))
 
     def _feed(self, run: Any) -> None:
-        """One decode step: the rows' picked tokens through the model, their logits kept; with
-        few rows, each row's draft after its token (:mod:`ragfast.models.drafts`)."""
+        """One decode step: the rows' picked tokens through the model, their logits kept; with few
+        rows, each row's draft after its token (:mod:`ragfast.models.drafts`)."""
         torch = self._torch
         dev, rows = self.device, run.rows
         drafts = self._drafts(run)
@@ -614,42 +615,44 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         if t == 1:
             x = run.nxt.view(-1, 1)
         else:  # a short draft is padded with its last token: computed, never accepted past its length
-            x = torch.tensor([[n] + d + d[-1:] * (t - 1 - len(d)) for n, d in zip(run.nxt.tolist(), drafts)],
-                             dtype=torch.long, device=dev)
-        mask = torch.cat([run.mask, torch.ones((len(rows), t), dtype=torch.long, device=dev)], dim=1)
+            x = [[n] + d for n, d in zip(run.nxt.tolist(), drafts)]
+            x = torch.tensor([r + r[-1:] * (t - len(r)) for r in x], dtype=torch.long, device=dev)
         p = torch.tensor([[r.pos + j for j in range(t)] for r in rows], dtype=torch.long, device=dev)
         self.stats["decode_rows"] += len(rows)
         self.stats["decode_steps"] += 1
-        logits = self.model(input_ids=x, attention_mask=mask, position_ids=p, cache=run.cache, use_cache=True,
-                            logits_to_keep=t).logits
-        kept = 0
+        logits = self.model(input_ids=x, attention_mask=torch.cat([run.mask, run.mask.new_ones((len(rows), t))], dim=1),
+                            position_ids=p, cache=run.cache, use_cache=True, logits_to_keep=t).logits
+        keeps = [0] * len(rows)
         if t > 1:
-            picks = self._argmax(logits).tolist()
-            kept = settle([r.gen for r in rows], drafts, picks, lambda b, g: self._ends(g, rows[b].rule))
-            for layer in run.cache.layers:  # the positions after the kept drafts go
-                layer.crop(kept + 1 - t)
-            mask = mask[:, :mask.shape[1] + kept + 1 - t]
+            keeps = settle([r.gen for r in rows], drafts, self._argmax(logits).tolist(),
+                           lambda b, g: self._ends(g, rows[b].rule))
+            top = max(keeps)
+            for layer in run.cache.layers:  # columns no row keeps go; a row's rejected drafts stay, masked
+                layer.crop(top + 1 - t)
+            k = torch.tensor(keeps, dtype=torch.long, device=dev)
+            kept_cols = (torch.arange(top + 1, device=dev)[None, :] <= k[:, None]).to(run.mask.dtype)
+            run.mask = torch.cat([run.mask, kept_cols], dim=1)
+            run.last = logits[torch.arange(len(rows), device=dev), k]
             self.stats["draft_passes"] += 1
-            self.stats["draft_tokens_kept"] += kept * len(rows)
-        for r in rows:
+            self.stats["draft_tokens_kept"] += sum(keeps)
+        else:
+            run.mask = torch.cat([run.mask, run.mask.new_ones((len(rows), 1))], dim=1)
+            run.last = logits[:, -1, :]
+        for r, kept in zip(rows, keeps):
             r.passes.append((t, r.pos))
             if t > 1:
                 r.drafted.append((t, r.pos, kept + 1))
             r.pos += kept + 1
-        run.mask, run.last, run.nxt = mask, logits[:, kept, :], None
+        run.nxt = None
         self._note_kv(self._held_base + cache_bytes(run.cache))
 
     def _drafts(self, run: Any) -> list[list[int]] | None:
-        """Each row's draft when few rows run and every row has one, else None."""
-        if not self.draft_tokens or len(run.rows) > DRAFT_ROWS or not run.mergeable:
+        """Each row's draft when few enough rows run for a drafted pass (and some row has one), else None."""
+        k = draft_width(len(run.rows), self.draft_tokens) if run.mergeable else 0
+        if k < 1:
             return None
-        out = []
-        for r in run.rows:
-            d = propose(self._sessions[r.sid].ids[:r.base] + r.gen, min(self.draft_tokens, r.left() - 1))
-            if not d:
-                return None
-            out.append(d)
-        return out
+        out = [propose(self._sessions[r.sid].ids[:r.base] + r.gen, min(k, r.left() - 1)) for r in run.rows]
+        return out if any(out) else None
 
     def _pick(self, run: Any) -> list[Any]:
         """Pick each row's next token; cut the rows whose turn ended out of the batch.

@@ -80,7 +80,7 @@ def reasoner_kwargs(cfg: RunSettings) -> dict[str, Any]:
     return dict(seed=cfg.seed, max_turns=cfg.budget, device=cfg.slot_device["reasoner"], dtype=cfg.dtype,
                 weights=cfg.weights, batch_size=cfg.batch_size, max_context=cfg.prompt_budget,
                 served_model=cfg.served_model, tokenizer=cfg.reasoner_tokenizer, model_config=cfg.reasoner_config,
-                memory_budget=cfg.memory_budget)
+                memory_budget=cfg.memory_budget, draft_tokens=cfg.draft_tokens)
 
 
 def _generator_factory(cfg: RunSettings) -> tuple[Callable[[], Any], dict[str, Any]]:

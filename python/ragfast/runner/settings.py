@@ -110,6 +110,11 @@ class RunSettings:
         local reasoner a finished turn goes on to its search and next turn while the other rows
         keep decoding (the same trajectories up to the batch's numerics, fuller batches); False:
         fixed batches, each turn waiting for its slowest row.
+    draft_tokens : int
+        A local reasoner's prompt-lookup drafts: when few rows decode, each feeds up to this many
+        tokens that followed its latest tokens' earlier occurrence, and keeps those the pass
+        confirms (:mod:`ragfast.models.drafts`; the same tokens up to the pass's numerics, every
+        token fed booked). 0: one token a step.
     retry_failed : bool
         With ``--resume``: run again the questions recorded as failed (a component refused
         them, or its retries were spent); without it a resume keeps their records.
@@ -165,6 +170,7 @@ class RunSettings:
     threads: int | None = None
     memory_budget: str | int = "auto"
     refill: bool = True
+    draft_tokens: int = 5
     retry_failed: bool = False
     checker_llm: str = "reasoner"
     stages: str = "ABCDE"
@@ -207,6 +213,8 @@ class RunSettings:
         for name in ("max_new_tokens", "max_obs_tokens", "prompt_budget"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.draft_tokens < 0:
+            raise ConfigError(f"--draft-tokens must be >= 0, got {self.draft_tokens}")
         if self.dtype not in (None, *DTYPES):
             raise ConfigError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.weights not in WEIGHTS:
@@ -425,6 +433,9 @@ HELP: dict[str, str] = {
     "refill": "Continuous batching (default): a queued question starts as soon as one finishes, and a local "
               "reasoner's finished turn searches and goes on while other rows decode. --no-refill: fixed batches, "
               "each turn waiting for its slowest row.",
+    "draft_tokens": "Local reasoner: when few rows decode, each feeds up to this many draft tokens looked up in its "
+                    "own context (what followed its latest tokens before) and keeps those the pass confirms: the "
+                    "same greedy text in fewer passes (default 5; 0: one token a step).",
     "retry_failed": "With --resume: run again the questions recorded as failed (default: keep their records).",
     "checker_llm": "StepGap: LLM of stages A-C: reasoner (the reasoner when it is an LM; default) | tiny | a "
                    "catalogue model | a local directory | none.",

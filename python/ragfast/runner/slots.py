@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.errors import ConfigError
 from ragfast.infra.http import is_url
+from ragfast.models.drafts import DRAFT_TOKENS
 from ragfast.models.hub import local_model
 
 log = logging.getLogger(__name__)
@@ -96,7 +97,7 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
              batch_size: int = 64, max_context: int | None = None, max_turns: int = 4,
              served_model: str | None = None, tokenizer: str | None = None, model_config: str | None = None,
              api_key: str | None = None, concurrency: int = 16, check: bool = True,
-             memory_budget: str | int | None = "auto") -> Any:
+             memory_budget: str | int | None = "auto", draft_tokens: int = DRAFT_TOKENS) -> Any:
     """The reasoner: ``scripted``, ``tiny``, a local model directory or an OpenAI-compatible URL.
 
     Parameters
@@ -114,6 +115,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
         Check a URL is reachable first (one clear error instead of a failure mid-run).
     memory_budget : str, int or None
         A local model's memory budget beyond its weights (:class:`~ragfast.models.generator.HFGenerator`).
+    draft_tokens : int
+        A local model's prompt-lookup drafts (:class:`~ragfast.models.generator.HFGenerator`; 0: none).
     weights : str
         A local model's linear layers: ``"native"``, ``"int8"`` (weight-only), ``"w8a8"`` or ``"auto"``
         (:func:`ragfast.models.weight_quant.auto_weights`).
@@ -126,7 +129,8 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
     name, opts = split_spec(spec)
     kw = dict(seed=seed, device=device, dtype=dtype, weights=weights, batch_size=batch_size,
               max_context=max_context, max_turns=max_turns, served_model=served_model, tokenizer=tokenizer,
-              model_config=model_config, api_key=api_key, concurrency=concurrency, memory_budget=memory_budget)
+              model_config=model_config, api_key=api_key, concurrency=concurrency, memory_budget=memory_budget,
+              draft_tokens=draft_tokens)
     kw.update(opts)
     from ragfast.models.generator import HFGenerator
     from ragfast.models.scripted import ScriptedGenerator
@@ -135,7 +139,7 @@ def reasoner(spec: str | Mapping[str, Any], *, seed: int = 0, device: str = "cpu
     if name == "scripted":
         return ScriptedGenerator(seed=kw["seed"], max_searches=kw["max_turns"])
     hf = dict(device=kw["device"], dtype=kw["dtype"], weights=kw["weights"], max_batch=kw["batch_size"],
-              max_context=kw["max_context"], memory_budget=kw["memory_budget"])
+              max_context=kw["max_context"], memory_budget=kw["memory_budget"], draft_tokens=kw["draft_tokens"])
     if name == "tiny":
         from ragfast.models.tiny import tiny_path
 
