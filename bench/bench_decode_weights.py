@@ -19,7 +19,10 @@ another catalogued model or directory), all loaded in this process:
   torch's SDPA (ragfast's decode-attention kernel off: ``set_decode_attention(model, False)``) and
   every RMSNorm and SiLU gate on the modules' own code (``set_fused_layers(model, False)``), as
   before those kernels. ``bf16-torch`` is the bf16
-  generator that issue 38's batch-64 goal is measured against.
+  generator that issue 38's batch-64 goal is measured against;
+* any of them with a ``+draft`` suffix (``w8a8-bf16+draft``): the generator's prompt-lookup
+  drafts on (models/drafts.py: up to two rows feed looked-up tokens after their picked one and
+  keep those the pass confirms); every other provider decodes one token a step.
 
 The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner
 before gemv); every ratio is against it.
@@ -56,6 +59,8 @@ from bench.harness import print_table, row, write_csv  # noqa: E402
 PROVIDERS = {"fp32": ("float32", "native"), "bf16": ("bfloat16", "native"), "int8": ("float32", "int8"),
              "int8-bf16": ("bfloat16", "int8"), "w8a8": ("float32", "w8a8"), "w8a8-bf16": ("bfloat16", "w8a8")}
 PROVIDERS.update({f"{k}-torch": v for k, v in list(PROVIDERS.items())})
+#: Provider suffix: the generator's prompt-lookup drafts on (``HFGenerator(draft_tokens=...)``).
+DRAFT = "+draft"
 
 
 def cpu_model() -> str:
@@ -103,15 +108,18 @@ def linear_params(model) -> int:
                if hasattr(m, "in_features") and hasattr(m, "out_features"))
 
 
-def load(model: str, dtype: str, weights: str, torch_only: bool = False):
+def load(model: str, dtype: str, weights: str, torch_only: bool = False, draft: bool = False):
     from ragfast.models.attention import set_decode_attention
     from ragfast.models.catalogue import resolve
+    from ragfast.models.drafts import DRAFT_TOKENS
     from ragfast.models.fused_layers import set_fused_layers
     from ragfast.models.generator import HFGenerator
     from ragfast.models.searchr1_reasoner import SearchR1Reasoner, is_adapter
     from ragfast.models.weight_quant import set_gemv_rows, set_packed
 
-    kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64)
+    # One token a step unless the provider asks for drafts: the rows compare kernels, and the
+    # generator's prompt-lookup drafts (on by default) read the weights once for several tokens.
+    kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64, draft_tokens=DRAFT_TOKENS if draft else 0)
     gen = SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
     if torch_only:
         gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0),
@@ -142,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default="qwen2.5-coder-0.5b-searchr1",
                     help="a bundled reasoner adapter, a catalogue name or a model directory")
     ap.add_argument("--providers", default="fp32-torch,fp32,bf16-torch,bf16,int8-torch,int8,int8-bf16",
-                    help="comma-separated, the anchor first, of " + ", ".join(PROVIDERS))
+                    help="comma-separated, the anchor first, of " + ", ".join(PROVIDERS) + f"; a {DRAFT} suffix "
+                    "turns the generator's prompt-lookup drafts on (every other provider decodes one token a step)")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per row")
     ap.add_argument("--reps", type=int, default=3)
@@ -164,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     gens = {}
     for n in names:
         t0 = time.perf_counter()
-        gens[n] = load(args.model, *PROVIDERS[n], torch_only=n.endswith("-torch"))
+        base = n.removesuffix(DRAFT)
+        gens[n] = load(args.model, *PROVIDERS[base], torch_only=base.endswith("-torch"), draft=n != base)
         print(f"loaded {n}: {gens[n].describe()['weights']}, {gens[n].weight_info.read_bytes / 1e6:.0f} MB read per "
               f"pass ({time.perf_counter() - t0:.0f} s)", flush=True)
     qs = load_qa("hotpotqa-dev")
@@ -174,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         one(g, prompts[:2], 2, "warm")
     bw = []
     res: dict[tuple[str, int], list[dict]] = {}
-    act = {n: "bfloat16" if PROVIDERS[n][0] == "bfloat16" else "float32" for n in names}
+    act = {n: "bfloat16" if PROVIDERS[n.removesuffix(DRAFT)][0] == "bfloat16" else "float32" for n in names}
     rate: dict[str, list[float]] = {a: [] for a in set(act.values())}
     cfg = g0.config
     for rep in range(args.reps):
