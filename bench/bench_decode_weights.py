@@ -231,9 +231,11 @@ def main(argv: list[str] | None = None) -> int:
             if b == 1:
                 floor = gens[n].weight_info.read_bytes / bw_med
                 step = statistics.median([r["t_dec"] / r["dec_tokens"] for r in rs])
-                rows.append(row("decode", n, params, "step_vs_read_floor", "x",
+                # With drafts a pass reads the weights once for several tokens: the figure is per token.
+                per = "token" if n.endswith(DRAFT) else "step"
+                rows.append(row("decode", n, params, f"{per}_vs_read_floor", "x",
                                 [r["t_dec"] / r["dec_tokens"] / floor for r in rs]))
-                line += f"  step {step * 1e3:.1f} ms = {step / floor:.2f}x the read floor ({floor * 1e3:.1f} ms)"
+                line += f"  {per} {step * 1e3:.1f} ms = {step / floor:.2f}x the read floor ({floor * 1e3:.1f} ms)"
             if b >= 16:  # batched: the linear layers' flops at the best matmul rate of the run
                 floor = 2 * b * linear_params(gens[n].model) / statistics.median(rate[act[n]])
                 step = statistics.median([r["t_dec"] / (r["dec_tokens"] / b) for r in rs])
