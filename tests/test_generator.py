@@ -202,6 +202,8 @@ def fake_server():
                 await asyncio.sleep(0.005)
         state["inflight"] -= 1
         prompt = body["prompt"]
+        if "slow" in prompt:  # a long turn: a partial call returns the others first
+            await asyncio.sleep(state.get("slow_seconds", 0.0))
         n_obs = prompt.count("<information>Doc")
         if n_obs < 2:
             full, named = f"<think>step {n_obs}</think>\n<search> capital of France {n_obs} </search> tail", True
@@ -252,6 +254,49 @@ def test_openai_generator_in_the_loop(fake_server):
     body = state["requests"][0]
     assert body["temperature"] == 0.0 and body["stop"] == list(STOP) and body["max_tokens"] == 500
     assert led.totals()["reasoner"]["calls"] == 18 and led.totals()["reasoner"]["output_tokens"] > 0
+    g.close()
+
+
+def test_openai_generator_partial_calls_and_the_loop(fake_server):
+    """Requests stay in flight across partial calls; the loop with partial turns gives the
+    trajectories of fixed batches, in more calls."""
+    from ragfast.models.openai_generator import OpenAIGenerator
+
+    url, state = fake_server
+    state["slow_seconds"] = 1.0
+    g = OpenAIGenerator(url, "fake-model", concurrency=4)
+    g.start(["fast", "slow"], ["q fast", "q slow"])
+    led = CostLedger()
+    first = g.generate(["fast", "slow"], stop=STOP, max_new_tokens=50, ledger=led, partial=True)
+    assert first[0].endswith("</search>") and first[1] is None
+    assert [r.question_id for r in led.records] == ["fast"]
+    with pytest.raises(RuntimeError, match="middle of a turn"):
+        g.append(["slow"], ["x"])
+    g.append(["fast"], ["\n\n<information>Doc 1 x</information>\n\n"])
+    # the slow request is not sent again: the next call waits for the one in flight
+    later = g.generate(["slow", "fast"], stop=STOP, max_new_tokens=50, ledger=led)
+    assert later[0] == first[0] and later[1].startswith("<think>step 1")  # the slow turn; fast's next
+    assert sum(r["prompt"] == "q slow" for r in state["requests"]) == 1
+    assert len(led.records) == 3
+    # ending a session drops its request in flight; its answer is never read
+    g.start(["gone"], ["q slow"])
+    assert g.generate(["gone", "fast"], stop=STOP, max_new_tokens=50, partial=True)[0] is None
+    g.end(["gone"])
+    assert "gone" not in g._flight
+    state["slow_seconds"] = 0.3
+    out = {}
+    for refill in (False, True):
+        g2 = OpenAIGenerator(url, "fake-model", concurrency=4)
+        n = [0]
+        inner = g2.generate
+        g2.generate = lambda *a, **k: (n.__setitem__(0, n[0] + 1), inner(*a, **k))[1]
+        qs = [Question(f"q{i}", "What is the capital of France" + (" slow" if i % 3 == 0 else ""), ["Paris"])
+              for i in range(6)]
+        tr = run_searchr1(qs, g2, _Lex(ROWS), SearchR1Config(max_turns=4, topk=1, batch_size=6, refill=refill))
+        out[refill] = ([[(x.action, x.generated) for x in t.turns] for t in tr], n[0])
+        g2.close()
+    assert out[True][0] == out[False][0] and out[True][1] > out[False][1]
+    state["slow_seconds"] = 0.0
     g.close()
 
 

@@ -93,7 +93,11 @@ class OpenAIGenerator(Generator):
 
     Each session is its text (the server's prefix cache does the KV reuse); every turn sends one
     completion request per active session, ``concurrency`` at a time, greedy
-    (``temperature=0``) with the stop strings. Servers leave the matched stop string out of the
+    (``temperature=0``) with the stop strings. With ``generate(..., partial=True)`` (the Search-R1
+    loop's ``refill``) a call returns the completions that have come back and leaves the other
+    requests in flight, so a finished turn searches and sends its next request while a long
+    turn is still being generated: the server batches whatever is in flight, and the client no
+    longer waits each turn for its slowest row. Servers leave the matched stop string out of the
     returned text, so it is put back: the one the server names in ``stop_reason`` (vLLM),
     ``matched_stop`` (SGLang) or ``__verbose.stopping_word`` (llama.cpp, whose model list says
     ``owned_by: llamacpp``; only its requests ask ``"verbose": true``). When the server names an
@@ -214,6 +218,10 @@ class OpenAIGenerator(Generator):
             model_config = read_config(model_config)
         self.model_config = model_config
         self._sessions: dict[str, str] = {}
+        #: session -> (future of its completion, what was sent, its stop strings): requests a
+        #: partial call left in flight
+        self._flight: dict[str, tuple[Any, tuple[str | list[int], int | None], list[str]]] = {}
+        self._pool: Any = None  # the request threads, made at the first call
 
     def _served_model(self, model: str | None) -> str:
         """``model``, or the server's single model; reads the model's ``max_model_len`` too."""
@@ -283,6 +291,10 @@ class OpenAIGenerator(Generator):
         return whitespace_tokens(text)
 
     def close(self) -> None:
+        self.end_flights()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
         self._client.close()
 
     def format_prompt(self, user_text: str) -> str:
@@ -313,10 +325,15 @@ class OpenAIGenerator(Generator):
 
     def append(self, ids: Sequence[str], texts: Sequence[str]) -> None:
         check_sessions(self._sessions, ids, "OpenAIGenerator.append")
+        busy = [i for i in ids if i in self._flight]
+        if busy:
+            raise RuntimeError(f"OpenAIGenerator.append: session {busy[0]!r} is in the middle of a turn "
+                               "(generate(partial=True) has not returned its text yet)")
         for i, t in zip(ids, texts):
             self._sessions[i] += t
 
     def end(self, ids: Sequence[str]) -> None:
+        self.end_flights(ids)
         for i in ids:
             self._sessions.pop(i, None)
 
@@ -365,23 +382,48 @@ class OpenAIGenerator(Generator):
             raise ModelError(f"{url}: not an OpenAI completions answer: {str(data)[:300]}") from None
         return data
 
+    #: ``generate(..., partial=True)`` is supported: requests stay in flight across calls (the
+    #: Search-R1 loop's continuous batching; the server batches whatever is in flight).
+    partial_turns = True
+
     def generate(self, ids: Sequence[str], *, stop: Sequence[str], max_new_tokens: int,
-                 ledger: CostLedger | None = None) -> list[str]:
-        from concurrent.futures import ThreadPoolExecutor
+                 ledger: CostLedger | None = None, partial: bool = False) -> list[str | None]:
+        """One completion request per session, ``concurrency`` in flight at a time.
+
+        With ``partial`` the call returns once some of its sessions' completions have come back
+        (None for the others, whose requests stay in flight for a later call naming them); the
+        call's wall time is split over the completions it returns. On an error every request in
+        flight is dropped and its session is as before the turn.
+        """
+        from concurrent.futures import FIRST_COMPLETED, ALL_COMPLETED, ThreadPoolExecutor, wait
 
         check_sessions(self._sessions, ids, "OpenAIGenerator.generate")
-        stop = list(stop)
         t0 = time.perf_counter()
-        sent = [self._fit(self._sessions[i], max_new_tokens) for i in ids]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.concurrency)
 
-        def post(session: str, p: tuple[str | list[int], int | None]) -> dict[str, Any]:
+        def post(session: str, p: tuple[str | list[int], int | None], stop: list[str], n: int) -> dict[str, Any]:
             with blame(None, [session]):  # the session whose request failed, not the whole batch
-                return self._post(p[0], stop, max_new_tokens)
+                return self._post(p[0], stop, n)
 
-        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(ids)))) as pool:
-            answers = list(pool.map(post, ids, sent))
+        for i in ids:
+            if i not in self._flight:
+                sent = self._fit(self._sessions[i], max_new_tokens)
+                self._flight[i] = (self._pool.submit(post, i, sent, list(stop), max_new_tokens), sent, list(stop))
+        futures = {self._flight[i][0]: i for i in ids}
+        try:
+            done, _ = wait(futures, return_when=FIRST_COMPLETED if partial else ALL_COMPLETED)
+            back = [i for i in ids if self._flight[i][0] in done]
+            answers = [self._flight[i][0].result() for i in back]
+        except BaseException:
+            self.end_flights()
+            raise
+        sent = [self._flight[i][1] for i in back]
+        stops = [self._flight[i][2] for i in back]
+        for i in back:
+            del self._flight[i]
         texts, fresh, cached, produced, flops, uncached = [], [], [], [], [], []
-        for i, (p, n_local), data in zip(ids, sent, answers):
+        for i, (p, n_local), data, stop in zip(back, sent, answers, stops):
             choice = data["choices"][0]
             text = choice["text"]
             if choice.get("finish_reason") == "stop":
@@ -418,10 +460,16 @@ class OpenAIGenerator(Generator):
                 # cache-independent: the same call with nothing served from the prefix cache
                 uncached.append(completion_flops(self.model_config, n_prompt, 0, n_out))
         if ledger is not None:
-            ledger.add_batch("reasoner", list(ids), seconds=time.perf_counter() - t0, input_tokens=fresh,
+            ledger.add_batch("reasoner", back, seconds=time.perf_counter() - t0, input_tokens=fresh,
                              cached_tokens=cached, output_tokens=produced, flops=flops or None,
                              flops_uncached=uncached or None)
-        return texts
+        got = dict(zip(back, texts))
+        return [got.get(i) for i in ids]
+
+    def end_flights(self, ids: Sequence[str] | None = None) -> None:
+        """Drop the requests in flight for ``ids`` (default: all): their answers are never read."""
+        for i in list(self._flight) if ids is None else [i for i in ids if i in self._flight]:
+            self._flight.pop(i)[0].cancel()  # a request already sent runs on; its answer is dropped
 
     def _add_timings(self, timings: Any) -> None:
         """Add llama.cpp's per-call ``timings`` (prompt and generation tokens and milliseconds)."""
