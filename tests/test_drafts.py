@@ -96,6 +96,7 @@ def test_drafted_decoding_gives_the_tokens_of_one_token_steps_and_books_every_pa
     kept = g.stats["draft_tokens_kept"]
     assert g.stats["draft_passes"] > 0 and kept > 0 and plain.stats["draft_passes"] == 0
     assert g.stats["decode_steps"] == plain.stats["decode_steps"] - kept
+    assert g.describe()["drafts"] == {"draft_tokens": 5, "passes": g.stats["draft_passes"], "tokens_kept": kept}
     read = g.weight_info.read_bytes
     assert sum(r.bytes_scanned for r in led0.records) - sum(r.bytes_scanned for r in led.records) == read * kept
     assert _outputs(led) == _outputs(led0)

@@ -295,11 +295,12 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         d = {"name": self.name, "meaningful": self.meaningful, "class": type(self).__name__,
              "architecture": (self.config.architectures or [type(self.model).__name__])[0],
              "device": self.device, "dtype": dt, "weights": self.weight_info.describe(dt),
-             "weight_read_bytes": self.weight_info.read_bytes, "kv_reuse": self.kv_reuse,
-             "draft_tokens": self.draft_tokens}
+             "weight_read_bytes": self.weight_info.read_bytes, "kv_reuse": self.kv_reuse}
         if self.kv_reuse_note:
             d["kv_reuse_note"] = self.kv_reuse_note
         st = self.stats
+        d["drafts"] = {"draft_tokens": self.draft_tokens, "passes": st["draft_passes"],
+                       "tokens_kept": st["draft_tokens_kept"]}
         d["memory"] = {"budget_bytes": self._budget, "budget": self._budget_note or "auto (measured at the first turn)",
                        "kv_step_tokens": self.kv_step, "prefill_tokens": self.prefill_tokens,
                        "prefill_groups": st["prefill_groups"], "kv_peak_bytes": st["kv_peak_bytes"],
