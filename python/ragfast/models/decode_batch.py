@@ -66,7 +66,8 @@ class Row:
     passes : list of (int, int)
         (tokens, past) of the passes it took in the current call (its share of the call's time).
     drafted : list of (int, int, int)
-        (tokens fed, past, tokens kept) of its passes with draft tokens (:mod:`~ragfast.models.drafts`).
+        (tokens fed, past, positions kept: its picked token and the drafts it kept) of its passes
+        with draft tokens (:mod:`~ragfast.models.drafts`).
     """
 
     sid: str

@@ -11,6 +11,8 @@ the generator already shares.
 
 :func:`plan_nested` decides (pure: token ids in, steps out); :func:`share_nested` carries the
 steps out on the generator's sessions and says which rows pay for what was computed.
+:class:`PrefixSeeding` is the generator's side: the kept instruction prefix, ended sessions'
+keys/values (``keep_ended``) and the nested sharing, applied to a call's sessions.
 """
 from __future__ import annotations
 
