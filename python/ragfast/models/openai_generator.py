@@ -406,24 +406,22 @@ class OpenAIGenerator(Generator):
             with blame(None, [session]):  # the session whose request failed, not the whole batch
                 return self._post(p[0], stop, n)
 
+        stop = list(stop)
         for i in ids:
             if i not in self._flight:
                 sent = self._fit(self._sessions[i], max_new_tokens)
-                self._flight[i] = (self._pool.submit(post, i, sent, list(stop), max_new_tokens), sent, list(stop))
-        futures = {self._flight[i][0]: i for i in ids}
+                self._flight[i] = (self._pool.submit(post, i, sent, stop, max_new_tokens), sent, stop)
         try:
-            done, _ = wait(futures, return_when=FIRST_COMPLETED if partial else ALL_COMPLETED)
+            done, _ = wait([self._flight[i][0] for i in ids],
+                           return_when=FIRST_COMPLETED if partial else ALL_COMPLETED)
             back = [i for i in ids if self._flight[i][0] in done]
             answers = [self._flight[i][0].result() for i in back]
         except BaseException:
             self.end_flights()
             raise
-        sent = [self._flight[i][1] for i in back]
-        stops = [self._flight[i][2] for i in back]
-        for i in back:
-            del self._flight[i]
+        taken = [self._flight.pop(i) for i in back]
         texts, fresh, cached, produced, flops, uncached = [], [], [], [], [], []
-        for i, (p, n_local), data, stop in zip(back, sent, answers, stops):
+        for i, (_, (p, n_local), stop), data in zip(back, taken, answers):
             choice = data["choices"][0]
             text = choice["text"]
             if choice.get("finish_reason") == "stop":
