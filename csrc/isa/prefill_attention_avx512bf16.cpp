@@ -4,8 +4,8 @@
 //
 // The amx task's data flow (csrc/isa/prefill_attention_amx.cpp) with AVX512-BF16 dot products
 // (vdpbf16ps: 16 lanes, each the sum of a bf16 pair's products into fp32) instead of tiles. A task
-// is one (sequence, key/value head); its G heads x L queries run 16 at a time, with the block's
-// queries in the lanes throughout:
+// is one (sequence, key/value head); its G heads x L queries run as rows 16 at a time, query-major
+// (the G heads of a query side by side), with the block's rows in the lanes throughout:
 //  1. scores: the block's queries as D / 2 vectors of depth pairs (lane r: query r's pair j), and
 //     for each key its pair j broadcast, so S[t][16] gathers no data; 8 keys at a time, 8
 //     independent sums;
@@ -74,33 +74,49 @@ void prefill_attention_task_avx512bf16(const Task& a) {
   uint32_t* Vp = reinterpret_cast<uint32_t*>(P + 16 * Tp);           // [Tp / 2][D] key pairs
   float* O = reinterpret_cast<float*>(Vp + D * Tp / 2);              // [D][16]
   uint32_t* qp = reinterpret_cast<uint32_t*>(O + 16 * D);            // [D / 2][16]
-  // V as key pairs once for the task's blocks, keys past T zero (0 x NaN would still be NaN).
+  // V as key pairs once for the task's blocks, keys past T zero (0 x NaN would still be NaN): 16
+  // dims of two keys a vector (a scalar loop here was most of a pass of a few queries a row).
   const uint16_t* v = static_cast<const uint16_t*>(a.v);
   for (int64_t tp = 0; tp < Tp / 2; ++tp) {
     const int64_t t = 2 * tp;
-    for (int64_t d = 0; d < D; ++d) {
-      const uint32_t lo = t < T ? v[t * a.v_st + d] : 0, hi = t + 1 < T ? v[(t + 1) * a.v_st + d] : 0;
-      Vp[tp * D + d] = lo | hi << 16;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512i lo = t < T ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                     reinterpret_cast<const __m256i*>(v + t * a.v_st + d)))
+                               : _mm512_setzero_si512();
+      const __m512i hi = t + 1 < T ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                                         reinterpret_cast<const __m256i*>(v + (t + 1) * a.v_st + d)))
+                                   : _mm512_setzero_si512();
+      _mm512_storeu_si512(Vp + tp * D + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
   }
   const uint16_t* k = static_cast<const uint16_t*>(a.k);
-  for (int64_t h = 0; h < a.G; ++h) {
-    for (int64_t i0 = 0; i0 < L; i0 += 16) {
-      const prefill_softmax::Block blk(T, L, i0);
-      const int64_t nq = blk.nq, n = blk.n;
-      // Depth pair j of query r in lane r of vector j (lanes past nq zero).
-      std::memset(qp, 0, size_t(D * 32));
-      for (int64_t r = 0; r < nq; ++r) {
-        uint32_t qr[64];
-        std::memcpy(qr, static_cast<const uint16_t*>(a.q) + h * a.q_sh + (i0 + r) * a.q_sl, size_t(D * 2));
-        for (int64_t j = 0; j < D / 2; ++j) qp[j * 16 + r] = qr[j];
-      }
-      int64_t t = 0;
-      for (; t + 8 <= n; t += 8) score_keys<8>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
-      for (; t < n; ++t) score_keys<1>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
-      const __m512 tot = prefill_softmax::exponentials(blk, a.mask, S, P, a.scale);
-      for (int64_t d0 = 0; d0 < D; d0 += 16) values16(P, Vp, D, blk.n32, d0, O);
-      prefill_softmax::write_rows(O, tot, nq, D, static_cast<uint16_t*>(a.out) + h * a.o_sh + i0 * a.o_sl, a.o_sl);
+  const uint16_t* q = static_cast<const uint16_t*>(a.q);
+  uint16_t* out = static_cast<uint16_t*>(a.out);
+  // The G heads' rows packed query-major (prefill_softmax::Block::packed): a block of one head's 16
+  // queries left 12 of 16 lanes empty in a pass of 4 tokens a row (drafted decoding), and read the
+  // keys and values once per head.
+  const int64_t rows = a.G * L;
+  for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+    const prefill_softmax::Block blk = prefill_softmax::Block::packed(T, L, a.G, r0);
+    const int64_t nq = blk.nq, n = blk.n;
+    // Depth pair j of row r in lane r of vector j (lanes past nq zero).
+    std::memset(qp, 0, size_t(D * 32));
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t h = (r0 + r) % a.G, i = (r0 + r) / a.G;
+      uint32_t qr[64];
+      std::memcpy(qr, q + h * a.q_sh + i * a.q_sl, size_t(D * 2));
+      for (int64_t j = 0; j < D / 2; ++j) qp[j * 16 + r] = qr[j];
+    }
+    int64_t t = 0;
+    for (; t + 8 <= n; t += 8) score_keys<8>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
+    for (; t < n; ++t) score_keys<1>(qp, k + t * a.k_st, a.k_st, D, S + t * 16);
+    const __m512 tot = prefill_softmax::exponentials(blk, a.mask, S, P, a.scale);
+    for (int64_t d0 = 0; d0 < D; d0 += 16) values16(P, Vp, D, blk.n32, d0, O);
+    alignas(64) float total[16];
+    _mm512_store_ps(total, tot);
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t h = (r0 + r) % a.G, i = (r0 + r) / a.G;
+      prefill_softmax::write_row(O, total[r], r, D, out + h * a.o_sh + i * a.o_sl);
     }
   }
 }

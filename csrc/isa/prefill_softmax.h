@@ -17,18 +17,34 @@ namespace {
 
 using namespace ragfast::avx512_vec;  // exp16, store16
 
-// The block of up to 16 queries from query i0 of a task with T keys and L queries (the last L keys
-// are the queries' own): its query count, the first query's key position (every key up to it is
-// causally visible to the whole block), the keys any of its queries sees, and that count rounded
-// up to 32 (the exponentials' pair rows are written that far).
+// A block of up to 16 query rows of a task with T keys and L queries (the last L keys are the
+// queries' own), one row per lane: its row count, the lowest key position a lane's query sits at
+// (every key up to it is causally visible to the whole block), the keys any of its rows sees, that
+// count rounded up to 32 (the exponentials' pair rows are written that far), and each lane's last
+// visible key (lim). Two layouts: 16 queries i0.. of one head, or `packed`: rows r0.. of the G heads
+// x L queries sharing one key/value head, query-major (row r is query r / G of head r % G), so a
+// pass of few queries fills the lanes with the heads that read the same keys.
 struct Block {
   int64_t nq, first, n, n32;
+  alignas(64) int32_t lim[16];
   Block(int64_t T, int64_t L, int64_t i0)
-      : nq(L - i0 < 16 ? L - i0 : 16), first(T - L + i0), n(first + nq), n32((n + 31) / 32 * 32) {}
-  // The lanes (queries r) that see key t: first + r >= t, where its padding byte allows.
+      : nq(L - i0 < 16 ? L - i0 : 16), first(T - L + i0), n(first + nq), n32((n + 31) / 32 * 32) {
+    for (int r = 0; r < 16; ++r) lim[r] = int32_t(first + r);
+  }
+  static Block packed(int64_t T, int64_t L, int64_t G, int64_t r0) {
+    Block b(T, L, 0);
+    b.nq = G * L - r0 < 16 ? G * L - r0 : 16;
+    for (int r = 0; r < 16; ++r) b.lim[r] = int32_t(T - L + (r0 + (r < b.nq ? r : b.nq - 1)) / G);
+    b.first = b.lim[0];
+    b.n = int64_t(b.lim[b.nq - 1]) + 1;
+    b.n32 = (b.n + 31) / 32 * 32;
+    return b;
+  }
+  // The lanes that see key t: t <= lim[r], where its padding byte allows.
   __mmask16 lanes(const uint8_t* mask, int64_t t) const {
     if (mask && !mask[t]) return 0;
-    return t <= first ? __mmask16(0xffff) : __mmask16((0xffffu << (t - first)) & 0xffffu);
+    if (t <= first) return __mmask16(0xffff);
+    return _mm512_cmpge_epi32_mask(_mm512_load_si512(lim), _mm512_set1_epi32(int32_t(t)));
   }
 };
 
@@ -62,18 +78,21 @@ inline __m512 exponentials(const Block& b, const uint8_t* mask, float* S, uint16
   return tot;
 }
 
-// The block's outputs: query r's row (bf16, at out + r * o_sl) = O[d][r] / tot[r] for its D dims
-// (O holds [D][16] fp32 sums); a query with no visible key gets zeros.
+// Row r of a block's output (bf16, at row) = O[d][r] / tot[r] for its D dims (O holds [D][16] fp32
+// sums); a row with no visible key gets zeros.
+inline void write_row(const float* O, float total, int64_t r, int64_t D, uint16_t* row) {
+  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                         _mm512_set1_epi32(16));
+  const __m512 inv = _mm512_set1_ps(total > 0.f ? 1.f / total : 0.f);
+  for (int64_t c = 0; c < D / 16; ++c)  // dims 16c.. of row r: a column of O
+    store16(row, 16 * c, _mm512_mul_ps(_mm512_i32gather_ps(col, O + c * 256 + r, 4), inv), 0xffff, true);
+}
+
+// The block's outputs for queries i0.. of one head: query r's row at out + r * o_sl.
 inline void write_rows(const float* O, __m512 tot, int64_t nq, int64_t D, uint16_t* out, int64_t o_sl) {
   alignas(64) float total[16];
   _mm512_store_ps(total, tot);
-  const __m512i col = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                         _mm512_set1_epi32(16));
-  for (int64_t r = 0; r < nq; ++r) {
-    const __m512 inv = _mm512_set1_ps(total[r] > 0.f ? 1.f / total[r] : 0.f);
-    for (int64_t c = 0; c < D / 16; ++c)  // dims 16c.. of query r: a column of O
-      store16(out + r * o_sl, 16 * c, _mm512_mul_ps(_mm512_i32gather_ps(col, O + c * 256 + r, 4), inv), 0xffff, true);
-  }
+  for (int64_t r = 0; r < nq; ++r) write_row(O, total[r], r, D, out + r * o_sl);
 }
 
 }  // namespace

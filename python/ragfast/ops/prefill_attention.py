@@ -15,8 +15,9 @@ is 0 (SDPA gives NaN there).
 Implementations registered with :mod:`ragfast.ops.registry`: ``ref`` (torch in fp32: the oracle)
 and ``cpp`` (``ragfast._C.prefill_attention``: one task per (sequence, key/value head); for bf16
 with head dims a multiple of 32 up to 128, AMX-BF16 tile products for the scores and the values at
-the amx level, AVX512-BF16 dot products (``vdpbf16ps``, the block's 16 queries in the lanes) at the
-avx512bf16 level, the exponentials rounded to bf16 between them; otherwise a portable task).
+the amx level, AVX512-BF16 dot products (``vdpbf16ps``, 16 rows of (query, head) in the lanes,
+the heads sharing a key/value head side by side) at the avx512bf16 level, the exponentials rounded
+to bf16 between them; otherwise a portable task).
 :func:`prefill_attention` checks and dispatches.
 """
 from __future__ import annotations
