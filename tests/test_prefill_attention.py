@@ -206,5 +206,18 @@ def test_the_hook_routes_prefill_passes(monkeypatch):
             assert out.shape == (2, L, 4, D)
             if want and fast:
                 check(out.transpose(1, 2), op.prefill_attention_ref(q, k, v, pad, 0.25), dtype)
+        # A bf16 decode step (one query, a padding mask or none) takes the prefill kernel only where
+        # it beats the decode kernel; it sees every key its mask allows either way.
+        on_prefill = cpp_module().isa_current() in attention.DECODE_ON_PREFILL_LEVELS
+        module = types.SimpleNamespace(num_key_value_groups=2, is_causal=True, training=False, sliding_window=None)
+        for masked in (True, False):
+            q = torch.randn(2, 4, 1, 64, generator=g).bfloat16()
+            k, v = (torch.randn(2, 2, 30, 64, generator=g).bfloat16() for _ in range(2))
+            pad = torch.rand(2, 30, generator=g) > 0.3 if masked else torch.ones(2, 30, dtype=torch.bool)
+            pad[:, -1] = True
+            calls.clear()
+            out, _ = hook(module, q, k, v, pad[:, None, None, :] if masked else None, scaling=0.25)
+            assert bool(calls) == on_prefill, masked
+            check(out.transpose(1, 2), op.prefill_attention_ref(q, k, v, pad, 0.25), torch.bfloat16)
     finally:
         op.register("prefill_attention", "cpp", real)

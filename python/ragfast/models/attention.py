@@ -6,7 +6,8 @@ least :data:`MIN_TASKS` rows x key/value heads (any size in bf16 without a paddi
 ISA level where the kernel wins (:data:`FAST_LEVELS`), runs
 :func:`ragfast.ops.decode_attention.decode_attention` with the model's padding mask; a bf16 pass
 of several query tokens per row (a prefill) under the causal padding mask, at a level of
-:data:`PREFILL_LEVELS`, runs :func:`ragfast.ops.prefill_attention.prefill_attention`; every other
+:data:`PREFILL_LEVELS`, runs :func:`ragfast.ops.prefill_attention.prefill_attention`, and so does a
+bf16 decode step at :data:`DECODE_ON_PREFILL_LEVELS`, where that kernel is the faster; every other
 pass (a small padded batch, a GPU, a mask of another form) runs transformers' own SDPA
 function, which is what the model ran before. :func:`set_decode_attention` switches a loaded
 model between the two.
@@ -45,6 +46,12 @@ BF16_ONLY_LEVELS = ("amx",)
 #: Emerald Rapids Xeon, 2026-12-07), its avx512bf16 task (AVX512-BF16 dot products) at 2.82-4.41x
 #: (same bench, an AMD EPYC Zen 4, 2026-12-07). Below, its portable task is scalar and SDPA stays.
 PREFILL_LEVELS = ("avx512bf16", "amx")
+#: Levels where a bf16 decode step (one query a row) runs the prefill kernel too: its avx512bf16 task
+#: packs the G query heads that read one key/value head into the lanes of one block, and ran at
+#: 1.03-2.1x the decode kernel (0.048 against 0.100 ms a layer at 1 row, 0.55 against 0.74 at 16, 3.1
+#: against 3.2 at 64; Qwen2.5-0.5B's 14 / 2 heads, 1,204 cached tokens, two threads, AMD EPYC Zen 4,
+#: 2026-12-07). The amx task keeps one head's queries per block, so the decode kernel stays there.
+DECODE_ON_PREFILL_LEVELS = ("avx512bf16",)
 
 
 def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
@@ -72,14 +79,18 @@ def _fits(query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: d
 
 
 def _fits_prefill(module: Any, query: Any, key: Any, value: Any, mask: Any, dropout: float, kwargs: dict) -> bool:
-    """Whether a call is a causal bf16 pass of several query tokens per row on the CPU that the
-    prefill kernel computes as SDPA would (queries after the cache, the padding mask's keys)."""
+    """Whether a call is a causal bf16 pass of query tokens on the CPU that the prefill kernel
+    computes as SDPA would (queries after the cache, the padding mask's keys): several a row, or
+    one (a decode step) at :data:`DECODE_ON_PREFILL_LEVELS`."""
     import torch
 
     from ragfast.ops.registry import cpp_module
 
     L, T, D = query.shape[2], key.shape[2], query.shape[3]
-    if L < 2 or query.device.type != "cpu" or dropout or cpp_module().isa_current() not in PREFILL_LEVELS:
+    level = cpp_module().isa_current()
+    if L < 1 or query.device.type != "cpu" or dropout or level not in PREFILL_LEVELS:
+        return False
+    if L == 1 and level not in DECODE_ON_PREFILL_LEVELS:
         return False
     if any(t.dtype != torch.bfloat16 for t in (query, key, value)) or D % 32 or D > 128:
         return False
@@ -90,8 +101,8 @@ def _fits_prefill(module: Any, query: Any, key: Any, value: Any, mask: Any, drop
     # when nothing is cached.
     if not getattr(module, "is_causal", False) or getattr(module, "sliding_window", None) is not None:
         return False
-    if mask is None:
-        return L == T
+    if mask is None:  # one query sees every key either way
+        return L == T or L == 1
     return (mask.dtype == torch.bool and mask.dim() == 4 and mask.shape[1] == 1 and mask.shape[2] == L
             and mask.shape[3] == T)
 
