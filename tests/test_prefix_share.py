@@ -213,3 +213,51 @@ def test_kept_ended_sessions_give_way_to_the_budget(tiny_qwen2_dir, native):
         led = CostLedger()
         probe_states(native, g, max_new_tokens=6, ledger=led)
     assert led.totals()["reasoner"]["input_tokens"] > 20 * sum(t.searches + 1 for t in native)
+
+
+def test_shelved_sessions_seed_only_the_block_that_reuses_them(tiny_qwen2_dir, native):
+    """The bench's native run shelves its ended sessions for S2G's test-state probes: another live
+    session on the same question meanwhile computes and books its whole prompt, the reusing block's
+    probes take the shelved keys/values (the same texts, only their last tokens computed), and
+    the shelf is emptied by it."""
+    from ragfast.methods.searchr1.loop import STOP
+    from ragfast.models.generator import HFGenerator
+
+    ids = [t.id for t in native]
+    other = [f"{i}-s2g" for i in ids]
+
+    def native_run(g):
+        open_sessions(g, ids, [t.question for t in native], [prefix_pieces(t, t.searches) for t in native])
+        g.generate(ids, stop=list(STOP), max_new_tokens=4)
+        g.end(ids)
+
+    def other_run(g):  # another method's live sessions on the same questions
+        open_sessions(g, other, [t.question for t in native], [prefix_pieces(t, 0) for t in native])
+        led = CostLedger()
+        texts = g.generate(other, stop=list(STOP), max_new_tokens=2, ledger=led)
+        g.end(other)
+        return texts, led.totals()["reasoner"]
+
+    ref = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=None)
+    want, _ = _live_then_probes(ref, native)
+    ref = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=None)
+    native_run(ref)
+    want_other = other_run(ref)
+    g = HFGenerator(tiny_qwen2_dir, min_prefix=8, memory_budget=None)
+    with g.keep_ended(shelve="searchr1"):
+        native_run(g)
+    assert set(g._shelves) == {"searchr1"} and len(g._shelves["searchr1"]) == len(native)
+    # nothing seeds the other sessions from the shelf: the same texts and the same tokens booked
+    got_other = other_run(g)
+    assert got_other[0] == want_other[0]
+    assert (got_other[1]["input_tokens"], got_other[1]["cached_tokens"]) == \
+        (want_other[1]["input_tokens"], want_other[1]["cached_tokens"])
+    with g.keep_ended(reuse="searchr1"):
+        led = CostLedger()
+        got = [[p["text"] for p in o] for o in probe_states(native, g, max_new_tokens=6, ledger=led)]
+    assert got == want
+    assert led.totals()["reasoner"]["input_tokens"] == sum(t.searches + 1 for t in native)
+    assert not g._shelves
+    with pytest.raises(RuntimeError, match="outermost"):
+        with g.keep_ended(), g.keep_ended(reuse="searchr1"):
+            pass

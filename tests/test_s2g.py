@@ -426,3 +426,41 @@ def test_rest_cost_and_replay_cost_on_a_constructed_trajectory():
     c = replay_cost(rec, 0.1)  # a tie at state 0 stops before any search: saves 9.5 s minus 0.5 s
     assert c["seconds"]["saved"] == pytest.approx(9.0) and c["seconds"]["judge"] == pytest.approx(0.125)
     assert c["judge_states"] == 1 and c["flops"]["net"] == pytest.approx(55.0 - 5.0 - 50.0)
+
+
+def test_the_bench_s_test_state_probes_continue_the_shelved_native_sessions(tmp_path, monkeypatch):
+    """bench with a language-model reasoner: native Search-R1's ended sessions are shelved for S2G's
+    test-state analysis, whose probes then compute only their answer turns (the same answers as
+    probes that recompute each trajectory's prefix), while S2G's own live run seeds nothing from them."""
+    import ragfast.methods.s2g.states as states
+    from ragfast.comparison.pipeline import BenchConfig, run_bench
+    from ragfast.methods.s2g.method import S2GMethod
+
+    computed: dict[bool, int] = {}
+    real = states.record_states
+
+    def spy(trajs, judge, gen, split, **kw):
+        before = gen.stats["prefix_tokens_computed"] + gen.stats["prefill_padding_tokens"]
+        out = real(trajs, judge, gen, split=split, **kw)
+        if split and split[0] == "test":
+            computed[shelved] = gen.stats["prefix_tokens_computed"] + gen.stats["prefill_padding_tokens"] - before
+        return out
+
+    monkeypatch.setattr(states, "record_states", spy)
+    answers = {}
+    for shelved in (True, False):
+        if not shelved:
+            monkeypatch.setattr(S2GMethod, "reads_sessions_of", ())
+        out = tmp_path / f"b{shelved}"
+        cfg = BenchConfig(reasoner="tiny", index="bm25", data="hotpotqa-dev", offset=10, limit=3, val_data="hotpotqa-dev",
+                          val_limit=3, budget=1, max_new_tokens=8, methods=["searchr1", "s2g"], out=str(out),
+                          n_resamples=50)
+        run_bench(cfg, progress=False, table=False)
+        lines = [json.loads(x) for x in (out / "s2g_states.jsonl").read_text().splitlines()]
+        answers[shelved] = [(x["question_id"], x["state"], x["probe_answer"]) for x in lines if x["split"] == "test"]
+        s2g = [json.loads(x) for x in (out / "trajectories" / "s2g.jsonl").read_text().splitlines()]
+        answers[shelved, "s2g"] = [(r["id"], r["answer"], {k: v for k, v in r["cost"]["reasoner"].items()
+                                                           if "seconds" not in k}) for r in s2g]
+    assert answers[True] and answers[True] == answers[False]
+    assert answers[True, "s2g"] == answers[False, "s2g"]  # S2G's live sessions computed and booked alike
+    assert computed[False] > 0 and computed[True] < computed[False]

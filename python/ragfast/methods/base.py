@@ -122,12 +122,17 @@ class Method:
     validation : bool
         Its :meth:`prepare` runs the validation questions (``val_data``...), so ``--limit``
         caps them too (S2G); a method that never reads them keeps them out of its run's settings.
+    reads_sessions_of : tuple of str
+        Methods whose sessions its :meth:`after_run` continues (S2G's probes of native Search-R1's
+        states): on a generator that can keep ended sessions' keys/values, the runner shelves
+        theirs under the method's name (``keep_ended(shelve=...)``) for it to reuse.
     """
 
     name: ClassVar[str] = ""
     slots: ClassVar[tuple[str, ...]] = ("reasoner", "retriever")
     config_type: ClassVar[type | None] = None
     validation: ClassVar[bool] = False
+    reads_sessions_of: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, settings: Any):
         self.settings = settings

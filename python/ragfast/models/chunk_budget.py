@@ -22,7 +22,7 @@ class ChunkBudget:
     """Mixin of :class:`~ragfast.models.generator.HFGenerator`: its memory budget's planning.
 
     It reads the generator's ``_sessions`` (``ids``, ``n_cached``, ``kv``), ``_template``,
-    ``_ended``, ``_budget`` / ``_budget_note``, ``bytes``, ``device``, ``max_batch``, ``kv_reuse``,
+    ``_ended``, ``_shelves``, ``_budget`` / ``_budget_note``, ``bytes``, ``device``, ``max_batch``, ``kv_reuse``,
     ``share_prefix``, ``min_prefix``, ``kv_step``, ``prefill_tokens``, ``last_chunks``, ``_seed``
     and ``_running_bytes`` (the running batch at its planned largest), and writes ``stats``,
     ``budget_note`` and ``_smallest_said``.
@@ -33,6 +33,7 @@ class ChunkBudget:
     _sessions: dict[str, Any]
     _template: Any
     _ended: Any
+    _shelves: dict[str, Any]
     _smallest_said: int | None
     stats: dict[str, int]
     last_chunks: list[int]
@@ -49,7 +50,8 @@ class ChunkBudget:
         # The kept prefix and the ended sessions' caches are no session's own: dropping a session
         # frees none of their storage (_fit drops the ended ones first, all at once). The running
         # batch counts at its planned largest (its rows may write their whole turns).
-        shared = [p for _, kv in (self._ended or {}).values() for p in kv]
+        kept = [*(self._ended or {}).values(), *(v for shelf in self._shelves.values() for v in shelf.values())]
+        shared = [p for _, kv in kept for p in kv]
         if self._template is not None:
             shared += self._template[1]
         held, own = held_bytes({sid: s.kv for sid, s in self._sessions.items()}, shared)
@@ -86,8 +88,11 @@ class ChunkBudget:
         k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)
         if beside and not k:
             return 0
-        if k < n and self._ended and not beside:
-            self._ended.clear()  # ended sessions' caches only save work; a turn's rows come first
+        if k < n and (self._ended or self._shelves) and not beside:
+            # ended sessions' caches (kept or shelved) only save work; a turn's rows come first
+            if self._ended:
+                self._ended.clear()
+            self._shelves.clear()
             held, own = self._held()
             peaks = self._peaks(todo[:n], max_new, held, own)
             k = max((b for b, need in enumerate(peaks, 1) if need <= budget), default=0)

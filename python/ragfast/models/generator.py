@@ -195,6 +195,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         self._template: tuple[list[int], list[tuple[Any, Any]]] | None = None
         #: Inside :meth:`keep_ended`: an ended session's prompt -> its token ids and keys/values.
         self._ended: dict[tuple[int, ...], tuple[list[int], list[tuple[Any, Any]]]] | None = None
+        #: ``keep_ended(shelve=name)``'s ended sessions, kept for a block that reuses them.
+        self._shelves: dict[str, dict[tuple[int, ...], tuple[list[int], list[tuple[Any, Any]]]]] = {}
         from ragfast.models.weight_quant import resolve_dtype
 
         kw: dict[str, Any] = {}

@@ -125,17 +125,18 @@ class PrefixSeeding:
     computed once for several of them (the instruction prefix, nested states, ended sessions).
 
     It reads the generator's ``model``, ``config``, ``device``, ``min_prefix`` and writes
-    ``_template`` (the kept prefix), ``_ended`` (inside :meth:`keep_ended`), ``stats`` and the
-    sessions' ``kv`` / ``n_cached``.
+    ``_template`` (the kept prefix), ``_ended`` (inside :meth:`keep_ended`), ``_shelves`` (ended
+    sessions kept for a later block), ``stats`` and the sessions' ``kv`` / ``n_cached``.
     """
 
     _template: Any
     _ended: Any
+    _shelves: dict[str, Any]
     stats: dict[str, int]
     min_prefix: int
 
     @contextlib.contextmanager
-    def keep_ended(self) -> Iterator[Any]:
+    def keep_ended(self, *, shelve: str | None = None, reuse: str | None = None) -> Iterator[Any]:
         """Within the block, keep each ended session's keys/values for a later session on the same prompt.
 
         A new session then starts from the tokens it shares with the last ended session that opened
@@ -143,15 +144,29 @@ class PrefixSeeding:
         of its trajectory, whose keys/values the run computed). Those tokens are neither computed
         again nor booked, as in a live session that holds its cache. The kept caches count against
         the memory budget and are the first to go when a turn needs the room; all go when the
-        block ends.
+        block ends, unless it shelves them.
+
+        Parameters
+        ----------
+        shelve : str, optional
+            Keep the block's ended sessions after it, under this name, for a later block that
+            reuses them; nothing else seeds from them meanwhile (another method's live session on
+            the same question computes and books its prompt). They still count against the budget
+            and go first.
+        reuse : str, optional
+            Start the block with the sessions shelved under this name (taken off the shelf).
         """
         outer = self._ended is not None
+        if outer and (shelve or reuse):
+            raise RuntimeError("keep_ended: shelve and reuse belong to the outermost block")
         if not outer:
-            self._ended = {}
+            self._ended = self._shelves.pop(reuse, {}) if reuse else {}
         try:
             yield self
         finally:
             if not outer:
+                if shelve and self._ended:
+                    self._shelves[shelve] = self._ended
                 self._ended = None
 
     def forget_prefix(self) -> None:

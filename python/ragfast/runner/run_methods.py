@@ -12,6 +12,7 @@ question finishes), progress, and Ray. ``ragfast bench`` (every method) and ``ra
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -315,7 +316,8 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
                 if todo:
                     gen_slots = dataclasses.replace(slots, make_generator=turn_reporting(slots.make_generator, task,
                                                                                          cfg.budget + 1))
-                    _run_isolating(method, todo, gen_slots, _ProgressRecorder(rec, task.advance))
+                    with _shelving(m, instances, slots):
+                        _run_isolating(method, todo, gen_slots, _ProgressRecorder(rec, task.advance))
                 ok = True
             finally:
                 this_run[m] = rec.written
@@ -339,6 +341,15 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
         for method in instances.values():
             method.after_run(slots, ok_records, out, prog)
     return RunOutcome(records, slot_info, slots, fp, this_run, ray_info)
+
+
+def _shelving(m: str, instances: Mapping[str, Method], slots: Slots) -> Any:
+    """The block ``m`` runs in: its ended sessions shelved for a later method that reads them
+    (:attr:`Method.reads_sessions_of`) on a generator that keeps them, else nothing."""
+    if slots.make_generator is None or not any(m in type(o).reads_sessions_of for o in instances.values()):
+        return contextlib.nullcontext()
+    keep = getattr(slots.make_generator(), "keep_ended", None)
+    return keep(shelve=m) if keep is not None else contextlib.nullcontext()
 
 
 def _run_isolating(method: Method, questions: Sequence[Any], slots: Slots, rec: _ProgressRecorder) -> None:

@@ -131,7 +131,12 @@ def s2g_analysis(cfg: Any, slots: Slots, native: Sequence[Mapping[str, Any]], th
     from ragfast.methods.s2g.study_files import add_test_states
 
     trajs = [Trajectory.from_dict(dict(r)) for r in native]
-    rec = record_states(trajs, slots.judge, slots.make_generator(), split=["test"] * len(trajs))
+    gen = slots.make_generator()
+    # The probes continue the native sessions, shelved by the runner when the native run was this
+    # process's (on resume, or on another generator, each trajectory's longest state is computed).
+    keep = getattr(gen, "keep_ended", None)
+    with keep(reuse="searchr1") if keep is not None else contextlib.nullcontext():
+        rec = record_states(trajs, slots.judge, gen, split=["test"] * len(trajs))
     an = threshold_sweep(rec, threshold)
     an.update(add_test_states(out, rec, trajs, str(cfg.judge), min_precision=cfg.min_precision,
                               n_resamples=cfg.n_resamples, seed=cfg.seed))
@@ -144,6 +149,7 @@ class S2GMethod(Method):
 
     name = "s2g"
     slots = ("reasoner", "retriever", "judge")
+    reads_sessions_of = ("searchr1",)
     validation = True  # the threshold is chosen on the validation questions
 
     def __init__(self, settings: Any):
