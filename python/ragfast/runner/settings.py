@@ -70,8 +70,9 @@ class RunSettings:
         Test questions are ``data[offset:offset + limit]`` (``limit`` None: to the end). The
         first 100 dev questions are the S2G validation split and the remaining 200 the test set
         (the S2G study's layout: validation 100-199, test 200-999). By default 20 test
-        questions run (and so 20 validation ones): with the trained 0.5B reasoner in the slot a
-        question costs seconds of generation per method on a 2-core CPU, not milliseconds.
+        questions run and 60 validation ones (``val_limit``; ``--limit N`` alone caps both at N):
+        with the trained 0.5B reasoner in the slot a question costs seconds of generation per
+        method on a 2-core CPU, not milliseconds.
     ray : str, optional
         Run searchr1, s2g and stepgap on Ray: ``"local"`` starts a local cluster, else a
         cluster address. Each worker actor holds its own reasoner (and judge / NLI); retrieval
@@ -148,7 +149,7 @@ class RunSettings:
     threshold: float | None = None
     min_precision: float = 0.90
     val_data: str = "hotpotqa-dev"
-    val_limit: int = 100
+    val_limit: int = 60
     val_offset: int = 0
     methods: list[str] = field(default_factory=lambda: list(BUILTIN_PACKAGES))
     batch_size: int = 64
@@ -401,7 +402,7 @@ HELP: dict[str, str] = {
     "threshold": "S2G STOP threshold (default: selected on the validation questions).",
     "min_precision": "STOP precision the selected S2G threshold must reach (default 0.90).",
     "val_data": "Validation QA file or sample (S2G threshold selection; default hotpotqa-dev).",
-    "val_limit": "Validation questions used to choose the STOP threshold (default 100, or --limit when smaller).",
+    "val_limit": "Validation questions used to choose the STOP threshold (default 60, or --limit when smaller).",
     "val_offset": "Skip the first N validation questions (default 0).",
     "methods": "Repeat to pick methods (default: the built-in four).",
     "batch_size": "Questions run together (default 64).",
