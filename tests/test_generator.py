@@ -80,6 +80,30 @@ def test_batched_equals_one_at_a_time_and_kv_reuse_equals_reencoding(kind):
     assert 0 < r["flops"] < f["flops"]
 
 
+def test_complete_ends_a_completion_once_its_prompt_settles(qwen2):
+    """``complete(settled=...)``: a completion ends at the first token after which its test holds,
+    a prefix of the full one, and the ledger books only the tokens generated; a prompt without a
+    test (and a generator given none) runs to its budget as before."""
+    from ragfast.accounting.ledger import CostLedger
+    from ragfast.models.base import complete_ids
+
+    g = _gen(qwen2)
+    prompts = [g.format_prompt(build_prompt(q)) for q in QUESTIONS[:3]]
+    full_led, part_led = CostLedger(), CostLedger()
+    full = g.complete(prompts, max_new_tokens=24, ledger=full_led)
+    part = g.complete(prompts, max_new_tokens=24, ledger=part_led,
+                      settled=[lambda t: len(t) >= 12, None, lambda t: False])
+    names = dict(zip(complete_ids(3), "abc"))  # the completions' sessions, as the ledger names them
+    out = {k: {names[q]: v["reasoner"]["output_tokens"] for q, v in led.per_question().items()}
+           for k, led in (("full", full_led), ("part", part_led))}
+    assert full[0].startswith(part[0]) and len(part[0]) >= 12 and len(part[0]) < len(full[0])
+    assert out["part"]["a"] < out["full"]["a"]
+    assert part[1:] == full[1:] and [out["part"][q] for q in "bc"] == [out["full"][q] for q in "bc"]
+    # the first token after which the text reaches 12 characters ends it
+    toks = g.encode(part[0])
+    assert len(g.tokenizer.decode(toks[:-1], skip_special_tokens=True)) < 12
+
+
 def test_stop_string_cuts_and_session_is_retokenised(qwen2):
     g = _gen(qwen2)
     p = g.format_prompt(build_prompt(QUESTIONS[0]))

@@ -518,3 +518,56 @@ def test_repair_queries_and_retraction_text():
     assert repair_query(s, lab) is None  # CC is retracted, not searched
     tx = retraction_text(s, lab)
     assert "Heat was directed by Ridley Scott." in tx and "Michael Mann" in tx and "<information>" not in tx
+
+
+def _c_effect(text, docs):
+    """What stage C makes of a completion (the tree's reading of it): IE, a verbatim quote, or nothing."""
+    from ragfast.methods.stepgap.checker import _parse_json, _verbatim
+
+    obj = _parse_json("C", text)
+    if obj is None:
+        return None
+    if obj["consistent"] is False:
+        return "IE"
+    q = obj.get("quote")
+    return ("quote", q.strip()) if isinstance(q, str) and q.strip() and _verbatim(q, docs) else None
+
+
+def test_stage_c_settles_only_completions_whose_outcome_is_fixed():
+    """A completion is settled (the generator may stop it) only where every way it could go on
+    gives the step nothing from C: each prefix that settles belongs to a completion with no effect,
+    over verbatim and invented quotes, escapes (surrogate pairs, cut ones), whitespace and case, a
+    capital sigma, and completions that close the quote and add a second key."""
+    from ragfast.methods.stepgap.checker import Doc, _parse_json, _quote_settled, _string_prefix
+
+    docs = [Doc("Downers Grove (novel)", "Downers Grove is a 1999 novel by Michael Hornburg. It was filmed in "
+                "2015 as \u201cThe Curse\u201d \U0001F600 by \u039a\u039f\u03a3\u039c\u039f\u03a3 studios.", 1)]
+    settled = _quote_settled(docs)
+    finished = [
+        ' true, "quote": "Downers Grove is a 1999 novel by Michael Hornburg."}',
+        ' true, "quote": "downers  GROVE is a 1999\\nnovel"}',
+        ' true, "quote": "It was filmed in 2015 as \\u201cThe Curse\\u201d \\ud83d\\ude00 by"}',
+        ' true, "quote": "\u039a\u039f\u03a3\u039c\u039f\u03a3 studios."}',
+        ' true, "quote": "Downers Grove (novel) Downers Grove is a 1999 novel"}',
+        ' true, "quote": "Downers Grove (novel): Downers Grove is a 1999 novel"}',
+        ' true, "quote": "The Curse of Downers Grove is an American thriller film."}',
+        ' true, "quote": "Downers Grove is a 1999 novel", "consistent": false}',
+        ' true, "quote": "Michael Hornburg wrote it", "quote": "Downers Grove is a 1999 novel"}',
+        ' false, "quote": "The answer is not there yet, so I will copy it."}',
+        ' true, "quote": null}',
+        ' true, "quote": "It was filmed in 2015 as \\u201',
+    ]
+    fired = 0
+    for text in finished:
+        effect = _c_effect(text, docs)
+        for n in range(1, len(text) + 1):
+            if settled(text[:n]):
+                fired += 1
+                assert effect is None, (text, text[:n])
+    assert fired  # invented quotes do settle
+    assert _c_effect(finished[0], docs) == ("quote", "Downers Grove is a 1999 novel by Michael Hornburg.")
+    assert _c_effect(finished[2], docs) is not None and _c_effect(finished[3], docs) is not None
+    assert not settled(finished[0]) and settled(finished[6]) and settled(' true, "quote": "The Curse of')
+    assert _parse_json("C", finished[7]) is None  # a key given twice is not the schema
+    assert _string_prefix('ab\\u00e9\\ud83d\\ude00c"d') == "ab\u00e9\U0001F600c"
+    assert _string_prefix("ab\\ud83d") == "ab" and _string_prefix("ab\\") == "ab" and _string_prefix("a\\u00") == "a"

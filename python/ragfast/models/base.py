@@ -9,11 +9,11 @@ path, and every report says so.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger
 
-__all__ = ["Generator", "cut_at_stop", "check_sessions", "check_new_sessions"]
+__all__ = ["Generator", "complete_ids", "cut_at_stop", "check_sessions", "check_new_sessions"]
 
 
 def cut_at_stop(text: str, stop: Sequence[str]) -> tuple[str, bool]:
@@ -57,6 +57,11 @@ def check_new_sessions(sessions: Mapping[str, Any], ids: Sequence[str], prompts:
         seen.add(i)
 
 
+def complete_ids(n: int) -> list[str]:
+    """The session ids :meth:`Generator.complete` gives its ``n`` prompts, in order."""
+    return [f"_complete_{i}" for i in range(n)]
+
+
 class Generator(ABC):
     """A batched text generator (the reasoner slot, and the LLM stages of StepGap/RELOOP).
 
@@ -97,9 +102,15 @@ class Generator(ABC):
         """Close sessions and free their caches."""
 
     def complete(self, prompts: Sequence[str], *, stop: Sequence[str] = (), max_new_tokens: int = 256,
-                 ledger: CostLedger | None = None, question_ids: Sequence[str] | None = None) -> list[str]:
-        """Stateless batched completion of raw prompts."""
-        ids = [f"_complete_{i}" for i in range(len(prompts))]
+                 ledger: CostLedger | None = None, question_ids: Sequence[str] | None = None,
+                 settled: Sequence[Callable[[str], bool] | None] | None = None) -> list[str]:
+        """Stateless batched completion of raw prompts.
+
+        ``settled``, one per prompt (or None), says of a completion so far that what its caller
+        makes of it can no longer change: a generator may stop that completion there (a local
+        model does; this one does not), and the caller's outcome is the same either way.
+        """
+        ids = complete_ids(len(prompts))
         self.start(ids, prompts)
         try:
             return self.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger)

@@ -14,7 +14,7 @@ call goes on with them beside whatever it admits (the Search-R1 loop's next turn
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 __all__ = ["Row", "RunningBatch", "StopRule", "admit_count", "padded_inputs", "return_now", "share_time",
            "turn_figures"]
@@ -22,17 +22,19 @@ __all__ = ["Row", "RunningBatch", "StopRule", "admit_count", "padded_inputs", "r
 
 @dataclass(frozen=True)
 class StopRule:
-    """When a row's turn ends: a stop string, EOS, or ``max_new`` tokens.
+    """When a row's turn ends: a stop string, EOS, or ``max_new`` tokens, or once ``settled``.
 
     ``last_chars`` holds the stop strings' last characters (None: any token may end one): a stop
     string can only complete on a token whose text holds its last character, so the window
-    decode is skipped on most steps.
+    decode is skipped on most steps. ``settled`` (one prompt's, from ``complete``) says of the
+    text so far that its reader's outcome no longer depends on what would follow.
     """
 
     stop: tuple[str, ...]
     max_new: int
     window: int
     last_chars: frozenset[str] | None
+    settled: Callable[[str], bool] | None = None
 
     @classmethod
     def of(cls, stop: Any, max_new: int) -> "StopRule":

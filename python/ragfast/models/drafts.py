@@ -10,7 +10,8 @@ generated tokens of the trained 0.5B reasoner), five such tokens gave 2.9 tokens
 When few rows decode (a call's tail: one row took 717 of the 1,159 decode steps of that run,
 at 33 ms each on an AMD EPYC Zen 4), each row feeds its picked token and up to
 :data:`DRAFT_TOKENS` looked-up tokens in one pass, which costs little more than a one-token
-step while it is bound by reading the weights (:data:`DRAFT_ROWS`). The pass's greedy picks
+step while it is bound by reading the weights, and less than the steps it replaces up to a few
+rows (:data:`DRAFT_ROWS`). The pass's greedy picks
 accept a row's drafts up to the first that differs. The batch cache drops the columns no row
 kept; a row's rejected drafts stay as masked columns (the mask may hold padding between a
 row's tokens, as between a cache and new tokens) until the row is cut out. The kept tokens are
@@ -35,10 +36,12 @@ __all__ = ["DRAFT_ROWS", "DRAFT_TOKENS", "NGRAM", "draft_width", "propose", "set
 DRAFT_TOKENS = 5
 #: Most rows a drafted pass serves. A pass of several tokens a row costs little more than a step
 #: only while it is bound by reading the weights: one row 37 ms for six tokens against 32 for one,
-#: two rows 52 against 37, but four rows 63 ms for three tokens each against 32, eight rows 91 ms
-#: for two against 43 (Qwen2.5-Coder-0.5B w8a8, 1,200 cached tokens, two threads, AMD EPYC Zen 4),
-#: more than the ~2.9 tokens a five-token draft yields can pay for.
-DRAFT_ROWS = 2
+#: two rows 52 against 37. Past that it is bound by the packed int8 product: once the prefill
+#: attention packed the heads of a few queries into its lanes (stop 62), six tokens a row took 70.5
+#: ms at four rows against 35.1 for one (~2.9 tokens a pass: 1.4x the tokens per ms), 117 at eight
+#: against 43 (1.06x), 215 at sixteen against 65 (0.7x) (Qwen2.5-Coder-0.5B w8a8, 1,200 cached
+#: tokens, two threads, AMD EPYC Zen 4).
+DRAFT_ROWS = 4
 #: Longest suffix (tokens) looked up; shorter ones are tried when it has no earlier occurrence.
 NGRAM = 3
 

@@ -10,12 +10,13 @@
 from __future__ import annotations
 
 import logging
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ragfast.accounting.ledger import CostLedger, Timer
 from ragfast.errors import ConfigError, ModelError
-from ragfast.models.base import Generator, check_new_sessions, check_sessions, cut_at_stop
+from ragfast.models.base import Generator, check_new_sessions, check_sessions, complete_ids, cut_at_stop
 from ragfast.models.chunk_budget import ChunkBudget
 from ragfast.models.decode_batch import (Row, RunningBatch, StopRule, admit_count, padded_inputs, return_now,
                                          share_time, turn_figures)
@@ -195,6 +196,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         self._template: tuple[list[int], list[tuple[Any, Any]]] | None = None
         #: Inside :meth:`keep_ended`: an ended session's prompt -> its token ids and keys/values.
         self._ended: dict[tuple[int, ...], tuple[list[int], list[tuple[Any, Any]]]] | None = None
+        #: Inside :meth:`complete`: a session -> its prompt's ``settled`` test.
+        self._settled: dict[str, Any] = {}
         #: ``keep_ended(shelve=name)``'s ended sessions, kept for a block that reuses them.
         self._shelves: dict[str, dict[tuple[int, ...], tuple[list[int], list[tuple[Any, Any]]]]] = {}
         from ragfast.models.weight_quant import resolve_dtype
@@ -395,6 +398,18 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
             self._crop(s, keep)
             self.last_generated.pop(i, None)
 
+    def complete(self, prompts: Sequence[str], *, stop: Sequence[str] = (), max_new_tokens: int = 256,
+                 ledger: CostLedger | None = None, question_ids: Sequence[str] | None = None,
+                 settled: Sequence[Any] | None = None) -> list[str]:
+        """:meth:`Generator.complete`; a completion ends at the first token after which its prompt's
+        ``settled`` test holds (what is generated after it could not change the caller's outcome)."""
+        self._settled = {sid: f for sid, f in zip(complete_ids(len(prompts)), settled or ()) if f is not None}
+        try:
+            return super().complete(prompts, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger,
+                                    question_ids=question_ids)
+        finally:
+            self._settled = {}
+
     def end(self, ids: Sequence[str]) -> None:
         idx = self._run.index(ids) if self._run is not None else []
         if idx:  # turns in progress end with their sessions
@@ -556,7 +571,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         for b, (sid, s) in enumerate(zip(sids, sessions)):
             row = s.row
             if row is None:  # a new turn (else one set aside, going on: its accounting goes on too)
-                row = Row(sid, rule, base=len(s.ids), n_past=n_past[b], n_new=n_new[b], paid=list(paid.get(b, ())))
+                own = self._settled.get(sid)
+                row = Row(sid, rule if own is None else dataclasses.replace(rule, settled=own), base=len(s.ids), n_past=n_past[b], n_new=n_new[b], paid=list(paid.get(b, ())))
             s.row = None
             row.pos = len(s.ids)
             row.passes = [(n_new[b], n_past[b])] + list(paid.get(b, ()))
@@ -744,6 +760,8 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         """Whether a turn's tokens end it at their last one: EOS, its length, or a stop string."""
         tok = gen[-1]
         if tok in self._eos or len(gen) >= rule.max_new:
+            return True
+        if rule.settled is not None and rule.settled(self.tokenizer.decode(gen, skip_special_tokens=True)):
             return True
         if not rule.stop:
             return False

@@ -384,7 +384,7 @@ def _parse_json(stage: str, text: str) -> dict[str, Any] | None:
     if s.count("{") > s.count("}"):
         s = s + "}"  # generation stops at the closing brace's stop string
     try:
-        obj = json.loads(s)
+        obj = json.loads(s, object_pairs_hook=_unique_keys)
     except (json.JSONDecodeError, ValueError):
         return None
     if not isinstance(obj, dict):
@@ -406,6 +406,76 @@ def _parse_json(stage: str, text: str) -> dict[str, Any] | None:
     return obj
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    # A key given twice is not the schema: which of its values counts would otherwise be the last
+    # one's, and a completion could not be settled before it ends (:func:`_quote_settled`).
+    keys = [k for k, _ in pairs]
+    if len(set(keys)) != len(keys):
+        raise ValueError("duplicate key")
+    return dict(pairs)
+
+
+# What stage C's completion says before its quote: consistent, then the quote's opening quote mark.
+_C_QUOTE = re.compile(r'\s*true\s*,\s*"quote"\s*:\s*"')
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+
+
+def _string_prefix(raw: str) -> str:
+    """The text a JSON string's first characters ``raw`` (after its opening quote) decode to, up to
+    its closing quote or a cut escape."""
+    out, i = [], 0
+    while i < len(raw):
+        c = raw[i]
+        if c == '"':
+            break
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        if i + 1 >= len(raw):
+            break
+        e = raw[i + 1]
+        if e == "u":
+            try:
+                code = int(raw[i + 2:i + 6], 16) if i + 6 <= len(raw) else -1
+                low = int(raw[i + 8:i + 12], 16) if raw[i + 6:i + 8] == "\\u" and i + 12 <= len(raw) else -1
+            except ValueError:
+                break
+            if code < 0 or (0xD800 <= code < 0xDC00 and i + 12 > len(raw)):
+                break  # cut, or a high surrogate whose pair may follow
+            if 0xD800 <= code < 0xDC00 and 0xDC00 <= low < 0xE000:  # one character, as json reads the pair
+                out.append(chr(0x10000 + (code - 0xD800) * 0x400 + (low - 0xDC00)))
+                i += 12
+                continue
+            out.append(chr(code))
+            i += 6
+            continue
+        out.append(_ESCAPES.get(e, ""))
+        i += 2
+    return "".join(out)
+
+
+def _quote_settled(docs: Sequence[Doc]) -> Any:
+    """Stage C's ``settled`` test for a step with local documents ``docs``: True once a completion
+    reads ``true, "quote": "...`` and what the quote holds so far is in none of them, whitespace and
+    case aside. Then whatever follows, the step gets nothing from C: a parsed object has
+    consistent true (keys are unique) and a quote that, extending that text, is not verbatim
+    either; an unparsed one counts as a failure. Other completions are never settled early."""
+    texts = [norm_ws(d.title + " " + d.text) for d in docs]
+
+    def settled(text: str) -> bool:
+        m = _C_QUOTE.match(text)
+        if m is None:
+            return False
+        q = _string_prefix(text[m.end():])
+        if "\u03a3" in q:  # str.lower() reads a capital sigma by what follows it: no prefix rule
+            return False
+        q = norm_ws(q)
+        return bool(q) and not any(q in t for t in texts)
+
+    return settled
+
+
 def norm_ws(s: str) -> str:
     """Lower-case text with whitespace runs collapsed (how quotes are matched against evidence)."""
     return re.sub(r"\s+", " ", s).strip().lower()
@@ -418,7 +488,8 @@ def _verbatim(quote: str, docs: Sequence[Doc]) -> bool:
 
 def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledger: CostLedger | None,
              result: CheckResult, max_new: Mapping[str, int]) -> list[dict[str, Any] | None]:
-    """One batched ``complete`` call for a stage; returns parsed objects (None = failure)."""
+    """One batched ``complete`` call for a stage; returns parsed objects (None = failure). Stage C's
+    completions may end once their quote cannot be verbatim (:func:`_quote_settled`)."""
     if not steps:
         return []
     fmt = getattr(generator, "format_prompt", None)
@@ -427,8 +498,9 @@ def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledg
     qids = [s.trajectory_id for s in steps]
     private = CostLedger()
     with blame("checker", qids):
+        settled = [_quote_settled(s.local) for s in steps] if stage == "C" else None
         outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
-                                  question_ids=qids)
+                                  question_ids=qids, settled=settled)
     if len(outs) != len(prompts):
         raise RuntimeError(f"generator returned {len(outs)} outputs for {len(prompts)} stage-{stage} prompts")
     if ledger is not None:

@@ -176,10 +176,11 @@ class _MemoGenerator:
     def complete(self, prompts: Sequence[str], **kw: Any) -> list[str]:
         todo = [p for p in dict.fromkeys(prompts) if p not in self.cache]
         if todo:
-            qids = kw.pop("question_ids", None)
-            if qids is not None:
-                first = {p: q for p, q in zip(prompts, qids)}
-                kw["question_ids"] = [first[p] for p in todo]
+            for key in ("question_ids", "settled"):  # per prompt
+                per = kw.pop(key, None)
+                if per is not None:
+                    of = {p: q for p, q in zip(prompts, per)}
+                    kw[key] = [of[p] for p in todo]
             for p, o in zip(todo, self.inner.complete(todo, **kw)):
                 self.cache[p] = o
         return [self.cache[p] for p in prompts]
