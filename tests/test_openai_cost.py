@@ -112,8 +112,9 @@ def test_url_reasoner_costs_equal_the_local_model(served_tiny):
     cfg = SearchR1Config(max_turns=2, max_new_tokens=12)
     local_led, remote_led = CostLedger(), CostLedger()
     # share_prefix off: a prefix computed once for a batch is a split prefill whose analytic FLOPs
-    # (each chunk's attention over its own span) differ from one call's; parity per call is the point here.
-    local = run_searchr1(qs, HFGenerator(path, share_prefix=False), _First(), cfg, ledger=local_led)
+    # (each chunk's attention over its own span) differ from one call's; drafts off: a drafted pass
+    # books its rejected tokens and every position's logits. Parity per call is the point here.
+    local = run_searchr1(qs, HFGenerator(path, share_prefix=False, draft_tokens=0), _First(), cfg, ledger=local_led)
     g = OpenAIGenerator(url, None, tokenizer=path, model_config=path, concurrency=1)
     assert g.model == "tiny-qwen2"  # found through /v1/models
     remote = run_searchr1(qs, g, _First(), cfg, ledger=remote_led)
