@@ -40,7 +40,8 @@ def check(got, want, dtype):
 # whole and partial, no cache (T = L) and a cache longer than the queries; other D run the portable
 # task. Their rows pack the G heads of each query side by side: a few queries of many heads fill
 # a block and cross into the next mid-query (L = 3, 4, 6 with G = 7, 12).
-SHAPES = [(4, 14, 2, 3, 60, 64), (2, 14, 2, 6, 200, 64), (1, 12, 1, 4, 33, 32), (1, 1, 1, 1, 1, 32), (2, 4, 2, 5, 5, 64), (3, 14, 2, 37, 80, 64), (2, 6, 3, 16, 19, 17),
+SHAPES = [(4, 14, 2, 3, 60, 64), (2, 14, 2, 6, 200, 64), (1, 12, 1, 4, 33, 32),
+          (1, 1, 1, 1, 1, 32), (2, 4, 2, 5, 5, 64), (3, 14, 2, 37, 80, 64), (2, 6, 3, 16, 19, 17),
           (1, 8, 1, 50, 70, 128), (2, 2, 1, 33, 33, 96), (2, 3, 1, 9, 300, 32), (1, 7, 1, 1, 45, 64),
           (2, 4, 4, 20, 51, 80), (1, 2, 2, 64, 64, 128)]
 

@@ -107,8 +107,8 @@ class Generator(ABC):
         """Stateless batched completion of raw prompts.
 
         ``settled``, one per prompt (or None), says of a completion so far that what its caller
-        makes of it can no longer change: a generator may stop that completion there (a local
-        model does; this one does not), and the caller's outcome is the same either way.
+        makes of it can no longer change: a generator may stop that completion there
+        (``HFGenerator`` does; this default ignores it), and the caller's outcome is the same either way.
         """
         ids = complete_ids(len(prompts))
         self.start(ids, prompts)

@@ -22,8 +22,8 @@ class ChunkBudget:
     """Mixin of :class:`~ragfast.models.generator.HFGenerator`: its memory budget's planning.
 
     It reads the generator's ``_sessions`` (``ids``, ``n_cached``, ``kv``), ``_template``,
-    ``_ended``, ``_shelves``, ``_budget`` / ``_budget_note``, ``bytes``, ``device``, ``max_batch``, ``kv_reuse``,
-    ``share_prefix``, ``min_prefix``, ``kv_step``, ``prefill_tokens``, ``last_chunks``, ``_seed``
+    ``_ended``, ``_shelves``, ``_budget`` / ``_budget_note``, ``bytes``, ``device``, ``max_batch``,
+    ``kv_reuse``, ``share_prefix``, ``min_prefix``, ``kv_step``, ``prefill_tokens``, ``last_chunks``, ``_seed``
     and ``_running_bytes`` (the running batch at its planned largest), and writes ``stats``,
     ``budget_note`` and ``_smallest_said``.
     """

@@ -117,7 +117,7 @@ class ExtractiveHead(Generator):
     def complete(self, prompts: Sequence[str], *, stop: Sequence[str] = (), max_new_tokens: int = 32,
                  ledger: CostLedger | None = None, question_ids: Sequence[str] | None = None,
                  settled: Any = None) -> list[str]:
-        ids = [f"_x{i}" for i in range(len(prompts))]  # extracts: settled tests have nothing to stop
+        ids = [f"_x{i}" for i in range(len(prompts))]  # an extract: nothing to end early (settled)
         self.start(ids, prompts)
         try:
             return self.generate(ids, stop=stop, max_new_tokens=max_new_tokens, ledger=ledger,

@@ -9,8 +9,8 @@
 """
 from __future__ import annotations
 
-import logging
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
@@ -571,8 +571,9 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         for b, (sid, s) in enumerate(zip(sids, sessions)):
             row = s.row
             if row is None:  # a new turn (else one set aside, going on: its accounting goes on too)
-                own = self._settled.get(sid)
-                row = Row(sid, rule if own is None else dataclasses.replace(rule, settled=own), base=len(s.ids), n_past=n_past[b], n_new=n_new[b], paid=list(paid.get(b, ())))
+                own = self._settled.get(sid)  # a completion's own settled test (complete)
+                row = Row(sid, rule if own is None else dataclasses.replace(rule, settled=own), base=len(s.ids),
+                          n_past=n_past[b], n_new=n_new[b], paid=list(paid.get(b, ())))
             s.row = None
             row.pos = len(s.ids)
             row.passes = [(n_new[b], n_past[b])] + list(paid.get(b, ()))
