@@ -346,7 +346,7 @@ def run_methods(cfg: RunSettings, methods: Sequence[str], out: Path, *, resume: 
 def _shelving(m: str, instances: Mapping[str, Method], slots: Slots) -> Any:
     """The block ``m`` runs in: its ended sessions shelved for a later method that reads them
     (:attr:`Method.reads_sessions_of`) on a generator that keeps them, else nothing."""
-    if slots.make_generator is None or not any(m in type(o).reads_sessions_of for o in instances.values()):
+    if not any(m in type(o).reads_sessions_of for o in instances.values()):
         return contextlib.nullcontext()
     keep = getattr(slots.make_generator(), "keep_ended", None)
     return keep(shelve=m) if keep is not None else contextlib.nullcontext()

@@ -497,8 +497,8 @@ def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledg
     prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in prompts]
     qids = [s.trajectory_id for s in steps]
     private = CostLedger()
+    settled = [_quote_settled(s.local) for s in steps] if stage == "C" else None
     with blame("checker", qids):
-        settled = [_quote_settled(s.local) for s in steps] if stage == "C" else None
         outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
                                   question_ids=qids, settled=settled)
     if len(outs) != len(prompts):
