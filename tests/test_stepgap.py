@@ -571,3 +571,75 @@ def test_stage_c_settles_only_completions_whose_outcome_is_fixed():
     assert _parse_json("C", finished[7]) is None  # a key given twice is not the schema
     assert _string_prefix('ab\\u00e9\\ud83d\\ude00c"d') == "ab\u00e9\U0001F600c"
     assert _string_prefix("ab\\ud83d") == "ab" and _string_prefix("ab\\") == "ab" and _string_prefix("a\\u00") == "a"
+
+
+def test_broken_completions_settle_only_where_no_text_could_parse():
+    """Stages A and C end a completion once its string cannot be followed by JSON (an unescaped
+    quote mark followed by a word, a raw newline, an unknown escape): every prefix that settles
+    belongs to a completion that does not parse, and completions that close their string and go
+    on with a comma or the brace (or escape their quotes) never settle."""
+    from ragfast.methods.stepgap.checker import Doc, _broken, _parse_json, _quote_settled
+
+    cases = {
+        "C": [
+            ' true, "quote": "based on the novel "Downers Grove" by Michael Hornburg."}',
+            ' false, "quote": "The answer to "Who plays" is not there yet."}',
+            ' true, "quote": "based on the novel \\"Downers Grove\\" by Michael Hornburg."}',
+            ' true, "quote": "based on the novel \\u201cDowners Grove\\u201d"}',
+            ' true, "quote": "Downers Grove", "page": 3}',
+            ' false, "quote": "Downers Grove"  }',
+            ' false, "quote": "Downers Grove" \n}',
+            ' true, "quote": "two\nlines"}',
+            ' true, "quote": "a tab\\tand a bad \\x escape"}',
+            ' true, "quote": "a cut \\u00',
+            ' false, "quote": null}',
+            ' true, "entity": "Downers Grove" by}',
+            ' true, "quote": "Downers Grove"',
+        ],
+        "A": [
+            ' true, "entity": "the "stay-behind" operation"}',
+            ' false, "entity": "Many right wing WNP were connected to a "stay-behind"  operation? }',
+            ' true, "entity": "Gladio"}',
+            ' true, "entity": "Gladio", "hop": 2}',
+            ' true, "entity": "Operation \\"Gladio\\""}',
+            ' true, "quote": "Gladio" x}',
+        ],
+    }
+    docs = [Doc("Downers Grove (novel)", 'Downers Grove is a 1999 novel by Michael Hornburg. The film is based on '
+                'the novel "Downers Grove" by Michael Hornburg.', 1)]
+    fired = set()
+    for stage, texts in cases.items():
+        broken = _broken(stage)
+        for text in texts:
+            cut = text.split("}")[0]  # the generator stops at the closing brace
+            for n in range(1, len(cut) + 1):
+                if broken(cut[:n]):
+                    fired.add(text)
+                    assert _parse_json(stage, text) is None and _parse_json(stage, cut[:n]) is None, (text, cut[:n])
+    assert fired == {cases["C"][0], cases["C"][1], cases["C"][7], cases["C"][8], cases["A"][0], cases["A"][1]}
+    for text in (cases["C"][2], cases["C"][3], cases["C"][4], cases["A"][2], cases["A"][3], cases["A"][4]):
+        assert _parse_json("C" if text in cases["C"] else "A", text) is not None
+    # Stage C's settled test holds for the broken completions whatever the quote says.
+    assert _quote_settled(docs)(' true, "quote": "the novel "Downers Grove" by')
+    assert not _quote_settled(docs)(' true, "quote": "the novel "') and _quote_settled(docs)(' true, "quote": "the novel "D')
+
+
+def test_repeated_steps_complete_once():
+    """A think that repeats a sentence gives two steps with one prompt: the LLM stages complete it
+    once (booked to the question once), both steps get its label, and items count both."""
+    base = t1()
+    rep = Trajectory(id="t1", question=base.question, golden_answers=base.golden_answers, turns=[
+        base.turns[0],
+        Turn(1, "<think> Hanson is a band from Oklahoma. Tinted Windows first performed in Tulsa. Hanson is a band "
+                "from Oklahoma. Tinted Windows first performed in Tulsa. </think>\n<search> Tinted Windows festival 2009 "
+                "</search>", "search", "Tinted Windows festival 2009", observation=base.turns[1].observation),
+    ])
+    led, llm, nli = CostLedger(), ScriptedLLM(TABLE), ScriptedNLI()
+    res = check([rep], llm, nli, ledger=led)
+    got = [(lab.claim, lab.label, lab.stage) for lab in res.labels]
+    assert got[1] == got[3] == ("Hanson is a band from Oklahoma.", CC, "A")
+    assert got[2] == got[4] == ("Tinted Windows first performed in Tulsa.", NO_GAP, "D")
+    sent = [p for batch in llm.batches for p in batch]
+    assert len(sent) == len(set(sent)) == 4 + 1  # A: two searches and two distinct claims; C: one claim
+    assert res.items["A"] == 6 and res.items["C"] == 2
+    assert led.totals()["judge"]["calls"] == len(sent)

@@ -370,7 +370,10 @@ def _prompt_c(s: Step) -> str:
 # Each stage's output opens with this key; the prompt ends right before it so a model continues
 # the object instead of chatting.
 _OPENERS = {"A": '{"aligned":', "B": '{"justified":', "C": '{"consistent":'}
-_MAX_NEW = {"A": 48, "B": 16, "C": 160}
+# C's budget holds a verbatim sentence as a JSON quote: in the Qwen2.5 tokenizer, 99.8% of the
+# bundled HotpotQA train split's context sentences (25,139) fit in 128 tokens with the rest of
+# the object. The 0.5B checker's failures (loops, whole passages) otherwise run to any cap.
+_MAX_NEW = {"A": 48, "B": 16, "C": 128}
 
 
 def _parse_json(stage: str, text: str) -> dict[str, Any] | None:
@@ -460,10 +463,14 @@ def _quote_settled(docs: Sequence[Doc]) -> Any:
     reads ``true, "quote": "...`` and what the quote holds so far is in none of them, whitespace and
     case aside. Then whatever follows, the step gets nothing from C: a parsed object has
     consistent true (keys are unique) and a quote that, extending that text, is not verbatim
-    either; an unparsed one counts as a failure. Other completions are never settled early."""
+    either; an unparsed one counts as a failure. Other completions settle only once they are
+    :func:`_broken`."""
     texts = [norm_ws(d.title + " " + d.text) for d in docs]
+    broken = _broken("C")
 
     def settled(text: str) -> bool:
+        if broken(text):
+            return True
         m = _C_QUOTE.match(text)
         if m is None:
             return False
@@ -474,6 +481,51 @@ def _quote_settled(docs: Sequence[Doc]) -> Any:
         return bool(q) and not any(q in t for t in texts)
 
     return settled
+
+
+# The string key each stage writes after its boolean; the head of a completion up to that string.
+_STRING_KEY = {"A": "entity", "C": "quote"}
+_HEADS = {k: re.compile(r'\s*(?:true|false)\s*,\s*"' + v + r'"\s*:\s*"') for k, v in _STRING_KEY.items()}
+
+
+def _broken(stage: str) -> Any:
+    """A ``settled`` test for stages A and C: True once a completion reads ``true`` or ``false``,
+    then the stage's string key, and a string that no text can extend into JSON: a raw control
+    character or an unknown escape inside it, or, after its closing quote, anything but
+    whitespace, a comma or the closing brace (the 0.5B often copies a title's quote marks
+    unescaped). Such a completion is a parse failure however it goes on, so it ends there.
+    Completions the test cannot read (another key, a ``\\u`` escape not yet whole) never settle."""
+    head = _HEADS[stage]
+
+    def broken(text: str) -> bool:
+        m = head.match(text)
+        if m is None:
+            return False
+        i, n = m.end(), len(text)
+        while i < n:
+            c = text[i]
+            if c == '"':
+                rest = text[i + 1:].lstrip(" \t\n\r")
+                return bool(rest) and rest[0] not in ",}"
+            if c < " ":
+                return True  # json.loads is strict: no raw control characters in strings
+            if c == "\\":
+                e = text[i + 1:i + 2]
+                if e == "u":
+                    if not re.fullmatch(r"[0-9a-fA-F]{4}", text[i + 2:i + 6]):
+                        return False  # cut (or odd): left to the parser
+                    i += 6
+                    continue
+                if not e:
+                    return False
+                if e not in _ESCAPES:
+                    return True
+                i += 2
+                continue
+            i += 1
+        return False
+
+    return broken
 
 
 def norm_ws(s: str) -> str:
@@ -488,26 +540,35 @@ def _verbatim(quote: str, docs: Sequence[Doc]) -> bool:
 
 def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledger: CostLedger | None,
              result: CheckResult, max_new: Mapping[str, int]) -> list[dict[str, Any] | None]:
-    """One batched ``complete`` call for a stage; returns parsed objects (None = failure). Stage C's
-    completions may end once their quote cannot be verbatim (:func:`_quote_settled`)."""
+    """One batched ``complete`` call for a stage; returns parsed objects (None = failure). Stage A's
+    and C's completions may end once they cannot parse (:func:`_broken`), and C's once their quote
+    cannot be verbatim (:func:`_quote_settled`)."""
     if not steps:
         return []
     fmt = getattr(generator, "format_prompt", None)
-    prompts = [build(s) for s in steps]
-    prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in prompts]
-    qids = [s.trajectory_id for s in steps]
+    prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in (build(s) for s in steps)]
+    # A think that repeats a sentence gives steps with one prompt (half of the bench's stage A and C
+    # prompts): each distinct prompt is completed once, greedily, and booked to its first step's question.
+    # Stage C's settled test and quote check read all local documents, the prompt only their start.
+    keys = [(p, tuple(d.as_text() for d in s.local) if stage == "C" else ()) for p, s in zip(prompts, steps)]
+    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    uniq = sorted(first.values())
+    qids = [steps[i].trajectory_id for i in uniq]
     private = CostLedger()
-    settled = [_quote_settled(s.local) for s in steps] if stage == "C" else None
+    settled = None
+    if stage in _HEADS:
+        settled = [(_quote_settled(steps[i].local) if stage == "C" else _broken(stage)) for i in uniq]
     with blame("checker", qids):
-        outs = generator.complete(prompts, stop=("}",), max_new_tokens=int(max_new[stage]), ledger=private,
-                                  question_ids=qids, settled=settled)
-    if len(outs) != len(prompts):
-        raise RuntimeError(f"generator returned {len(outs)} outputs for {len(prompts)} stage-{stage} prompts")
+        outs = generator.complete([prompts[i] for i in uniq], stop=("}",), max_new_tokens=int(max_new[stage]),
+                                  ledger=private, question_ids=qids, settled=settled)
+    if len(outs) != len(uniq):
+        raise RuntimeError(f"generator returned {len(outs)} outputs for {len(uniq)} stage-{stage} prompts")
     if ledger is not None:
         _move_records(private, ledger, qids)
     result.calls[stage] = result.calls.get(stage, 0) + 1
     result.items[stage] = result.items.get(stage, 0) + len(prompts)
-    parsed = [_parse_json(stage, o) for o in outs]
+    by_key = {keys[i]: o for i, o in zip(uniq, outs)}
+    parsed = [_parse_json(stage, by_key[k]) for k in keys]
     result.failures[stage] = result.failures.get(stage, 0) + sum(p is None for p in parsed)
     return parsed
 
@@ -590,7 +651,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
         documents count as evidence) but left out of the result. Used by the loop to check only
         the newest turn.
     max_new_tokens : mapping, optional
-        Per LLM stage ("A", "B", "C") generation budget; defaults 48, 16 and 160 tokens (C
+        Per LLM stage ("A", "B", "C") generation budget; defaults 48, 16 and 128 tokens (C
         copies a whole sentence).
 
     Returns
