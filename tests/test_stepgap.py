@@ -643,3 +643,12 @@ def test_repeated_steps_complete_once():
     assert len(sent) == len(set(sent)) == 4 + 1  # A: two searches and two distinct claims; C: one claim
     assert res.items["A"] == 6 and res.items["C"] == 2
     assert led.totals()["judge"]["calls"] == len(sent)
+    # A memo (the loop's, across rounds) completes each prompt once over several calls.
+    memo, llm2, led2 = {}, ScriptedLLM(TABLE), CostLedger()
+    first = check([rep], llm2, ScriptedNLI(), memo=memo, from_turn={"t1": 1})
+    seen = [p for batch in llm2.batches for p in batch]
+    assert len(seen) == 3 + 1  # A: two distinct claims and a search; C: one claim
+    again = check([rep], llm2, ScriptedNLI(), memo=memo, ledger=led2)
+    assert [p for batch in llm2.batches for p in batch][len(seen):] == [sent[0]]  # only turn 0's search is new
+    assert [lab.label for lab in again.labels[1:]] == [lab.label for lab in first.labels] == [x[1] for x in got[1:]]
+    assert led2.totals()["judge"]["calls"] == 1

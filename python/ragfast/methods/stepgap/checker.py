@@ -539,7 +539,7 @@ def _verbatim(quote: str, docs: Sequence[Doc]) -> bool:
 
 
 def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledger: CostLedger | None,
-             result: CheckResult, max_new: Mapping[str, int]) -> list[dict[str, Any] | None]:
+             result: CheckResult, max_new: Mapping[str, int], memo: dict) -> list[dict[str, Any] | None]:
     """One batched ``complete`` call for a stage; returns parsed objects (None = failure). Stage A's
     and C's completions may end once they cannot parse (:func:`_broken`), and C's once their quote
     cannot be verbatim (:func:`_quote_settled`)."""
@@ -548,27 +548,31 @@ def _run_llm(generator: Any, stage: str, steps: Sequence[Step], build: Any, ledg
     fmt = getattr(generator, "format_prompt", None)
     prompts = [(fmt(p) if fmt else p) + _OPENERS[stage] for p in (build(s) for s in steps)]
     # A think that repeats a sentence gives steps with one prompt (half of the bench's stage A and C
-    # prompts): each distinct prompt is completed once, greedily, and booked to its first step's question.
+    # prompts, and a third of A's again across a loop's rounds): each distinct prompt is completed
+    # once, greedily, booked to its first step's question, and kept in ``memo`` for later calls.
     # Stage C's settled test and quote check read all local documents, the prompt only their start.
     keys = [(p, tuple(d.as_text() for d in s.local) if stage == "C" else ()) for p, s in zip(prompts, steps)]
-    first = {k: i for i, k in reversed(list(enumerate(keys)))}
+    first = {k: i for i, k in reversed(list(enumerate(keys))) if k not in memo}
     uniq = sorted(first.values())
     qids = [steps[i].trajectory_id for i in uniq]
     private = CostLedger()
     settled = None
     if stage in _HEADS:
         settled = [(_quote_settled(steps[i].local) if stage == "C" else _broken(stage)) for i in uniq]
-    with blame("checker", qids):
-        outs = generator.complete([prompts[i] for i in uniq], stop=("}",), max_new_tokens=int(max_new[stage]),
-                                  ledger=private, question_ids=qids, settled=settled)
+    outs: list[str] = []
+    if uniq:
+        with blame("checker", qids):
+            outs = generator.complete([prompts[i] for i in uniq], stop=("}",), max_new_tokens=int(max_new[stage]),
+                                      ledger=private, question_ids=qids, settled=settled)
     if len(outs) != len(uniq):
         raise RuntimeError(f"generator returned {len(outs)} outputs for {len(uniq)} stage-{stage} prompts")
     if ledger is not None:
         _move_records(private, ledger, qids)
-    result.calls[stage] = result.calls.get(stage, 0) + 1
+    if uniq:
+        result.calls[stage] = result.calls.get(stage, 0) + 1
     result.items[stage] = result.items.get(stage, 0) + len(prompts)
-    by_key = {keys[i]: o for i, o in zip(uniq, outs)}
-    parsed = [_parse_json(stage, by_key[k]) for k in keys]
+    memo.update((keys[i], o) for i, o in zip(uniq, outs))
+    parsed = [_parse_json(stage, memo[k]) for k in keys]
     result.failures[stage] = result.failures.get(stage, 0) + sum(p is None for p in parsed)
     return parsed
 
@@ -626,8 +630,8 @@ def entity_of(s: Step) -> str | None:
 
 def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any = None, nli: Any = None,
           stages: str = STAGES, thresholds: tuple[float, float] = (0.5, 0.5), *, ledger: CostLedger | None = None,
-          from_turn: Mapping[str, int] | None = None, max_new_tokens: Mapping[str, int] | None = None
-          ) -> CheckResult:
+          from_turn: Mapping[str, int] | None = None, max_new_tokens: Mapping[str, int] | None = None,
+          memo: dict | None = None) -> CheckResult:
     """Label every step of every trajectory with the five-stage StepGap tree.
 
     Parameters
@@ -653,6 +657,10 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
     max_new_tokens : mapping, optional
         Per LLM stage ("A", "B", "C") generation budget; defaults 48, 16 and 128 tokens (C
         copies a whole sentence).
+    memo : dict, optional
+        Completions of stage prompts made by earlier calls with the same generator and budgets
+        (a loop's rounds): a prompt found there is not completed again, and this call's
+        completions are added to it.
 
     Returns
     -------
@@ -667,6 +675,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
         raise ConfigError(f"thresholds must be probabilities, got {thresholds}")
     active = "".join(s for s in STAGES if s in stages and ((s in "ABC" and generator is not None)
                                                          or (s in "DE" and nli is not None)))
+    memo = {} if memo is None else memo
     budget = dict(_MAX_NEW)
     for k, v in (max_new_tokens or {}).items():
         if k not in _MAX_NEW or int(v) < 1:
@@ -700,7 +709,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
     # A: alignment of claims, queries and answers with the question's target.
     if "A" in active:
         idx = [i for i, s in enumerate(steps) if s.kind in ("claim", "search", "answer")]
-        for i, obj in zip(idx, _run_llm(generator, "A", [steps[i] for i in idx], _prompt_a, ledger, res, budget)):
+        for i, obj in zip(idx, _run_llm(generator, "A", [steps[i] for i in idx], _prompt_a, ledger, res, budget, memo)):
             if obj is None:
                 continue
             if obj.get("entity"):
@@ -713,7 +722,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
             if s.kind == "abstain" and not s.evidence and not decided[i]:
                 decide(i, NO_GAP, "B", "abstained before reading any evidence")
         idx = [i for i, s in enumerate(steps) if s.kind == "abstain" and not decided[i]]
-        for i, obj in zip(idx, _run_llm(generator, "B", [steps[i] for i in idx], _prompt_b, ledger, res, budget)):
+        for i, obj in zip(idx, _run_llm(generator, "B", [steps[i] for i in idx], _prompt_b, ledger, res, budget, memo)):
             if obj is None:
                 continue
             if obj["justified"]:
@@ -727,7 +736,7 @@ def check(trajectories: Iterable[Trajectory | Mapping[str, Any]], generator: Any
     # C: entity consistency of the local evidence and a verbatim quote.
     if "C" in active:
         idx = [i for i, s in enumerate(steps) if not decided[i] and s.local]
-        for i, obj in zip(idx, _run_llm(generator, "C", [steps[i] for i in idx], _prompt_c, ledger, res, budget)):
+        for i, obj in zip(idx, _run_llm(generator, "C", [steps[i] for i in idx], _prompt_c, ledger, res, budget, memo)):
             if obj is None:
                 continue
             if obj["consistent"] is False:

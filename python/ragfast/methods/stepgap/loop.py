@@ -111,6 +111,7 @@ class StepGapHook:
         self.steps: dict[tuple[str, int], Any] = {}  # (trajectory id, step index) -> Step
         self.checks = 0
         self.failures: Counter = Counter()
+        self.memo: dict = {}  # the LLM stages' completions by prompt, across rounds (check's memo)
 
     def _state(self, traj: Trajectory) -> dict[str, Any]:
         return traj.extra.setdefault("stepgap", {"labels": [], "repairs": [], "failures": {}})
@@ -123,7 +124,7 @@ class StepGapHook:
             return {}
         res = check(todo, self.checker, self.nli, cfg.stages, cfg.thresholds, ledger=ledger,
                     from_turn={t.id: self.checked_upto.get(t.id, 0) for t in todo},
-                    max_new_tokens=cfg.llm_max_new_tokens)
+                    max_new_tokens=cfg.llm_max_new_tokens, memo=self.memo)
         self.checks += 1
         by = res.by_trajectory()
         steps = {(s.trajectory_id, s.index): s for s in res.steps}
@@ -236,6 +237,7 @@ class StepGapPipeline:
         # The answer turn (and anything after the last hook) is checked here, in one batch.
         led = CostLedger()
         self.hook.check_new(trajs, led)
+        self.hook.memo.clear()  # its prompts hold these questions: no later batch reads them
         self.ledger.merge(led)
         for t in trajs:
             st = self.hook._state(t)
