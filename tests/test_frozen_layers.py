@@ -98,3 +98,70 @@ def test_lora_training_with_replay_equals_without(tmp_path):
     assert sorted(a) == sorted(b) and all(".layers." in k for k in a)
     for k in a:
         torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_frozen_pass_runs_on_the_kernels_and_puts_the_model_back(isa_level, dtype):
+    """The one frozen pass runs ragfast's fused layers and attention kernel interface, equals the
+    model's own modules within the dtype's rounding, and leaves the model as it was (here an eager
+    model: a judge's own attention implementation must come back too)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ragfast.models.attention import ATTN_IMPL
+    from ragfast.models.fused_layers import fused_layers_on
+
+    torch.manual_seed(0)
+    # Head dim 64: the prefill kernel's shapes (multiples of 32), unlike the tiny models' 16.
+    cfg = Qwen2Config(vocab_size=320, hidden_size=128, intermediate_size=192, num_hidden_layers=3,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512)
+    model = Qwen2ForCausalLM(cfg).to(dtype).eval()
+    model.set_attn_implementation("eager")
+    dec = model.get_decoder()
+    seen = []
+    dec.layers[0].register_forward_pre_hook(
+        lambda m, a: seen.append((model.config._attn_implementation, fused_layers_on(dec.layers[0]))))
+    rng = np.random.default_rng()
+    seqs = _ids(rng, 320, [150, 33, 1])  # 150 rows reach the gate's kernel (SILU_MIN_ROWS); 1 row a decode-shaped pass
+    seqs[1] = seqs[0][:100] + seqs[1]  # one of the two runs after the other's 100 cached tokens
+    plain = frozen_inputs(dec, 2, seqs, kernels=False)
+    fast = frozen_inputs(dec, 2, seqs)
+    assert seen == [("eager", 0)] * 3 + [(ATTN_IMPL, 3)] * 3  # two norms and the MLP of the layer patched
+    assert model.config._attn_implementation == "eager" and fused_layers_on(model) == 0
+    for a, b in zip(plain, fast):
+        assert a.shape == b.shape and a.dtype == b.dtype == dtype
+        if dtype == torch.float32:
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        else:
+            assert float((b.float() - a.float()).norm() / a.float().norm()) < 2e-2
+    assert all(torch.equal(x, y) for x, y in zip(plain, frozen_inputs(dec, 2, seqs, kernels=False)))
+
+
+def test_shared_prefixes_run_once_and_equal_the_whole_decoder():
+    """Examples sharing leading ids (a judge's states of one question) run on the previous one's
+    cache: each equals the full decoder's state, and duplicates and prefixes come out right."""
+    from ragfast.models.frozen_layers import prefix_order
+
+    model = _model("qwen2")
+    dec = model.get_decoder()
+    rng = np.random.default_rng()
+    base = _ids(rng, model.config.vocab_size, [40])[0]
+    tails = _ids(rng, model.config.vocab_size, [5, 9, 1, 13])
+    seqs = [base + tails[0], base[:25] + tails[1], base + tails[0] + tails[2], base + tails[0],
+            tails[3], base[:25]]
+    order, shared = prefix_order(seqs)
+    assert sorted(order) == list(range(len(seqs))) and shared[0] == 0
+    for j in range(1, len(order)):
+        a, b = seqs[order[j - 1]], seqs[order[j]]
+        assert a <= b and a[:shared[j]] == b[:shared[j]]
+        assert shared[j] == min(len(a), len(b)) or a[shared[j]] != b[shared[j]]
+    rows = []
+    dec.layers[0].register_forward_pre_hook(lambda m, a, k: rows.append((a[0] if a else k["hidden_states"]).shape[1]),
+                                            with_kwargs=True)
+    got = frozen_inputs(dec, 1, seqs)
+    assert sum(rows) == sum(len(seqs[i]) - p for i, p in zip(order, shared) if p < len(seqs[i])) < 2 * 40
+    for ids, h in zip(seqs, got):
+        with torch.no_grad():
+            ref = dec(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[1][0]
+        assert h.shape == (len(ids), model.config.hidden_size)
+        torch.testing.assert_close(h, ref, atol=1e-5, rtol=1e-5)
+    assert got[0] is not got[3] and torch.equal(got[0], got[3])  # the same ids: a copy, not a rerun
