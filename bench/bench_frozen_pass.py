@@ -66,7 +66,7 @@ def main() -> None:
     import torch
 
     from ragfast.judges.causal import CausalJudge
-    from ragfast.models.frozen_layers import frozen_inputs, prefix_order
+    from ragfast.models.frozen_layers import frozen_inputs, tokens_run
     from ragfast.models.hub import local_model
 
     torch.set_num_threads(args.threads)
@@ -74,9 +74,7 @@ def main() -> None:
     decoder = judge.model.get_decoder()
     first = int(judge.model.config.num_hidden_layers) - args.top_layers
     ex = examples(judge, args.labels, args.limit)
-    order, shared = prefix_order(ex)
-    total = sum(map(len, ex))
-    fresh = sum(max(0, len(ex[i]) - p) for i, p in zip(order, shared))
+    total, fresh = sum(map(len, ex)), tokens_run(ex)
     autocast = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731 (train-judge's context)
     ways = {
         "one-at-a-time": lambda: [frozen_inputs(decoder, first, [e], context=autocast, kernels=False)[0] for e in ex],

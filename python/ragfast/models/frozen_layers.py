@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-__all__ = ["supports_replay", "prefix_order", "frozen_inputs", "cache_frozen_inputs", "replay_from"]
+__all__ = ["supports_replay", "prefix_order", "tokens_run", "frozen_inputs", "cache_frozen_inputs", "replay_from"]
 
 # Decoders whose forward is embed -> layers -> norm, with no scaling of the embeddings in
 # between (Gemma's is applied after the embedding lookup, so it would be applied twice).
@@ -86,6 +86,13 @@ def prefix_order(examples: Sequence[Sequence[int]]) -> tuple[list[int], list[int
             k += 1
         shared[j] = k
     return order, shared
+
+
+def tokens_run(examples: Sequence[Sequence[int]]) -> int:
+    """Tokens :func:`frozen_inputs` computes for ``examples``: each one's ids after those it shares
+    with the one before it in :func:`prefix_order` (none for a repeat)."""
+    order, shared = prefix_order(examples)
+    return sum(max(0, len(examples[i]) - p) for i, p in zip(order, shared))
 
 
 def frozen_inputs(decoder: Any, first: int, examples: Sequence[Sequence[int]], *, device: str = "cpu",
@@ -159,9 +166,7 @@ def cache_frozen_inputs(decoder: Any, first: int, examples: Sequence[Sequence[in
             f"(budget {budget_bytes / 2**30:.1f} GiB)")
         return []
     t0 = time.perf_counter()
-    order, shared = prefix_order(examples)
-    run = sum(max(0, len(examples[i]) - p) for i, p in zip(order, shared))
-    log(f"running the {first} frozen layers once on {len(examples)} examples: {run:,} of their "
+    log(f"running the {first} frozen layers once on {len(examples)} examples: {tokens_run(examples):,} of their "
         f"{sum(len(e) for e in examples):,} tokens, shared prefixes once ({need / 2**30:.2f} GiB kept)")
     every = max(1, len(examples) // 10)
     got = frozen_inputs(decoder, first, examples, device=device, context=context,
