@@ -22,7 +22,11 @@ another catalogued model or directory), all loaded in this process:
   generator that issue 38's batch-64 goal is measured against;
 * any of them with a ``+draft`` suffix (``w8a8-bf16+draft``): the generator's prompt-lookup
   drafts on (models/drafts.py: up to two rows feed looked-up tokens after their picked one and
-  keep those the pass confirms); every other provider decodes one token a step.
+  keep those the pass confirms); every other provider decodes one token a step;
+* any of them with a ``+walk`` suffix (``w8a8-bf16+walk``): decode steps through the model's own
+  forward (transformers' module walk) instead of the generator's lean step
+  (models/lean_step.py: the same modules and logits as one flat loop); the ``-torch`` providers
+  walk the modules too, as before either existed.
 
 The anchor is the first provider named (default ``fp32-torch``: the default bench's reasoner
 before gemv); every ratio is against it.
@@ -35,7 +39,8 @@ first step feeding one token per row). Round-robin over the providers, ``--reps`
 
 Beside them, the read floor: a decode step at B = 1 cannot beat the weight bytes it reads
 (``HFGenerator.weight_info.read_bytes``) over the memory read bandwidth, measured in the same run
-(a sum over a 1 GiB buffer). At B >= 16 the compute floor instead: the step's linear-layer flops
+(a sum over a 1 GiB buffer, once per repetition: each repetition's steps over its own
+measure, since this figure swings by 2x within an hour on a shared VM). At B >= 16 the compute floor instead: the step's linear-layer flops
 (2 x B x their multiply-adds per token) at the rate torch's matmul reaches on a large product of
 the model's MLP shape in the provider's activation dtype, measured in the same run. And the
 greedy text: how many of the B=64 rows generate exactly the anchor's tokens, and the mean share
@@ -61,6 +66,8 @@ PROVIDERS = {"fp32": ("float32", "native"), "bf16": ("bfloat16", "native"), "int
 PROVIDERS.update({f"{k}-torch": v for k, v in list(PROVIDERS.items())})
 #: Provider suffix: the generator's prompt-lookup drafts on (``HFGenerator(draft_tokens=...)``).
 DRAFT = "+draft"
+#: Provider suffix: decode steps through the model's forward, not the lean step (``HFGenerator.lean_steps``).
+WALK = "+walk"
 
 
 def cpu_model() -> str:
@@ -108,7 +115,7 @@ def linear_params(model) -> int:
                if hasattr(m, "in_features") and hasattr(m, "out_features"))
 
 
-def load(model: str, dtype: str, weights: str, torch_only: bool = False, draft: bool = False):
+def load(model: str, dtype: str, weights: str, torch_only: bool = False, draft: bool = False, walk: bool = False):
     from ragfast.models.attention import set_decode_attention
     from ragfast.models.catalogue import resolve
     from ragfast.models.drafts import DRAFT_TOKENS
@@ -121,6 +128,7 @@ def load(model: str, dtype: str, weights: str, torch_only: bool = False, draft: 
     # generator's prompt-lookup drafts (on by default) read the weights once for several tokens.
     kw = dict(dtype=dtype, weights=weights, memory_budget=None, max_batch=64, draft_tokens=DRAFT_TOKENS if draft else 0)
     gen = SearchR1Reasoner(model, **kw) if is_adapter(model) else HFGenerator(resolve(model), **kw)
+    gen.lean_steps = not (walk or torch_only)
     if torch_only:
         gen.weight_info = dataclasses.replace(gen.weight_info, gemv_rows=set_gemv_rows(gen.model, 0),
                                               packed_layers=set_packed(gen.model, False))
@@ -151,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a bundled reasoner adapter, a catalogue name or a model directory")
     ap.add_argument("--providers", default="fp32-torch,fp32,bf16-torch,bf16,int8-torch,int8,int8-bf16",
                     help="comma-separated, the anchor first, of " + ", ".join(PROVIDERS) + f"; a {DRAFT} suffix "
-                    "turns the generator's prompt-lookup drafts on (every other provider decodes one token a step)")
+                    "turns the generator's prompt-lookup drafts on (every other provider decodes one token a step), "
+                    f"a {WALK} suffix runs decode steps through the model's forward instead of the lean step")
     ap.add_argument("--batches", default="1,64")
     ap.add_argument("--tokens", type=int, default=32, help="decoded tokens per row")
     ap.add_argument("--reps", type=int, default=3)
@@ -173,8 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     gens = {}
     for n in names:
         t0 = time.perf_counter()
-        base = n.removesuffix(DRAFT)
-        gens[n] = load(args.model, *PROVIDERS[base], torch_only=base.endswith("-torch"), draft=n != base)
+        base = n.split("+")[0]
+        gens[n] = load(args.model, *PROVIDERS[base], torch_only=base.endswith("-torch"), draft=DRAFT in n,
+                       walk=WALK in n)
         print(f"loaded {n}: {gens[n].describe()['weights']}, {gens[n].weight_info.read_bytes / 1e6:.0f} MB read per "
               f"pass ({time.perf_counter() - t0:.0f} s)", flush=True)
     qs = load_qa("hotpotqa-dev")
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         one(g, prompts[:2], 2, "warm")
     bw = []
     res: dict[tuple[str, int], list[dict]] = {}
-    act = {n: "bfloat16" if PROVIDERS[n.removesuffix(DRAFT)][0] == "bfloat16" else "float32" for n in names}
+    act = {n: "bfloat16" if PROVIDERS[n.split("+")[0]][0] == "bfloat16" else "float32" for n in names}
     rate: dict[str, list[float]] = {a: [] for a in set(act.values())}
     cfg = g0.config
     for rep in range(args.reps):
@@ -229,13 +239,14 @@ def main(argv: list[str] | None = None) -> int:
                 line += (f"  greedy = {names[0]} on {sum(same)}/{len(same)} rows, {statistics.mean(agree):.0%} of tokens "
                          "before a change")
             if b == 1:
-                floor = gens[n].weight_info.read_bytes / bw_med
+                floors = [gens[n].weight_info.read_bytes / x for x in bw]  # each repetition's own
                 step = statistics.median([r["t_dec"] / r["dec_tokens"] for r in rs])
                 # With drafts a pass reads the weights once for several tokens: the figure is per token.
-                per = "token" if n.endswith(DRAFT) else "step"
-                rows.append(row("decode", n, params, f"{per}_vs_read_floor", "x",
-                                [r["t_dec"] / r["dec_tokens"] / floor for r in rs]))
-                line += f"  {per} {step * 1e3:.1f} ms = {step / floor:.2f}x the read floor ({floor * 1e3:.1f} ms)"
+                per = "token" if DRAFT in n else "step"
+                ratio = [r["t_dec"] / r["dec_tokens"] / f for r, f in zip(rs, floors)]
+                rows.append(row("decode", n, params, f"{per}_vs_read_floor", "x", ratio))
+                line += (f"  {per} {step * 1e3:.1f} ms = {statistics.median(ratio):.2f}x the read floor "
+                         f"(median of the repetitions' own; {statistics.median(floors) * 1e3:.1f} ms)")
             if b >= 16:  # batched: the linear layers' flops at the best matmul rate of the run
                 floor = 2 * b * linear_params(gens[n].model) / statistics.median(rate[act[n]])
                 step = statistics.median([r["t_dec"] / (r["dec_tokens"] / b) for r in rs])

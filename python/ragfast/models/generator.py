@@ -23,6 +23,7 @@ from ragfast.models.decode_batch import (Row, RunningBatch, StopRule, admit_coun
 from ragfast.models.drafts import DRAFT_TOKENS, draft_width, propose, settle
 from ragfast.models.kv_buffer import (cache_bytes, cache_for, fill_left_padded, merge_left_padded,
                                       prefill_groups, reserve_rows, row_view)
+from ragfast.models.lean_step import lean_forward, lean_plan
 from ragfast.models.memory_budget import AUTO, GenerationBytes, parse_size, release_free_heap
 from ragfast.models.prefix_share import PrefixSeeding, common_prefix
 from ragfast.ops.argmax import argmax as greedy_pick
@@ -272,7 +273,11 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         self.stats = {"prefill_padding_tokens": 0, "decode_rows": 0, "decode_steps": 0, "cache_drops": 0,
                       "prefix_tokens_computed": 0, "prefix_tokens_reused": 0, "kv_peak_bytes": 0,
                       "planned_peak_bytes": 0, "shrunk_calls": 0, "smallest_chunk": 0, "caches_dropped_for_memory": 0,
-                      "prefill_groups": 0, "draft_passes": 0, "draft_tokens_kept": 0}
+                      "prefill_groups": 0, "draft_passes": 0, "draft_tokens_kept": 0, "lean_steps": 0}
+        #: Decode steps as one flat loop over the layers where the model allows it
+        #: (:mod:`ragfast.models.lean_step`: the model's logits, bit for bit); False: the model's forward.
+        self.lean_steps = True
+        self._lean: Any = None
 
     def set_weights(self, scheme: str) -> None:
         """Store the model's linear layers as ``scheme`` (one of ``weight_quant.WEIGHTS``) from now on.
@@ -458,6 +463,7 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
             raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         rule = StopRule.of(stop, max_new_tokens)
         self._eos = frozenset(self.eos_ids)
+        self._lean = lean_plan(self.model) if self.lean_steps else None  # the modules as this turn runs them
         run = self._run
         inside = {r.sid for r in run.rows} if run is not None else set()
         if inside - set(ids):
@@ -640,8 +646,13 @@ class HFGenerator(ChunkBudget, PrefixSeeding, Generator):
         p = torch.tensor([[r.pos + j for j in range(t)] for r in rows], dtype=torch.long, device=dev)
         self.stats["decode_rows"] += len(rows)
         self.stats["decode_steps"] += 1
-        logits = self.model(input_ids=x, attention_mask=torch.cat([run.mask, run.mask.new_ones((len(rows), t))], dim=1),
-                            position_ids=p, cache=run.cache, use_cache=True, logits_to_keep=t).logits
+        mask = torch.cat([run.mask, run.mask.new_ones((len(rows), t))], dim=1)
+        if self._lean is not None:  # the same logits without transformers' module walk
+            logits = lean_forward(self._lean, x, mask, p, run.cache, t)
+            self.stats["lean_steps"] += 1
+        else:
+            logits = self.model(input_ids=x, attention_mask=mask, position_ids=p, cache=run.cache, use_cache=True,
+                                logits_to_keep=t).logits
         keeps = [0] * len(rows)
         if t > 1:
             keeps = settle([r.gen for r in rows], drafts, self._argmax(logits).tolist(),
