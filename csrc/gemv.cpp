@@ -28,6 +28,7 @@
 #include "bf16_scalar.h"
 #include "gemv_common.h"
 #include "isa.h"
+#include "silu_mul_common.h"
 #include "registry.h"
 #include "threads.h"
 
@@ -105,6 +106,23 @@ bool i8_vnni() {
 #endif
 }
 
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+// x's rows as the VNNI blocks' fixed-point parts, in this thread's buffers; false if x holds NaN or
+// infinity (the caller then takes another path).
+bool prepare_i8(uintptr_t x_addr, int64_t ldx, I8Parts& xp) {
+  thread_local std::vector<int8_t> parts;
+  thread_local std::vector<int32_t> corr;
+  thread_local std::vector<float> xscale;
+  parts.resize(size_t(xp.M * 3 * xp.Kp));  // prepare writes every byte, the padding too
+  corr.resize(size_t(xp.M * 3 * 16));
+  xscale.resize(size_t(xp.M));
+  xp.parts = parts.data();
+  xp.corr = corr.data();
+  xp.scale = xscale.data();
+  return gemv_i8_prepare_avx512vnni(reinterpret_cast<const uint16_t*>(x_addr), ldx, xp);
+}
+#endif
+
 void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uintptr_t w_addr, int kind, int64_t N,
           int64_t ldw, uintptr_t scale_addr, uintptr_t bias_addr, uintptr_t y_addr, int64_t ldy, int threads) {
   if (M < 0 || K < 0 || N < 0) throw std::invalid_argument("gemv: negative size");
@@ -128,19 +146,8 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   I8Parts xp{M, K, (K + 63) / 64 * 64, nullptr, nullptr, nullptr};
   bool i8 = false;
 #ifdef RAGFAST_ISA_HAVE_avx512vnni
-  thread_local std::vector<int8_t> parts;
-  thread_local std::vector<int32_t> corr;
-  thread_local std::vector<float> xscale;
   // Up to 2^20 deep: past it a lane's int32 sum of (w + 128) * part could overflow.
-  if (kind == kI8 && x_bf16 && K <= (int64_t(1) << 20) && i8_vnni()) {
-    parts.resize(size_t(M * 3 * xp.Kp));  // prepare writes every byte, the padding too
-    corr.resize(size_t(M * 3 * 16));
-    xscale.resize(size_t(M));
-    xp.parts = parts.data();
-    xp.corr = corr.data();
-    xp.scale = xscale.data();
-    i8 = gemv_i8_prepare_avx512vnni(reinterpret_cast<const uint16_t*>(x_addr), ldx, xp);
-  }
+  if (kind == kI8 && x_bf16 && K <= (int64_t(1) << 20) && i8_vnni()) i8 = prepare_i8(x_addr, ldx, xp);
 #endif
   if (i8) {
     // prepared above
@@ -194,6 +201,69 @@ void gemv(uintptr_t x_addr, bool x_bf16, int64_t M, int64_t K, int64_t ldx, uint
   run_team(T, run);
 }
 
+// Output rows of a SiLU pair's strip (python/ragfast/ops/w8a8.py, interleave_gate_up): 64 gate
+// rows, then the 64 up rows of the same outputs.
+constexpr int64_t kStripRows = 128;
+
+// gemv on int8 codes in w8a8's packed layout, bf16 x and y, at levels with VNNI: the same outputs
+// as gemv on the codes' row-major copy up to the order of the fp32 additions (the int32 sums are
+// exact in both). With `silu`, the codes are a gate and an up projection interleaved by 64 rows
+// (N a multiple of 128, no bias), and y gets N / 2 values: silu(gate) * up as silu_mul's row
+// computes it from the two projections' bf16 outputs. False, with nothing written, where x holds
+// NaN or infinity or the level has no VNNI (the caller runs the row-major gemv).
+bool gemv_packed(uintptr_t x_addr, int64_t M, int64_t K, int64_t ldx, uintptr_t packed_addr, int64_t N,
+                 uintptr_t scale_addr, uintptr_t bias_addr, uintptr_t y_addr, int64_t ldy, bool silu, int threads) {
+  if (M < 0 || K < 0 || N < 0) throw std::invalid_argument("gemv_packed: negative size");
+  if (K % 64 || K > (int64_t(1) << 20)) throw std::invalid_argument("gemv_packed: K must be a multiple of 64");
+  if (silu && (N % kStripRows || bias_addr)) throw std::invalid_argument("gemv_packed: a SiLU pair is 128-row strips, no bias");
+  if (ldx < K || ldy < (silu ? N / 2 : N)) throw std::invalid_argument("gemv_packed: a row stride is shorter than its row");
+  if (!scale_addr) throw std::invalid_argument("gemv_packed: int8 codes need their scales");
+  if (M == 0 || N == 0) return true;
+#ifdef RAGFAST_ISA_HAVE_avx512vnni
+  if (!i8_vnni()) return false;
+  py::gil_scoped_release release;
+  I8Parts xp{M, K, K, nullptr, nullptr, nullptr};
+  if (!prepare_i8(x_addr, ldx, xp)) return false;
+  const int64_t G = (N + 15) / 16, ldf = G * 16;
+  thread_local std::vector<float> ys;
+  ys.resize(size_t(M * ldf));
+  float* yf = ys.data();
+  const auto* packed = reinterpret_cast<const int8_t*>(packed_addr);
+  const auto* scale = reinterpret_cast<const float*>(scale_addr);
+  const auto* bias = reinterpret_cast<const float*>(bias_addr);
+  auto* y = reinterpret_cast<uint16_t*>(y_addr);
+  // Threads take contiguous runs of units: column groups, or whole strips (8 groups) with silu.
+  const int64_t per = silu ? kStripRows / 16 : 1, units = (G + per - 1) / per;
+  const int T = team_size(threads, units * per * 16 / kMinRowsPerThread);
+  auto run = [&](int t) {
+    const int64_t g0 = units * t / T * per, g1 = std::min(G, units * (t + 1) / T * per);
+    if (g0 >= g1) return;
+    gemv_block_i8_packed_avx512vnni(xp, packed, g0, g1, yf, ldf);
+    const int64_t n0 = g0 * 16, n1 = std::min(N, g1 * 16);
+    for (int64_t m = 0; m < M; ++m) {
+      float* src = yf + m * ldf;
+      if (!silu) {
+        for (int64_t n = n0; n < n1; ++n) y[m * ldy + n] = float_to_bf16(src[n] * scale[n] + (bias ? bias[n] : 0.f));
+        continue;
+      }
+      uint16_t gate[kStripRows / 2], up[kStripRows / 2];
+      for (int64_t s0 = n0; s0 < n1; s0 += kStripRows) {
+        for (int64_t c = 0; c < kStripRows / 2; ++c) {
+          gate[c] = float_to_bf16(src[s0 + c] * scale[s0 + c]);
+          up[c] = float_to_bf16(src[s0 + kStripRows / 2 + c] * scale[s0 + kStripRows / 2 + c]);
+        }
+        silu_mul_common::silu_mul_row_avx512(gate, up, y + m * ldy + s0 / 2, kStripRows / 2, true);
+      }
+    }
+  };
+  run_team(T, run);
+  return true;
+#else
+  (void)x_addr; (void)ldx; (void)packed_addr; (void)scale_addr; (void)bias_addr; (void)y_addr; (void)threads;
+  return false;
+#endif
+}
+
 }  // namespace gemv_detail
 }  // namespace ragfast
 
@@ -206,4 +276,11 @@ RAGFAST_REGISTER(gemv, [](py::module_& m) {
         "y[M,N] = x[M,K] . w[N,K]^T (* scale[N]) (+ bias[N]) on raw addresses (0: no scale / bias).\n"
         "kind: 0 fp32, 1 bf16, 2 int8 codes (scale required). x and y share a dtype: fp32, or bf16\n"
         "when x_bf16. Use ragfast.ops.gemv.gemv, which checks the tensors; this does not.");
+  m.def("gemv_packed", &gemv_packed, py::arg("x"), py::arg("M"), py::arg("K"), py::arg("ldx"), py::arg("packed"),
+        py::arg("N"), py::arg("scale"), py::arg("bias"), py::arg("y"), py::arg("ldy"), py::arg("silu") = false,
+        py::arg("threads") = 0,
+        "gemv_packed(x, M, K, ldx, packed, N, scale, bias, y, ldy, silu=False, threads=0) -> bool\n"
+        "bf16 y[M,N] = x[M,K] . codes[N,K]^T * scale[N] (+ bias[N]) on int8 codes in w8a8's packed layout;\n"
+        "with silu, y[M,N/2] = silu(gate) * up of a gate/up pair interleaved by 64 rows. False where\n"
+        "x holds NaN or infinity or the level has no VNNI. Use ragfast.ops.gemv.gemv_packed.");
 });

@@ -49,6 +49,12 @@ bool gemv_i8_prepare_avx512vnni(const uint16_t* x, int64_t ldx, I8Parts& xp);
 // Raw dot products (as BlockFn's) of int8 weight rows n0..n1 with the prepared rows of x.
 void gemv_block_i8_avx512vnni(const I8Parts& xp, const int8_t* w, int64_t ldw, int64_t n0, int64_t n1, float* y,
                               int64_t ldy);
+// The same sums, times x's row scales, for int8 codes in w8a8's packed layout (column groups of 16
+// output rows, each K / 4 rows of 64 bytes whose lane n holds row n's depth quad: see
+// python/ragfast/ops/w8a8.py, pack_codes; K a multiple of 64), column groups g0..g1:
+// y[m * ldy + 16 g + c] for c < 16 (padding rows give 0).
+void gemv_block_i8_packed_avx512vnni(const I8Parts& xp, const int8_t* packed, int64_t g0, int64_t g1, float* y,
+                                     int64_t ldy);
 #endif
 #ifdef RAGFAST_ISA_HAVE_avx512bf16
 void gemv_block_bf16_avx512bf16(const uint16_t* x, int64_t M, int64_t K, const uint16_t* w, int64_t ldw, int64_t n0,

@@ -547,7 +547,7 @@ def test_int8_mlp_stacks_gate_and_up_for_gemv(scheme, monkeypatch):
     from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP
 
     from ragfast.models.fused_layers import set_fused_layers
-    from ragfast.models.weight_quant import int8_matmul_exact, set_gemv_rows
+    from ragfast.models.weight_quant import int8_matmul_exact, set_gemv_rows, set_packed
     from ragfast.ops.gemv import GemvWeight
 
     if scheme == "w8a8" and not int8_matmul_exact():
@@ -556,6 +556,7 @@ def test_int8_mlp_stacks_gate_and_up_for_gemv(scheme, monkeypatch):
     model = torch.nn.Sequential(Qwen2MLP(cfg)).to(torch.bfloat16)
     set_fused_layers(model)
     apply_weights(model, scheme)
+    set_packed(model, False)  # w8a8's few rows run the packed codes where they exist (the test below)
     mlp = model[0]
     stacked = mlp.ragfast_gate_up_gemv
     assert stacked.N == 2 * 192 and stacked.K == 64
@@ -580,3 +581,57 @@ def test_int8_mlp_stacks_gate_and_up_for_gemv(scheme, monkeypatch):
     with torch.inference_mode():
         mlp(torch.randn(1, 64, generator=g).to(torch.bfloat16))
     assert stacked not in calls
+
+
+@needs_cpp
+def test_w8a8_few_rows_run_the_packed_codes(isa_level, monkeypatch):
+    """At the packed product's VNNI levels a w8a8 layer's few-row bf16 passes run gemv_packed on its
+    packed codes, an MLP's gate and up one call on the pair (SiLU inside), and an attention's q, k
+    and v codes become views of one stack that qkv_pass reads in one call with the layers' own
+    bits; within the row-major gemv's bound of it, and never at other levels or in fp32."""
+    from transformers import Qwen2Config
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2Attention, Qwen2MLP
+
+    from ragfast.models import weight_quant
+    from ragfast.models.fused_layers import set_fused_layers
+    from ragfast.models.weight_quant import int8_matmul_exact, qkv_pass, set_gemv_rows, set_packed
+
+    if not int8_matmul_exact():
+        pytest.skip("torch's int8 matmul is not exact on this CPU: w8a8 is refused")
+    cfg = Qwen2Config(hidden_size=128, intermediate_size=192, hidden_act="silu", num_attention_heads=4,
+                      num_key_value_heads=2)
+    model = torch.nn.Sequential(Qwen2MLP(cfg), Qwen2Attention(cfg, 0)).to(torch.bfloat16)
+    set_fused_layers(model)
+    apply_weights(model, "w8a8")
+    set_gemv_rows(model, 2)
+    mlp, attn = model[0], model[1]
+    packed = isa_level in MATMUL_LEVELS
+    stack = getattr(attn, "ragfast_qkv", None)
+    assert (stack is not None) == packed
+    if packed:
+        assert stack[3] == (128, 64, 64) and stack[0].n == 256
+        base = stack[0].data.data_ptr()  # the layers' packed codes are views of the stack
+        assert [t.ragfast_packed.data.data_ptr() - base for t in (attn.q_proj, attn.k_proj, attn.v_proj)] == \
+            [0, 128 * 128, 192 * 128]
+    calls = []
+    real = weight_quant.gemv_packed
+    monkeypatch.setattr(weight_quant, "gemv_packed", lambda *a, **k: calls.append(k.get("silu", False)) or real(*a, **k))
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 128, generator=g)[:, 1].to(torch.bfloat16)  # strided rows
+    with torch.inference_mode():
+        got_mlp, got_q = mlp(x), attn.q_proj(x)
+        got_qkv = qkv_pass(attn, x)
+        mlp(x.float()), mlp(torch.randn(3, 128, generator=g).to(torch.bfloat16))  # fp32, and past gemv's rows
+    assert calls == ([True, False, False, False] if packed else [])  # pair, down, q, then the stack
+    assert (got_qkv is not None) == packed
+    if packed:
+        for y, layer in zip(got_qkv, (attn.q_proj, attn.k_proj, attn.v_proj)):
+            with torch.inference_mode():
+                assert torch.equal(y, layer(x))
+    set_packed(model, False)
+    assert getattr(attn, "ragfast_qkv", None) is None and attn.q_proj.ragfast_packed is None
+    with torch.inference_mode():
+        want_q = attn.q_proj(x)  # the row-major codes' gemv
+        want_mlp = mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+    for got, want in ((got_q, want_q), (got_mlp, want_mlp)):
+        assert ((got.float() - want.float()).abs() <= 2 ** -6 * want.float().abs() + 2e-2).all()

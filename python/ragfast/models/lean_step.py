@@ -6,7 +6,9 @@ walks 24 decoder layers through ``nn.Module.__call__``, keyword unpacking, its d
 output-capturing decorators and the hub-kernel wrappers, about 13 ms of a 37 ms one-row step of
 the default reasoner in w8a8 on a 2-core Zen 4 EPYC (cProfile: the gemv calls took the rest).
 :func:`lean_forward` runs the same step as a flat loop: the same modules' own ``forward``
-(ragfast's fused norms, MLP and gemv where the model has them), transformers' own mask, rotary
+(ragfast's fused norms, MLP and gemv where the model has them; a w8a8 layer's q, k and v
+projections as one packed gemv call, :func:`ragfast.models.weight_quant.qkv_pass`, the same
+values), transformers' own mask, rotary
 embedding, ``apply_rotary_pos_emb`` and attention function, in the same order, so its logits and
 keys/values are the model's bit for bit (tests/test_lean_step.py holds it to that).
 
@@ -19,6 +21,8 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from ragfast.models.weight_quant import qkv_pass
 
 __all__ = ["MODEL_TYPES", "LeanPlan", "lean_forward", "lean_plan", "why_not_lean"]
 
@@ -133,9 +137,10 @@ def lean_forward(plan: LeanPlan, input_ids: Any, attention_mask: Any, position_i
         for norm1, q_proj, k_proj, v_proj, o_proj, norm2, mlp, attn, i in plan.layers:
             h = norm1.forward(x)
             shape = (rows, t, -1, attn.head_dim)
-            q = q_proj.forward(h).view(shape).transpose(1, 2)
-            k = k_proj.forward(h).view(shape).transpose(1, 2)
-            v = v_proj.forward(h).view(shape).transpose(1, 2)
+            qkv = qkv_pass(attn, h)  # one packed gemv call for the three where the layers have it
+            if qkv is None:
+                qkv = (q_proj.forward(h), k_proj.forward(h), v_proj.forward(h))
+            q, k, v = (y.view(shape).transpose(1, 2) for y in qkv)
             q, k = rope(q, k, cos, sin)
             k, v = cache.update(k, v, i)
             o, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, sliding_window=None)

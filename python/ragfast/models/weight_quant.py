@@ -50,9 +50,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ragfast.errors import ConfigError
-from ragfast.ops.gemv import GemvWeight
-from ragfast.ops.w8a8 import GATE_UP_COLUMNS, MATMUL_DEPTH, dequantize_sums, gate_up, interleave_gate_up, matmul, \
-    matmul_available, matmul_engine, pack_codes, pack_gate_up, quantize_rows, quantize_rows_ref
+from ragfast.ops.gemv import GemvWeight, gemv_packed
+from ragfast.ops.w8a8 import GATE_UP_COLUMNS, MATMUL_DEPTH, PackedCodes, dequantize_sums, gate_up, interleave_gate_up, \
+    matmul, matmul_available, matmul_engine, pack_codes, pack_gate_up, quantize_rows, quantize_rows_ref
 
 #: The ``weights`` settings of :class:`~ragfast.models.generator.HFGenerator`; ``auto`` resolves to
 #: one of the others per machine and model (:func:`auto_weights`).
@@ -306,6 +306,11 @@ def _int8_module_class():
 
         def forward(self, x: Any) -> Any:
             if _gemv_fits(self, x, torch):
+                if self.ragfast_packed is not None and x.dtype == torch.bfloat16:
+                    # the packed codes stream front to back (ops/gemv.py, gemv_packed)
+                    y = gemv_packed(x, self.ragfast_packed, self.scales32, self.bias32)
+                    if y is not None:
+                        return y
                 return self.ragfast_gemv(x)
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
@@ -527,7 +532,52 @@ def set_packed(model: Any, on: bool = True) -> int:
             m.ragfast_packed = None
     for m in model.modules():
         _pair_gate_up(m, on)  # gate and up stay counted: their passes move onto the pair's codes
+        _stack_qkv(m, on)
     return n
+
+
+def _stack_qkv(attn: Any, on: bool) -> bool:
+    """Give an attention module whose q, k and v projections are packed w8a8 layers of one depth,
+    each a whole number of 16-row column groups, their packed codes as one stack
+    (``ragfast_qkv``: the codes, scales, biases and the three widths); each layer's own packed
+    codes become a view of its groups in it, so nothing is held twice. Whether it did.
+
+    A decode step of few rows then reads the three in one :func:`qkv_pass`: the input rounded once
+    and one call where the two small ones (k and v: 115 KB each in the 0.5B) cost more in the call
+    than in the kernel; every output equals its layer's own pass (an output row's sums do not
+    depend on the others')."""
+    import torch
+
+    layers = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
+    stack = None
+    if on and all(hasattr(t, "codes") and t.ragfast_packed is not None for t in layers) \
+            and len({t.ragfast_packed.k for t in layers}) == 1 and all(t.ragfast_packed.n % 16 == 0 for t in layers):
+        data = torch.cat([t.ragfast_packed.data for t in layers])
+        widths, g0 = tuple(t.ragfast_packed.n for t in layers), 0
+        for t, n in zip(layers, widths):
+            t.ragfast_packed = PackedCodes(data[g0:g0 + n // 16], n, t.ragfast_packed.k)
+            g0 += n // 16
+        bias = None
+        if any(t.bias32 is not None for t in layers):
+            bias = torch.cat([t.bias32 if t.bias32 is not None else t.scales32.new_zeros(t.out_features) for t in layers])
+        stack = (PackedCodes(data, sum(widths), layers[0].ragfast_packed.k), torch.cat([t.scales32 for t in layers]),
+                 bias, widths)
+    if stack is not None or getattr(attn, "ragfast_qkv", None) is not None:
+        attn.ragfast_qkv = stack
+    return stack is not None
+
+
+def qkv_pass(attn: Any, x: Any) -> Any:
+    """``(q_proj(x), k_proj(x), v_proj(x))`` as one packed gemv call (:func:`_stack_qkv`) in a pass
+    the layers would run on gemv with bf16 activations; None otherwise (the caller runs the layers)."""
+    import torch
+
+    stack = getattr(attn, "ragfast_qkv", None)
+    if stack is None or x.dtype != torch.bfloat16 or not _gemv_fits(attn.q_proj, x, torch) \
+            or len({attn.q_proj.ragfast_gemv_rows, attn.k_proj.ragfast_gemv_rows, attn.v_proj.ragfast_gemv_rows}) > 1:
+        return None
+    y = gemv_packed(x, stack[0], stack[1], stack[2])
+    return None if y is None else y.split(stack[3], dim=-1)
 
 
 def _pair_gate_up(mlp: Any, on: bool) -> bool:
@@ -589,7 +639,13 @@ def gate_up_pass(mlp: Any, x: Any) -> Any:
     if stacked is None and pair is None:
         return None  # (only prepared int8 layers have the attributes _gemv_fits reads)
     if _gemv_fits(mlp.gate_proj, x, torch):
-        if stacked is None or mlp.up_proj.ragfast_gemv_rows != mlp.gate_proj.ragfast_gemv_rows:
+        if mlp.up_proj.ragfast_gemv_rows != mlp.gate_proj.ragfast_gemv_rows:
+            return None
+        if pair is not None and x.dtype == torch.bfloat16:
+            y = gemv_packed(x, pair[0], pair[1], silu=True)  # both products and the SiLU in one call
+            if y is not None:
+                return y
+        if stacked is None:
             return None
         y = stacked(x)
         n = mlp.gate_proj.out_features

@@ -19,7 +19,7 @@ from typing import Any
 from ragfast.ops.layout import as_rows
 from ragfast.ops.registry import cpp_module, register, resolve
 
-__all__ = ["GemvWeight", "default_rows", "gemv", "gemv_ref", "weight_kind"]
+__all__ = ["GemvWeight", "default_rows", "gemv", "gemv_packed", "gemv_packed_ref", "gemv_ref", "weight_kind"]
 
 def default_rows(weight_dtype: Any) -> int:
     """Rows up to which a linear layer with ``weight_dtype`` weights runs gemv by default at the ISA
@@ -164,6 +164,83 @@ def _checked_ref(x: Any, weight: Any, scales: Any = None, bias: Any = None) -> A
 
 register("gemv", "ref", _checked_ref)
 register("gemv", "cpp", gemv_cpp)
+
+
+def _check_packed(x: Any, packed: Any, scales: Any, bias: Any, silu: bool) -> None:
+    import torch
+
+    n, k = packed.n, packed.k
+    if x.dtype != torch.bfloat16 or x.device.type != "cpu" or x.shape[-1] != k:
+        raise ValueError(f"gemv_packed: x must be a bf16 CPU tensor [..., {k}], got {x.dtype} {tuple(x.shape)}")
+    if scales.dtype != torch.float32 or tuple(scales.shape) != (n,) or not scales.is_contiguous():
+        raise ValueError(f"gemv_packed: scales must be contiguous fp32 [{n}], got {scales.dtype} {tuple(scales.shape)}")
+    if bias is not None and (silu or bias.dtype != torch.float32 or tuple(bias.shape) != (n,)
+                             or not bias.is_contiguous()):
+        raise ValueError("gemv_packed: bias must be contiguous fp32 [N], and a SiLU pair has none")
+    if silu and n % 128:
+        raise ValueError(f"gemv_packed: a SiLU pair interleaves 64 gate and 64 up rows, got N = {n}")
+
+
+def gemv_packed_ref(x: Any, packed: Any, scales: Any, bias: Any = None, *, silu: bool = False) -> Any:
+    """Reference of :func:`gemv_packed`: :func:`gemv_ref` on the packed codes' ``[N, K]`` rows; with
+    ``silu``, the gate's and the up projection's outputs (rows interleaved by 64) through
+    :func:`ragfast.ops.silu_mul.silu_mul_ref`."""
+    from ragfast.ops.silu_mul import silu_mul_ref
+
+    _check_packed(x, packed, scales, bias, silu)
+    y = gemv_ref(x, packed.codes(), scales, bias)
+    if not silu:
+        return y
+    strips = y.reshape(*y.shape[:-1], packed.n // 128, 2, 64)
+    return silu_mul_ref(strips[..., 0, :], strips[..., 1, :]).reshape(*y.shape[:-1], packed.n // 2)
+
+
+def gemv_packed(x: Any, packed: Any, scales: Any, bias: Any = None, *, silu: bool = False, out: Any = None,
+                threads: int | None = None) -> Any:
+    """gemv on int8 codes in w8a8's packed layout (:func:`ragfast.ops.w8a8.pack_codes`), bf16 in and out.
+
+    At one to a few rows the packed layout streams each column group's codes front to back with
+    every lane an output row's sum: on a 2-core Zen 4 EPYC it read them at a plain read loop's
+    rate where :class:`GemvWeight` on the row-major codes ran at 0.6-0.7x of it. Sums are the
+    row-major gemv's (int32, exact) combined in another order; ``silu`` takes a SiLU MLP's gate and
+    up projections packed as one (:func:`ragfast.ops.w8a8.pack_gate_up`) and returns
+    ``silu(gate) * up`` as :func:`ragfast.ops.silu_mul.silu_mul` computes it from their bf16 outputs.
+
+    Parameters
+    ----------
+    x : torch.Tensor
+        ``[..., K]`` bf16 on the CPU.
+    packed : ragfast.ops.w8a8.PackedCodes
+        The codes ``[N, K]``, K a multiple of 64 (N of 128 with ``silu``).
+    scales : torch.Tensor
+        ``[N]`` fp32 per-row scales (interleaved like the codes with ``silu``).
+    bias : torch.Tensor, optional
+        ``[N]`` fp32 (not with ``silu``).
+    silu : bool
+        The codes are a gate/up pair: return ``[..., N / 2]``.
+    out : torch.Tensor, optional
+        A contiguous bf16 ``[rows, N or N / 2]`` to write (the tests poison it first).
+
+    Returns
+    -------
+    torch.Tensor or None
+        ``[..., N]`` (``[..., N / 2]`` with ``silu``) in bf16; None where the compiled kernel does
+        not run here (no VNNI, no build) or ``x`` holds NaN or infinity: the caller runs gemv on
+        the row-major codes, which carries them as the reference does.
+    """
+    import torch
+
+    c = cpp_module()
+    if c is None:
+        return None
+    _check_packed(x, packed, scales, bias, silu)
+    x2, ldx = as_rows(x)
+    M, width = x2.shape[0], packed.n // 2 if silu else packed.n
+    y = torch.empty((M, width), dtype=torch.bfloat16) if out is None else out
+    ok = c.gemv_packed(x2.data_ptr(), M, packed.k, ldx, packed.data.data_ptr(), packed.n, scales.data_ptr(),
+                       0 if bias is None else bias.data_ptr(), y.data_ptr(), width, silu,
+                       torch.get_num_threads() if threads is None else threads)
+    return y.view(*x.shape[:-1], width) if ok else None
 
 
 def gemv(x: Any, weight: Any, scales: Any = None, bias: Any = None, *, backend: str | None = None) -> Any:
