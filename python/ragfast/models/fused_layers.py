@@ -19,7 +19,7 @@ from typing import Any
 
 from ragfast.models.weight_quant import gate_up_pass
 
-__all__ = ["FAST_LEVELS", "NORMS", "MLPS", "SILU_MIN_ROWS", "set_fused_layers", "fused_layers_on"]
+__all__ = ["FAST_LEVELS", "NORMS", "MLPS", "SILU_MIN_ROWS", "set_fused_layers", "fused_layers_on", "norm_on_kernel"]
 
 #: ISA levels where the kernels are used: their row kernels are AVX-512; below it the portable
 #: loops would stand in for torch's vectorised ops, so the modules keep torch.
@@ -69,6 +69,17 @@ def _mlp_forward(self: Any, x: Any) -> Any:
 
         return self.down_proj(silu_mul(gate, up))
     return self.down_proj(self.act_fn(gate) * up)
+
+
+def norm_on_kernel(norm: Any) -> bool:
+    """Whether ``norm``'s passes over CPU fp32 / bf16 activations of its weight's dtype, with no
+    gradient wanted, run ragfast's rms_norm kernel (:func:`set_fused_layers` switched it, the ISA
+    level is one of :data:`FAST_LEVELS` and the op's backend is the compiled one): what a caller
+    that runs the kernel itself (:mod:`ragfast.models.lean_step`) checks once."""
+    from ragfast.ops.registry import cpp_module, default_backend
+
+    return (bool(norm.__dict__.get(_MARK)) and type(norm).__name__ in NORMS and cpp_module() is not None
+            and cpp_module().isa_current() in FAST_LEVELS and default_backend("rms_norm") == "cpp")
 
 
 def _silu(module: Any) -> bool:

@@ -22,6 +22,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
+from ragfast.models.fused_layers import norm_on_kernel
 from ragfast.models.weight_quant import qkv_pass
 
 __all__ = ["MODEL_TYPES", "LeanPlan", "lean_forward", "lean_plan", "why_not_lean"]
@@ -44,11 +45,15 @@ class LeanPlan:
         attention module, layer index).
     rope : callable
         The modeling module's ``apply_rotary_pos_emb``.
+    norms_on_kernel : bool
+        Every RMSNorm of the model runs ragfast's kernel
+        (:func:`ragfast.models.fused_layers.norm_on_kernel`): the step calls it directly.
     """
 
     model: Any
     layers: tuple
     rope: Any
+    norms_on_kernel: bool = False
 
 
 def why_not_lean(model: Any) -> str | None:
@@ -96,7 +101,23 @@ def lean_plan(model: Any) -> LeanPlan | None:
                     layer.self_attn.o_proj, layer.post_attention_layernorm, layer.mlp, layer.self_attn, i)
                    for i, layer in enumerate(model.model.layers[:model.config.num_hidden_layers]))
     rope = sys.modules[type(model.model.layers[0].self_attn).__module__].apply_rotary_pos_emb
-    return LeanPlan(model, layers, rope)
+    norms = [model.model.norm] + [n for layer in layers for n in (layer[0], layer[5])]
+    return LeanPlan(model, layers, rope, all(norm_on_kernel(n) for n in norms))
+
+
+def _norm(norm: Any, on_kernel: bool, x: Any, c: Any, threads: int) -> Any:
+    """``norm(x)``: the rms_norm kernel called directly where the module runs it (the same call
+    as :func:`ragfast.ops.rms_norm.rms_norm` makes, without its per-call checks: x is a contiguous
+    residual sum of the norm's dtype), else the module's forward."""
+    if not on_kernel or x.dtype != norm.weight.dtype or not x.is_contiguous():
+        return norm.forward(x)
+    import torch
+
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    c.rms_norm(x.data_ptr(), n, norm.weight.data_ptr(), out.data_ptr(), x.numel() // n, n,
+               float(norm.variance_epsilon), x.dtype == torch.bfloat16, threads)
+    return out
 
 
 def lean_forward(plan: LeanPlan, input_ids: Any, attention_mask: Any, position_ids: Any, cache: Any,
@@ -123,28 +144,42 @@ def lean_forward(plan: LeanPlan, input_ids: Any, attention_mask: Any, position_i
     from transformers.masking_utils import create_causal_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from ragfast.ops.registry import cpp_module
+
     model = plan.model
     cfg = model.config
     body = model.model
+    c, threads = cpp_module(), torch.get_num_threads()
     with torch.no_grad():
         x = body.embed_tokens.forward(input_ids)
         mask = create_causal_mask(config=cfg, inputs_embeds=x, attention_mask=attention_mask, cache=cache,
                                   position_ids=position_ids)
         cos, sin = body.rotary_emb(x, position_ids)
+        # q and k rotated as one tensor where the stacked projection gives them side by side:
+        # rotate_half(q) * sin is q's halves swapped times sin with its first half negated, the
+        # same products (negation is exact), so the same bits as apply_rotary_pos_emb.
+        half = cos.shape[-1] // 2
+        cos4, sin4 = cos.unsqueeze(2), torch.cat([-sin[..., :half], sin[..., half:]], dim=-1).unsqueeze(2)
         attend = ALL_ATTENTION_FUNCTIONS.get_interface(cfg._attn_implementation, sdpa_attention_forward)
-        rope = plan.rope
         rows, t = input_ids.shape
         for norm1, q_proj, k_proj, v_proj, o_proj, norm2, mlp, attn, i in plan.layers:
-            h = norm1.forward(x)
-            shape = (rows, t, -1, attn.head_dim)
-            qkv = qkv_pass(attn, h)  # one packed gemv call for the three where the layers have it
-            if qkv is None:
+            h = _norm(norm1, plan.norms_on_kernel, x, c, threads)
+            d = attn.head_dim
+            joint = qkv_pass(attn, h, joint=True)  # one packed gemv call for the three where the layers have it
+            if joint is not None:
+                y, (wq, wk, _) = joint
+                heads = y.view(rows, t, -1, d)  # q's heads, k's, v's
+                qk = heads[:, :, :(wq + wk) // d]
+                qk = qk * cos4 + torch.cat([qk[..., half:], qk[..., :half]], dim=-1) * sin4
+                q, k = qk[:, :, :wq // d].transpose(1, 2), qk[:, :, wq // d:].transpose(1, 2)
+                v = heads[:, :, (wq + wk) // d:].transpose(1, 2)
+            else:
                 qkv = (q_proj.forward(h), k_proj.forward(h), v_proj.forward(h))
-            q, k, v = (y.view(shape).transpose(1, 2) for y in qkv)
-            q, k = rope(q, k, cos, sin)
+                q, k, v = (y.view(rows, t, -1, d).transpose(1, 2) for y in qkv)
+                q, k = plan.rope(q, k, cos, sin)
             k, v = cache.update(k, v, i)
             o, _ = attend(attn, q, k, v, mask, dropout=0.0, scaling=attn.scaling, sliding_window=None)
             x = x + o_proj.forward(o.reshape(rows, t, -1).contiguous())
-            x = x + mlp.forward(norm2.forward(x))
-        x = body.norm.forward(x)
+            x = x + mlp.forward(_norm(norm2, plan.norms_on_kernel, x, c, threads))
+        x = _norm(body.norm, plan.norms_on_kernel, x, c, threads)
         return model.get_output_embeddings()(x[:, -logits_to_keep:, :])

@@ -567,9 +567,10 @@ def _stack_qkv(attn: Any, on: bool) -> bool:
     return stack is not None
 
 
-def qkv_pass(attn: Any, x: Any) -> Any:
+def qkv_pass(attn: Any, x: Any, joint: bool = False) -> Any:
     """``(q_proj(x), k_proj(x), v_proj(x))`` as one packed gemv call (:func:`_stack_qkv`) in a pass
-    the layers would run on gemv with bf16 activations; None otherwise (the caller runs the layers)."""
+    the layers would run on gemv with bf16 activations; None otherwise (the caller runs the layers).
+    ``joint``: the one ``[..., q + k + v]`` output and the three widths instead of three views."""
     import torch
 
     stack = getattr(attn, "ragfast_qkv", None)
@@ -577,7 +578,9 @@ def qkv_pass(attn: Any, x: Any) -> Any:
             or len({attn.q_proj.ragfast_gemv_rows, attn.k_proj.ragfast_gemv_rows, attn.v_proj.ragfast_gemv_rows}) > 1:
         return None
     y = gemv_packed(x, stack[0], stack[1], stack[2])
-    return None if y is None else y.split(stack[3], dim=-1)
+    if y is None:
+        return None
+    return (y, stack[3]) if joint else y.split(stack[3], dim=-1)
 
 
 def _pair_gate_up(mlp: Any, on: bool) -> bool:
