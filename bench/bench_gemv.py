@@ -8,11 +8,15 @@ rows of activations, for each weight storage:
   matmul, what a bf16 model runs) and against the same with oneDNN off (``torch-native``: torch's
   own kernels, whose one-row bf16 path is a bandwidth-bound dot product);
 * ``int8``: gemv on int8 codes with per-row scales against torch's ``_weight_int8pack_mm``
-  (what ``HFGenerator(weights="int8")`` ran before; bf16 activations);
+  (what ``HFGenerator(weights="int8")`` ran before; bf16 activations), and ``gemv-packed``: gemv on
+  the same codes in w8a8's packed layout (``ragfast.ops.gemv.gemv_packed``, what a w8a8 reasoner's
+  few-row passes run at VNNI levels; a layer whose depth is not a multiple of 64 keeps the
+  row-major gemv there; not run where the level has no VNNI);
 * ``fp32``: gemv against ``F.linear`` in fp32, with and without oneDNN.
 
 Round-robin over the providers, ``--reps`` times; medians. Beside them the read floor: the step's
-weight bytes over the read bandwidth of a sum over a 1 GiB buffer, measured in the same run.
+weight bytes over the read bandwidth of a sum over a 1 GiB buffer, measured before each
+repetition (the ratio's median is over the repetitions' own ratios).
 ``RAGFAST_ISA`` forces a lower kernel level (the anchors are torch's whatever it is, unless
 restricted too: ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``, ``ONEDNN_MAX_CPU_ISA``). Rows
 go to bench/results/bench_gemv.csv in the harness schema. ``--write-table`` also writes this
@@ -68,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from ragfast import _C
     from ragfast.models.weight_quant import quantize_int8
-    from ragfast.ops.gemv import GemvWeight
+    from ragfast.ops.gemv import GemvWeight, gemv_packed
+    from ragfast.ops.w8a8 import MATMUL_LEVELS, pack_codes
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -86,12 +91,13 @@ def main(argv: list[str] | None = None) -> int:
             w = torch.randn(n, k) * k ** -0.5
             if st == "int8":
                 codes, scales = quantize_int8(w)
-                ls.append((GemvWeight(codes, scales), codes, scales.to(torch.bfloat16)))
+                packed = pack_codes(codes) if k % 64 == 0 and _C.isa_current() in MATMUL_LEVELS else None
+                ls.append((GemvWeight(codes, scales), codes, scales.to(torch.bfloat16), packed))
             else:
                 w = w.to(torch.bfloat16 if st == "bf16" else torch.float32)
-                ls.append((GemvWeight(w), w, None))
+                ls.append((GemvWeight(w), w, None, None))
         layers[st] = ls
-    nbytes = {st: sum(g.weight.nbytes + (0 if g.scales is None else g.scales.nbytes) for g, _, _ in ls)
+    nbytes = {st: sum(g.weight.nbytes + (0 if g.scales is None else g.scales.nbytes) for g, _, _, _ in ls)
               for st, ls in layers.items()}
 
     def step(st: str, M: int, who: str) -> float:
@@ -99,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
         xs = {k: x[:, :k].contiguous() for _, k in shapes}
         with torch.backends.mkldnn.flags(enabled=who != "torch-native"):
             t0 = time.perf_counter()
-            for g, w, s in layers[st]:
+            for g, w, s, packed in layers[st]:
                 xk = xs[g.K]
-                if who == "gemv":
+                if who == "gemv-packed" and packed is not None:
+                    gemv_packed(xk, packed, g.scales)
+                elif who.startswith("gemv"):
                     g(xk)
                 elif st == "int8":
                     torch.ops.aten._weight_int8pack_mm(xk, w, s)
@@ -109,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                     torch.nn.functional.linear(xk, w)
             return time.perf_counter() - t0
 
-    whos = {st: ("torch", "gemv") if st == "int8" else ("torch", "torch-native", "gemv") for st in stores}
+    has_packed = any(p is not None for _, _, _, p in layers.get("int8", []))
+    whos = {st: (("torch", "gemv", "gemv-packed") if has_packed else ("torch", "gemv")) if st == "int8"
+            else ("torch", "torch-native", "gemv") for st in stores}
     for st in stores:  # warm-up: faults the weights in
         for who in whos[st]:
             step(st, 1, who)
@@ -126,20 +136,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nread bandwidth {bw_med / 1e9:.1f} GB/s (median of {len(bw)})")
     for st in stores:
         floor = nbytes[st] / bw_med
+        floors = [nbytes[st] / b for b in bw]  # each repetition's own: the VM's read rate swings within minutes
         for M in rows_list:
             params = f"{args.model},{st},M={M},level={_C.isa_current()}"
-            t_ours = res[(st, M, "gemv")]
             line = f"{st:5s} M={M:3d}"
             for who in whos[st]:
                 t = res[(st, M, who)]
                 out.append(row("gemv_step", who, params, "seconds", "s", t))
                 line += f"  {who} {statistics.median(t) * 1e3:6.2f} ms ({nbytes[st] / statistics.median(t) / 1e9:4.1f} GB/s)"
-            for who in whos[st][:-1]:
-                r = [a / b for a, b in zip(res[(st, M, who)], t_ours)]
-                out.append(row("gemv_step", "gemv", params, f"vs_{who}", "x", r))
-                line += f"  {statistics.median(r):4.2f}x {who}"
-            out.append(row("gemv_step", "gemv", params, "vs_read_floor", "x", [t / floor for t in t_ours]))
-            print(f"{line}  {statistics.median(t_ours) / floor:4.2f}x the read floor ({floor * 1e3:.2f} ms)", flush=True)
+            for ours in (w for w in whos[st] if w.startswith("gemv")):
+                t_o = res[(st, M, ours)]
+                for who in (w for w in whos[st] if not w.startswith("gemv")):
+                    r = [a / b for a, b in zip(res[(st, M, who)], t_o)]
+                    out.append(row("gemv_step", ours, params, f"vs_{who}", "x", r))
+                    line += f"  {ours} {statistics.median(r):4.2f}x {who}"
+                r = [t / f for t, f in zip(t_o, floors)]
+                out.append(row("gemv_step", ours, params, "vs_read_floor", "x", r))
+                line += f"  {ours} {statistics.median(r):4.2f}x the read floor"
+            print(f"{line} ({floor * 1e3:.2f} ms)", flush=True)
     print_table(out, f"one decode step's linear layers ({args.model}; {cpu_model()})")
     print(f"rows -> {write_csv(out, args.csv)}")
     if args.write_table:
