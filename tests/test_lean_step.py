@@ -50,7 +50,7 @@ def _clone(cache):
 
 
 @pytest.mark.parametrize("dtype,weights", [("float32", "native"), ("bfloat16", "native"), ("bfloat16", "int8"),
-                                           ("bfloat16", "w8a8"), ("float32", "w8a8")])
+                                           ("bfloat16", "w8a8"), ("float32", "w8a8"), ("float16", "native")])
 @pytest.mark.parametrize("kind", ["qwen2", "llama"])
 def test_lean_step_gives_the_models_logits_and_cache_bit_for_bit(kind, dtype, weights, tiny_qwen2_dir,
                                                                   tiny_llama_dir, isa_level):

@@ -108,10 +108,12 @@ def lean_plan(model: Any) -> LeanPlan | None:
 def _norm(norm: Any, on_kernel: bool, x: Any, c: Any, threads: int) -> Any:
     """``norm(x)``: the rms_norm kernel called directly where the module runs it (the same call
     as :func:`ragfast.ops.rms_norm.rms_norm` makes, without its per-call checks: x is a contiguous
-    residual sum of the norm's dtype), else the module's forward."""
-    if not on_kernel or x.dtype != norm.weight.dtype or not x.is_contiguous():
-        return norm.forward(x)
+    fp32 or bf16 residual sum of the norm's dtype), else the module's forward."""
     import torch
+
+    if not on_kernel or x.dtype not in (torch.float32, torch.bfloat16) or x.dtype != norm.weight.dtype \
+            or not x.is_contiguous():
+        return norm.forward(x)
 
     n = x.shape[-1]
     out = torch.empty_like(x)

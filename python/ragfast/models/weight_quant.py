@@ -36,7 +36,9 @@ on it, so its time is the weight bytes over the memory bandwidth. Two things fol
   few rows on ragfast's gemv kernel (:mod:`ragfast.ops.gemv`), which reads the weights at the
   memory's rate where oneDNN's matmul reads them at half of it; the rows per weight storage
   and ISA level are where it was measured to win (:func:`ragfast.ops.gemv.default_rows`,
-  :func:`set_gemv_rows`).
+  :func:`set_gemv_rows`). A w8a8 layer with packed codes runs those passes in bf16 on the packed
+  codes (:func:`ragfast.ops.gemv.gemv_packed`), its MLP's gate and up as one call with the SiLU,
+  and its attention's q, k and v as one (:func:`qkv_pass`).
 * **prepacked bf16 weights**: a native bf16 layer's other passes run on a copy of its weight in
   oneDNN's blocked layout (:func:`pack_weight`, :func:`set_packed`), so oneDNN does not re-block
   the weight on every call (B = 64 decode 1.34x on an AMX Xeon, for the weights' bytes again).
