@@ -340,3 +340,5 @@ def test_packed_codes_give_none_on_nan_and_refuse_bad_input():
         gemv_packed(x, p, scales[:5])
     with pytest.raises(ValueError, match="SiLU pair"):
         gemv_packed(x, p, scales, silu=True)
+    with pytest.raises(ValueError, match="out must be"):
+        gemv_packed(x, p, scales, out=torch.empty(2, 16, dtype=torch.bfloat16))

@@ -6,11 +6,13 @@ walks 24 decoder layers through ``nn.Module.__call__``, keyword unpacking, its d
 output-capturing decorators and the hub-kernel wrappers, about 13 ms of a 37 ms one-row step of
 the default reasoner in w8a8 on a 2-core Zen 4 EPYC (cProfile: the gemv calls took the rest).
 :func:`lean_forward` runs the same step as a flat loop: the same modules' own ``forward``
-(ragfast's fused norms, MLP and gemv where the model has them; a w8a8 layer's q, k and v
-projections as one packed gemv call, :func:`ragfast.models.weight_quant.qkv_pass`, the same
-values), transformers' own mask, rotary
-embedding, ``apply_rotary_pos_emb`` and attention function, in the same order, so its logits and
-keys/values are the model's bit for bit (tests/test_lean_step.py holds it to that).
+(ragfast's fused norms, MLP and gemv where the model has them; the norms' kernel called
+directly; a w8a8 layer's q, k and v projections as one packed gemv call,
+:func:`ragfast.models.weight_quant.qkv_pass`, the same values), transformers' own mask, rotary
+embedding and attention function, and ``apply_rotary_pos_emb``'s products (q and k rotated as
+one tensor where that call gives them side by side), in the same order, so its logits and
+keys/values are the model's bit for bit (tests/test_lean_step.py holds it to that). It took the
+step to 27 ms (1.59x the weight-read floor) with gemv on the packed codes (README, *Stop 65*).
 
 :func:`lean_plan` says whether a model takes it (``None`` and why not otherwise): a causal LM of
 :data:`MODEL_TYPES` on the CPU whose layers are the plain decoder layers (no sliding window, no

@@ -236,6 +236,9 @@ def gemv_packed(x: Any, packed: Any, scales: Any, bias: Any = None, *, silu: boo
     _check_packed(x, packed, scales, bias, silu)
     x2, ldx = as_rows(x)
     M, width = x2.shape[0], packed.n // 2 if silu else packed.n
+    if out is not None and (out.dtype != torch.bfloat16 or tuple(out.shape) != (M, width) or not out.is_contiguous()):
+        raise ValueError(f"gemv_packed: out must be a contiguous bf16 [{M}, {width}], got {out.dtype} "
+                         f"{tuple(out.shape)}")
     y = torch.empty((M, width), dtype=torch.bfloat16) if out is None else out
     ok = c.gemv_packed(x2.data_ptr(), M, packed.k, ldx, packed.data.data_ptr(), packed.n, scales.data_ptr(),
                        0 if bias is None else bias.data_ptr(), y.data_ptr(), width, silu,
