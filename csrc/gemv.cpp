@@ -28,8 +28,8 @@
 #include "bf16_scalar.h"
 #include "gemv_common.h"
 #include "isa.h"
-#include "silu_mul_common.h"
 #include "registry.h"
+#include "silu_mul_common.h"
 #include "threads.h"
 
 namespace py = pybind11;
